@@ -1,0 +1,20 @@
+"""attn-audit: benchmark and numerically audit attention implementations in PyTorch.
+
+Importing this package imports neither torch nor pandas; `load` does so on call.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+    from pathlib import Path
+
+__all__ = ["load"]
+__version__ = "0.1.0"
+
+
+def load(run_dir: "str | Path") -> "pd.DataFrame":
+    """A run folder's records as a tidy pandas DataFrame (one row per cell)."""
+    from .records import load as _load
+    return _load(run_dir)

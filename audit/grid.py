@@ -1,0 +1,188 @@
+"""The audit grid: a Case per cell, presets, expansion and validation.
+
+A Case holds primitives only ("bf16", never torch.bfloat16) so it is hashable,
+serializable and importable without torch.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterable, Mapping, Sequence
+
+DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+SCENARIOS: tuple[str, ...] = ("normal",)
+
+# Axes in the order they appear in ids, records and tables.
+AXES: tuple[str, ...] = (
+    "variant", "device", "dtype", "d_k", "seq_len", "batch", "heads", "causal", "scenario",
+)
+INT_AXES: tuple[str, ...] = ("d_k", "seq_len", "batch", "heads")
+
+
+class UsageError(ValueError):
+    """A bad value given by the user: reported as one line, exit code 2."""
+
+
+@dataclass(frozen=True, order=True)
+class Case:
+    """One cell of the grid. Its fields are the record's axis columns."""
+
+    variant: str
+    device: str
+    dtype: str
+    d_k: int
+    seq_len: int
+    batch: int
+    heads: int
+    causal: bool
+    scenario: str = "normal"
+
+    @property
+    def id(self) -> str:
+        """Stable, readable id, e.g. `sdpa-cpu-bf16-d64-T1024-B1-H8-causal-normal`."""
+        mask = "causal" if self.causal else "full"
+        return (f"{self.variant}-{self.device}-{self.dtype}-d{self.d_k}-T{self.seq_len}"
+                f"-B{self.batch}-H{self.heads}-{mask}-{self.scenario}")
+
+    @property
+    def input_key(self) -> tuple:
+        """Cells sharing this key share inputs and the float64 reference."""
+        return (self.device, self.dtype, self.d_k, self.seq_len, self.batch, self.heads,
+                self.causal, self.scenario)
+
+    def axes(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> "Case":
+        return cls(**{f.name: m[f.name] for f in fields(cls) if f.name in m})
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Named axis values plus how hard to measure each cell."""
+
+    name: str
+    description: str
+    axes: Mapping[str, tuple]
+    min_samples: int = 5          # timed samples per measurement, at least
+    min_time_s: float = 0.2       # and at least this much timed time
+    max_cell_s: float = 30.0      # estimated cell time above which the cell is skipped
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _all_builtin_variants() -> tuple[str, ...]:
+    from .variants import BUILTIN_NAMES  # local: variants imports torch lazily too
+    return BUILTIN_NAMES
+
+
+def presets() -> dict[str, Preset]:
+    variants = _all_builtin_variants()
+    return {
+        "quick": Preset(
+            name="quick",
+            description="tiny grid for CI and tests (well under 90 s on 2 cores)",
+            axes=dict(variant=variants, device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,),
+                      seq_len=(64, 128), batch=(1,), heads=(2,), causal=(False, True),
+                      scenario=("normal",)),
+            min_samples=3, min_time_s=0.02, max_cell_s=5.0,
+        ),
+        "cpu": Preset(
+            name="cpu",
+            description="default without CUDA: every built-in variant, 3 dtypes, "
+                        "d_k 32-128, seq_len 128-2048 (under 10 min on 2 cores)",
+            axes=dict(variant=variants, device=("cpu",), dtype=DTYPES, d_k=(32, 64, 128),
+                      seq_len=(128, 512, 2048), batch=(1,), heads=(2,), causal=(False, True),
+                      scenario=("normal",)),
+            min_samples=5, min_time_s=0.1, max_cell_s=6.0,
+        ),
+        "gpu": Preset(
+            name="gpu",
+            description="default with CUDA: 3 dtypes, d_k 64-256, seq_len 512-16384",
+            axes=dict(variant=variants, device=("cuda",), dtype=DTYPES, d_k=(64, 128, 256),
+                      seq_len=(512, 1024, 2048, 4096, 8192, 16384), batch=(1,), heads=(16,),
+                      causal=(False, True), scenario=("normal",)),
+            min_samples=10, min_time_s=0.2, max_cell_s=20.0,
+        ),
+    }
+
+
+def default_preset_name() -> str:
+    import torch
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on", "causal"):
+        return True
+    if text in ("0", "false", "no", "off", "full"):
+        return False
+    raise UsageError(f"--causal: {value!r} is not a boolean (use true/false)")
+
+
+def _parse_positive_int(axis: str, value: Any) -> int:
+    flag = "--" + axis.replace("_", "-")
+    if isinstance(value, bool):
+        raise UsageError(f"{flag}: {value!r} is not a positive integer")
+    try:
+        number = int(str(value), 10) if not isinstance(value, int) else value
+    except ValueError:
+        raise UsageError(f"{flag}: {value!r} is not a positive integer") from None
+    if number <= 0:
+        raise UsageError(f"{flag}: {value!r} is not a positive integer")
+    return number
+
+
+def _choice(axis: str, value: Any, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise UsageError(f"--{axis}: unknown {axis} {value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def validate_axes(axes: Mapping[str, Iterable[Any]], *, known_variant=None) -> dict[str, tuple]:
+    """Check and normalise every axis value; raise UsageError naming the bad one.
+
+    `known_variant(name) -> None` raises UsageError for unknown variants (injected so
+    plug-in loading stays in variants.py).
+    """
+    out: dict[str, tuple] = {}
+    for axis in AXES:
+        values = list(axes.get(axis, ()))
+        if not values:
+            raise UsageError(f"--{axis.replace('_', '-')}: needs at least one value")
+        if axis in INT_AXES:
+            norm = [_parse_positive_int(axis, v) for v in values]
+        elif axis == "causal":
+            norm = [_parse_bool(v) for v in values]
+        elif axis == "dtype":
+            norm = [_choice("dtype", v, DTYPES) for v in values]
+        elif axis == "device":
+            norm = [_choice("device", v, DEVICES) for v in values]
+        elif axis == "scenario":
+            norm = [_choice("scenario", v, SCENARIOS) for v in values]
+        else:  # variant
+            norm = [str(v) for v in values]
+            if known_variant is not None:
+                for name in norm:
+                    known_variant(name)
+        out[axis] = tuple(dict.fromkeys(norm))  # dedupe, keep order
+    return out
+
+
+def expand(axes: Mapping[str, Sequence[Any]]) -> list[Case]:
+    """Cross product of the axes, ordered so cells sharing inputs are adjacent.
+
+    Variants vary fastest, so the inputs and float64 reference of one input set are
+    built once and reused by every variant.
+    """
+    outer = [a for a in AXES if a != "variant"]
+    cases = []
+    for combo in itertools.product(*(axes[a] for a in outer)):
+        values = dict(zip(outer, combo))
+        for variant in axes["variant"]:
+            cases.append(Case(variant=variant, **values))
+    return cases
