@@ -1,0 +1,198 @@
+"""`python -m audit ...` / `attn-audit ...`: list, run, report.
+
+Usage errors print one line naming the bad value and what is allowed, and exit
+with code 2 (no traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Sequence
+
+from .grid import AXES, UsageError
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one line and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def _axis_flag(axis: str) -> str:
+    return "--" + axis.replace("_", "-")
+
+
+AXIS_HELP = {
+    "variant": "variants: built-in names (see `list`) or package.module:function",
+    "device": "devices: cpu, cuda",
+    "dtype": "dtypes: fp32, fp16, bf16",
+    "d_k": "head dimensions (positive integers)",
+    "seq_len": "sequence lengths (positive integers)",
+    "batch": "batch sizes (positive integers)",
+    "heads": "numbers of heads (positive integers)",
+    "causal": "causal masking: true, false or both (true false)",
+    "scenario": "input scenarios: normal",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="attn-audit", description="Benchmark and numerically audit attention implementations.")
+    sub = parser.add_subparsers(dest="command", metavar="{list,run,report}", parser_class=_Parser)
+    sub.required = True
+
+    sub.add_parser("list", help="print the built-in variants and the presets")
+
+    run = sub.add_parser("run", help="measure every cell of a grid and write records plus a report",
+                         description="Measure every cell of the grid: one JSON record per cell is appended "
+                                     "to DIR/records.jsonl as soon as it is measured; rerunning with the same "
+                                     "--out finishes the remaining cells. Axis options take one or more values "
+                                     "and replace the preset's values for that axis.")
+    run.add_argument("--preset", help="quick, cpu or gpu (default: gpu when CUDA is available, else cpu)")
+    for axis in AXES:
+        run.add_argument(_axis_flag(axis), dest=axis, nargs="+", metavar="V", help=AXIS_HELP[axis])
+    run.add_argument("--out", metavar="DIR",
+                     help="run folder (default reports/<timestamp>/; reports/latest points to the newest)")
+    run.add_argument("--max-cell-s", type=float, metavar="S",
+                     help="skip a cell (status skipped) when its warm-up predicts it would take more "
+                          "than S seconds (default: the preset's)")
+    run.add_argument("--min-samples", type=int, metavar="N",
+                     help="timed samples per measurement, at least (default: the preset's)")
+    run.add_argument("--dry-run", action="store_true", help="print the cells and their count, measure nothing")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-report", action="store_true", help="write records only, no figures or index")
+
+    rep = sub.add_parser("report", help="rebuild figures and index.md/index.html from a run folder's records")
+    rep.add_argument("run_dir", metavar="DIR", help="run folder holding records.jsonl")
+    return parser
+
+
+def _cmd_list() -> int:
+    from .grid import presets
+    from .variants import builtin_variants
+
+    print("variants:")
+    for v in builtin_variants().values():
+        print(f"  {v.name:<18} {v.description}")
+    print("  package.module:function  your own (see README: Your own variant)")
+    print("\npresets:")
+    for p in presets().values():
+        print(f"  {p.name:<8} {p.description}")
+    return 0
+
+
+def _resolve_out(out: str | None) -> Path:
+    if out:
+        return Path(out)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("reports") / stamp
+
+
+def _point_latest(run_dir: Path) -> None:
+    """reports/latest -> the newest run folder under reports/."""
+    reports = Path("reports")
+    try:
+        if run_dir.resolve().parent != reports.resolve():
+            return
+        latest = reports / "latest"
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(run_dir.name)
+    except OSError:
+        pass
+
+
+def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    import dataclasses
+
+    from . import grid, runner, variants
+
+    table = grid.presets()
+    if args.preset is not None and args.preset not in table:
+        raise UsageError(f"--preset: unknown preset {args.preset!r}; allowed: {', '.join(table)}")
+    preset = table[args.preset or grid.default_preset_name()]
+    overrides = {}
+    if args.max_cell_s is not None:
+        if not args.max_cell_s > 0:
+            raise UsageError(f"--max-cell-s: {args.max_cell_s!r} is not a positive number of seconds")
+        overrides["max_cell_s"] = args.max_cell_s
+    if args.min_samples is not None:
+        if args.min_samples < 1:
+            raise UsageError(f"--min-samples: {args.min_samples!r} is not a positive integer")
+        overrides["min_samples"] = args.min_samples
+    preset = dataclasses.replace(preset, **overrides)
+
+    chosen = {axis: (getattr(args, axis) or preset.axes[axis]) for axis in AXES}
+    axes = grid.validate_axes(chosen, known_variant=variants.check_name)
+    if "cuda" in axes["device"]:
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError("--device: cuda is not available on this machine "
+                             "(torch.cuda.is_available() is False); allowed here: cpu")
+    cases = grid.expand(axes)
+    if args.dry_run:
+        for case in cases:
+            print(case.id)
+        print(f"{len(cases)} cells")
+        return 0
+
+    from .telemetry import environment
+
+    run_dir = _resolve_out(args.out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _point_latest(run_dir)
+    env = environment()
+    runner.write_run_file(run_dir, preset, axes, list(argv), env, len(cases))
+    print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
+    try:
+        counts = runner.run_grid(cases, run_dir, preset, env, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"\nattn-audit: interrupted; finished cells are saved in {run_dir / 'records.jsonl'}. "
+              f"Rerun with --out {run_dir} to measure the rest.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+    print(f"attn-audit: {summary}", file=sys.stderr)
+    if not args.no_report:
+        from .report import build_report
+        paths = build_report(run_dir)
+        print(f"report: {paths['index_md']} (also {paths['index_html'].name}, "
+              f"{len(paths['figures'])} figures)")
+    else:
+        print(f"records: {run_dir / 'records.jsonl'}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .records import RECORDS_FILE
+    from .report import build_report
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / RECORDS_FILE).is_file():
+        raise UsageError(f"report: {str(run_dir)!r} has no {RECORDS_FILE}; give a run folder written by `run`")
+    paths = build_report(run_dir)
+    print(f"report: {paths['index_md']} (also {paths['index_html'].name}, {len(paths['figures'])} figures)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "list":
+            return _cmd_list()
+        if args.command == "run":
+            return _cmd_run(args, ["attn-audit", *argv])
+        return _cmd_report(args)
+    except UsageError as exc:
+        print(f"attn-audit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

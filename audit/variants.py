@@ -1,0 +1,225 @@
+"""Attention implementations under audit: built-ins, compiled forms, SDPA backends, plug-ins.
+
+Every variant is a callable with the SDPA-like signature
+
+    fn(q, k, v, *, mask=None, causal=False, scale=None) -> out
+
+q: (B, H, Tq, d); k, v: (B, H, Tk, d); out: (B, H, Tq, d), same dtype as q.
+mask: None, a bool tensor (True = may attend) or an additive float tensor,
+broadcastable to (B, H, Tq, Tk). causal: top-left aligned (query i sees keys
+j <= i), as `scaled_dot_product_attention(is_causal=True)`. scale: None means
+1/sqrt(d).
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .grid import UsageError
+
+AttentionFn = Callable[..., Any]
+
+
+class Unsupported(Exception):
+    """This variant cannot run this cell (a backend's limits): recorded as `skipped`."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named way to compute attention. `build()` is called once per cell."""
+
+    name: str
+    description: str
+    build: Callable[[], AttentionFn]
+    compiled: bool = False          # torch.compile: compile time and fusion are recorded
+    family: str = "eager"           # eager | compiled | sdpa | plugin
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --------------------------------------------------------------------------- eager
+
+def _causal_keep(tq: int, tk: int, device) -> Any:
+    """(Tq, Tk) bool, True where query i may see key j (top-left: j <= i)."""
+    import torch
+    return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
+
+
+def eager_attention(q, k, v, *, mask=None, causal=False, scale=None):
+    """softmax(Q Kᵀ · scale, masked) V, every step in the input dtype (the textbook code)."""
+    import torch
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale                     # (B, H, Tq, Tk)
+    if causal:
+        keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)    # (Tq, Tk)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    probs = torch.softmax(scores, dim=-1)                          # (B, H, Tq, Tk)
+    return probs @ v                                               # (B, H, Tq, d)
+
+
+def eager_fp32_attention(q, k, v, *, mask=None, causal=False, scale=None):
+    """Scores and softmax upcast to fp32, probabilities cast back for P·V."""
+    import torch
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = (q.float() @ k.float().transpose(-2, -1)) * scale     # (B, H, Tq, Tk) fp32
+    if causal:
+        keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.float()
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)              # (B, H, Tq, Tk)
+    return probs @ v                                               # (B, H, Tq, d)
+
+
+# --------------------------------------------------------------------------- compiled
+
+def _compiled(options: dict | None) -> AttentionFn:
+    import torch
+    import torch._dynamo
+    torch._dynamo.reset()  # a fresh compile per cell: honest compile time, no recompile limit
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+        # Past the recompile limit Dynamo silently runs eager; make that an error instead.
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return torch.compile(eager_attention, options=options) if options else torch.compile(eager_attention)
+
+
+def fused_attention_count() -> int:
+    """How many times Inductor's pattern matcher rewrote attention into SDPA so far."""
+    from torch._dynamo.utils import counters
+    return int(counters["inductor"]["fuse_attention"])
+
+
+# --------------------------------------------------------------------------- SDPA
+
+_NO_KERNEL_MARKERS = ("No available kernel", "No viable backend", "not supported", "not compiled")
+
+
+def _sdpa(backend_name: str | None) -> AttentionFn:
+    import torch
+    import torch.nn.functional as F
+
+    backend = None
+    if backend_name is not None:
+        from torch.nn.attention import SDPBackend
+        backend = getattr(SDPBackend, backend_name, None)
+        if backend is None:
+            raise Unsupported(f"this torch has no SDPA backend {backend_name}")
+
+    def call(q, k, v, *, mask=None, causal=False, scale=None):
+        if mask is not None and causal:
+            # SDPA refuses attn_mask with is_causal: fold the causal part into the mask.
+            keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)
+            mask = (mask & keep) if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
+            causal = False
+        kwargs = dict(attn_mask=mask, is_causal=causal, scale=scale)
+        if backend is None:
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        from torch.nn.attention import sdpa_kernel
+        try:
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        except RuntimeError as exc:
+            text = str(exc)
+            if any(m in text for m in _NO_KERNEL_MARKERS):
+                first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+                raise Unsupported(f"SDPA backend {backend_name} cannot run this cell on "
+                                  f"{q.device.type}/{str(q.dtype).replace('torch.', '')}: {first}") from None
+            raise
+
+    return call
+
+
+# --------------------------------------------------------------------------- registry
+
+def _builtins() -> dict[str, Variant]:
+    specs = [
+        Variant("eager", "hand-written softmax(QKᵀ·scale)V, every step in the input dtype",
+                lambda: eager_attention),
+        Variant("eager_fp32", "hand-written; scores and softmax upcast to fp32, cast back for P·V",
+                lambda: eager_fp32_attention),
+        Variant("compiled", "torch.compile(eager), default settings (Inductor may rewrite it into SDPA)",
+                lambda: _compiled(None), compiled=True, family="compiled"),
+        Variant("compiled_unfused", "torch.compile(eager) with pattern matching off: the hand-written math compiled",
+                lambda: _compiled({"pattern_matcher": False}), compiled=True, family="compiled"),
+        Variant("sdpa", "F.scaled_dot_product_attention, the dispatcher's choice of backend",
+                lambda: _sdpa(None), family="sdpa"),
+        Variant("sdpa_math", "SDPA forced to the MATH backend (reference C++ composite)",
+                lambda: _sdpa("MATH"), family="sdpa"),
+        Variant("sdpa_flash", "SDPA forced to the FLASH_ATTENTION backend",
+                lambda: _sdpa("FLASH_ATTENTION"), family="sdpa"),
+        Variant("sdpa_efficient", "SDPA forced to the EFFICIENT_ATTENTION (memory-efficient) backend",
+                lambda: _sdpa("EFFICIENT_ATTENTION"), family="sdpa"),
+        Variant("sdpa_cudnn", "SDPA forced to the CUDNN_ATTENTION backend",
+                lambda: _sdpa("CUDNN_ATTENTION"), family="sdpa"),
+    ]
+    return {v.name: v for v in specs}
+
+
+BUILTIN_NAMES: tuple[str, ...] = (
+    "eager", "eager_fp32", "compiled", "compiled_unfused",
+    "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
+)
+
+
+def builtin_variants() -> dict[str, Variant]:
+    return _builtins()
+
+
+def is_plugin_name(name: str) -> bool:
+    return ":" in name
+
+
+def load_plugin(spec: str) -> Variant:
+    """`package.module:function` -> Variant; UsageError with a clear message on failure."""
+    import os
+    import sys
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"--variant: {spec!r} is not of the form package.module:function")
+    if os.getcwd() not in sys.path:  # the console script does not put cwd on sys.path
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
+        raise UsageError(f"--variant: cannot import module {module_name!r} for {spec!r}: "
+                         f"{type(exc).__name__}: {exc}") from None
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise UsageError(f"--variant: module {module_name!r} has no attribute {attr!r}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise UsageError(f"--variant: {spec!r} is a {type(fn).__name__}, not a callable")
+    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
+    description = doc[0] if doc else f"user plug-in {spec}"
+    return Variant(spec, description, lambda: fn, family="plugin")
+
+
+def resolve(name: str) -> Variant:
+    """Built-in name or plug-in spec -> Variant; UsageError listing the valid names."""
+    if is_plugin_name(name):
+        return load_plugin(name)
+    table = builtin_variants()
+    if name not in table:
+        raise UsageError(f"--variant: unknown variant {name!r}; allowed: {', '.join(table)}, "
+                         "or package.module:function")
+    return table[name]
+
+
+def check_name(name: str) -> None:
+    """Validator for grid.validate_axes: raises UsageError for a bad variant name."""
+    resolve(name)
+
+
+def default_scale(d: int) -> float:
+    return 1.0 / math.sqrt(d)
