@@ -190,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_run(args, ["attn-audit", *argv])
         return _cmd_report(args)
     except UsageError as exc:
-        print(f"attn-audit: error: {exc}", file=sys.stderr)
+        lines = str(exc).strip().splitlines() or [""]
+        print(f"attn-audit: error: {lines[0]}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -30,7 +30,10 @@ def error_vs_reference(out: Any, golden: Any) -> dict[str, float]:
     max_abs = float(diff.abs().max()) if diff.numel() else 0.0
     ref_norm = float(golden.double().norm())
     diff_norm = float(diff.norm())
-    rel = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else math.inf)
+    if math.isnan(diff_norm) or ref_norm > 0:
+        rel = diff_norm / ref_norm if ref_norm > 0 else math.nan
+    else:
+        rel = 0.0 if diff_norm == 0 else math.inf
     return {"max_abs_err": max_abs, "rel_err": rel}
 
 

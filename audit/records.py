@@ -81,6 +81,8 @@ def _json_default(obj: Any) -> Any:
 
 def _clean(value: Any) -> Any:
     """JSON has no NaN/inf: store them as strings so the file stays standard JSON."""
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy / torch scalar
+        value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):

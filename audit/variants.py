@@ -13,7 +13,6 @@ j <= i), as `scaled_dot_product_attention(is_causal=True)`. scale: None means
 from __future__ import annotations
 
 import importlib
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -130,9 +129,9 @@ def _sdpa(backend_name: str | None) -> AttentionFn:
         except RuntimeError as exc:
             text = str(exc)
             if any(m in text for m in _NO_KERNEL_MARKERS):
-                first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
                 raise Unsupported(f"SDPA backend {backend_name} cannot run this cell on "
-                                  f"{q.device.type}/{str(q.dtype).replace('torch.', '')}: {first}") from None
+                                  f"{q.device.type}/{str(q.dtype).replace('torch.', '')}: "
+                                  f"{_first_line(exc)}") from None
             raise
 
     return call
@@ -174,6 +173,11 @@ def builtin_variants() -> dict[str, Variant]:
     return _builtins()
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def is_plugin_name(name: str) -> bool:
     return ":" in name
 
@@ -192,7 +196,7 @@ def load_plugin(spec: str) -> Variant:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
         raise UsageError(f"--variant: cannot import module {module_name!r} for {spec!r}: "
-                         f"{type(exc).__name__}: {exc}") from None
+                         f"{type(exc).__name__}: {_first_line(exc)}") from None
     fn = module
     for part in attr.split("."):
         if not hasattr(fn, part):
@@ -219,7 +223,3 @@ def resolve(name: str) -> Variant:
 def check_name(name: str) -> None:
     """Validator for grid.validate_axes: raises UsageError for a bad variant name."""
     resolve(name)
-
-
-def default_scale(d: int) -> float:
-    return 1.0 / math.sqrt(d)

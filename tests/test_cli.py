@@ -1,0 +1,148 @@
+"""Tests of the command line, run as `python -m audit` in a subprocess.
+
+Every `run` here uses --dry-run: nothing is measured.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from audit import grid
+from audit.variants import BUILTIN_NAMES
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+
+
+def cli(*args: str, pythonpath: list[Path] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
+    return subprocess.run([sys.executable, "-m", "audit", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("attn-audit: error:"), lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert proc.stdout == ""
+    return lines[0]
+
+
+def quick_ids(**override) -> list[str]:
+    axes = dict(grid.presets()["quick"].axes)
+    axes.update(override)
+    return [c.id for c in grid.expand(grid.validate_axes(axes))]
+
+
+# --------------------------------------------------------------------------- usage errors
+
+USAGE_ERRORS = {
+    "unknown variant": (["--variant", "nope"], ["'nope'", "eager", "sdpa"]),
+    "unknown dtype": (["--dtype", "fp64"], ["'fp64'", "fp32", "bf16", "fp16"]),
+    "unknown device": (["--device", "tpu"], ["'tpu'", "cpu", "cuda"]),
+    "zero d_k": (["--d-k", "0"], ["--d-k", "'0'"]),
+    "negative batch": (["--batch", "-3"], ["--batch", "'-3'"]),
+    "non-integer seq_len": (["--seq-len", "abc"], ["--seq-len", "'abc'"]),
+    "fractional heads": (["--heads", "1.5"], ["--heads", "'1.5'"]),
+    "bad causal": (["--causal", "maybe"], ["--causal", "'maybe'"]),
+    "bad min-samples": (["--min-samples", "0"], ["--min-samples", "0"]),
+    "unimportable plug-in": (["--variant", "no_such_module_xyz_123:fn"], ["no_such_module_xyz_123"]),
+    "bad plug-in form": (["--variant", "mod:"], ["'mod:'", "package.module:function"]),
+}
+
+
+@pytest.mark.parametrize("args,needles", list(USAGE_ERRORS.values()), ids=list(USAGE_ERRORS))
+def test_run_usage_errors(args, needles):
+    assert_usage_error(cli("run", "--preset", "quick", *args, "--dry-run"), *needles)
+
+
+def test_unknown_preset():
+    assert_usage_error(cli("run", "--preset", "nosuch", "--dry-run"), "'nosuch'", "quick", "cpu", "gpu")
+
+
+def test_unknown_command_and_missing_command():
+    assert_usage_error(cli("frobnicate"), "frobnicate")
+    assert_usage_error(cli())
+
+
+def test_cuda_device_without_cuda():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    assert_usage_error(cli("run", "--preset", "quick", "--device", "cuda", "--dry-run"), "cuda")
+
+
+def test_plugin_raising_a_multiline_error_is_still_one_line(tmp_path):
+    name = f"multiline_plugin_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        'raise ImportError("libfoo.so: cannot open shared object file\\n'
+        'hint: install foo\\nsee the docs")\n')
+    proc = cli("run", "--preset", "quick", "--variant", f"{name}:fn", "--dry-run", pythonpath=[tmp_path])
+    assert_usage_error(proc, name)
+
+
+def test_report_without_records_is_a_usage_error(tmp_path):
+    assert_usage_error(cli("report", str(tmp_path)), "records.jsonl")
+
+
+# --------------------------------------------------------------------------- list and dry runs
+
+def test_list_prints_every_builtin_variant_and_preset():
+    proc = cli("list")
+    assert proc.returncode == 0, proc.stderr
+    listed = {line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ") and line.strip()}
+    for name in BUILTIN_NAMES:
+        assert name in listed
+    for preset in grid.presets():
+        assert preset in listed
+
+
+def test_dry_run_quick_prints_every_cell():
+    proc = cli("run", "--preset", "quick", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    expected = quick_ids()
+    assert lines[:-1] == expected
+    assert lines[-1] == f"{len(expected)} cells"
+
+
+def test_dry_run_restricts_variants():
+    proc = cli("run", "--preset", "quick", "--variant", "eager", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    ids = lines[:-1]
+    assert ids == quick_ids(variant=("eager",))
+    assert all(i.startswith("eager-") for i in ids)
+    n_all = len(quick_ids())
+    assert len(ids) * len(grid.presets()["quick"].axes["variant"]) == n_all
+    assert lines[-1] == f"{len(ids)} cells"
+
+
+def test_dry_run_axis_overrides_combine():
+    proc = cli("run", "--preset", "quick", "--variant", "eager", "sdpa", "--seq-len", "32",
+               "--causal", "true", "--dtype", "fp32", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    expected = quick_ids(variant=("eager", "sdpa"), seq_len=(32,), causal=(True,), dtype=("fp32",))
+    assert len(expected) == 2
+    assert proc.stdout.splitlines() == expected + ["2 cells"]
+
+
+def test_dry_run_accepts_a_plugin_on_pythonpath():
+    spec = "example_plugin:my_attention"
+    proc = cli("run", "--preset", "quick", "--variant", spec, "--seq-len", "64", "--dtype", "fp32",
+               "--dry-run", pythonpath=[PLUGINS])
+    assert proc.returncode == 0, proc.stderr
+    ids = proc.stdout.splitlines()[:-1]
+    assert ids and all(i.startswith(spec + "-cpu-fp32-") for i in ids)

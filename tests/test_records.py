@@ -1,0 +1,267 @@
+"""Tests of audit.records: schema, JSONL store, partial lines, DataFrame view."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import audit
+from audit.grid import AXES, Case
+from audit.records import (
+    COLUMNS,
+    ENV_COLUMNS,
+    RECORDS_FILE,
+    SCHEMA_VERSION,
+    RecordWriter,
+    completed_ids,
+    dumps,
+    load,
+    migrate,
+    new_record,
+    read_records,
+    to_frame,
+)
+
+CASE = Case("sdpa", "cpu", "bf16", 64, 1024, 1, 8, True)
+
+
+def same(a, b) -> bool:
+    """Deep equality where NaN equals NaN and a float stays a float."""
+    if isinstance(a, float) or isinstance(b, float):
+        if type(a) is not type(b):
+            return False
+        return (math.isnan(a) and math.isnan(b)) or a == b
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def strict_loads(line: str):
+    def reject(name):
+        raise AssertionError(f"non-standard JSON constant {name} in the file")
+    return json.loads(line, parse_constant=reject)
+
+
+def make_record(case: Case = CASE, **values):
+    rec = new_record(case.axes(), case.id)
+    rec.update(values)
+    return rec
+
+
+def full_record():
+    return make_record(
+        status="ok", fwd_ms=1.5, fwd_iqr_ms=0.25, fwd_n=5,
+        fwd_samples_s=[0.001, float("nan"), float("inf"), -float("inf"), 0.002],
+        out_nan=3, out_inf=0, max_abs_err=float("nan"), rel_err=float("inf"),
+        entropy=-float("inf"), fused_sdpa=False, compile_s=None, reason=None,
+        started_at="2024-01-01T00:00:00+00:00",
+        env={"torch": "2.13.0+cpu", "threads": 2, "nvml": None,
+             "nested": {"x": float("nan"), "y": [1, float("inf")]}},
+    )
+
+
+# --------------------------------------------------------------------------- schema
+
+def test_new_record_has_every_column_and_nothing_else():
+    rec = new_record(CASE.axes(), CASE.id)
+    assert set(rec) == set(COLUMNS)
+    assert rec["schema"] == SCHEMA_VERSION
+    assert rec["id"] == CASE.id
+    for axis in AXES:
+        assert rec[axis] == getattr(CASE, axis)
+    measured = set(COLUMNS) - set(AXES) - {"schema", "id"}
+    assert all(rec[c] is None for c in measured)
+
+
+def test_migrate_rejects_unknown_schema():
+    rec = make_record()
+    assert migrate(rec) is rec
+    for bad in (SCHEMA_VERSION + 1, 999, 0, None, "1"):
+        with pytest.raises(ValueError) as info:
+            migrate({**rec, "schema": bad})
+        assert repr(bad) in str(info.value)
+    with pytest.raises(ValueError):
+        migrate({k: v for k, v in rec.items() if k != "schema"})
+
+
+def test_reading_a_file_of_unknown_schema_raises(tmp_path):
+    (tmp_path / RECORDS_FILE).write_text(json.dumps({**make_record(), "schema": 999}) + "\n")
+    with pytest.raises(ValueError, match="999"):
+        read_records(tmp_path)
+
+
+# --------------------------------------------------------------------------- round trip
+
+def test_round_trip_including_nan_and_inf(tmp_path):
+    rec = full_record()
+    with RecordWriter(tmp_path) as writer:
+        writer.write(rec)
+    back = read_records(tmp_path)
+    assert len(back) == 1
+    assert same(back[0], rec), (back[0], rec)
+
+
+def test_file_is_strict_json_one_record_per_line(tmp_path):
+    recs = [full_record(), make_record(Case("eager", "cpu", "fp32", 16, 8, 1, 2, False),
+                                       reason="multi\nline reason", status="error")]
+    with RecordWriter(tmp_path) as writer:
+        for rec in recs:
+            writer.write(rec)
+    text = (tmp_path / RECORDS_FILE).read_text(encoding="utf-8")
+    lines = text.split("\n")
+    assert lines[-1] == "" and len(lines) == 3
+    parsed = [strict_loads(line) for line in lines[:-1]]
+    assert parsed[0]["max_abs_err"] == "nan"
+    assert parsed[0]["rel_err"] == "inf"
+    assert parsed[0]["entropy"] == "-inf"
+    assert parsed[0]["fwd_samples_s"][1:4] == ["nan", "inf", "-inf"]
+    assert parsed[0]["env"]["nested"] == {"x": "nan", "y": [1, "inf"]}
+    assert parsed[1]["reason"] == "multi\nline reason"
+    assert "\n" not in dumps(recs[1])
+
+
+def test_numpy_and_torch_scalars_are_stored_as_numbers(tmp_path):
+    torch = pytest.importorskip("torch")
+    rec = make_record(out_nan=np.int64(4), fwd_n=torch.tensor(7), fwd_ms=np.float32(0.5),
+                      max_abs_err=torch.tensor(0.25, dtype=torch.float64))
+    with RecordWriter(tmp_path) as writer:
+        writer.write(rec)
+    strict_loads((tmp_path / RECORDS_FILE).read_text().splitlines()[0])
+    back = read_records(tmp_path)[0]
+    assert back["out_nan"] == 4 and back["fwd_n"] == 7
+    assert back["fwd_ms"] == 0.5 and back["max_abs_err"] == 0.25
+
+
+def test_nan_numpy_and_torch_scalars_round_trip(tmp_path):
+    # NaN is data in this project: a non-finite numpy/torch scalar must be stored like a
+    # Python float NaN ("nan"), not make the writer raise.
+    torch = pytest.importorskip("torch")
+    rec = make_record(max_abs_err=np.float32("nan"), rel_err=torch.tensor(float("inf")),
+                      entropy=torch.tensor(float("nan"), dtype=torch.float64))
+    with RecordWriter(tmp_path) as writer:
+        writer.write(rec)
+    strict_loads((tmp_path / RECORDS_FILE).read_text().splitlines()[0])
+    back = read_records(tmp_path)[0]
+    assert math.isnan(back["max_abs_err"])
+    assert back["rel_err"] == math.inf
+    assert math.isnan(back["entropy"])
+
+
+# --------------------------------------------------------------------------- interrupted writes
+
+def _ids(n):
+    return [Case("eager", "cpu", "fp32", 16, 8 * (i + 1), 1, 2, False) for i in range(n)]
+
+
+def test_partial_last_line_is_ignored_then_truncated(tmp_path):
+    cases = _ids(3)
+    with RecordWriter(tmp_path) as writer:
+        writer.write(make_record(cases[0], status="ok"))
+        writer.write(make_record(cases[1], status="ok"))
+    path = tmp_path / RECORDS_FILE
+    good_size = path.stat().st_size
+    third = dumps(make_record(cases[2], status="ok"))
+    with open(path, "a", encoding="utf-8") as fh:  # killed halfway through the third write
+        fh.write(third[: len(third) // 2])
+    assert path.stat().st_size > good_size
+
+    assert [r["id"] for r in read_records(tmp_path)] == [cases[0].id, cases[1].id]
+    assert completed_ids(tmp_path) == {cases[0].id, cases[1].id}
+
+    with RecordWriter(tmp_path) as writer:
+        assert path.stat().st_size == good_size  # garbage removed on open
+        writer.write(make_record(cases[2], status="ok", fwd_ms=2.0))
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3
+    for line in lines:
+        strict_loads(line)
+    back = read_records(tmp_path)
+    assert [r["id"] for r in back] == [c.id for c in cases]
+    assert back[2]["fwd_ms"] == 2.0
+
+
+def test_a_lone_partial_line_is_truncated_to_empty(tmp_path):
+    path = tmp_path / RECORDS_FILE
+    path.write_text(dumps(make_record())[:20])
+    assert read_records(tmp_path) == []
+    with RecordWriter(tmp_path) as writer:
+        assert path.stat().st_size == 0
+        writer.write(make_record())
+    assert [r["id"] for r in read_records(tmp_path)] == [CASE.id]
+
+
+def test_complete_file_is_left_alone_by_a_new_writer(tmp_path):
+    with RecordWriter(tmp_path) as writer:
+        writer.write(make_record())
+    before = (tmp_path / RECORDS_FILE).read_bytes()
+    RecordWriter(tmp_path).close()
+    assert (tmp_path / RECORDS_FILE).read_bytes() == before
+
+
+def test_writer_creates_the_run_folder(tmp_path):
+    run_dir = tmp_path / "a" / "b"
+    with RecordWriter(run_dir) as writer:
+        writer.write(make_record())
+    assert (run_dir / RECORDS_FILE).is_file()
+
+
+def test_completed_ids(tmp_path):
+    assert completed_ids(tmp_path) == set()
+    assert completed_ids(tmp_path / "missing") == set()
+    cases = _ids(3)
+    with RecordWriter(tmp_path) as writer:
+        for case in cases:
+            writer.write(make_record(case, status="ok"))
+        writer.write(make_record(cases[0], status="error", reason="again"))
+    assert completed_ids(tmp_path) == {c.id for c in cases}
+
+
+# --------------------------------------------------------------------------- DataFrame view
+
+def test_to_frame_keeps_the_last_record_of_an_id():
+    a, b = _ids(2)
+    frame = to_frame([make_record(a, fwd_ms=1.0, status="ok"), make_record(b, fwd_ms=5.0, status="ok"),
+                      make_record(a, fwd_ms=2.0, status="ok")])
+    assert len(frame) == 2
+    assert sorted(frame["id"]) == sorted([a.id, b.id])
+    assert frame.set_index("id").loc[a.id, "fwd_ms"] == 2.0
+    assert frame.set_index("id").loc[b.id, "fwd_ms"] == 5.0
+
+
+def test_to_frame_flattens_env():
+    rec = make_record(env={"torch": "2.13.0+cpu", "threads": 2, "cpu_model": "X", "extra": 1})
+    frame = to_frame([rec])
+    assert "env" not in frame.columns
+    assert frame.loc[0, "env_torch"] == "2.13.0+cpu"
+    assert frame.loc[0, "env_threads"] == 2
+    assert frame.loc[0, "env_cpu_model"] == "X"
+    assert frame.loc[0, "env_git_commit"] is None
+    for col in COLUMNS:
+        if col != "env":
+            assert col in frame.columns
+
+
+def test_load_of_an_empty_dir_is_an_empty_frame_with_the_columns(tmp_path):
+    expected = [c for c in COLUMNS if c != "env"] + [f"env_{k}" for k in ENV_COLUMNS]
+    for frame in (load(tmp_path), audit.load(tmp_path)):
+        assert isinstance(frame, pd.DataFrame)
+        assert len(frame) == 0
+        assert list(frame.columns) == expected
+
+
+def test_load_reads_the_store(tmp_path):
+    cases = _ids(2)
+    with RecordWriter(tmp_path) as writer:
+        writer.write(make_record(cases[0], status="ok", rel_err=float("nan"), env={"torch": "t"}))
+        writer.write(make_record(cases[1], status="skipped", reason="too slow"))
+    frame = audit.load(tmp_path)
+    assert list(frame["id"]) == [c.id for c in cases]
+    assert list(frame["status"]) == ["ok", "skipped"]
+    assert math.isnan(frame.loc[0, "rel_err"])
+    assert frame.loc[0, "env_torch"] == "t"
+    assert list(frame["seq_len"]) == [8, 16]

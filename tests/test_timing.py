@@ -1,0 +1,189 @@
+"""Tests of audit.timing with a fake clock: no test here reads a real clock."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from audit.timing import Samples, iqr, measure, median, time_call
+
+
+class FakeClock:
+    """A clock that only moves when the fake workload says so; logs every read."""
+
+    def __init__(self, log=None):
+        self.now = 0.0
+        self.reads = 0
+        self.log = log if log is not None else []
+
+    def __call__(self) -> float:
+        self.reads += 1
+        self.log.append("clock")
+        return self.now
+
+
+def workload(clock: FakeClock, durations):
+    """fn() advancing the clock by durations[i] on its i-th call (last one repeats)."""
+    calls = []
+
+    def fn():
+        i = len(calls)
+        calls.append(i)
+        clock.log.append("fn")
+        clock.now += durations[min(i, len(durations) - 1)]
+
+    fn.calls = calls
+    return fn
+
+
+def scripted_clock(times):
+    it = iter(times)
+    return lambda: next(it)
+
+
+# --------------------------------------------------------------------------- measure: how many samples
+
+def test_min_samples_governs_when_min_time_is_already_met():
+    clock = FakeClock()
+    fn = workload(clock, [0.125])
+    s = measure(fn, estimate_s=0.125, min_samples=5, min_time_s=0.25, min_block_s=1e-3, clock=clock)
+    assert s.n == 5
+    assert s.calls_per_sample == 1
+    assert s.per_call_s == [0.125] * 5
+    assert len(fn.calls) == 5
+    assert clock.reads == 2 * 5
+
+
+def test_min_time_governs_when_samples_are_fast():
+    clock = FakeClock()
+    fn = workload(clock, [0.125])
+    s = measure(fn, estimate_s=0.125, min_samples=2, min_time_s=1.0, min_block_s=1e-3, clock=clock)
+    assert s.n == 8  # 8 * 0.125 s == 1.0 s
+
+    clock = FakeClock()
+    fn = workload(clock, [0.125])
+    s = measure(fn, estimate_s=0.125, min_samples=2, min_time_s=1.01, min_block_s=1e-3, clock=clock)
+    assert s.n == 9
+
+
+def test_max_samples_caps_a_long_min_time():
+    clock = FakeClock()
+    fn = workload(clock, [0.125])
+    s = measure(fn, estimate_s=0.125, min_samples=3, min_time_s=1e6, max_samples=7, min_block_s=1e-3,
+                clock=clock)
+    assert s.n == 7
+    assert len(fn.calls) == 7
+
+
+def test_min_samples_must_be_positive():
+    clock = FakeClock()
+    with pytest.raises(ValueError):
+        measure(workload(clock, [1.0]), estimate_s=1.0, min_samples=0, clock=clock)
+
+
+# --------------------------------------------------------------------------- measure: blocks of calls
+
+def test_fast_calls_are_timed_in_blocks_and_divided():
+    clock = FakeClock()
+    unit = 2.0 ** -12
+    # first block's four calls take 1, 2, 3 and 6 units: per-call time is their mean, 3 units
+    fn = workload(clock, [unit, 2 * unit, 3 * unit, 6 * unit, unit])
+    s = measure(fn, estimate_s=unit, min_samples=3, min_time_s=0.0, min_block_s=4 * unit, clock=clock)
+    assert s.calls_per_sample == 4
+    assert s.n == 3
+    assert s.per_call_s[0] == 3 * unit
+    assert s.per_call_s[1:] == [unit, unit]
+    assert len(fn.calls) == 3 * 4
+    assert clock.reads == 2 * 3  # the clock is read around blocks, not around calls
+
+
+def test_min_time_counts_block_time_not_per_call_time():
+    clock = FakeClock()
+    unit = 2.0 ** -12
+    fn = workload(clock, [unit])
+    # each block of 4 calls takes 4 units; 8 blocks reach 32 units
+    s = measure(fn, estimate_s=unit, min_samples=1, min_time_s=32 * unit, min_block_s=4 * unit, clock=clock)
+    assert s.calls_per_sample == 4
+    assert s.n == 8
+    assert s.per_call_s == [unit] * 8
+
+
+@pytest.mark.parametrize("estimate_s", [0.0, 2e-3, 1.0])
+def test_slow_or_unknown_calls_are_timed_one_by_one(estimate_s):
+    clock = FakeClock()
+    fn = workload(clock, [0.5])
+    s = measure(fn, estimate_s=estimate_s, min_samples=3, min_time_s=0.0, min_block_s=1e-3, clock=clock)
+    assert s.calls_per_sample == 1
+    assert len(fn.calls) == 3
+
+
+def test_sync_is_called_around_each_block():
+    log: list[str] = []
+    clock = FakeClock(log)
+    fn = workload(clock, [0.25])
+    s = measure(fn, estimate_s=0.25, min_samples=3, min_time_s=0.0, min_block_s=0.5, clock=clock,
+                sync=lambda: log.append("sync"))
+    assert s.calls_per_sample == 2
+    block = ["sync", "clock", "fn", "fn", "sync", "clock"]
+    assert log == block * 3
+
+
+def test_scripted_clock_gives_the_differences():
+    clock = scripted_clock([0.0, 1.0, 10.0, 12.0, 20.0, 23.0])
+    calls = []
+    s = measure(lambda: calls.append(1), estimate_s=1.0, min_samples=3, min_time_s=0.0,
+                min_block_s=1e-3, clock=clock)
+    assert s.per_call_s == [1.0, 2.0, 3.0]
+    assert s.median_s == 2.0
+    assert len(calls) == 3
+
+
+# --------------------------------------------------------------------------- statistics
+
+def test_median_and_iqr_hand_computed():
+    assert median([1, 2, 3, 4, 100]) == 3
+    assert iqr([1, 2, 3, 4, 100]) == 2.0        # quartiles 2 and 4
+    assert median([4, 1, 3, 2]) == 2.5
+    assert iqr([1, 2, 3, 4]) == pytest.approx(1.5)  # quartiles 1.75 and 3.25
+    assert iqr([7.0]) == 0.0
+    assert iqr([5.0, 5.0, 5.0]) == 0.0
+
+
+def test_iqr_matches_numpy_linear_percentiles():
+    rng = random.Random(1234)
+    for n in (2, 3, 7, 10, 31):
+        values = [rng.uniform(0, 10) for _ in range(n)]
+        expected = np.percentile(values, 75) - np.percentile(values, 25)
+        assert iqr(values) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+def test_statistics_of_nothing_raise():
+    with pytest.raises(ValueError):
+        median([])
+    with pytest.raises(ValueError):
+        iqr([])
+
+
+def test_samples_properties():
+    s = Samples(per_call_s=[1.0, 2.0, 3.0, 4.0, 100.0], calls_per_sample=4)
+    assert s.n == 5
+    assert s.median_s == 3.0
+    assert s.iqr_s == 2.0
+    assert Samples().n == 0
+
+
+# --------------------------------------------------------------------------- time_call
+
+def test_time_call_with_scripted_clock():
+    calls = []
+    assert time_call(lambda: calls.append(1), clock=scripted_clock([5.0, 7.5])) == 2.5
+    assert calls == [1]
+
+
+def test_time_call_syncs_before_each_clock_read():
+    log: list[str] = []
+    clock = FakeClock(log)
+    fn = workload(clock, [0.75])
+    assert time_call(fn, clock=clock, sync=lambda: log.append("sync")) == 0.75
+    assert log == ["sync", "clock", "fn", "sync", "clock"]

@@ -1,0 +1,324 @@
+"""Tests of audit.variants (built-ins, SDPA backends, plug-ins) and audit.inputs."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from audit import grid, variants
+from audit.grid import Case, UsageError
+from audit.inputs import make_inputs, seed_for, torch_dtype
+from audit.numerics import error_vs_reference
+from audit.reference import golden_attention
+from audit.variants import BUILTIN_NAMES, Unsupported, resolve
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+AGREEING = ("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash")
+
+
+def qkv(b=1, h=2, tq=16, tk=16, d=8, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, tq, d, generator=gen).to(dtype)
+    k = torch.randn(b, h, tk, d, generator=gen).to(dtype)
+    v = torch.randn(b, h, tk, d, generator=gen).to(dtype)
+    return q, k, v
+
+
+def padding_like_mask(tq, tk, seed=1):
+    """(Tq, Tk) bool with every row keeping at least one key."""
+    m = torch.rand(tq, tk, generator=torch.Generator().manual_seed(seed)) > 0.5
+    m[:, 0] = True
+    return m
+
+
+@pytest.fixture
+def plugins_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    return PLUGINS
+
+
+# --------------------------------------------------------------------------- registry
+
+def test_builtin_registry_matches_names():
+    table = variants.builtin_variants()
+    assert tuple(table) == BUILTIN_NAMES
+    for name in BUILTIN_NAMES:
+        v = resolve(name)
+        assert v.name == name
+        assert v.description.strip()
+        assert callable(v.build)
+    assert resolve("compiled").compiled and not resolve("eager").compiled
+
+
+def test_resolve_unknown_lists_allowed_names():
+    for bad in ("nope", "nocolon", "Eager", ""):
+        with pytest.raises(UsageError) as info:
+            resolve(bad)
+        msg = str(info.value)
+        assert repr(bad) in msg
+        for name in BUILTIN_NAMES:
+            assert name in msg
+        assert "package.module:function" in msg
+
+
+def test_check_name():
+    assert variants.check_name("eager") is None
+    with pytest.raises(UsageError, match="nope"):
+        variants.check_name("nope")
+
+
+# --------------------------------------------------------------------------- agreement with golden
+
+@pytest.mark.parametrize("name", AGREEING)
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp32_variants_agree_with_golden(name, causal):
+    fn = resolve(name).build()
+    q, k, v = qkv()
+    out = fn(q, k, v, causal=causal)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    golden = golden_attention(q, k, v, causal=causal)
+    assert error_vs_reference(out, golden.out)["rel_err"] <= 1e-5
+
+
+@pytest.mark.parametrize("name", AGREEING)
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp32_variants_agree_with_golden_under_a_bool_mask(name, causal):
+    fn = resolve(name).build()
+    q, k, v = qkv()
+    mask = padding_like_mask(16, 16)
+    out = fn(q, k, v, mask=mask, causal=causal)
+    golden = golden_attention(q, k, v, mask=mask, causal=causal)
+    assert error_vs_reference(out, golden.out)["rel_err"] <= 1e-5
+
+
+@pytest.mark.parametrize("name", AGREEING)
+def test_fp32_variants_agree_with_golden_float_mask_and_scale(name):
+    fn = resolve(name).build()
+    q, k, v = qkv()
+    mask = torch.randn(16, 16, generator=torch.Generator().manual_seed(5))
+    out = fn(q, k, v, mask=mask, scale=0.2)
+    golden = golden_attention(q, k, v, mask=mask, scale=0.2)
+    assert error_vs_reference(out, golden.out)["rel_err"] <= 1e-5
+
+
+@pytest.mark.parametrize("name", AGREEING)
+@pytest.mark.parametrize("tq,tk", [(5, 9), (1, 9)])
+def test_variants_use_top_left_causal_alignment(name, tq, tk):
+    fn = resolve(name).build()
+    q, k, v = qkv(tq=tq, tk=tk)
+    out = fn(q, k, v, causal=True)
+    golden = golden_attention(q, k, v, causal=True)
+    assert error_vs_reference(out, golden.out)["rel_err"] <= 1e-5
+
+
+def test_agreement_check_can_fail():
+    # an unscaled attention is the textbook bug: the same check must reject it
+    q, k, v = qkv(d=32)
+    wrong = resolve("eager").build()(q, k, v, scale=1.0)
+    assert error_vs_reference(wrong, golden_attention(q, k, v).out)["rel_err"] > 1e-3
+
+
+@pytest.mark.parametrize("name", ["eager", "eager_fp32", "sdpa", "sdpa_math"])
+def test_low_precision_output_keeps_the_input_dtype(name):
+    q, k, v = qkv(dtype=torch.bfloat16)
+    out = resolve(name).build()(q, k, v, causal=True)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    assert error_vs_reference(out, golden_attention(q, k, v, causal=True).out)["rel_err"] < 0.05
+
+
+def test_fully_masked_rows_eager_nan_sdpa_zero():
+    q, k, v = qkv(tq=6, tk=6)
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    mask[2] = False
+    eager = resolve("eager").build()(q, k, v, mask=mask)
+    assert torch.isnan(eager[..., 2, :]).all()
+    assert not torch.isnan(eager[..., [0, 1, 3, 4, 5], :]).any()
+    for name in ("sdpa", "sdpa_math"):
+        out = resolve(name).build()(q, k, v, mask=mask)
+        assert torch.isfinite(out).all()
+        assert torch.count_nonzero(out[..., 2, :]) == 0
+
+
+# --------------------------------------------------------------------------- SDPA backends on CPU
+
+@pytest.mark.parametrize("name", ["sdpa_efficient", "sdpa_cudnn"])
+def test_sdpa_backends_without_a_cpu_kernel_raise_unsupported(name):
+    fn = resolve(name).build()  # building is fine; calling is not
+    q, k, v = qkv()
+    with pytest.raises(Unsupported) as info:
+        fn(q, k, v)
+    msg = str(info.value)
+    assert name.split("_")[1].upper() in msg
+    assert "cpu" in msg
+
+
+def test_sdpa_flash_runs_on_cpu():
+    q, k, v = qkv()
+    out = resolve("sdpa_flash").build()(q, k, v, causal=True)
+    assert torch.isfinite(out).all()
+
+
+def test_sdpa_real_errors_are_not_hidden_as_unsupported():
+    q, k, v = qkv()
+    with pytest.raises(RuntimeError) as info:
+        resolve("sdpa_math").build()(q, k[..., :4], v)  # d mismatch between q and k
+    assert not isinstance(info.value, Unsupported)
+
+
+# --------------------------------------------------------------------------- plug-ins
+
+def test_plugin_loads_function_and_first_docstring_line(plugins_on_path):
+    v = resolve("example_plugin:my_attention")
+    example_plugin = importlib.import_module("example_plugin")
+    assert v.name == "example_plugin:my_attention"
+    assert v.family == "plugin"
+    assert v.build() is example_plugin.my_attention
+    assert v.description == "Plain softmax attention written as a user plug-in."
+
+
+def test_plugin_computes_attention(plugins_on_path):
+    fn = resolve("example_plugin:my_attention").build()
+    q, k, v = qkv()
+    mask = padding_like_mask(16, 16)
+    for causal in (False, True):
+        out = fn(q, k, v, mask=mask, causal=causal)
+        golden = golden_attention(q, k, v, mask=mask, causal=causal)
+        assert error_vs_reference(out, golden.out)["rel_err"] <= 1e-5
+
+
+def test_plugin_without_docstring_and_nested_attribute(plugins_on_path):
+    plain = resolve("example_plugin:undocumented_attention")
+    assert plain.description == "user plug-in example_plugin:undocumented_attention"
+    nested = resolve("example_plugin:Holder.attention")
+    assert nested.description == "Nested attribute form: example_plugin:Holder.attention."
+    assert callable(nested.build())
+
+
+def test_plugin_passes_grid_validation(plugins_on_path):
+    axes = grid.validate_axes(
+        dict(variant=("eager", "example_plugin:my_attention"), device=("cpu",), dtype=("fp32",),
+             d_k=(8,), seq_len=(8,), batch=(1,), heads=(1,), causal=(False,), scenario=("normal",)),
+        known_variant=variants.check_name)
+    assert axes["variant"] == ("eager", "example_plugin:my_attention")
+
+
+def test_plugin_missing_module():
+    spec = f"no_such_module_{uuid.uuid4().hex}:fn"
+    with pytest.raises(UsageError) as info:
+        resolve(spec)
+    msg = str(info.value)
+    assert spec.split(":")[0] in msg
+    assert "ModuleNotFoundError" in msg
+
+
+def test_plugin_missing_attribute(plugins_on_path):
+    with pytest.raises(UsageError) as info:
+        resolve("example_plugin:nope")
+    msg = str(info.value)
+    assert "'nope'" in msg and "example_plugin" in msg
+    with pytest.raises(UsageError, match="Holder.nope"):
+        resolve("example_plugin:Holder.nope")
+
+
+def test_plugin_not_callable(plugins_on_path):
+    with pytest.raises(UsageError) as info:
+        resolve("example_plugin:NOT_CALLABLE")
+    msg = str(info.value)
+    assert "example_plugin:NOT_CALLABLE" in msg
+    assert "not a callable" in msg
+
+
+@pytest.mark.parametrize("spec", ["mod:", ":fn", ":"])
+def test_plugin_bad_spec_form(spec):
+    with pytest.raises(UsageError) as info:
+        resolve(spec)
+    msg = str(info.value)
+    assert repr(spec) in msg
+    assert "package.module:function" in msg
+
+
+def test_plugin_raising_at_import(tmp_path, monkeypatch):
+    name = f"exploding_plugin_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text('raise RuntimeError("plugin exploded at import")\n'
+                                         "def fn(q, k, v, **kw):\n    return q\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UsageError) as info:
+        resolve(f"{name}:fn")
+    msg = str(info.value)
+    assert name in msg
+    assert "RuntimeError" in msg
+    assert "plugin exploded at import" in msg
+    assert name not in sys.modules
+
+
+def test_plugin_with_syntax_error(tmp_path, monkeypatch):
+    name = f"broken_syntax_plugin_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text("def fn(q, k, v:\n    return q\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UsageError) as info:
+        resolve(f"{name}:fn")
+    assert "SyntaxError" in str(info.value)
+
+
+# --------------------------------------------------------------------------- inputs
+
+CASE = Case("eager", "cpu", "bf16", 8, 16, 2, 3, True)
+
+
+def test_make_inputs_shapes_dtype_and_flags():
+    for dtype in ("fp32", "fp16", "bf16"):
+        case = dataclasses.replace(CASE, dtype=dtype)
+        inp = make_inputs(case)
+        for t in (inp.q, inp.k, inp.v, inp.grad_out):
+            assert t.shape == (2, 3, 16, 8)                  # (B, H, T, d)
+            assert t.dtype == torch_dtype(dtype)
+            assert t.device.type == "cpu"
+            assert t.is_leaf and not t.requires_grad
+        assert inp.mask is None
+        assert inp.causal is True
+
+
+def test_make_inputs_is_deterministic():
+    a, b = make_inputs(CASE), make_inputs(CASE)
+    for name in ("q", "k", "v", "grad_out"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+    assert not torch.equal(a.q, a.k) and not torch.equal(a.k, a.v)
+
+
+def test_same_input_key_different_variant_same_inputs():
+    a = make_inputs(CASE)
+    b = make_inputs(dataclasses.replace(CASE, variant="example_plugin:my_attention"))
+    assert seed_for(CASE) == seed_for(dataclasses.replace(CASE, variant="sdpa"))
+    for name in ("q", "k", "v", "grad_out"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+
+
+@pytest.mark.parametrize("change", [dict(causal=False), dict(dtype="fp32")])
+def test_inputs_differ_across_input_keys(change):
+    other = dataclasses.replace(CASE, **change)
+    assert other.input_key != CASE.input_key
+    assert seed_for(other) != seed_for(CASE)
+    a, b = make_inputs(CASE), make_inputs(other)
+    assert not torch.equal(a.q.float(), b.q.float())
+
+
+def test_inputs_are_standard_normal():
+    inp = make_inputs(Case("eager", "cpu", "fp32", 32, 64, 1, 2, False))   # 4096 values each
+    for t in (inp.q, inp.k, inp.v):
+        assert abs(float(t.mean())) < 0.1
+        assert abs(float(t.std()) - 1.0) < 0.1
+
+
+def test_seed_is_a_31_bit_int():
+    seed = seed_for(CASE)
+    assert isinstance(seed, int) and 0 <= seed < 2 ** 31
+
+
+def test_unknown_scenario_is_rejected():
+    with pytest.raises(ValueError, match="weird"):
+        make_inputs(dataclasses.replace(CASE, scenario="weird"))
