@@ -38,7 +38,7 @@ AXIS_HELP = {
     "batch": "batch sizes (positive integers)",
     "heads": "numbers of heads (positive integers)",
     "causal": "causal masking: true, false or both (true false)",
-    "scenario": "input scenarios: normal",
+    "scenario": "input scenarios (see README: Input scenarios)",
 }
 
 
@@ -68,8 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="write records only, no figures or index")
 
-    rep = sub.add_parser("report", help="rebuild figures and index.md/index.html from a run folder's records")
-    rep.add_argument("run_dir", metavar="DIR", help="run folder holding records.jsonl")
+    rep = sub.add_parser("report", help="rebuild findings, figures and index.md/index.html from records",
+                         description="Rebuild findings, figures and index.md/index.html from a run folder's "
+                                     "records, or from a pytest-benchmark JSON file written by "
+                                     "suites/test_performance.py (converted into a run folder first).")
+    rep.add_argument("run_dir", metavar="DIR|FILE.json",
+                     help="run folder holding records.jsonl, or a pytest-benchmark JSON file")
+    rep.add_argument("--out", metavar="DIR",
+                     help="for a JSON file: the run folder to write (default: FILE-report/ beside it)")
     return parser
 
 
@@ -128,14 +134,14 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         overrides["min_samples"] = args.min_samples
     preset = dataclasses.replace(preset, **overrides)
 
-    chosen = {axis: (getattr(args, axis) or preset.axes[axis]) for axis in AXES}
-    axes = grid.validate_axes(chosen, known_variant=variants.check_name)
-    if "cuda" in axes["device"]:
+    overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}
+    cases = grid.preset_cases(preset, overrides, known_variant=variants.check_name)
+    if any(c.device == "cuda" for c in cases):
         import torch
         if not torch.cuda.is_available():
             raise UsageError("--device: cuda is not available on this machine "
                              "(torch.cuda.is_available() is False); allowed here: cpu")
-    cases = grid.expand(axes)
+    axes = {a: tuple(dict.fromkeys(getattr(c, a) for c in cases)) for a in AXES}
     if args.dry_run:
         for case in cases:
             print(case.id)
@@ -158,26 +164,48 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return EXIT_INTERRUPTED
     summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
     print(f"attn-audit: {summary}", file=sys.stderr)
-    if not args.no_report:
-        from .report import build_report
-        paths = build_report(run_dir)
-        print(f"report: {paths['index_md']} (also {paths['index_html'].name}, "
-              f"{len(paths['figures'])} figures)")
-    else:
+    from .seed import write_claims
+    write_claims(run_dir)
+    if args.no_report:
         print(f"records: {run_dir / 'records.jsonl'}")
+        return 0
+    return _write_report(run_dir)
+
+
+def _write_report(run_dir: Path) -> int:
+    """Findings from the records, then figures and index: no torch computation."""
+    from .findings import write_findings
+    from .report import build_report
+
+    found = write_findings(run_dir)
+    paths = build_report(run_dir)
+    by_severity = {s: sum(f["severity"] == s for f in found) for s in ("error", "warning", "info")}
+    print(f"findings: {by_severity['error']} error, {by_severity['warning']} warning, "
+          f"{by_severity['info']} info ({run_dir / 'findings.json'})")
+    print(f"report: {paths['index_md']} (also {paths['index_html'].name}, {len(paths['figures'])} figures)")
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from .records import RECORDS_FILE
-    from .report import build_report
 
     run_dir = Path(args.run_dir)
+    if run_dir.is_file():
+        from .benchjson import convert
+        target = Path(args.out) if args.out else run_dir.with_name(run_dir.stem + "-report")
+        try:
+            run_dir, n_records, ignored = convert(run_dir, target)
+        except ValueError as exc:
+            raise UsageError(f"report: {exc}") from None
+        print(f"converted {n_records} cells from pytest-benchmark JSON into {run_dir}"
+              + (f" ({ignored} benchmarks without audit extra_info ignored)" if ignored else ""))
+        if n_records == 0:
+            raise UsageError("report: the JSON file has no benchmarks from suites/test_performance.py")
+    elif args.out:
+        raise UsageError("report: --out applies to a pytest-benchmark JSON file, not a run folder")
     if not (run_dir / RECORDS_FILE).is_file():
         raise UsageError(f"report: {str(run_dir)!r} has no {RECORDS_FILE}; give a run folder written by `run`")
-    paths = build_report(run_dir)
-    print(f"report: {paths['index_md']} (also {paths['index_html'].name}, {len(paths['figures'])} figures)")
-    return 0
+    return _write_report(run_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

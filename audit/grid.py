@@ -6,12 +6,11 @@ serializable and importable without torch.
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable, Mapping, Sequence
 
 DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
-SCENARIOS: tuple[str, ...] = ("normal",)
 
 # Axes in the order they appear in ids, records and tables.
 AXES: tuple[str, ...] = (
@@ -61,48 +60,87 @@ class Case:
 
 @dataclass(frozen=True)
 class Preset:
-    """Named axis values plus how hard to measure each cell."""
+    """Named grid: the union of one or more sub-grids, plus how hard to measure each cell.
+
+    Sub-grids let a preset pair a wide speed sweep on normal inputs with a
+    narrower sweep over every input scenario and the negative controls,
+    without the full cross product of both.
+    """
 
     name: str
     description: str
-    axes: Mapping[str, tuple]
+    grids: tuple[Mapping[str, tuple], ...]
     min_samples: int = 5          # timed samples per measurement, at least
     min_time_s: float = 0.2       # and at least this much timed time
     max_cell_s: float = 30.0      # estimated cell time above which the cell is skipped
-    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def axes(self) -> dict[str, tuple]:
+        """Every value each axis takes in any sub-grid (for display and run.json)."""
+        return {a: tuple(dict.fromkeys(v for g in self.grids for v in g[a])) for a in AXES}
 
 
-def _all_builtin_variants() -> tuple[str, ...]:
-    from .variants import BUILTIN_NAMES  # local: variants imports torch lazily too
-    return BUILTIN_NAMES
+def preset_cases(preset: Preset, overrides: Mapping[str, Iterable[Any]] | None = None, *,
+                 known_variant=None) -> list[Case]:
+    """Validated, de-duplicated cells of a preset; an override replaces that axis in every sub-grid."""
+    cases: dict[str, Case] = {}
+    for sub in preset.grids:
+        axes = {a: (overrides or {}).get(a) or sub[a] for a in AXES}
+        for case in expand(validate_axes(axes, known_variant=known_variant)):
+            cases.setdefault(case.id, case)
+    return list(cases.values())
+
+
+STABILITY_SCENARIOS: tuple[str, ...] = (
+    "normal", "scaled_x4", "scaled_x16", "scaled_x64", "outliers", "fp16_range", "padding",
+    "fully_masked_bool", "fully_masked_neginf", "fully_masked_finfo_min", "decode", "cross_causal",
+)
 
 
 def presets() -> dict[str, Preset]:
-    variants = _all_builtin_variants()
+    from .variants import BUILTIN_NAMES, NEGATIVE_CONTROLS  # no torch import at module level
+    variants = BUILTIN_NAMES
+    every = BUILTIN_NAMES + NEGATIVE_CONTROLS
     return {
         "quick": Preset(
             name="quick",
-            description="tiny grid for CI and tests (well under 90 s on 2 cores)",
-            axes=dict(variant=variants, device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,),
-                      seq_len=(64, 128), batch=(1,), heads=(2,), causal=(False, True),
-                      scenario=("normal",)),
+            description="tiny grid for CI and tests: speed on normal inputs plus a few scenarios "
+                        "and the negative controls (well under 90 s on 2 cores)",
+            grids=(
+                dict(variant=variants, device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,),
+                     seq_len=(64, 128), batch=(1,), heads=(2,), causal=(False, True),
+                     scenario=("normal",)),
+                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math") + NEGATIVE_CONTROLS,
+                     device=("cpu",), dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,),
+                     heads=(2,), causal=(False, True),
+                     scenario=("scaled_x64", "fp16_range", "padding", "fully_masked_bool",
+                               "fully_masked_neginf")),
+            ),
             min_samples=3, min_time_s=0.02, max_cell_s=5.0,
         ),
         "cpu": Preset(
             name="cpu",
-            description="default without CUDA: every built-in variant, 3 dtypes, "
-                        "d_k 32-128, seq_len 128-2048 (under 10 min on 2 cores)",
-            axes=dict(variant=variants, device=("cpu",), dtype=DTYPES, d_k=(32, 64, 128),
-                      seq_len=(128, 512, 2048), batch=(1,), heads=(2,), causal=(False, True),
-                      scenario=("normal",)),
-            min_samples=5, min_time_s=0.1, max_cell_s=6.0,
+            description="default without CUDA: every built-in variant, 3 dtypes, d_k 32-128, "
+                        "seq_len 128-2048, plus every scenario and negative control at T=256",
+            grids=(
+                dict(variant=variants, device=("cpu",), dtype=DTYPES, d_k=(32, 64, 128),
+                     seq_len=(128, 512, 2048), batch=(1,), heads=(2,), causal=(False, True),
+                     scenario=("normal",)),
+                dict(variant=every, device=("cpu",), dtype=DTYPES, d_k=(64,), seq_len=(256,),
+                     batch=(2,), heads=(2,), causal=(False, True), scenario=STABILITY_SCENARIOS),
+            ),
+            min_samples=5, min_time_s=0.05, max_cell_s=6.0,
         ),
         "gpu": Preset(
             name="gpu",
-            description="default with CUDA: 3 dtypes, d_k 64-256, seq_len 512-16384",
-            axes=dict(variant=variants, device=("cuda",), dtype=DTYPES, d_k=(64, 128, 256),
-                      seq_len=(512, 1024, 2048, 4096, 8192, 16384), batch=(1,), heads=(16,),
-                      causal=(False, True), scenario=("normal",)),
+            description="default with CUDA: 3 dtypes, d_k 64-256, seq_len 512-16384, plus scenarios",
+            grids=(
+                dict(variant=variants, device=("cuda",), dtype=DTYPES, d_k=(64, 128, 256),
+                     seq_len=(512, 1024, 2048, 4096, 8192, 16384), batch=(1,), heads=(16,),
+                     causal=(False, True), scenario=("normal",)),
+                dict(variant=every, device=("cuda",), dtype=DTYPES, d_k=(64, 128), seq_len=(1024,),
+                     batch=(2,), heads=(16,), causal=(False, True), scenario=STABILITY_SCENARIOS),
+            ),
             min_samples=10, min_time_s=0.2, max_cell_s=20.0,
         ),
     }
@@ -163,7 +201,8 @@ def validate_axes(axes: Mapping[str, Iterable[Any]], *, known_variant=None) -> d
         elif axis == "device":
             norm = [_choice("device", v, DEVICES) for v in values]
         elif axis == "scenario":
-            norm = [_choice("scenario", v, SCENARIOS) for v in values]
+            from .inputs import SCENARIOS  # torch-free at import
+            norm = [_choice("scenario", v, tuple(SCENARIOS)) for v in values]
         else:  # variant
             norm = [str(v) for v in values]
             if known_variant is not None:

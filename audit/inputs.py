@@ -3,12 +3,17 @@
 Inputs are drawn in fp32 on the CPU from a generator seeded by the cell's input
 key, then rounded to the cell's dtype and moved to its device, so every variant
 and every device sees bit-identical inputs for the same input set.
+
+Besides the tensors a variant receives, each input set carries the *logical*
+visibility (which key each query may see): the float64 golden, the leak check
+and the fully-masked-row check use it, whatever form the mask takes (bool,
+-inf float, finfo.min float).
 """
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .grid import Case
 
@@ -24,12 +29,119 @@ def torch_dtype(name: str):
 class Inputs:
     """Tensors of one input set. q, k, v are leaves; `mask` may be None."""
 
-    q: Any          # (B, H, Tq, d)
-    k: Any          # (B, H, Tk, d)
-    v: Any          # (B, H, Tk, d)
-    grad_out: Any   # (B, H, Tq, d): the upstream gradient for the backward pass
-    mask: Any = None
-    causal: bool = False
+    q: Any                    # (B, H, Tq, d)
+    k: Any                    # (B, H, Tk, d)
+    v: Any                    # (B, H, Tk, d)
+    grad_out: Any             # (B, H, Tq, d): upstream gradient for the backward pass
+    mask: Any = None          # what the variant gets: None, bool or additive float, (B|1, 1, Tq|1, Tk)
+    causal: bool = False      # top-left causal flag passed to the variant
+    visible: Any = None       # logical (B|1, 1, Tq|1, Tk) bool from the mask alone (causal applied separately), or None
+    mask_form: str = "none"   # none | bool | neginf | finfo_min
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    q_len: Callable[[int], int]          # seq_len (kv length) -> query length
+    draw: Callable[..., dict]            # (case, gen, tq, tk) -> overrides for Inputs fields
+
+
+def _randn(gen, shape):
+    import torch
+    return torch.randn(shape, generator=gen, dtype=torch.float32)
+
+
+def _normal(case: Case, gen, tq: int, tk: int, alpha: float = 1.0) -> dict:
+    B, H, d = case.batch, case.heads, case.d_k
+    return dict(q=_randn(gen, (B, H, tq, d)) * alpha, k=_randn(gen, (B, H, tk, d)),
+                v=_randn(gen, (B, H, tk, d)))
+
+
+def _scaled(alpha: float):
+    def draw(case, gen, tq, tk):
+        return _normal(case, gen, tq, tk, alpha)
+    return draw
+
+
+def _outliers(case, gen, tq, tk) -> dict:
+    """FlashAttention-3's distribution: N(0,1) + N(0,100)·Bernoulli(0.001)."""
+    import torch
+    out = _normal(case, gen, tq, tk)
+    for name in ("q", "k", "v"):
+        t = out[name]
+        spikes = torch.rand(t.shape, generator=gen) < 1e-3
+        out[name] = t + _randn(gen, t.shape) * 10.0 * spikes
+    return out
+
+
+def _fp16_range(case, gen, tq, tk) -> dict:
+    """|q| ≈ 576, |k| ≈ 383 along a shared direction: q·k ≈ 2.2e5 > 65504 (pytorch#119131)."""
+    B, H, d = case.batch, case.heads, case.d_k
+    u = _randn(gen, (d,))
+    u = u / u.norm()
+
+    def along(n, norm):
+        x = u + 0.1 * _randn(gen, (B, H, n, d)) / d ** 0.5        # (B, H, n, d)
+        return x / x.norm(dim=-1, keepdim=True) * norm
+    return dict(q=along(tq, 576.0), k=along(tk, 383.0), v=_randn(gen, (B, H, tk, d)))
+
+
+def _valid_lengths(batch: int, tk: int) -> list[int]:
+    """Key lengths per sequence: 3/4 of T for the first, shorter after, at least 1."""
+    return [max(1, (tk * 3) // 4 - b * tk // (2 * max(batch, 2))) for b in range(batch)]
+
+
+def _padding(case, gen, tq, tk) -> dict:
+    """Key padding mask of shape (B, 1, 1, Tk): the broadcast the seed gets wrong."""
+    import torch
+    out = _normal(case, gen, tq, tk)
+    lengths = torch.tensor(_valid_lengths(case.batch, tk))
+    keep = torch.arange(tk)[None, :] < lengths[:, None]           # (B, Tk)
+    keep = keep[:, None, None, :]                                 # (B, 1, 1, Tk)
+    out.update(mask=keep, visible=keep, mask_form="bool")
+    return out
+
+
+def fully_masked_rows(tq: int) -> list[int]:
+    """Query rows that see no key at all: every 8th row, starting at 3 (at least one)."""
+    return list(range(min(3, tq - 1), tq, 8))
+
+
+def _fully_masked(form: str):
+    def draw(case, gen, tq, tk):
+        import torch
+        out = _normal(case, gen, tq, tk)
+        keep = torch.ones(1, 1, tq, tk, dtype=torch.bool)         # (1, 1, Tq, Tk)
+        keep[..., fully_masked_rows(tq), :] = False
+        if form == "bool":
+            mask = keep
+        else:
+            fill = float("-inf") if form == "neginf" else torch.finfo(torch_dtype(case.dtype)).min
+            mask = torch.zeros(1, 1, tq, tk).masked_fill(~keep, fill)
+        out.update(mask=mask, visible=keep, mask_form=form)
+        return out
+    return draw
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
+    Scenario("normal", "q, k, v ~ N(0, 1)", lambda t: t, _normal),
+    *[Scenario(f"scaled_x{a}", f"q multiplied by {a}: logit-saturation sweep", lambda t: t, _scaled(a))
+      for a in (1, 4, 16, 64)],
+    Scenario("outliers", "N(0,1) + N(0,100)·Bernoulli(0.001) (FlashAttention-3)", lambda t: t, _outliers),
+    Scenario("fp16_range", "|q|≈576, |k|≈383 aligned: q·k ≈ 2.2e5 overflows fp16 (pytorch#119131)",
+             lambda t: t, _fp16_range),
+    Scenario("padding", "key padding mask (B,1,1,T), valid lengths 3/4 T and shorter", lambda t: t, _padding),
+    Scenario("fully_masked_bool", "every 8th query row sees no key: bool mask", lambda t: t,
+             _fully_masked("bool")),
+    Scenario("fully_masked_neginf", "every 8th query row sees no key: float mask of -inf", lambda t: t,
+             _fully_masked("neginf")),
+    Scenario("fully_masked_finfo_min", "every 8th query row sees no key: float mask of finfo.min",
+             lambda t: t, _fully_masked("finfo_min")),
+    Scenario("decode", "one query against T keys (q_len = 1)", lambda t: 1, _normal),
+    Scenario("cross_causal", "q_len = T/2 against T keys: top-left vs bottom-right causal differ",
+             lambda t: max(1, t // 2), _normal),
+]}
 
 
 def seed_for(case: Case) -> int:
@@ -37,19 +149,30 @@ def seed_for(case: Case) -> int:
     return zlib.crc32(repr(case.input_key).encode()) & 0x7FFFFFFF
 
 
+def q_len(case: Case) -> int:
+    return SCENARIOS[case.scenario].q_len(case.seq_len)
+
+
 def make_inputs(case: Case) -> Inputs:
     import torch
 
-    gen = torch.Generator().manual_seed(seed_for(case))
-    shape_q = (case.batch, case.heads, case.seq_len, case.d_k)      # (B, H, T, d)
-    shape_kv = (case.batch, case.heads, case.seq_len, case.d_k)
-    if case.scenario != "normal":
+    if case.scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {case.scenario!r}")
+    scenario = SCENARIOS[case.scenario]
+    gen = torch.Generator().manual_seed(seed_for(case))
+    tq, tk = scenario.q_len(case.seq_len), case.seq_len
+    drawn = scenario.draw(case, gen, tq, tk)
     dtype = torch_dtype(case.dtype)
 
-    def draw(shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=case.device, dtype=dtype)
+    def to_cell(t):
+        return t.to(device=case.device, dtype=dtype)
 
-    q, k, v = draw(shape_q), draw(shape_kv), draw(shape_kv)
-    grad_out = draw(shape_q)
-    return Inputs(q=q, k=k, v=v, grad_out=grad_out, mask=None, causal=case.causal)
+    mask = drawn.get("mask")
+    if mask is not None:
+        mask = mask.to(case.device) if mask.dtype == torch.bool else to_cell(mask)
+    visible = drawn.get("visible")
+    return Inputs(q=to_cell(drawn["q"]), k=to_cell(drawn["k"]), v=to_cell(drawn["v"]),
+                  grad_out=to_cell(_randn(gen, (case.batch, case.heads, tq, case.d_k))),
+                  mask=mask, causal=case.causal,
+                  visible=None if visible is None else visible.to(case.device),
+                  mask_form=drawn.get("mask_form", "none"))

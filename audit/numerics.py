@@ -21,20 +21,97 @@ def nonfinite_counts(tensors: Iterable[Any]) -> tuple[int, int]:
     return nan, inf
 
 
-def error_vs_reference(out: Any, golden: Any) -> dict[str, float]:
-    """max |out - golden| and ||out - golden||_F / ||golden||_F, in float64.
+def error_vs_reference(out: Any, golden: Any, rows: Any = None) -> dict[str, float]:
+    """max abs, RMSE and relative Frobenius error of `out` against `golden`, in float64.
 
-    NaN/inf in `out` propagate into the error (a NaN error is a measurement).
+    rows: optional (…, Tq) bool selecting the query rows that count (fully masked
+    rows, whose output is a convention, are left out). NaN/inf in `out`
+    propagate into the error: a NaN error is a measurement.
     """
-    diff = out.double() - golden.double()
-    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
-    ref_norm = float(golden.double().norm())
+    import torch
+    diff = out.double() - golden.double()                                     # (B, H, Tq, d)
+    ref = golden.double()
+    if rows is not None:
+        keep = rows.expand(diff.shape[:-1])                                   # (B, H, Tq)
+        diff, ref = diff[keep], ref[keep]                                      # (n_rows, d)
+    if diff.numel() == 0:
+        return {"max_abs_err": 0.0, "rmse": 0.0, "rel_err": 0.0}
+    max_abs = float(diff.abs().max())                                         # NaN propagates
+    ref_norm = float(ref.norm())
     diff_norm = float(diff.norm())
     if math.isnan(diff_norm) or ref_norm > 0:
         rel = diff_norm / ref_norm if ref_norm > 0 else math.nan
     else:
         rel = 0.0 if diff_norm == 0 else math.inf
-    return {"max_abs_err": max_abs, "rel_err": rel}
+    rmse = diff_norm / math.sqrt(diff.numel())
+    return {"max_abs_err": max_abs, "rmse": rmse, "rel_err": rel}
+
+
+def relative_error(value: Any, golden: Any) -> float:
+    """||value - golden||_F / ||golden||_F in float64 (NaN propagates)."""
+    diff_norm = float((value.double() - golden.double()).norm())
+    ref_norm = float(golden.double().norm())
+    if ref_norm == 0:
+        return 0.0 if diff_norm == 0 else (math.nan if math.isnan(diff_norm) else math.inf)
+    return diff_norm / ref_norm
+
+
+# Error budget (FlashAttention's rule): err <= BUDGET_FACTOR * err(baseline) + atol(dtype),
+# errors as RMSE against float64, baseline = `eager` in the same dtype on the same inputs.
+BUDGET_FACTOR = 2.0
+BUDGET_ATOL = {"fp32": 1e-6, "bf16": 1e-3, "fp16": 1e-4}
+
+
+def within_budget(err: float, baseline_err: float | None, dtype: str) -> bool | None:
+    """True/False against the budget; None when the baseline itself is not finite."""
+    if baseline_err is None or not math.isfinite(baseline_err):
+        return None
+    if not math.isfinite(err):
+        return False
+    return err <= BUDGET_FACTOR * baseline_err + BUDGET_ATOL[dtype]
+
+
+def classify_masked_rows(out: Any, rows: Any, v: Any) -> str | None:
+    """What a variant returns on fully masked query rows: nan, zero, uniform, other or mixed.
+
+    out: (B, H, Tq, d); rows: (…, Tq) bool of fully masked rows; v: (B, H, Tk, d).
+    `uniform` means the mean of v over all keys (equal weight on every key).
+    """
+    import torch
+    sel = rows.expand(out.shape[:-1])                                         # (B, H, Tq)
+    if not bool(sel.any()):
+        return None
+    o = out.double()
+    mean_v = v.double().mean(dim=-2, keepdim=True).expand_as(o)               # (B, H, Tq, d)
+    o, mean_v = o[sel], mean_v[sel]                                           # (n, d)
+    tol = 1e-2 * (1.0 + mean_v.abs())
+    kinds = set()
+    for row, uniform in zip(o, mean_v):
+        if torch.isnan(row).any():
+            kinds.add("nan")
+        elif bool((row == 0).all()):
+            kinds.add("zero")
+        elif bool(((row - uniform).abs() <= tol[0]).all()):
+            kinds.add("uniform")
+        else:
+            kinds.add("other")
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def changed_max(before: Any, after: Any, rows: Any) -> float:
+    """Largest |after - before| on the selected rows; NaN equal to NaN counts as unchanged,
+    finite turned NaN (or back) counts as inf. rows: (…, Tq) bool."""
+    import torch
+    sel = rows.expand(before.shape[:-1])
+    a, b = before[sel].double(), after[sel].double()
+    if a.numel() == 0:
+        return 0.0
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    one_nan = torch.isnan(a) ^ torch.isnan(b)
+    if bool(one_nan.any()):
+        return math.inf
+    diff = torch.where(both_nan, torch.zeros_like(a), (a - b).abs())
+    return float(diff.max())
 
 
 class SaturationAccumulator:
@@ -52,6 +129,7 @@ class SaturationAccumulator:
         self.sum_max = 0.0
         self.sum_entropy = 0.0
         self.onehot = 0
+        self.min_entropy = math.inf
 
     def add(self, probs: Any, visible: Any) -> None:
         """probs: (..., Tk) float64 rows summing to 1; visible: (..., Tk) bool or None."""
@@ -68,12 +146,15 @@ class SaturationAccumulator:
         self.sum_max += float(pmax[valid].sum())
         self.sum_entropy += float(norm_entropy[valid].sum())
         self.onehot += int((pmax[valid] > self.ONEHOT_THRESHOLD).sum())
+        if bool(valid.any()):
+            self.min_entropy = min(self.min_entropy, float(norm_entropy[valid].min()))
 
     def result(self) -> dict[str, float | None]:
         if self.rows == 0:
-            return {"max_prob": None, "entropy": None, "onehot_frac": None}
+            return {"max_prob": None, "entropy": None, "min_entropy": None, "onehot_frac": None}
         return {"max_prob": self.sum_max / self.rows,
                 "entropy": self.sum_entropy / self.rows,
+                "min_entropy": self.min_entropy,
                 "onehot_frac": self.onehot / self.rows}
 
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RECORDS_FILE = "records.jsonl"
 STATUSES = ("ok", "skipped", "error", "oom")
 
@@ -22,15 +22,15 @@ STATUSES = ("ok", "skipped", "error", "oom")
 COLUMNS: dict[str, str] = {
     "schema": "record schema version (integer)",
     "id": "cell id: variant-device-dtype-d{d_k}-T{seq_len}-B{batch}-H{heads}-{causal|full}-{scenario}",
-    "variant": "attention implementation (see `python -m audit list`)",
+    "variant": "attention implementation (`python -m audit list`), broken.* for negative controls, or the plug-in spec",
     "device": "cpu or cuda",
     "dtype": "input dtype: fp32, fp16 or bf16",
     "d_k": "head dimension",
-    "seq_len": "query and key length T",
+    "seq_len": "key length T (also the query length, except in the decode and cross_causal scenarios)",
     "batch": "batch size B",
     "heads": "number of heads H",
     "causal": "true: causal (top-left aligned) masking",
-    "scenario": "input distribution (normal: q, k, v ~ N(0, 1))",
+    "scenario": "input scenario (README: Input scenarios); normal: q, k, v ~ N(0, 1)",
     "status": "ok, skipped, error or oom",
     "reason": "why a cell is not ok (null when ok)",
     "fwd_ms": "median forward latency in ms (inputs require grad, as in training)",
@@ -49,15 +49,33 @@ COLUMNS: dict[str, str] = {
     "flops": "forward FLOPs, 4*B*H*Tq*Tk*d_k, causal counting visible pairs only",
     "gflops_per_s": "achieved forward GFLOP/s (flops / fwd_ms)",
     "fwd_bwd_gflops_per_s": "achieved forward+backward GFLOP/s (3.5 * flops / fwd_bwd_ms)",
+    "q_len": "query length Tq (seq_len is the key length; they differ in decode and cross_causal)",
     "out_nan": "NaN count in the output",
     "out_inf": "inf count in the output",
+    "out_nonfinite_visible": "NaN+inf count in output rows that see at least one key (the float64 golden is finite there)",
     "grad_nan": "NaN count in the gradients of q, k and v together",
     "grad_inf": "inf count in the gradients of q, k and v together",
-    "max_abs_err": "max |out - golden| against the float64 reference",
-    "rel_err": "relative Frobenius error ||out - golden|| / ||golden||",
-    "max_prob": "mean over query rows of the largest attention probability (float64 golden)",
-    "entropy": "mean normalized row entropy H(p) / log(visible keys) (float64 golden)",
-    "onehot_frac": "fraction of query rows whose largest probability exceeds 0.99 (float64 golden)",
+    "max_abs_err": "max |out - golden| against the float64 reference, over rows that see a key",
+    "rmse": "root-mean-square of out - golden over rows that see a key",
+    "rel_err": "relative Frobenius error ||out - golden|| / ||golden|| over rows that see a key",
+    "err_ratio": "rmse / rmse of the same-dtype baseline (`eager` in the input dtype, same inputs)",
+    "within_budget": "rmse <= 2 * baseline rmse + atol(dtype) (FlashAttention's rule); null when the baseline is not finite",
+    "dq_err": "relative Frobenius error of dL/dq against float64 gradients",
+    "dk_err": "relative Frobenius error of dL/dk against float64 gradients",
+    "dv_err": "relative Frobenius error of dL/dv against float64 gradients",
+    "max_logit": "max |q·k·scale| over visible pairs (float64); compare with the dtype's max",
+    "max_qk": "max |q·k| before scaling over visible pairs (what an unscaled-first matmul must hold)",
+    "max_prob": "mean over query rows of the largest attention probability",
+    "entropy": "mean normalized row entropy H(p) / log(visible keys)",
+    "min_entropy": "minimum normalized row entropy",
+    "onehot_frac": "fraction of query rows whose largest probability exceeds 0.99",
+    "golden_onehot_frac": "onehot_frac of the float64 golden on the same inputs (what the inputs alone cause)",
+    "saturation_source": "variant: the four saturation columns come from the variant's own weights; golden: from the float64 golden (variants that hide their weights)",
+    "underflow_frac": "fraction of probabilities that are exactly 0 where the golden is > 0 (variants exposing weights)",
+    "leak_mass": "largest probability mass a row puts on masked or future keys (variants exposing weights)",
+    "leak_max_change": "largest output change, on rows that must not see them, when masked-out keys and values change (0 = no leak; null when nothing is masked)",
+    "masked_rows": "what the variant returns on fully masked rows: nan, zero, uniform, other or mixed (null when none)",
+    "causal_alignment": "causal with q_len != seq_len: which alignment the output follows (top-left, bottom-right, neither)",
     "elapsed_s": "wall time spent on the cell, seconds",
     "started_at": "UTC time the cell started (ISO 8601)",
     "env": "environment: torch version, device name, CPU model, threads, git commit, NVML info",
@@ -80,11 +98,11 @@ def _json_default(obj: Any) -> Any:
 
 
 def _clean(value: Any) -> Any:
-    """JSON has no NaN/inf: store them as strings so the file stays standard JSON."""
+    """JSON has no NaN/inf: store them as the strings "NaN", "Infinity", "-Infinity"."""
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy / torch scalar
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -92,9 +110,12 @@ def _clean(value: Any) -> Any:
     return value
 
 
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
 def _restore(value: Any) -> Any:
-    if value in ("nan", "inf", "-inf"):
-        return float(value)
+    if isinstance(value, str) and value in _NONFINITE:
+        return _NONFINITE[value]
     if isinstance(value, dict):
         return {k: _restore(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -145,12 +166,41 @@ def _truncate_partial_line(path: Path) -> None:
         fh.truncate(keep)
 
 
+def _v1_floats(value: Any) -> Any:
+    """Schema 1 wrote non-finite floats as "nan", "inf", "-inf"."""
+    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _v1_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_v1_floats(v) for v in value]
+    return value
+
+
+def _v1_to_v2(record: dict[str, Any]) -> dict[str, Any]:
+    """v2 added the numerics-audit columns; v1 cells had q_len == seq_len and golden saturation."""
+    record = _v1_floats(record)
+    out = {col: record.get(col) for col in COLUMNS}
+    out.update({k: v for k, v in record.items() if k not in out})
+    out["q_len"] = record.get("seq_len")
+    if record.get("max_prob") is not None:
+        out["saturation_source"] = "golden"
+    out["schema"] = 2
+    return out
+
+
+MIGRATIONS = {1: _v1_to_v2}
+
+
 def migrate(record: dict[str, Any]) -> dict[str, Any]:
-    """Bring a record of any known schema version to the current one."""
+    """Bring a record of any known schema version to the current one, step by step."""
     version = record.get("schema")
-    if version == SCHEMA_VERSION:
-        return record
-    raise ValueError(f"record schema {version!r} is not supported (this is schema {SCHEMA_VERSION})")
+    while version != SCHEMA_VERSION:
+        if version not in MIGRATIONS:
+            raise ValueError(f"record schema {version!r} is not supported (this is schema {SCHEMA_VERSION})")
+        record = MIGRATIONS[version](record)
+        version = record["schema"]
+    return record
 
 
 def iter_records(path: Path | str) -> Iterator[dict[str, Any]]:

@@ -6,8 +6,10 @@ the float64 reference are built once per input set and reused by its variants.
 from __future__ import annotations
 
 import json
+import math
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -16,7 +18,8 @@ from . import records
 from .grid import Case, Preset
 from .inputs import Inputs, make_inputs
 from .memory import peak_during
-from .numerics import BACKWARD_FLOP_FACTOR, attention_flops, error_vs_reference, nonfinite_counts
+from .numerics import (BACKWARD_FLOP_FACTOR, attention_flops, changed_max, classify_masked_rows,
+                       error_vs_reference, nonfinite_counts, relative_error, within_budget)
 from .reference import Golden, golden_attention
 from .timing import Samples, measure, time_call
 from .variants import Unsupported, Variant, fused_attention_count, resolve
@@ -62,7 +65,87 @@ def _fill_timing(rec: dict[str, Any], prefix: str, samples: Samples) -> None:
     rec[f"{prefix}_samples_s"] = samples.per_call_s
 
 
-def measure_cell(case: Case, variant: Variant, inputs: Inputs, golden: Golden,
+def _leak_checks(inputs: Inputs, tq: int, tk: int) -> list[tuple[Any, Any]]:
+    """(keys to perturb (B|1, 1, 1, Tk), rows that must not change (B|1, 1, Tq)) pairs.
+
+    A: keys hidden from at least half of the rows that see anything; the rows
+    that see none of them must not change. B: every key, for fully masked rows.
+    None of the pairs exists when the scenario masks nothing.
+    """
+    import torch
+    from .reference import visibility
+    vis = visibility(tq, tk, 0, tq, causal=inputs.causal, visible=inputs.visible,
+                     device=inputs.q.device)
+    if vis is None:
+        return []
+    while vis.dim() < 4:
+        vis = vis[None]
+    vis = vis.expand(vis.shape[0], 1, tq, tk)                                  # (B|1, 1, Tq, Tk)
+    seeing = vis.any(-1)                                                       # (B|1, 1, Tq)
+    hidden = (~vis & seeing[..., None]).sum(-2)                                # (B|1, 1, Tk)
+    n_seeing = seeing.sum(-1, keepdim=True).clamp(min=1)                       # (B|1, 1, 1)
+    keys = (2 * hidden >= n_seeing)[..., None, :]                              # (B|1, 1, 1, Tk)
+    rows = seeing & ~(vis & keys).any(-1)                                      # (B|1, 1, Tq)
+    checks = []
+    if bool(keys.any()) and bool(rows.any()):
+        checks.append((keys, rows))
+    if bool((~seeing).any()):
+        checks.append((torch.ones_like(keys), ~seeing))
+    return checks
+
+
+def _leak_max_change(forward_with: Callable[[Any, Any], Any], inputs: Inputs, out: Any,
+                     tq: int, tk: int) -> float | None:
+    """Largest output change on rows that must not see the perturbed keys and values."""
+    import torch
+    checks = _leak_checks(inputs, tq, tk)
+    if not checks:
+        return None
+    worst = 0.0
+    gen = torch.Generator().manual_seed(1234)
+    for keys, rows in checks:
+        noise_k = (3.0 + torch.randn(inputs.k.shape, generator=gen)).to(inputs.k.device, inputs.k.dtype)
+        noise_v = (3.0 + torch.randn(inputs.v.shape, generator=gen)).to(inputs.v.device, inputs.v.dtype)
+        sel = keys.transpose(-1, -2)                                            # (B|1, 1, Tk, 1)
+        k2 = torch.where(sel, inputs.k + noise_k, inputs.k)
+        v2 = torch.where(sel, inputs.v + noise_v, inputs.v)
+        out2 = forward_with(k2, v2).detach()
+        worst = max(worst, changed_max(out, out2, rows))
+    return worst
+
+
+def _variant_weight_metrics(variant: Variant, inputs: Inputs, q: Any, k: Any, tq: int, tk: int
+                            ) -> dict[str, Any]:
+    """Saturation, underflow and leaked mass from the variant's own attention weights."""
+    import torch
+    from .numerics import SaturationAccumulator
+    from .reference import golden_prob_chunks, visibility
+
+    with torch.no_grad():
+        probs = variant.probs(q, k, mask=inputs.mask, causal=inputs.causal)   # (B, H, Tq, Tk)
+    sat = SaturationAccumulator()
+    zero_where_golden_positive = golden_positive = 0
+    leaked = 0.0
+    for r0, r1, gold, vis in golden_prob_chunks(q, k, causal=inputs.causal, visible=inputs.visible):
+        p = probs[:, :, r0:r1].double()                                          # (B, H, rows, Tk)
+        visx = None if vis is None else vis.expand_as(p)
+        sat.add(p, visx)
+        positive = gold > 0
+        golden_positive += int(positive.sum())
+        zero_where_golden_positive += int(((p == 0) & positive).sum())
+        if visx is not None:
+            seeing = visx.any(-1, keepdim=True)
+            mass = torch.where(~visx & seeing, p, torch.zeros_like(p)).sum(-1)   # (B, H, rows)
+            leaked = max(leaked, float(mass.max()))
+    m = sat.result()
+    m["underflow_frac"] = zero_where_golden_positive / golden_positive if golden_positive else None
+    m["leak_mass"] = leaked if visibility(tq, tk, 0, 1, causal=inputs.causal, visible=inputs.visible) \
+        is not None else None
+    m["saturation_source"] = "variant"
+    return m
+
+
+def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
                  preset: Preset) -> dict[str, Any]:
     """Measure one cell; return the measurement columns. Raises Unsupported/CellSkipped."""
     import torch
@@ -72,9 +155,10 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, golden: Golden,
     fn = variant.build()
     q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
     kwargs = dict(mask=inputs.mask, causal=inputs.causal)
+    tq, tk = q.shape[-2], k.shape[-2]
 
     def forward():
-        return fn(q, k, v, **kwargs)                                   # (B, H, T, d)
+        return fn(q, k, v, **kwargs)                                   # (B, H, Tq, d)
 
     def forward_backward():
         return torch.autograd.grad(forward(), (q, k, v), inputs.grad_out)
@@ -97,13 +181,29 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, golden: Golden,
             f"would take about {(warm_fwd + warm_fb) * n_timed:.0f} s "
             f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
 
-    m: dict[str, Any] = {}
+    m: dict[str, Any] = {"q_len": tq}
+    golden = ref.golden
     out, m["peak_bytes"] = peak_during(forward, case.device)
+    out = out.detach()
     m["out_nan"], m["out_inf"] = nonfinite_counts([out])
-    m.update(error_vs_reference(out.detach(), golden.out))
-    del out
+    seeing = golden.row_visible.expand(out.shape[:-1])                             # (B, H, Tq)
+    m["out_nonfinite_visible"] = int((~torch.isfinite(out) & seeing[..., None]).sum())
+    m.update(error_vs_reference(out, golden.out, golden.row_visible))
+    base = ref.baseline_rmse
+    m["err_ratio"] = (m["rmse"] / base if base and math.isfinite(base) and base > 0 else None)
+    m["within_budget"] = within_budget(m["rmse"], base, case.dtype)
+    m["masked_rows"] = classify_masked_rows(out, ~golden.row_visible, inputs.v)
+    # Same grad mode and requires_grad as the timed calls, so compiled variants do not recompile.
+    m["leak_max_change"] = _leak_max_change(
+        lambda k2, v2: fn(q, k2.requires_grad_(True), v2.requires_grad_(True), **kwargs),
+        inputs, out, tq, tk)
+    if ref.golden_bottom_right is not None:
+        m["causal_alignment"] = _alignment(out, golden, ref.golden_bottom_right)
+
     grads, m["peak_fwd_bwd_bytes"] = peak_during(forward_backward, case.device)
     m["grad_nan"], m["grad_inf"] = nonfinite_counts(grads)
+    for name, got, want in zip(("dq_err", "dk_err", "dv_err"), grads, (golden.dq, golden.dk, golden.dv)):
+        m[name] = relative_error(got, want)
     del grads
 
     fwd = measure(forward, estimate_s=warm_fwd, min_samples=preset.min_samples,
@@ -115,35 +215,82 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, golden: Golden,
     m["timer"] = ("cuda: perf_counter with torch.cuda.synchronize" if sync
                   else f"cpu: perf_counter, blocks of {fwd.calls_per_sample}/{fb.calls_per_sample} calls")
 
-    flops = attention_flops(case.batch, case.heads, case.seq_len, case.seq_len, case.d_k, case.causal)
+    flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal)
     m["flops"] = flops
     m["gflops_per_s"] = flops / fwd.median_s / 1e9
     m["fwd_bwd_gflops_per_s"] = flops * (1 + BACKWARD_FLOP_FACTOR) / fb.median_s / 1e9
     if variant.compiled:
         m["compile_s"] = max(0.0, first_fwd - fwd.median_s) + max(0.0, first_fb - fb.median_s)
         m["fused_sdpa"] = fused_attention_count() > fused_before
-    m.update(golden.saturation)
+
+    for key in ("max_logit", "max_qk"):
+        m[key] = golden.saturation[key]
+    m["golden_onehot_frac"] = golden.saturation["onehot_frac"]
+    if variant.probs is not None:
+        m.update(_variant_weight_metrics(variant, inputs, q.detach(), k.detach(), tq, tk))
+    else:
+        m.update({key: golden.saturation[key] for key in ("max_prob", "entropy", "min_entropy", "onehot_frac")})
+        m["saturation_source"] = "golden"
     return m
 
 
+def _alignment(out: Any, top_left: Golden, bottom_right: Golden) -> str:
+    """Which causal alignment the output follows: top-left, bottom-right or neither."""
+    err_tl = error_vs_reference(out, top_left.out, top_left.row_visible)["rel_err"]
+    err_br = error_vs_reference(out, bottom_right.out, bottom_right.row_visible)["rel_err"]
+    close = 0.05
+    if err_tl <= close and (err_tl < err_br or not math.isfinite(err_br)):
+        return "top-left"
+    if err_br <= close and (err_br < err_tl or not math.isfinite(err_tl)):
+        return "bottom-right"
+    return "neither"
+
+
+@dataclass
+class Reference:
+    """Everything computed once per input set: float64 golden(s) and the same-dtype baseline."""
+
+    golden: Golden
+    golden_bottom_right: Golden | None   # only when causal and Tq != Tk
+    baseline_rmse: float | None          # `eager` in the input dtype against the golden
+
+
 class InputCache:
-    """Inputs and float64 golden of the current input set, rebuilt when the set changes."""
+    """Inputs, float64 golden and baseline of the current input set, rebuilt when the set changes."""
 
     def __init__(self) -> None:
         self.key: tuple | None = None
         self.inputs: Inputs | None = None
-        self.golden: Golden | None = None
+        self.ref: Reference | None = None
         self.golden_calls = 0
 
-    def get(self, case: Case) -> tuple[Inputs, Golden]:
+    def get(self, case: Case) -> tuple[Inputs, Reference]:
         if case.input_key != self.key:
-            self.inputs = self.golden = None  # free the previous set first
-            self.inputs = make_inputs(case)
-            self.golden = golden_attention(self.inputs.q, self.inputs.k, self.inputs.v,
-                                           mask=self.inputs.mask, causal=self.inputs.causal)
+            self.inputs = self.ref = None  # free the previous set first
+            self.key = None
+            inputs = make_inputs(case)
+            args = dict(grad_out=inputs.grad_out, causal=inputs.causal, visible=inputs.visible)
+            golden = golden_attention(inputs.q, inputs.k, inputs.v, **args)
             self.golden_calls += 1
+            bottom_right = None
+            if inputs.causal and inputs.q.shape[-2] != inputs.k.shape[-2]:
+                bottom_right = golden_attention(inputs.q, inputs.k, inputs.v, causal=True,
+                                                visible=inputs.visible, alignment="bottom-right")
+            self.inputs, self.ref = inputs, Reference(golden, bottom_right, _baseline_rmse(inputs, golden))
             self.key = case.input_key
-        return self.inputs, self.golden
+        return self.inputs, self.ref
+
+
+def _baseline_rmse(inputs: Inputs, golden: Golden) -> float | None:
+    """RMSE of hand-written attention in the input dtype: the error budget's yardstick."""
+    import torch
+    from .variants import eager_attention
+    try:
+        with torch.no_grad():
+            out = eager_attention(inputs.q, inputs.k, inputs.v, mask=inputs.mask, causal=inputs.causal)
+    except Exception:  # noqa: BLE001 - no baseline: budgets become null, not fake
+        return None
+    return error_vs_reference(out, golden.out, golden.row_visible)["rmse"]
 
 
 def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any]) -> dict[str, Any]:
@@ -154,8 +301,8 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any])
     start = time.perf_counter()
     try:
         variant = resolve(case.variant)
-        inputs, golden = cache.get(case)
-        rec.update(measure_cell(case, variant, inputs, golden, preset))
+        inputs, ref = cache.get(case)
+        rec.update(measure_cell(case, variant, inputs, ref, preset))
         rec["status"] = "ok"
     except (Unsupported, CellSkipped) as exc:
         rec["status"], rec["reason"] = "skipped", str(exc)

@@ -13,7 +13,7 @@ j <= i), as `scaled_dot_product_attention(is_causal=True)`. scale: None means
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .grid import UsageError
@@ -33,8 +33,12 @@ class Variant:
     description: str
     build: Callable[[], AttentionFn]
     compiled: bool = False          # torch.compile: compile time and fusion are recorded
-    family: str = "eager"           # eager | compiled | sdpa | plugin
-    tags: tuple[str, ...] = field(default_factory=tuple)
+    family: str = "eager"           # eager | compiled | sdpa | plugin | broken
+    probs: Callable[..., Any] | None = None  # exposes attention weights (B, H, Tq, Tk), if it can
+
+    @property
+    def negative_control(self) -> bool:
+        return self.family == "broken"
 
 
 # --------------------------------------------------------------------------- eager
@@ -45,10 +49,12 @@ def _causal_keep(tq: int, tk: int, device) -> Any:
     return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
 
 
-def eager_attention(q, k, v, *, mask=None, causal=False, scale=None):
-    """softmax(Q Kᵀ · scale, masked) V, every step in the input dtype (the textbook code)."""
+def _masked_scores(q, k, mask, causal, scale, upcast: bool):
+    """Q Kᵀ · scale with causal and mask applied as -inf / additive: (B, H, Tq, Tk)."""
     import torch
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if upcast:
+        q, k = q.float(), k.float()
     scores = (q @ k.transpose(-2, -1)) * scale                     # (B, H, Tq, Tk)
     if causal:
         keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)    # (Tq, Tk)
@@ -57,26 +63,81 @@ def eager_attention(q, k, v, *, mask=None, causal=False, scale=None):
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
-            scores = scores + mask
-    probs = torch.softmax(scores, dim=-1)                          # (B, H, Tq, Tk)
-    return probs @ v                                               # (B, H, Tq, d)
+            scores = scores + mask.to(scores.dtype)
+    return scores
 
 
-def eager_fp32_attention(q, k, v, *, mask=None, causal=False, scale=None):
-    """Scores and softmax upcast to fp32, probabilities cast back for P·V."""
+def eager_probs(q, k, *, mask=None, causal=False, scale=None):
+    """softmax(Q Kᵀ · scale, masked) in the input dtype: (B, H, Tq, Tk)."""
     import torch
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = (q.float() @ k.float().transpose(-2, -1)) * scale     # (B, H, Tq, Tk) fp32
-    if causal:
-        keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)
-        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=False), dim=-1)
+
+
+def eager_fp32_probs(q, k, *, mask=None, causal=False, scale=None):
+    """Scores and softmax in fp32, cast back to the input dtype: (B, H, Tq, Tk)."""
+    import torch
+    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=True), dim=-1).to(q.dtype)
+
+
+def _from_probs(probs_fn):
+    """Attention from a probability function: probs(q, k) @ v."""
+    def attention(q, k, v, *, mask=None, causal=False, scale=None):
+        return probs_fn(q, k, mask=mask, causal=causal, scale=scale) @ v   # (B, H, Tq, d)
+    attention.__doc__ = probs_fn.__doc__
+    return attention
+
+
+eager_attention = _from_probs(eager_probs)
+eager_attention.__doc__ = "softmax(Q Kᵀ · scale, masked) V, every step in the input dtype (the textbook code)."
+eager_fp32_attention = _from_probs(eager_fp32_probs)
+
+
+# --------------------------------------------------------------------------- negative controls
+# Deliberately defective hand-written attention. The audit must flag each of them.
+
+def _keep_mask(q, k, mask, causal):
+    """Bool (…, Tq, Tk) of allowed pairs from causal and a bool or float mask, or None."""
+    import torch
+    keep = _causal_keep(q.shape[-2], k.shape[-2], q.device) if causal else None
     if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.float()
-    probs = torch.softmax(scores, dim=-1).to(q.dtype)              # (B, H, Tq, Tk)
-    return probs @ v                                               # (B, H, Tq, d)
+        m = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+        keep = m if keep is None else (keep & m)
+    return keep
+
+
+def broken_unscaled_probs(q, k, *, mask=None, causal=False, scale=None):
+    """Forgets 1/sqrt(d_k): scores have std sqrt(d_k) and softmax saturates."""
+    import torch
+    return torch.softmax(_masked_scores(q, k, mask, causal, 1.0, upcast=False), dim=-1)
+
+
+def broken_mask_after_softmax_probs(q, k, *, mask=None, causal=False, scale=None):
+    """The seed's wrong way: softmax over every key, then zero the masked ones and renormalize."""
+    import torch
+    probs = torch.softmax(_masked_scores(q, k, None, False, scale, upcast=False), dim=-1)
+    keep = _keep_mask(q, k, mask, causal)
+    if keep is not None:
+        probs = probs * keep
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def broken_clamped_probs(q, k, *, mask=None, causal=False, scale=None):
+    """The seed's `clamp(min=1e-6)` after softmax: weight returns to masked positions."""
+    import torch
+    return torch.clamp(eager_probs(q, k, mask=mask, causal=causal, scale=scale), min=1e-6)
+
+
+def broken_no_max_subtraction_probs(q, k, *, mask=None, causal=False, scale=None):
+    """exp(scores) / sum without subtracting the row max: overflows on large logits."""
+    e = _masked_scores(q, k, mask, causal, scale, upcast=False).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def broken_softmax_wrong_dim_probs(q, k, *, mask=None, causal=False, scale=None):
+    """softmax over the query axis (dim=-2) instead of the key axis."""
+    import torch
+    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=False), dim=-2)
 
 
 # --------------------------------------------------------------------------- compiled
@@ -139,12 +200,15 @@ def _sdpa(backend_name: str | None) -> AttentionFn:
 
 # --------------------------------------------------------------------------- registry
 
+BROKEN_PREFIX = "broken."
+
+
 def _builtins() -> dict[str, Variant]:
     specs = [
         Variant("eager", "hand-written softmax(QKᵀ·scale)V, every step in the input dtype",
-                lambda: eager_attention),
+                lambda: eager_attention, probs=eager_probs),
         Variant("eager_fp32", "hand-written; scores and softmax upcast to fp32, cast back for P·V",
-                lambda: eager_fp32_attention),
+                lambda: eager_fp32_attention, probs=eager_fp32_probs),
         Variant("compiled", "torch.compile(eager), default settings (Inductor may rewrite it into SDPA)",
                 lambda: _compiled(None), compiled=True, family="compiled"),
         Variant("compiled_unfused", "torch.compile(eager) with pattern matching off: the hand-written math compiled",
@@ -160,12 +224,22 @@ def _builtins() -> dict[str, Variant]:
         Variant("sdpa_cudnn", "SDPA forced to the CUDNN_ATTENTION backend",
                 lambda: _sdpa("CUDNN_ATTENTION"), family="sdpa"),
     ]
+    for probs_fn in (broken_unscaled_probs, broken_mask_after_softmax_probs, broken_clamped_probs,
+                     broken_no_max_subtraction_probs, broken_softmax_wrong_dim_probs):
+        name = BROKEN_PREFIX + probs_fn.__name__.removeprefix("broken_").removesuffix("_probs")
+        doc = (probs_fn.__doc__ or "").strip().splitlines()[0]
+        specs.append(Variant(name, "NEGATIVE CONTROL: " + doc,
+                             (lambda f=probs_fn: _from_probs(f)), family="broken", probs=probs_fn))
     return {v.name: v for v in specs}
 
 
 BUILTIN_NAMES: tuple[str, ...] = (
     "eager", "eager_fp32", "compiled", "compiled_unfused",
     "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
+)
+NEGATIVE_CONTROLS: tuple[str, ...] = (
+    "broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
+    "broken.no_max_subtraction", "broken.softmax_wrong_dim",
 )
 
 

@@ -41,9 +41,8 @@ def assert_usage_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
 
 
 def quick_ids(**override) -> list[str]:
-    axes = dict(grid.presets()["quick"].axes)
-    axes.update(override)
-    return [c.id for c in grid.expand(grid.validate_axes(axes))]
+    """Cell ids of the quick preset (every sub-grid, deduplicated), axes overridden."""
+    return [c.id for c in grid.preset_cases(grid.presets()["quick"], override)]
 
 
 # --------------------------------------------------------------------------- usage errors
@@ -116,6 +115,10 @@ def test_dry_run_quick_prints_every_cell():
     expected = quick_ids()
     assert lines[:-1] == expected
     assert lines[-1] == f"{len(expected)} cells"
+    # every cell of every sub-grid, each once
+    union = {c.id for sub in grid.presets()["quick"].grids for c in grid.expand(grid.validate_axes(sub))}
+    assert len(set(expected)) == len(expected)
+    assert set(expected) == union
 
 
 def test_dry_run_restricts_variants():
@@ -125,9 +128,24 @@ def test_dry_run_restricts_variants():
     ids = lines[:-1]
     assert ids == quick_ids(variant=("eager",))
     assert all(i.startswith("eager-") for i in ids)
-    n_all = len(quick_ids())
-    assert len(ids) * len(grid.presets()["quick"].axes["variant"]) == n_all
+    # eager is in every quick sub-grid: restricting to it keeps exactly its cells
+    all_ids = quick_ids()
+    assert len(all_ids) > len(ids) > 0
+    assert ids == [i for i in all_ids if i.startswith("eager-")]
     assert lines[-1] == f"{len(ids)} cells"
+
+
+def test_dry_run_variant_override_applies_to_every_sub_grid():
+    # sdpa_flash is only in the first quick sub-grid; --variant puts it in all of them
+    quick = grid.presets()["quick"]
+    assert any("sdpa_flash" not in sub["variant"] for sub in quick.grids)
+    proc = cli("run", "--preset", "quick", "--variant", "sdpa_flash", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    ids = proc.stdout.splitlines()[:-1]
+    assert ids == quick_ids(variant=("sdpa_flash",))
+    scenarios = {i.rsplit("-", 1)[1] for i in ids}
+    assert scenarios == {s for sub in quick.grids for s in sub["scenario"]}
+    assert len(scenarios) > 1
 
 
 def test_dry_run_axis_overrides_combine():
@@ -135,8 +153,20 @@ def test_dry_run_axis_overrides_combine():
                "--causal", "true", "--dtype", "fp32", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     expected = quick_ids(variant=("eager", "sdpa"), seq_len=(32,), causal=(True,), dtype=("fp32",))
-    assert len(expected) == 2
-    assert proc.stdout.splitlines() == expected + ["2 cells"]
+    # each override replaces its axis in every sub-grid; the scenarios stay per sub-grid
+    scenarios = list(dict.fromkeys(s for sub in grid.presets()["quick"].grids for s in sub["scenario"]))
+    by_hand = {f"{v}-cpu-fp32-d32-T32-B1-H2-causal-{s}" for v in ("eager", "sdpa") for s in scenarios}
+    assert set(expected) == by_hand
+    assert len(expected) == 2 * len(scenarios)
+    assert proc.stdout.splitlines() == expected + [f"{len(expected)} cells"]
+
+
+def test_dry_run_overrides_down_to_one_cell_per_variant():
+    proc = cli("run", "--preset", "quick", "--variant", "eager", "sdpa", "--seq-len", "32",
+               "--causal", "true", "--dtype", "fp32", "--scenario", "normal", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["eager-cpu-fp32-d32-T32-B1-H2-causal-normal",
+                                        "sdpa-cpu-fp32-d32-T32-B1-H2-causal-normal", "2 cells"]
 
 
 def test_dry_run_accepts_a_plugin_on_pythonpath():

@@ -8,8 +8,9 @@ import math
 import pytest
 
 from audit import grid
-from audit.grid import AXES, DEVICES, DTYPES, INT_AXES, SCENARIOS, Case, UsageError, expand, validate_axes
-from audit.variants import BUILTIN_NAMES, check_name
+from audit.grid import AXES, DEVICES, DTYPES, INT_AXES, Case, Preset, UsageError, expand, preset_cases, validate_axes
+from audit.inputs import SCENARIOS
+from audit.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, check_name
 
 
 def base_axes(**override):
@@ -183,17 +184,102 @@ def test_every_preset_validates():
     for name, preset in table.items():
         assert preset.name == name
         assert preset.min_samples >= 1 and preset.min_time_s > 0 and preset.max_cell_s > 0
+        assert len(preset.grids) >= 1
+        for sub in preset.grids:
+            axes = validate_axes(sub, known_variant=check_name)
+            assert set(axes) == set(AXES)
+            for axis in AXES:
+                assert axes[axis] == tuple(sub[axis]), (name, axis)
+        # the union of every sub-grid's values validates too
         axes = validate_axes(preset.axes, known_variant=check_name)
-        assert set(axes) == set(AXES)
         for axis in AXES:
             assert axes[axis] == tuple(preset.axes[axis]), (name, axis)
-        assert set(axes["variant"]) <= set(BUILTIN_NAMES)
+        # built-ins and negative controls only, nothing else
+        assert set(axes["variant"]) <= set(BUILTIN_NAMES) | set(NEGATIVE_CONTROLS)
+        assert preset_cases(preset, known_variant=check_name)
+
+
+def test_every_negative_control_is_in_the_cpu_and_quick_presets():
+    table = grid.presets()
+    for name in ("quick", "cpu"):
+        variants_in_cells = {c.variant for c in preset_cases(table[name])}
+        assert set(NEGATIVE_CONTROLS) <= variants_in_cells, name
+        assert set(NEGATIVE_CONTROLS).isdisjoint(BUILTIN_NAMES)
 
 
 def test_quick_preset_is_smaller_than_cpu():
     table = grid.presets()
-    quick = expand(validate_axes(table["quick"].axes))
-    cpu = expand(validate_axes(table["cpu"].axes))
+    quick = preset_cases(table["quick"])
+    cpu = preset_cases(table["cpu"])
     assert 0 < len(quick) < len(cpu)
     assert set(table["quick"].axes["device"]) == {"cpu"}
     assert set(table["cpu"].axes["device"]) == {"cpu"}
+    assert {c.device for c in quick} == {c.device for c in cpu} == {"cpu"}
+
+
+# --------------------------------------------------------------------------- sub-grids
+
+def _two_grid_preset():
+    return Preset(
+        name="t", description="two overlapping sub-grids",
+        grids=(
+            base_axes(variant=("eager", "sdpa"), seq_len=(8, 16)),
+            base_axes(variant=("sdpa", "eager_fp32"), seq_len=(8,), scenario=("normal", "padding")),
+        ),
+    )
+
+
+def test_preset_axes_is_the_ordered_union_of_sub_grids():
+    axes = _two_grid_preset().axes
+    assert list(axes) == list(AXES)
+    assert axes["variant"] == ("eager", "sdpa", "eager_fp32")
+    assert axes["seq_len"] == (8, 16)
+    assert axes["scenario"] == ("normal", "padding")
+    assert axes["dtype"] == ("fp32",)
+
+
+def test_preset_cases_is_the_union_of_sub_grids_without_duplicates():
+    preset = _two_grid_preset()
+    cases = preset_cases(preset)
+    ids = [c.id for c in cases]
+    assert len(ids) == len(set(ids))
+    first = expand(validate_axes(preset.grids[0]))
+    second = expand(validate_axes(preset.grids[1]))
+    assert len(first) == 4 and len(second) == 4
+    # sdpa-...-T8-...-normal is in both sub-grids: counted once
+    shared = {c.id for c in first} & {c.id for c in second}
+    assert shared == {Case("sdpa", "cpu", "fp32", 16, 8, 1, 2, False, "normal").id}
+    assert set(ids) == {c.id for c in first} | {c.id for c in second}
+    assert len(cases) == 4 + 4 - 1
+    # first sub-grid first, in expansion order; then the new cells of the second
+    assert ids[:4] == [c.id for c in first]
+    assert ids[4:] == [c.id for c in second if c.id not in shared]
+    # not the cross product of the union (eager_fp32 with T16 is in no sub-grid)
+    assert len(cases) < len(expand(validate_axes(preset.axes)))
+    assert Case("eager_fp32", "cpu", "fp32", 16, 16, 1, 2, False, "normal").id not in ids
+
+
+def test_preset_cases_override_replaces_the_axis_in_every_sub_grid():
+    preset = _two_grid_preset()
+    cases = preset_cases(preset, {"variant": ["sdpa_math"], "seq_len": ["32"]})
+    ids = {c.id for c in cases}
+    assert ids == {Case("sdpa_math", "cpu", "fp32", 16, 32, 1, 2, False, s).id
+                   for s in ("normal", "padding")}
+    assert len(cases) == 2
+    assert all(type(c.seq_len) is int for c in cases)
+    # an axis without override keeps each sub-grid's own values
+    cases = preset_cases(preset, {"dtype": ["bf16"]})
+    assert len(cases) == 7
+    assert {c.dtype for c in cases} == {"bf16"}
+    assert {c.scenario for c in cases if c.variant == "eager"} == {"normal"}
+
+
+def test_preset_cases_validates_values_and_variants():
+    preset = _two_grid_preset()
+    with pytest.raises(UsageError, match="--dtype"):
+        preset_cases(preset, {"dtype": ["fp64"]})
+    with pytest.raises(UsageError, match="'nope'"):
+        preset_cases(preset, {"variant": ["nope"]}, known_variant=check_name)
+    seen = []
+    preset_cases(preset, known_variant=seen.append)
+    assert set(seen) == {"eager", "sdpa", "eager_fp32"}

@@ -43,17 +43,49 @@ def test_error_vs_reference_hand_computed():
     golden = torch.tensor([[3.0, 4.0], [0.0, 0.0]], dtype=torch.float64)   # ||golden|| = 5
     out = torch.tensor([[3.0, 4.0], [0.3, -0.4]], dtype=torch.float32)    # ||diff|| = 0.5
     err = error_vs_reference(out, golden)
+    assert set(err) == {"max_abs_err", "rmse", "rel_err"}
     assert err["max_abs_err"] == pytest.approx(0.4, rel=1e-6)
+    assert err["rmse"] == pytest.approx(0.25, rel=1e-6)                   # 0.5 / sqrt(4)
     assert err["rel_err"] == pytest.approx(0.1, rel=1e-6)
-    assert type(err["max_abs_err"]) is float and type(err["rel_err"]) is float
+    assert all(type(x) is float for x in err.values())
+
+
+def test_error_vs_reference_over_selected_rows_only():
+    golden = torch.zeros(1, 2, 3, 2, dtype=torch.float64)                  # (B, H, Tq, d)
+    golden[..., 0] = 3.0
+    golden[..., 1] = 4.0                                                   # every row (3, 4)
+    out = golden.clone().float()
+    out[0, 0, 1] = torch.tensor([3.3, 3.6])                                # diff (0.3, -0.4)
+    out[..., 2, :] = NAN                                                   # a row left out
+    rows = torch.tensor([True, True, False])                               # (Tq,), broadcast
+    err = error_vs_reference(out, golden, rows)
+    # 4 selected rows, ||golden|| = 5 * sqrt(4) = 10, ||diff|| = 0.5 over 8 values
+    assert err["max_abs_err"] == pytest.approx(0.4, rel=1e-6)
+    assert err["rmse"] == pytest.approx(0.5 / math.sqrt(8), rel=1e-6)
+    assert err["rel_err"] == pytest.approx(0.05, rel=1e-6)
+    # the NaN row counts when it is selected
+    assert math.isnan(error_vs_reference(out, golden)["rmse"])
+    assert math.isnan(error_vs_reference(out, golden, torch.ones(3, dtype=torch.bool))["max_abs_err"])
+    # per (B, H) row selection: (B, H, Tq)
+    rows_bh = torch.tensor([[[False, True, False], [False, False, False]]])
+    err = error_vs_reference(out, golden, rows_bh)
+    assert err["max_abs_err"] == pytest.approx(0.4, rel=1e-6)
+    assert err["rmse"] == pytest.approx(0.5 / math.sqrt(2), rel=1e-6)
+
+
+def test_error_vs_reference_of_no_selected_rows_is_zero():
+    golden = torch.ones(1, 1, 2, 3, dtype=torch.float64)
+    out = torch.full((1, 1, 2, 3), NAN)
+    none = torch.zeros(2, dtype=torch.bool)
+    assert error_vs_reference(out, golden, none) == {"max_abs_err": 0.0, "rmse": 0.0, "rel_err": 0.0}
 
 
 def test_error_vs_reference_exact_match_is_zero():
     golden = torch.randn(2, 3, 4, dtype=torch.float64)
     err = error_vs_reference(golden.clone(), golden)
-    assert err == {"max_abs_err": 0.0, "rel_err": 0.0}
+    assert err == {"max_abs_err": 0.0, "rmse": 0.0, "rel_err": 0.0}
     zero = torch.zeros(3, dtype=torch.float64)
-    assert error_vs_reference(zero.float(), zero) == {"max_abs_err": 0.0, "rel_err": 0.0}
+    assert error_vs_reference(zero.float(), zero) == {"max_abs_err": 0.0, "rmse": 0.0, "rel_err": 0.0}
 
 
 def test_error_vs_reference_nan_propagates():
@@ -62,6 +94,7 @@ def test_error_vs_reference_nan_propagates():
     out[1, 2] = NAN
     err = error_vs_reference(out, golden)
     assert math.isnan(err["max_abs_err"])
+    assert math.isnan(err["rmse"])
     assert math.isnan(err["rel_err"])
 
 
@@ -70,7 +103,7 @@ def test_error_vs_reference_inf_gives_inf():
     out = torch.ones(4)
     out[0] = INF
     err = error_vs_reference(out, golden)
-    assert err["max_abs_err"] == INF and err["rel_err"] == INF
+    assert err["max_abs_err"] == INF and err["rel_err"] == INF and err["rmse"] == INF
 
 
 def test_error_vs_reference_nan_propagates_even_when_golden_is_zero():
@@ -81,6 +114,7 @@ def test_error_vs_reference_nan_propagates_even_when_golden_is_zero():
     out[0, 0] = NAN
     err = error_vs_reference(out, golden)
     assert math.isnan(err["max_abs_err"])
+    assert math.isnan(err["rmse"])
     assert math.isnan(err["rel_err"])
 
 
@@ -88,6 +122,7 @@ def test_error_vs_reference_nonzero_against_zero_golden_is_inf():
     golden = torch.zeros(3, dtype=torch.float64)
     err = error_vs_reference(torch.tensor([0.0, 1.0, 0.0]), golden)
     assert err["max_abs_err"] == 1.0 and err["rel_err"] == INF
+    assert err["rmse"] == pytest.approx(1.0 / math.sqrt(3))
 
 
 # --------------------------------------------------------------------------- SaturationAccumulator
@@ -103,6 +138,7 @@ def test_saturation_uniform_rows():
     r = _result(torch.full((2, 3, 5, n), 1.0 / n))
     assert r["max_prob"] == pytest.approx(1.0 / n)
     assert r["entropy"] == pytest.approx(1.0)
+    assert r["min_entropy"] == pytest.approx(1.0)
     assert r["onehot_frac"] == 0.0
 
 
@@ -112,6 +148,7 @@ def test_saturation_onehot_rows():
     r = _result(probs)
     assert r["max_prob"] == 1.0
     assert r["entropy"] == pytest.approx(0.0, abs=1e-12)
+    assert r["min_entropy"] == pytest.approx(0.0, abs=1e-12)
     assert r["onehot_frac"] == 1.0
 
 
@@ -122,7 +159,21 @@ def test_saturation_mixed_rows_average():
     r = _result(probs)
     assert r["max_prob"] == pytest.approx((1.0 / 8 + 1.0) / 2)
     assert r["entropy"] == pytest.approx(0.5)
+    assert r["min_entropy"] == pytest.approx(0.0, abs=1e-12)   # the mean hides the one-hot rows
     assert r["onehot_frac"] == 0.5
+
+
+def test_saturation_min_entropy_is_the_lowest_row_over_chunks():
+    half = torch.tensor([[0.5, 0.5, 0.0, 0.0]])                 # H = log 2 -> 0.5 of log 4
+    uniform = torch.full((1, 4), 0.25)                           # 1.0
+    acc = SaturationAccumulator()
+    acc.add(uniform.double(), None)
+    assert acc.result()["min_entropy"] == pytest.approx(1.0)
+    acc.add(half.double(), None)
+    acc.add(uniform.double(), None)
+    r = acc.result()
+    assert r["min_entropy"] == pytest.approx(0.5)
+    assert r["entropy"] == pytest.approx(2.5 / 3)
 
 
 def test_saturation_onehot_threshold_both_sides():
@@ -146,7 +197,7 @@ def test_saturation_single_visible_key_counts_as_zero_entropy():
     probs = torch.tensor([[1.0, 0.0, 0.0]])
     visible = torch.tensor([[True, False, False]])
     r = _result(probs, visible)
-    assert r == {"max_prob": 1.0, "entropy": 0.0, "onehot_frac": 1.0}
+    assert r == {"max_prob": 1.0, "entropy": 0.0, "min_entropy": 0.0, "onehot_frac": 1.0}
 
 
 def test_saturation_excludes_fully_masked_rows():
@@ -158,13 +209,15 @@ def test_saturation_excludes_fully_masked_rows():
     r = acc.result()
     assert r["max_prob"] == pytest.approx(0.5)   # 1/3 if the masked row were counted
     assert r["entropy"] == pytest.approx(1.0)
+    assert r["min_entropy"] == pytest.approx(1.0)   # 0 if the masked row were counted
     assert r["onehot_frac"] == 0.0
 
 
 def test_saturation_of_no_rows_is_none():
-    assert SaturationAccumulator().result() == {"max_prob": None, "entropy": None, "onehot_frac": None}
+    none = {"max_prob": None, "entropy": None, "min_entropy": None, "onehot_frac": None}
+    assert SaturationAccumulator().result() == none
     r = _result(torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.bool))
-    assert r == {"max_prob": None, "entropy": None, "onehot_frac": None}
+    assert r == none
 
 
 def test_saturation_two_chunks_equal_one():
@@ -210,7 +263,10 @@ def test_flops_causal_top_left_matches_brute_force(tq, tk):
 # --------------------------------------------------------------------------- golden reference
 
 def direct_attention(q, k, v, *, causal=False, mask=None, scale=None):
-    """float64 softmax(QKᵀ·scale)V in one piece; rows with no visible key give 0."""
+    """float64 softmax(QKᵀ·scale)V in one piece; rows with no visible key give 0.
+
+    mask: bool (True = visible) or an additive float mask whose -inf entries hide keys.
+    """
     q, k, v = q.double(), k.double(), v.double()
     tq, tk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -248,7 +304,8 @@ def saturation_by_hand(probs, keep):
         rows_ent.append(ent / math.log(n) if n > 1 else 0.0)
         onehot += float(p.max()) > 0.99
     n = len(rows_max)
-    return {"max_prob": sum(rows_max) / n, "entropy": sum(rows_ent) / n, "onehot_frac": onehot / n}
+    return {"max_prob": sum(rows_max) / n, "entropy": sum(rows_ent) / n, "min_entropy": min(rows_ent),
+            "onehot_frac": onehot / n}
 
 
 def qkv(b=1, h=2, tq=7, tk=7, d=8, dtype=torch.float32, seed=0):
@@ -270,6 +327,14 @@ def test_golden_equals_direct_float64(causal, dtype):
     hand = saturation_by_hand(probs, keep)
     for key, value in hand.items():
         assert g.saturation[key] == pytest.approx(value, rel=1e-9, abs=1e-12)
+    # max |q·k| and max |logit| over visible pairs, by hand
+    raw = torch.einsum("bhid,bhjd->bhij", q.double(), k.double())
+    max_qk = float(raw.abs().masked_fill(~keep, 0.0).max())
+    assert g.saturation["max_qk"] == pytest.approx(max_qk, rel=1e-12)
+    assert g.saturation["max_logit"] == pytest.approx(max_qk / math.sqrt(q.shape[-1]), rel=1e-12)
+    assert g.alignment == "top-left"
+    assert g.row_visible.all()
+    assert g.dq is None and g.dk is None and g.dv is None       # no grad_out, no gradients
 
 
 def test_golden_can_fail_unscaled_is_different():
@@ -304,19 +369,23 @@ def test_golden_chunked_equals_unchunked(monkeypatch, causal, rows_per_chunk):
     q, k, v = qkv(b=b, h=h, tq=t, tk=t)
     mask = torch.rand(t, t, generator=torch.Generator().manual_seed(3)) > 0.4
     mask[5] = False  # a fully masked row
-    whole = golden_attention(q, k, v, causal=causal, mask=mask)
+    visible = mask[None, None]                                  # (1, 1, Tq, Tk)
+    whole = golden_attention(q, k, v, causal=causal, visible=visible)
 
     monkeypatch.setattr(reference, "CHUNK_BYTES", rows_per_chunk * b * h * t * 8)
     CountingAccumulator.adds = 0
     monkeypatch.setattr(reference, "SaturationAccumulator", CountingAccumulator)
-    chunked = golden_attention(q, k, v, causal=causal, mask=mask)
+    chunked = golden_attention(q, k, v, causal=causal, visible=visible)
     assert CountingAccumulator.adds == math.ceil(t / rows_per_chunk)
 
     torch.testing.assert_close(chunked.out, whole.out, rtol=1e-12, atol=1e-12)
     for key in whole.saturation:
         assert chunked.saturation[key] == pytest.approx(whole.saturation[key], rel=1e-12)
+    torch.testing.assert_close(chunked.row_visible, whole.row_visible)
     expected, probs, keep = direct_attention(q, k, v, causal=causal, mask=mask)
     torch.testing.assert_close(chunked.out, expected, rtol=1e-12, atol=1e-12)
+    assert torch.equal(chunked.row_visible, keep.any(-1))
+    assert not chunked.row_visible[..., 5].any()
 
 
 @pytest.mark.parametrize("mask_shape", [(7, 7), (1, 2, 7, 7)])
@@ -325,9 +394,11 @@ def test_golden_fully_masked_rows_give_zero(mask_shape):
     mask = torch.ones(mask_shape, dtype=torch.bool)
     mask[..., 2, :] = False
     mask[..., 4, 5:] = False  # a partly masked row
-    g = golden_attention(q, k, v, mask=mask)
+    g = golden_attention(q, k, v, visible=mask)
     assert not torch.isnan(g.out).any()
     assert torch.count_nonzero(g.out[..., 2, :]) == 0
+    assert g.row_visible.shape == (1, 2, 7)
+    assert g.row_visible.tolist() == [[[True, True, False, True, True, True, True]] * 2]
     expected, probs, keep = direct_attention(q, k, v, mask=mask)
     torch.testing.assert_close(g.out, expected, rtol=1e-12, atol=1e-12)
     hand = saturation_by_hand(probs, keep)  # leaves the masked row out
@@ -335,21 +406,35 @@ def test_golden_fully_masked_rows_give_zero(mask_shape):
         assert g.saturation[key] == pytest.approx(value, rel=1e-9, abs=1e-12)
 
 
-def test_golden_neg_inf_float_mask_row_gives_zero():
+def test_golden_visible_equals_direct_neg_inf_float_mask():
+    # The golden takes the logical visibility; a -inf float mask means the same thing.
     q, k, v = qkv()
     mask = torch.zeros(7, 7)
     mask[3] = -INF
     mask[1, :2] = -INF
-    g = golden_attention(q, k, v, mask=mask)
+    visible = ~torch.isneginf(mask)
+    g = golden_attention(q, k, v, visible=visible)
     assert not torch.isnan(g.out).any()
     assert torch.count_nonzero(g.out[..., 3, :]) == 0
     expected, _, _ = direct_attention(q, k, v, mask=mask)
     torch.testing.assert_close(g.out, expected, rtol=1e-12, atol=1e-12)
+    assert g.row_visible[..., 3].logical_not().all() and g.row_visible[..., [0, 1, 2, 4, 5, 6]].all()
 
 
-def test_golden_finfo_min_mask_row_is_uniform_not_zero():
+def test_golden_treats_a_hidden_row_as_masked_whatever_the_mask_form():
+    # A finfo.min float mask is finite (a variant gives uniform weights there); the golden
+    # never sees the float: a row with no visible key is 0, not the mean of v.
     q, k, v = qkv()
-    mask = torch.zeros(7, 7)
-    mask[3] = torch.finfo(torch.float32).min
-    g = golden_attention(q, k, v, mask=mask)
-    torch.testing.assert_close(g.out[..., 3, :], v.double().mean(-2), rtol=1e-12, atol=1e-12)
+    visible = torch.ones(7, 7, dtype=torch.bool)
+    visible[3] = False
+    g = golden_attention(q, k, v, visible=visible)
+    assert torch.count_nonzero(g.out[..., 3, :]) == 0
+    assert not torch.allclose(g.out[..., 3, :], v.double().mean(-2))
+    expected, _, _ = direct_attention(q, k, v, mask=visible)
+    torch.testing.assert_close(g.out, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_golden_rejects_an_unknown_alignment():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="sideways"):
+        golden_attention(q, k, v, causal=True, alignment="sideways")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,6 +15,7 @@ from audit.grid import AXES, Case
 from audit.records import (
     COLUMNS,
     ENV_COLUMNS,
+    MIGRATIONS,
     RECORDS_FILE,
     SCHEMA_VERSION,
     RecordWriter,
@@ -26,6 +29,7 @@ from audit.records import (
 )
 
 CASE = Case("sdpa", "cpu", "bf16", 64, 1024, 1, 8, True)
+V1_GOLDEN = Path(__file__).resolve().parent / "data" / "records_v1.jsonl"
 
 
 def same(a, b) -> bool:
@@ -95,6 +99,77 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
+def test_schema_is_2_with_a_migration_from_1():
+    assert SCHEMA_VERSION == 2
+    assert set(MIGRATIONS) == {1}
+
+
+def _v1_record(**values):
+    """A schema-1 record as the v1 writer made it: v1 columns only."""
+    rec = json.loads(V1_GOLDEN.read_text(encoding="utf-8").splitlines()[0])
+    assert rec["schema"] == 1
+    rec.update(values)
+    return rec
+
+
+def test_migrate_v1_to_v2_fills_the_new_columns():
+    v1 = _v1_record()
+    assert "q_len" not in v1 and "rmse" not in v1
+    v2 = migrate(dict(v1))
+    assert v2["schema"] == SCHEMA_VERSION == 2
+    assert set(COLUMNS) <= set(v2)
+    assert v2["q_len"] == v1["seq_len"] == 64
+    assert v2["saturation_source"] == "golden"        # v1 saturation came from the golden
+    for col, value in v1.items():                      # nothing of v1 is lost or changed
+        if col != "schema":
+            assert same(v2[col], value), col
+    for col in ("rmse", "err_ratio", "within_budget", "leak_mass", "masked_rows", "min_entropy"):
+        assert v2[col] is None, col                     # not measured in v1: null, not made up
+
+
+def test_migrate_v1_without_saturation_has_no_saturation_source():
+    v2 = migrate(_v1_record(status="skipped", max_prob=None, entropy=None, onehot_frac=None))
+    assert v2["saturation_source"] is None
+    assert v2["q_len"] == 64
+
+
+def test_migrate_v1_non_finite_strings_become_floats(tmp_path):
+    # The v1 writer stored NaN and infinities as "nan", "inf", "-inf" (README of schema 1);
+    # after migration they must be floats again, like schema 2's "NaN" / "Infinity".
+    v1 = _v1_record(max_abs_err="nan", rel_err="inf", entropy="-inf",
+                    fwd_samples_s=[0.001, "nan", "inf"])
+    (tmp_path / RECORDS_FILE).write_text(json.dumps(v1) + "\n")
+    back = read_records(tmp_path)[0]
+    assert back["schema"] == 2
+    assert isinstance(back["max_abs_err"], float) and math.isnan(back["max_abs_err"])
+    assert back["rel_err"] == math.inf
+    assert back["entropy"] == -math.inf
+    assert back["fwd_samples_s"][0] == 0.001
+    assert math.isnan(back["fwd_samples_s"][1]) and back["fwd_samples_s"][2] == math.inf
+
+
+def test_reading_the_v1_golden_file_gives_schema_2_records(tmp_path):
+    shutil.copy(V1_GOLDEN, tmp_path / RECORDS_FILE)
+    raw = [json.loads(line) for line in V1_GOLDEN.read_text(encoding="utf-8").splitlines()]
+    assert {r["schema"] for r in raw} == {1}
+    back = read_records(tmp_path)
+    assert len(back) == len(raw) == 3
+    for old, rec in zip(raw, back):
+        assert rec["schema"] == 2
+        assert set(COLUMNS) <= set(rec)
+        assert rec["q_len"] == rec["seq_len"] == old["seq_len"]
+        assert rec["id"] == old["id"] and rec["status"] == old["status"]
+        assert same(rec["fwd_ms"], old["fwd_ms"])
+    assert [r["status"] for r in back] == ["ok", "ok", "skipped"]
+    assert [r["saturation_source"] for r in back] == ["golden", "golden", None]
+    assert completed_ids(tmp_path) == {r["id"] for r in raw}
+    frame = load(tmp_path)
+    assert list(frame["q_len"]) == [64, 64, 64]
+    assert (frame["schema"] == 2).all()
+    # the file itself is left as it was
+    assert (tmp_path / RECORDS_FILE).read_bytes() == V1_GOLDEN.read_bytes()
+
+
 # --------------------------------------------------------------------------- round trip
 
 def test_round_trip_including_nan_and_inf(tmp_path):
@@ -116,11 +191,11 @@ def test_file_is_strict_json_one_record_per_line(tmp_path):
     lines = text.split("\n")
     assert lines[-1] == "" and len(lines) == 3
     parsed = [strict_loads(line) for line in lines[:-1]]
-    assert parsed[0]["max_abs_err"] == "nan"
-    assert parsed[0]["rel_err"] == "inf"
-    assert parsed[0]["entropy"] == "-inf"
-    assert parsed[0]["fwd_samples_s"][1:4] == ["nan", "inf", "-inf"]
-    assert parsed[0]["env"]["nested"] == {"x": "nan", "y": [1, "inf"]}
+    assert parsed[0]["max_abs_err"] == "NaN"
+    assert parsed[0]["rel_err"] == "Infinity"
+    assert parsed[0]["entropy"] == "-Infinity"
+    assert parsed[0]["fwd_samples_s"][1:4] == ["NaN", "Infinity", "-Infinity"]
+    assert parsed[0]["env"]["nested"] == {"x": "NaN", "y": [1, "Infinity"]}
     assert parsed[1]["reason"] == "multi\nline reason"
     assert "\n" not in dumps(recs[1])
 
@@ -139,13 +214,14 @@ def test_numpy_and_torch_scalars_are_stored_as_numbers(tmp_path):
 
 def test_nan_numpy_and_torch_scalars_round_trip(tmp_path):
     # NaN is data in this project: a non-finite numpy/torch scalar must be stored like a
-    # Python float NaN ("nan"), not make the writer raise.
+    # Python float NaN ("NaN"), not make the writer raise.
     torch = pytest.importorskip("torch")
     rec = make_record(max_abs_err=np.float32("nan"), rel_err=torch.tensor(float("inf")),
                       entropy=torch.tensor(float("nan"), dtype=torch.float64))
     with RecordWriter(tmp_path) as writer:
         writer.write(rec)
-    strict_loads((tmp_path / RECORDS_FILE).read_text().splitlines()[0])
+    stored = strict_loads((tmp_path / RECORDS_FILE).read_text().splitlines()[0])
+    assert (stored["max_abs_err"], stored["rel_err"], stored["entropy"]) == ("NaN", "Infinity", "NaN")
     back = read_records(tmp_path)[0]
     assert math.isnan(back["max_abs_err"])
     assert back["rel_err"] == math.inf

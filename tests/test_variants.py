@@ -15,7 +15,7 @@ from audit.grid import Case, UsageError
 from audit.inputs import make_inputs, seed_for, torch_dtype
 from audit.numerics import error_vs_reference
 from audit.reference import golden_attention
-from audit.variants import BUILTIN_NAMES, Unsupported, resolve
+from audit.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, Unsupported, resolve
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 AGREEING = ("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash")
@@ -46,13 +46,59 @@ def plugins_on_path(monkeypatch):
 
 def test_builtin_registry_matches_names():
     table = variants.builtin_variants()
-    assert tuple(table) == BUILTIN_NAMES
-    for name in BUILTIN_NAMES:
+    assert tuple(table) == BUILTIN_NAMES + NEGATIVE_CONTROLS
+    for name in BUILTIN_NAMES + NEGATIVE_CONTROLS:
         v = resolve(name)
         assert v.name == name
         assert v.description.strip()
         assert callable(v.build)
     assert resolve("compiled").compiled and not resolve("eager").compiled
+
+
+def test_negative_controls_are_a_separate_name_space():
+    assert len(NEGATIVE_CONTROLS) == 5
+    assert set(NEGATIVE_CONTROLS) == {"broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
+                                      "broken.no_max_subtraction", "broken.softmax_wrong_dim"}
+    assert not set(NEGATIVE_CONTROLS) & set(BUILTIN_NAMES)
+    for name in NEGATIVE_CONTROLS:
+        v = resolve(name)
+        assert name.startswith(variants.BROKEN_PREFIX)
+        assert v.family == "broken" and v.negative_control
+        assert v.description.startswith("NEGATIVE CONTROL")
+        assert v.probs is not None and not v.compiled
+    for name in BUILTIN_NAMES:
+        v = resolve(name)
+        assert v.family != "broken" and not v.negative_control
+        assert not name.startswith(variants.BROKEN_PREFIX)
+
+
+def test_probs_is_exposed_by_hand_written_variants_only():
+    table = variants.builtin_variants()
+    with_probs = {name for name, v in table.items() if v.probs is not None}
+    assert with_probs == {"eager", "eager_fp32"} | set(NEGATIVE_CONTROLS)
+
+
+@pytest.mark.parametrize("name", ["eager", "eager_fp32", *NEGATIVE_CONTROLS])
+def test_probs_times_v_is_the_variant_output(name):
+    v_ = resolve(name)
+    q, k, v = qkv()
+    mask = padding_like_mask(16, 16)
+    for causal in (False, True):
+        probs = v_.probs(q, k, mask=mask, causal=causal)
+        assert probs.shape == (1, 2, 16, 16)                       # (B, H, Tq, Tk)
+        out = v_.build()(q, k, v, mask=mask, causal=causal)
+        torch.testing.assert_close(out, probs @ v, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["eager", "eager_fp32"])
+def test_correct_probs_are_rows_summing_to_one_with_masked_keys_at_zero(name):
+    q, k, _ = qkv()
+    mask = padding_like_mask(16, 16)
+    probs = resolve(name).probs(q, k, mask=mask, causal=True)
+    keep = mask & torch.ones(16, 16, dtype=torch.bool).tril()
+    torch.testing.assert_close(probs.sum(-1), torch.ones(1, 2, 16), rtol=1e-6, atol=1e-6)
+    assert torch.count_nonzero(probs.masked_fill(keep, 0.0)) == 0
+    assert bool((probs[keep.expand_as(probs)] > 0).all())
 
 
 def test_resolve_unknown_lists_allowed_names():
@@ -92,18 +138,54 @@ def test_fp32_variants_agree_with_golden_under_a_bool_mask(name, causal):
     q, k, v = qkv()
     mask = padding_like_mask(16, 16)
     out = fn(q, k, v, mask=mask, causal=causal)
-    golden = golden_attention(q, k, v, mask=mask, causal=causal)
+    golden = golden_attention(q, k, v, visible=mask, causal=causal)
     assert error_vs_reference(out, golden.out)["rel_err"] <= 1e-5
 
 
 @pytest.mark.parametrize("name", AGREEING)
-def test_fp32_variants_agree_with_golden_float_mask_and_scale(name):
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp32_variants_agree_with_golden_float_mask_and_scale(name, causal):
+    # an additive -inf float mask: the golden gets the equivalent bool visibility
     fn = resolve(name).build()
     q, k, v = qkv()
-    mask = torch.randn(16, 16, generator=torch.Generator().manual_seed(5))
-    out = fn(q, k, v, mask=mask, scale=0.2)
-    golden = golden_attention(q, k, v, mask=mask, scale=0.2)
+    visible = padding_like_mask(16, 16, seed=5)
+    mask = torch.zeros(16, 16).masked_fill(~visible, float("-inf"))
+    out = fn(q, k, v, mask=mask, causal=causal, scale=0.2)
+    golden = golden_attention(q, k, v, visible=visible, causal=causal, scale=0.2)
     assert error_vs_reference(out, golden.out)["rel_err"] <= 1e-5
+    # the scale is honoured: the default scale is a different attention
+    default = golden_attention(q, k, v, visible=visible, causal=causal)
+    assert error_vs_reference(out, default.out)["rel_err"] > 1e-3
+
+
+@pytest.mark.parametrize("name", ["eager", "eager_fp32", "sdpa", "sdpa_math"])
+def test_neg_inf_float_mask_matches_golden_on_rows_that_see_a_key(name):
+    q, k, v = qkv()
+    visible = padding_like_mask(16, 16, seed=7)
+    visible[[2, 9]] = False                                       # two fully masked rows
+    mask = torch.zeros(16, 16).masked_fill(~visible, float("-inf"))
+    out = resolve(name).build()(q, k, v, mask=mask)
+    golden = golden_attention(q, k, v, visible=visible)
+    assert golden.row_visible[..., [2, 9]].logical_not().all()
+    err = error_vs_reference(out, golden.out, golden.row_visible)
+    assert err["rel_err"] <= 1e-5
+    assert err["max_abs_err"] <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["eager", "sdpa"])
+def test_finfo_min_float_mask_gives_a_uniform_fully_masked_row(name):
+    # finfo.min is finite: a row masked with it entirely gets equal weight on every key
+    q, k, v = qkv()
+    visible = torch.ones(16, 16, dtype=torch.bool)
+    visible[4] = False
+    visible[7, 10:] = False                                       # a partly masked row
+    mask = torch.zeros(16, 16).masked_fill(~visible, torch.finfo(torch.float32).min)
+    out = resolve(name).build()(q, k, v, mask=mask)
+    torch.testing.assert_close(out[..., 4, :], v.mean(-2), rtol=1e-5, atol=1e-5)
+    golden = golden_attention(q, k, v, visible=visible)
+    assert torch.count_nonzero(golden.out[..., 4, :]) == 0        # the golden says: masked
+    err = error_vs_reference(out, golden.out, golden.row_visible)
+    assert err["rel_err"] <= 1e-5                                  # the other rows are right
 
 
 @pytest.mark.parametrize("name", AGREEING)
@@ -187,7 +269,7 @@ def test_plugin_computes_attention(plugins_on_path):
     mask = padding_like_mask(16, 16)
     for causal in (False, True):
         out = fn(q, k, v, mask=mask, causal=causal)
-        golden = golden_attention(q, k, v, mask=mask, causal=causal)
+        golden = golden_attention(q, k, v, visible=mask, causal=causal)
         assert error_vs_reference(out, golden.out)["rel_err"] <= 1e-5
 
 
