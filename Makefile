@@ -3,8 +3,13 @@
 PYTHON ?= python3
 AUDIT_ARGS ?=
 DIR ?= reports/latest
+# Regression gate (README: CI regression gate). BENCH_FAIL is chosen from measured noise.
+BENCH_OPTS ?= --benchmark-only --benchmark-min-rounds=15 --benchmark-max-time=0.3 --benchmark-columns=min,median,iqr,rounds --benchmark-sort=name
+BENCH_FAIL ?= median:35%
+BENCH_STORAGE ?= .benchmarks
+BENCH_SUITE ?= suites/test_performance.py --audit-preset quick
 
-.PHONY: deps audit quick test report clean
+.PHONY: deps audit quick test report bench-save bench-check clean
 
 deps:  ## install whatever is missing (nothing when all is importable)
 	$(PYTHON) -m audit.bootstrap
@@ -20,6 +25,12 @@ test: deps  ## unit tests and quick suites
 
 report:  ## rebuild the report of DIR (default reports/latest)
 	$(PYTHON) -m audit report $(DIR)
+
+bench-save: deps  ## save a speed baseline with pytest-benchmark's storage
+	$(PYTHON) -m pytest -q $(BENCH_SUITE) $(BENCH_OPTS) --benchmark-storage=file://$(BENCH_STORAGE) --benchmark-save=baseline
+
+bench-check: deps  ## rerun and fail (non-zero exit) on a regression against the latest saved baseline
+	$(PYTHON) -m pytest -q $(BENCH_SUITE) $(BENCH_OPTS) --benchmark-storage=file://$(BENCH_STORAGE) --benchmark-compare --benchmark-compare-fail=$(BENCH_FAIL)
 
 clean:
 	rm -rf .pytest_cache .benchmarks
