@@ -6,7 +6,7 @@ with code 2 (no traceback).
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -64,9 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "than S seconds (default: the preset's)")
     run.add_argument("--min-samples", type=int, metavar="N",
                      help="timed samples per measurement, at least (default: the preset's)")
+    run.add_argument("--energy-window-s", type=float, metavar="S",
+                     help="CUDA: seconds of repeated forward calls per cell for the NVML energy "
+                          "counter (default 1; 0 turns energy measurement off)")
     run.add_argument("--dry-run", action="store_true", help="print the cells and their count, measure nothing")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="write records only, no figures or index")
+    run.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: the measuring process
 
     rep = sub.add_parser("report", help="rebuild findings, figures and index.md/index.html from records",
                          description="Rebuild findings, figures and index.md/index.html from a run folder's "
@@ -132,6 +136,10 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if args.min_samples < 1:
             raise UsageError(f"--min-samples: {args.min_samples!r} is not a positive integer")
         overrides["min_samples"] = args.min_samples
+    if args.energy_window_s is not None:
+        if args.energy_window_s < 0:
+            raise UsageError(f"--energy-window-s: {args.energy_window_s!r} is negative (0 turns energy off)")
+        overrides["energy_window_s"] = args.energy_window_s
     preset = dataclasses.replace(preset, **overrides)
 
     overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}
@@ -148,28 +156,101 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"{len(cases)} cells")
         return 0
 
+    run_dir = _resolve_out(args.out)
+    if args.worker:
+        return _work(cases, run_dir, preset, args)
+
     from .telemetry import environment
 
-    run_dir = _resolve_out(args.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     _point_latest(run_dir)
-    env = environment()
-    runner.write_run_file(run_dir, preset, axes, list(argv), env, len(cases))
+    ceilings = runner.ceilings_for(cases, run_dir)
+    runner.write_run_file(run_dir, preset, axes, list(argv), environment(), len(cases), ceilings)
     print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
-    try:
-        counts = runner.run_grid(cases, run_dir, preset, env, progress=not args.no_progress)
-    except KeyboardInterrupt:
-        print(f"\nattn-audit: interrupted; finished cells are saved in {run_dir / 'records.jsonl'}. "
-              f"Rerun with --out {run_dir} to measure the rest.", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
-    print(f"attn-audit: {summary}", file=sys.stderr)
+    code = _supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"])
+    if code != 0:
+        return code
     from .seed import write_claims
     write_claims(run_dir)
     if args.no_report:
         print(f"records: {run_dir / 'records.jsonl'}")
         return 0
     return _write_report(run_dir)
+
+
+MAX_CRASHES = 100
+
+
+def _work(cases, run_dir: Path, preset, args: argparse.Namespace) -> int:
+    """The measuring process: every cell not yet recorded, one record each."""
+    from . import runner
+    from .telemetry import environment
+
+    try:
+        ceilings = json.loads((run_dir / runner.RUN_FILE).read_text()).get("ceilings")
+        counts = runner.run_grid(cases, run_dir, preset, environment(), progress=not args.no_progress,
+                                 ceilings=ceilings)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+    print(f"attn-audit: {summary}", file=sys.stderr)
+    return 0
+
+
+def _supervise(cases, run_dir: Path, argv: list[str]) -> int:
+    """Measure in a worker process; a native crash (segfault, abort) in one cell becomes that
+    cell's `error` record and a new worker resumes with the rest."""
+    import signal
+    import subprocess
+
+    from . import records, runner
+
+    cmd = [sys.executable, "-m", "audit", *argv, "--out", str(run_dir), "--worker"]
+    by_id = {c.id: c for c in cases}
+    for _ in range(MAX_CRASHES + 1):
+        try:
+            proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.wait()
+            code = EXIT_INTERRUPTED
+        if code == 0:
+            return 0
+        if code in (EXIT_INTERRUPTED, -signal.SIGINT, -signal.SIGTERM):
+            print(f"\nattn-audit: interrupted; finished cells are saved in {run_dir / records.RECORDS_FILE}. "
+                  f"Rerun with --out {run_dir} to measure the rest.", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        cell = runner.read_inflight(run_dir)
+        if cell is None or cell not in by_id or cell in records.completed_ids(run_dir):
+            print(f"attn-audit: the measuring process exited with {_describe_exit(code)} outside any cell; "
+                  f"rerun with --out {run_dir} to resume", file=sys.stderr)
+            return 1
+        reason = (f"the measuring process died with {_describe_exit(code)} in this cell (a crash in the "
+                  f"variant or in torch); the run went on in a new process")
+        runner.record_crash(run_dir, by_id[cell], reason)
+        print(f"attn-audit: {cell}: {reason}", file=sys.stderr)
+    print(f"attn-audit: more than {MAX_CRASHES} crashes; stopping", file=sys.stderr)
+    return 1
+
+
+def _describe_exit(code: int) -> str:
+    import signal
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _die_with_parent() -> None:
+    """Linux: the worker gets SIGKILL when the supervising process dies (kill -9 included)."""
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _write_report(run_dir: Path) -> int:

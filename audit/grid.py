@@ -73,6 +73,7 @@ class Preset:
     min_samples: int = 5          # timed samples per measurement, at least
     min_time_s: float = 0.2       # and at least this much timed time
     max_cell_s: float = 30.0      # estimated cell time above which the cell is skipped
+    energy_window_s: float = 1.0  # CUDA: repeated calls per cell for the NVML energy counter
 
     @property
     def axes(self) -> dict[str, tuple]:

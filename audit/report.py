@@ -7,6 +7,7 @@ blocks (heading, paragraph, code, table, figure), so the two never diverge.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import math
 import numbers
@@ -34,9 +35,26 @@ METRIC_COLUMNS = (
     "compile_s", "peak_bytes", "peak_fwd_bwd_bytes", "flops", "gflops_per_s",
     "fwd_bwd_gflops_per_s", "out_nan", "out_inf", "grad_nan", "grad_inf",
     "max_abs_err", "rel_err", "max_prob", "entropy", "onehot_frac", "elapsed_s",
+    "q_len", "out_nonfinite_visible", "rmse", "err_ratio", "dq_err", "dk_err", "dv_err",
+    "max_logit", "max_qk", "min_entropy", "golden_onehot_frac", "underflow_frac",
+    "leak_mass", "leak_max_change",
 )
 NONFINITE_COLUMNS = ("out_nan", "out_inf", "grad_nan", "grad_inf")
 MATCH_AXES = tuple(axis for axis in AXES if axis != "variant")
+
+NORMAL_SCENARIO = "normal"      # speed and memory are compared on these cells only
+MASK_FORMS = (("fully_masked_bool", "bool"), ("fully_masked_neginf", "-inf float"),
+              ("fully_masked_finfo_min", "finfo.min float"))
+FP16_RANGE_SCENARIO = "fp16_range"
+FP16_MAX = 65504.0
+ALIGNMENT_SCENARIOS = ("cross_causal", "decode")
+SCALED_PREFIX = "scaled_x"
+OUTLIERS_SCENARIO = "outliers"
+SEED_CLAIMS_FILE = "seed_claims.csv"
+GOLDEN_SOURCE_PREFERENCE = ("sdpa", "sdpa_math", "compiled")
+# Axes along which a per-cell label (masked_rows, causal_alignment) may differ; the first
+# axis that explains the difference is named, e.g. "nan (fp32), other (fp16)".
+DESCRIBE_AXES = ("dtype", "causal", "device", "d_k", "seq_len", "batch", "heads")
 
 
 # --------------------------------------------------------------------------- blocks
@@ -213,9 +231,18 @@ def _ok(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"] == "ok"]
 
 
+def _normal_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Cells of the `normal` scenario (a missing scenario counts as normal, as in old runs)."""
+    if "scenario" not in frame.columns:
+        return frame
+    scenario = frame["scenario"]
+    return frame[scenario.isna() | (scenario.astype(str) == NORMAL_SCENARIO)]
+
+
 def _speed_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Measured cells of the variants that may be ranked for speed and memory."""
-    ok = _ok(frame)
+    """Measured cells that may be ranked for speed and memory: scenario normal only (the
+    other scenarios are stability checks), negative controls left out."""
+    ok = _normal_rows(_ok(frame))
     return ok[~is_negative_control(ok["variant"])]
 
 
@@ -273,6 +300,14 @@ def _median_pivot(rows: pd.DataFrame, value: str, scale: float = 1.0) -> pd.Data
     return pivot.reset_index()
 
 
+def median_table(frame: pd.DataFrame, dtype: str, metric: str = "fwd_ms",
+                  scale: float = 1.0) -> pd.DataFrame:
+    """Median `metric` / scale by variant x seq_len for one dtype, over the speed cells
+    (ok, scenario normal, no negative controls), other axes pooled. Columns: variant, T=..."""
+    rows = _prepare(_speed_rows(frame))
+    return _median_pivot(rows[rows["dtype"] == dtype], metric, scale)
+
+
 def _representative_slice(rows: pd.DataFrame,
                           vary: tuple[str, ...] = ()) -> tuple[pd.DataFrame, str]:
     """Fix the axes a plot does not show, so its lines compare like with like.
@@ -301,7 +336,388 @@ def _axis_label(axis: str, value: Any) -> str:
         return f"H{value}"
     if axis == "causal":
         return "causal" if value else "full"
+    if axis == "d_k":
+        return f"d_k={value}"
+    if axis == "seq_len":
+        return f"T={value}"
     return str(value)
+
+
+# --------------------------------------------------------------------------- stability tables
+#
+# Small functions that return DataFrames, so tests check numbers and the sections only
+# render them. Each takes the tidy frame (records.load or to_frame) and reads ok cells.
+
+def _num(frame: pd.DataFrame, column: str) -> pd.Series:
+    """A column as floats (null and text -> NaN); all NaN when the column is absent."""
+    if column not in frame.columns:
+        return pd.Series(np.nan, index=frame.index, dtype=float)
+    return pd.to_numeric(frame[column], errors="coerce").astype(float)
+
+
+def _flag(frame: pd.DataFrame, column: str, value: bool) -> pd.Series:
+    """True where a true/false/null column holds exactly `value`."""
+    if column not in frame.columns:
+        return pd.Series(False, index=frame.index)
+    return frame[column].map(lambda v: isinstance(v, (bool, np.bool_)) and bool(v) == value)
+
+
+def _variant_order(variants: Iterable[Any]) -> list[str]:
+    """Correct variants first (sorted), negative controls after."""
+    names = sorted({str(v) for v in variants})
+    return ([n for n in names if not n.startswith(NEGATIVE_CONTROL_PREFIX)]
+            + [n for n in names if n.startswith(NEGATIVE_CONTROL_PREFIX)])
+
+
+def _scenario_descriptions() -> dict[str, str]:
+    """name -> description from audit.inputs (torch-free at import), in its order."""
+    try:
+        from .inputs import SCENARIOS
+    except Exception:  # the report must render even if the catalogue cannot be read
+        return {}
+    return {name: str(getattr(s, "description", "")) for name, s in SCENARIOS.items()}
+
+
+def _scenario_order(scenarios: Iterable[Any]) -> list[str]:
+    """normal first, then the catalogue's order, then unknown names sorted."""
+    present = {str(s) for s in scenarios if s is not None and not pd.isna(s)}
+    known = [NORMAL_SCENARIO, *_scenario_descriptions()]
+    ordered = list(dict.fromkeys(n for n in known if n in present))
+    return ordered + sorted(present - set(ordered))
+
+
+def scenario_alpha(scenario: Any) -> float | None:
+    """Logit scale of a saturation-sweep scenario: normal -> 1, scaled_xA -> A, else None."""
+    name = str(scenario)
+    if name == NORMAL_SCENARIO:
+        return 1.0
+    if name.startswith(SCALED_PREFIX):
+        try:
+            return float(name[len(SCALED_PREFIX):])
+        except ValueError:
+            return None
+    return None
+
+
+def describe_values(rows: pd.DataFrame, column: str) -> str | None:
+    """One label for the non-null values of `column` over some cells.
+
+    One value: that value. Several: split by the first axis that explains them
+    ("nan (fp32), other (fp16)"); else the set ("{other, uniform}"). None if no value.
+    """
+    present = rows[rows[column].notna()] if column in rows.columns else rows.iloc[0:0]
+    if present.empty:
+        return None
+    values = present[column].astype(str)
+    unique = sorted(set(values))
+    if len(unique) == 1:
+        return unique[0]
+    axes = [a for a in DESCRIBE_AXES if a in present.columns and not present[a].isna().any()
+            and present[a].nunique() > 1]
+    for split in [(a,) for a in axes] + list(itertools.combinations(axes, 2)):
+        labels = present[list(split)].apply(
+            lambda row: " ".join(_axis_label(a, row[a]) for a in split), axis=1)
+        groups: dict[str, set[str]] = {}
+        for label, value in zip(labels, values):
+            groups.setdefault(label, set()).add(value)
+        if any(len(group) != 1 for group in groups.values()):
+            continue
+        by_value: dict[str, list[str]] = {}
+        for label in _split_order(present, split, labels):
+            by_value.setdefault(next(iter(groups[label])), []).append(label)
+        return ", ".join(f"{value} ({', '.join(names)})" for value, names in by_value.items())
+    return "{" + ", ".join(unique) + "}"
+
+
+def _split_order(rows: pd.DataFrame, split: tuple[str, ...], labels: pd.Series) -> list[str]:
+    """Labels of a split in axis order (dtype widest first, full before causal)."""
+    def rank(axis: str, value: Any) -> Any:
+        if axis == "dtype":
+            return _dtype_order(rows["dtype"]).index(value)
+        return value if isinstance(value, numbers.Real) else str(value)
+    keyed = {label: tuple(rank(a, row[a]) for a in split)
+             for label, (_, row) in zip(labels, rows[list(split)].iterrows())}
+    return sorted(keyed, key=lambda label: keyed[label])
+
+
+def scenario_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Columns scenario, description, cells, ok: the input scenarios present."""
+    columns = ["scenario", "description", "cells", "ok"]
+    if frame.empty or "scenario" not in frame.columns:
+        return pd.DataFrame(columns=columns)
+    scenario = frame["scenario"].fillna(NORMAL_SCENARIO).astype(str)
+    descriptions = _scenario_descriptions()
+    rows = []
+    for name in _scenario_order(scenario):
+        mask = scenario == name
+        rows.append({"scenario": name, "description": descriptions.get(name, ""),
+                     "cells": int(mask.sum()), "ok": int((frame["status"][mask] == "ok").sum())})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def findings_table(findings: list[dict]) -> pd.DataFrame:
+    """Columns severity, check, variant, message (in full), cells (count); most severe first."""
+    table = pd.DataFrame({
+        "severity": [f.get("severity") for f in findings],
+        "check": [f.get("check") for f in findings],
+        "variant": [f.get("variant") for f in findings],
+        "message": [f.get("message") for f in findings],
+        "cells": [len(f.get("cells") or []) for f in findings],
+    })
+    rank = (table["severity"].map({s: i for i, s in enumerate(SEVERITY_ORDER)})
+            .fillna(len(SEVERITY_ORDER)))
+    return (table.assign(rank=rank).sort_values("rank", kind="stable").drop(columns="rank")
+            .reset_index(drop=True))
+
+
+def findings_summary(findings: list[dict]) -> str:
+    """'41 findings: 15 error, 14 warning, 12 info.' (severities in order, others after)."""
+    counts: dict[str, int] = {}
+    for f in findings:
+        severity = str(f.get("severity"))
+        counts[severity] = counts.get(severity, 0) + 1
+    order = [s for s in SEVERITY_ORDER if s in counts] + sorted(set(counts) - set(SEVERITY_ORDER))
+    parts = ", ".join(f"{counts[s]} {s}" for s in order)
+    return f"{len(findings)} finding{'s' if len(findings) != 1 else ''}: {parts}."
+
+
+def masked_rows_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """What each variant returns on fully masked rows, per mask form.
+
+    Columns: variant, then one per form present (bool, -inf float, finfo.min float);
+    values nan, zero, uniform, other, mixed, or a split such as "nan (fp32), other (fp16)".
+    """
+    ok = _ok(frame)
+    if "masked_rows" not in ok.columns:
+        return pd.DataFrame(columns=["variant"])
+    ok = ok[ok["masked_rows"].notna()]
+    forms = [(s, label) for s, label in MASK_FORMS if (ok["scenario"] == s).any()]
+    ok = ok[ok["scenario"].isin([s for s, _ in forms])]
+    out = []
+    for variant in _variant_order(ok["variant"]):
+        rows = ok[ok["variant"] == variant]
+        out.append({"variant": variant, **{label: describe_values(rows[rows["scenario"] == s],
+                                                                  "masked_rows")
+                                           for s, label in forms}})
+    return pd.DataFrame(out, columns=["variant", *[label for _, label in forms]])
+
+
+def fp16_overflow_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Scenario fp16_range, per variant and dtype.
+
+    Columns: variant, dtype, cells, nonfinite_cells (cells with out_nonfinite_visible > 0),
+    nonfinite (NaN+inf values in rows that see a key, summed), finite (True: no such value
+    in any measured cell; None: not measured), max_qk (largest |q·k|, compare with 65504).
+    """
+    columns = ["variant", "dtype", "cells", "nonfinite_cells", "nonfinite", "finite", "max_qk"]
+    ok = _ok(frame)
+    rows = ok[ok["scenario"] == FP16_RANGE_SCENARIO]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    nonfinite = _num(rows, "out_nonfinite_visible")
+    rows = rows.assign(_nf=nonfinite, _bad=(nonfinite > 0).astype(int),
+                       _measured=nonfinite.notna().astype(int), _qk=_num(rows, "max_qk"))
+    out = []
+    for variant in _variant_order(rows["variant"]):
+        for dtype in _dtype_order(rows.loc[rows["variant"] == variant, "dtype"]):
+            g = rows[(rows["variant"] == variant) & (rows["dtype"] == dtype)]
+            measured = int(g["_measured"].sum())
+            bad = int(g["_bad"].sum())
+            out.append({"variant": variant, "dtype": dtype, "cells": len(g),
+                        "nonfinite_cells": bad,
+                        "nonfinite": int(g["_nf"].sum()) if measured else None,
+                        "finite": (bad == 0) if measured else None,
+                        "max_qk": g["_qk"].max()})
+    return pd.DataFrame(out, columns=columns)
+
+
+def budget_table(frame: pd.DataFrame, by: str | None = None) -> pd.DataFrame:
+    """Error budget per variant x `by` (scenario when several are present, else dtype).
+
+    A cell is within budget when rmse <= 2 * rmse(eager, same dtype) + atol (FlashAttention's
+    rule; `within_budget`). Columns: variant, <by>, within (cells True), judged (True + False;
+    null = not judged), frac_within (within / judged), median_err_ratio, cells.
+    """
+    ok = _ok(frame)
+    if by is None:
+        by = "scenario" if ok["scenario"].nunique() > 1 else "dtype"
+    columns = ["variant", by, "within", "judged", "frac_within", "median_err_ratio", "cells"]
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    within = _flag(ok, "within_budget", True)
+    judged = within | _flag(ok, "within_budget", False)
+    rows = ok.assign(_within=within.astype(int), _judged=judged.astype(int),
+                     _ratio=_num(ok, "err_ratio"))
+    grouped = rows.groupby(["variant", by], sort=False).agg(
+        within=("_within", "sum"), judged=("_judged", "sum"),
+        median_err_ratio=("_ratio", "median"), cells=("_within", "size")).reset_index()
+    grouped["frac_within"] = (grouped["within"] / grouped["judged"].where(grouped["judged"] > 0))
+    order = _scenario_order(grouped[by]) if by == "scenario" else (
+        _dtype_order(grouped[by]) if by == "dtype" else _sorted_values(list(grouped[by].unique())))
+    grouped = grouped.assign(
+        _v=grouped["variant"].map({v: i for i, v in enumerate(_variant_order(grouped["variant"]))}),
+        _b=grouped[by].map({b: i for i, b in enumerate(order)}))
+    return grouped.sort_values(["_v", "_b"]).reset_index(drop=True)[columns]
+
+
+def gradient_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Median dq_err, dk_err, dv_err per variant x dtype, over scenario normal's ok cells
+    (all ok cells when no normal cell exists). Columns: variant, dtype, dq_err, dk_err,
+    dv_err, cells."""
+    columns = ["variant", "dtype", "dq_err", "dk_err", "dv_err", "cells"]
+    ok = _ok(frame)
+    normal = _normal_rows(ok)
+    rows = normal if not normal.empty else ok
+    rows = rows.assign(**{c: _num(rows, c) for c in ("dq_err", "dk_err", "dv_err")})
+    rows = rows[rows[["dq_err", "dk_err", "dv_err"]].notna().any(axis=1)]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    out = []
+    for variant in _variant_order(rows["variant"]):
+        for dtype in _dtype_order(rows.loc[rows["variant"] == variant, "dtype"]):
+            g = rows[(rows["variant"] == variant) & (rows["dtype"] == dtype)]
+            out.append({"variant": variant, "dtype": dtype, "dq_err": g["dq_err"].median(),
+                        "dk_err": g["dk_err"].median(), "dv_err": g["dv_err"].median(),
+                        "cells": len(g)})
+    return pd.DataFrame(out, columns=columns)
+
+
+def leakage_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per variant x scenario: max leak_max_change (0 = no leak) and max leak_mass, over ok
+    cells where either was measured. Columns: variant, scenario, leak_max_change,
+    leak_mass, cells."""
+    columns = ["variant", "scenario", "leak_max_change", "leak_mass", "cells"]
+    ok = _ok(frame)
+    rows = ok.assign(leak_max_change=_num(ok, "leak_max_change"), leak_mass=_num(ok, "leak_mass"))
+    rows = rows[rows[["leak_max_change", "leak_mass"]].notna().any(axis=1)]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    out = []
+    for variant in _variant_order(rows["variant"]):
+        v = rows[rows["variant"] == variant]
+        for scenario in _scenario_order(v["scenario"]):
+            g = v[v["scenario"] == scenario]
+            out.append({"variant": variant, "scenario": scenario,
+                        "leak_max_change": g["leak_max_change"].max(),
+                        "leak_mass": g["leak_mass"].max(), "cells": len(g)})
+    return pd.DataFrame(out, columns=columns)
+
+
+def alignment_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Causal alignment each variant applies when q_len != kv_len (top-left, bottom-right,
+    neither), per scenario among cross_causal and decode. Columns: variant, scenarios."""
+    ok = _ok(frame)
+    if "causal_alignment" not in ok.columns:
+        return pd.DataFrame(columns=["variant"])
+    ok = ok[ok["causal_alignment"].notna()]
+    scenarios = [s for s in ALIGNMENT_SCENARIOS if (ok["scenario"] == s).any()]
+    scenarios += [s for s in _scenario_order(ok["scenario"]) if s not in scenarios]
+    out = []
+    for variant in _variant_order(ok["variant"]):
+        rows = ok[ok["variant"] == variant]
+        out.append({"variant": variant,
+                    **{s: describe_values(rows[rows["scenario"] == s], "causal_alignment")
+                       for s in scenarios}})
+    return pd.DataFrame(out, columns=["variant", *scenarios])
+
+
+def _is_saturation_scenario(name: str) -> bool:
+    return scenario_alpha(name) is not None or name == OUTLIERS_SCENARIO
+
+
+def saturation_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per scenario (normal, scaled_x*, outliers) x variant: mean onehot_frac, min
+    min_entropy, max max_logit, mean golden_onehot_frac, the saturation source, cells."""
+    columns = ["scenario", "variant", "source", "onehot_frac", "min_entropy", "max_logit",
+               "golden_onehot_frac", "cells"]
+    ok = _ok(frame)
+    ok = ok[ok["scenario"].astype(str).map(_is_saturation_scenario)]
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    rows = ok.assign(**{c: _num(ok, c) for c in ("onehot_frac", "min_entropy", "max_logit",
+                                                 "golden_onehot_frac")})
+    out = []
+    for scenario in _scenario_order(rows["scenario"]):
+        s = rows[rows["scenario"] == scenario]
+        for variant in _variant_order(s["variant"]):
+            g = s[s["variant"] == variant]
+            out.append({"scenario": scenario, "variant": variant,
+                        "source": describe_values(g, "saturation_source"),
+                        "onehot_frac": g["onehot_frac"].mean(),
+                        "min_entropy": g["min_entropy"].min(),
+                        "max_logit": g["max_logit"].max(),
+                        "golden_onehot_frac": g["golden_onehot_frac"].mean(), "cells": len(g)})
+    return pd.DataFrame(out, columns=columns)
+
+
+def _golden_saturation_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Cells whose saturation columns come from the float64 golden (source golden or null,
+    as in schema-1 runs); all cells if none are."""
+    if "saturation_source" not in rows.columns:
+        return rows
+    golden = rows[rows["saturation_source"].astype(str) != "variant"]
+    return golden if not golden.empty else rows
+
+
+def saturation_sweep_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mean onehot_frac and entropy vs logit scale alpha (normal = 1, scaled_xA = A).
+
+    One line from the golden (rows with saturation_source golden of one variant, sdpa when
+    present: the values are the input set's, the same for every such variant), plus one per
+    variant whose saturation_source is variant (its own weights). Non-causal cells when any,
+    averaged over the other axes. Empty when no scaled_* scenario is present.
+    Columns: line, source, alpha, onehot_frac, entropy, cells.
+    """
+    columns = ["line", "source", "alpha", "onehot_frac", "entropy", "cells"]
+    ok = _ok(frame)
+    if not ok["scenario"].astype(str).str.startswith(SCALED_PREFIX).any():
+        return pd.DataFrame(columns=columns)
+    alpha = ok["scenario"].map(scenario_alpha)
+    rows = ok.assign(alpha=pd.to_numeric(alpha, errors="coerce"),
+                     onehot_frac=_num(ok, "onehot_frac"), entropy=_num(ok, "entropy"))
+    rows = rows[rows["alpha"].notna() & rows[["onehot_frac", "entropy"]].notna().any(axis=1)]
+    causal = rows["causal"].astype(bool)
+    if (~causal).any():
+        rows = rows[~causal]
+    source = (rows["saturation_source"].astype(str) if "saturation_source" in rows.columns
+              else pd.Series("None", index=rows.index))
+    lines: list[tuple[str, str, pd.DataFrame]] = []
+    golden = rows[source == "golden"]
+    if not golden.empty:
+        names = set(golden["variant"])
+        ref = next((v for v in GOLDEN_SOURCE_PREFERENCE if v in names), _variant_order(names)[0])
+        lines.append((f"float64 golden (via {ref})", "golden", golden[golden["variant"] == ref]))
+    own = rows[source == "variant"]
+    for variant in _variant_order(own["variant"]):
+        lines.append((variant, "variant", own[own["variant"] == variant]))
+    out = []
+    for name, kind, g in lines:
+        for a, group in g.groupby("alpha", sort=True):
+            out.append({"line": name, "source": kind, "alpha": float(a),
+                        "onehot_frac": group["onehot_frac"].mean(),
+                        "entropy": group["entropy"].mean(), "cells": len(group)})
+    return pd.DataFrame(out, columns=columns)
+
+
+def seed_claims_table(run_dir: str | Path) -> pd.DataFrame | None:
+    """DIR/seed_claims.csv as claim, d_k (Int64), seed_value and measured_value (text as
+    written), holds (bool); None when the file is absent."""
+    path = Path(run_dir) / SEED_CLAIMS_FILE
+    if not path.exists():
+        return None
+    raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    for column in ("claim", "d_k", "seed_value", "measured_value", "holds"):
+        if column not in raw.columns:
+            raw[column] = ""
+    holds = raw["holds"].str.strip().str.lower().map(
+        {"true": True, "false": False, "1": True, "0": False})
+    return pd.DataFrame({
+        "claim": raw["claim"],
+        "d_k": pd.to_numeric(raw["d_k"].replace("", None), errors="coerce").astype("Int64"),
+        "seed_value": raw["seed_value"],
+        "measured_value": raw["measured_value"],
+        "holds": holds.astype(object).where(holds.notna(), None),
+    })
 
 
 # --------------------------------------------------------------------------- figures
@@ -520,8 +936,8 @@ def _grouped_bars(table: pd.DataFrame, path: Path, *, ylabel: str, title: str,
 
 
 def _draw_error(frame: pd.DataFrame, path: Path, colors: dict) -> str | None:
-    rows = _ok(frame)
-    if not rows["rel_err"].notna().any():
+    rows = _normal_rows(_ok(frame))
+    if rows.empty or not rows["rel_err"].notna().any():
         return None
     table = rows.pivot_table(index="variant", columns="dtype", values="rel_err",
                              aggfunc="median", dropna=False)
@@ -531,10 +947,11 @@ def _draw_error(frame: pd.DataFrame, path: Path, colors: dict) -> str | None:
             if clipped else "")
     _grouped_bars(table, path, ylabel="median relative error vs float64", yscale="log",
                   floor=LOG_FLOOR,
-                  title=f"Relative error ‖out − golden‖/‖golden‖ vs float64, median over ok cells\n"
-                        f"(log scale{note})")
+                  title=f"Relative error ‖out − golden‖/‖golden‖ vs float64, median over ok cells "
+                        f"of scenario {NORMAL_SCENARIO}\n(log scale{note})")
     return ("Median relative Frobenius error against the float64 golden reference, per variant "
-            f"and dtype (log scale, floor {LOG_FLOOR:g}; n/a: no cell or no finite value){note}.")
+            f"and dtype, scenario {NORMAL_SCENARIO} only (log scale, floor {LOG_FLOOR:g}; n/a: no "
+            f"cell or no finite value){note}. Other scenarios: see Error budget.")
 
 
 def _draw_nonfinite(frame: pd.DataFrame, path: Path, colors: dict) -> str | None:
@@ -559,7 +976,8 @@ def _draw_saturation(frame: pd.DataFrame, path: Path, colors: dict) -> str | Non
     metrics = (("max_prob", "mean max probability"),
                ("entropy", "normalized entropy H/log n"),
                ("onehot_frac", "fraction of rows with max p > 0.99"))
-    rows, selected = _representative_slice(_ok(frame), vary=("scenario",))
+    rows, selected = _representative_slice(_golden_saturation_rows(_ok(frame)),
+                                           vary=("scenario",))
     rows = rows[rows[[m for m, _ in metrics]].notna().any(axis=1)]
     if rows.empty:
         return None
@@ -587,6 +1005,41 @@ def _draw_saturation(frame: pd.DataFrame, path: Path, colors: dict) -> str | Non
             f"entropy and one-hot fraction ({selected}, averaged over seq_len).")
 
 
+def _draw_saturation_sweep(frame: pd.DataFrame, path: Path, colors: dict) -> str | None:
+    import matplotlib.pyplot as plt
+
+    sweep = saturation_sweep_table(frame)
+    if sweep.empty:
+        return None
+    metrics = (("onehot_frac", "fraction of rows with max p > 0.99"),
+               ("entropy", "mean normalized entropy H/log n"))
+    fig, axes = plt.subplots(1, 2, layout="constrained", figsize=(11, 4.2))
+    for ax, (metric, label) in zip(axes, metrics):
+        for name, line in sweep.groupby("line", sort=False):
+            golden = line["source"].iloc[0] == "golden"
+            # The golden is a wide grey band underneath, so variants that match it stay visible.
+            ax.plot(line["alpha"], line[metric], label=name,
+                    marker="o" if golden else "s", markersize=9 if golden else 4,
+                    markerfacecolor=None if golden else "none",
+                    color="0.7" if golden else colors.get(name),
+                    linewidth=6 if golden else 1.3,
+                    linestyle="--" if str(name).startswith(NEGATIVE_CONTROL_PREFIX) else "-",
+                    zorder=1 if golden else 2)
+        _log2_x(ax, sweep["alpha"])
+        ax.set_xlabel("logit scale α (q × α; normal = 1)")
+        ax.set_ylabel(label)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle("Softmax saturation vs logit scale: float64 golden and variants' own weights "
+                 "(non-causal cells, mean over dtype, d_k, seq_len)", fontsize=10)
+    _legend_below(fig, axes)
+    _save(fig, path)
+    return ("Saturation sweep: fraction of one-hot rows and mean normalized entropy vs the "
+            "logit scale α (scenario scaled_xα; normal is α = 1). The wide grey line is the "
+            "float64 golden; the others are variants that expose their own weights (negative "
+            "controls dashed); a variant drawn on the grey line matches the golden.")
+
+
 FIGURES: tuple[tuple[str, str, Callable[[pd.DataFrame, Path, dict], str | None]], ...] = (
     ("latency_fwd.png", "Forward latency", _draw_latency("fwd_ms", "forward")),
     ("latency_fwd_bwd.png", "Forward+backward latency",
@@ -596,6 +1049,7 @@ FIGURES: tuple[tuple[str, str, Callable[[pd.DataFrame, Path, dict], str | None]]
     ("error.png", "Error vs float64", _draw_error),
     ("nonfinite.png", "NaN and inf counts", _draw_nonfinite),
     ("saturation.png", "Softmax saturation", _draw_saturation),
+    ("saturation_sweep.png", "Saturation vs logit scale", _draw_saturation_sweep),
     ("compile.png", "Compile time", _draw_compile),
 )
 
@@ -640,17 +1094,12 @@ def _findings_section(findings: list[dict] | None) -> list[Block]:
     blocks: list[Block] = [Heading(2, "Findings")]
     if not findings:
         return blocks + [_para("No findings.")]
-    table = pd.DataFrame({
-        "severity": [f.get("severity") for f in findings],
-        "check": [f.get("check") for f in findings],
-        "variant": [f.get("variant") for f in findings],
-        "message": [f.get("message") for f in findings],
-        "cells": [len(f.get("cells") or []) for f in findings],
-    })
-    rank = (table["severity"].map({s: i for i, s in enumerate(SEVERITY_ORDER)})
-            .fillna(len(SEVERITY_ORDER)))
-    table = table.assign(rank=rank).sort_values("rank", kind="stable").drop(columns="rank")
-    return blocks + [Table(table)]
+    return blocks + [
+        _para(findings_summary(findings), " Most severe first; ", Mono("cells"),
+              " is the number of cells a finding covers (their ids are in ",
+              Mono("findings.json"), ")."),
+        Table(findings_table(findings)),
+    ]
 
 
 def _environment_section(run_info: dict | None, records: list[dict]) -> list[Block]:
@@ -711,12 +1160,14 @@ def _speedup_table(frame: pd.DataFrame) -> pd.DataFrame:
 def _speed_section(frame: pd.DataFrame) -> list[Block]:
     rows = _speed_rows(frame)
     blocks: list[Block] = [Heading(2, "Speed"), _para(
-        "Negative controls (", Mono(NEGATIVE_CONTROL_PREFIX + "*"),
+        "Speed, memory and their figures use cells of scenario ", Mono(NORMAL_SCENARIO),
+        " only; the other scenarios are stability checks. Negative controls (",
+        Mono(NEGATIVE_CONTROL_PREFIX + "*"),
         ") are left out of speed and memory; they appear under Numerics.")]
     if rows.empty:
-        return blocks + [_para("No ok cells to compare.")]
+        return blocks + [_para(f"No ok cells of scenario {NORMAL_SCENARIO} to compare.")]
     for dtype in _dtype_order(rows["dtype"].unique()):
-        blocks.append(Table(_median_pivot(rows[rows["dtype"] == dtype], "fwd_ms"),
+        blocks.append(Table(median_table(frame, dtype),
                             caption=f"{dtype}: median forward latency (ms), other axes pooled"))
     blocks.append(Heading(3, f"Speed-up vs {BASELINE_VARIANT}"))
     if BASELINE_VARIANT not in set(rows["variant"]):
@@ -746,30 +1197,38 @@ def _memory_section(frame: pd.DataFrame) -> list[Block]:
     else:
         blocks.append(_para(f"No ok cells of the {BASELINE_VARIANT} variant: no memory ratio."))
     for dtype in _dtype_order(rows["dtype"].unique()):
-        blocks.append(Table(_median_pivot(rows[rows["dtype"] == dtype], "peak_bytes", MIB),
+        blocks.append(Table(median_table(frame, dtype, "peak_bytes", MIB),
                             caption=f"{dtype}: median forward peak memory (MiB), "
                                     "other axes pooled"))
     return blocks
 
 
 def _compile_section(frame: pd.DataFrame) -> list[Block]:
-    rows = _speed_rows(frame)
-    compiled = rows[rows["compile_s"].notna() | rows["fused_sdpa"].notna()]
+    ok = _ok(frame)
+    ok = ok[~is_negative_control(ok["variant"])]
+    compiled = ok[ok["compile_s"].notna() | ok["fused_sdpa"].notna()]
     blocks: list[Block] = [Heading(2, "Compiled variants")]
     if compiled.empty:
         return blocks + [_para("No compiled variants in this run.")]
     fused = compiled["fused_sdpa"]
+    normal = compiled.index.isin(_normal_rows(compiled).index)
     table = (compiled.assign(fused_true=fused.eq(True).astype(int),
-                             fused_false=fused.eq(False).astype(int))
+                             fused_false=fused.eq(False).astype(int),
+                             compile_normal=compiled["compile_s"].where(normal),
+                             normal=normal.astype(int))
              .groupby("variant")
-             .agg(median_compile=("compile_s", "median"), cells=("id", "size"),
+             .agg(median_compile=("compile_normal", "median"), normal_cells=("normal", "sum"),
+                  cells=("fused_true", "size"),
                   fused_true=("fused_true", "sum"), fused_false=("fused_false", "sum"))
              .reset_index()
-             .rename(columns={"median_compile": "median compile (s)",
+             .rename(columns={"median_compile": "median compile (s), normal",
+                              "normal_cells": "normal cells", "cells": "all cells",
                               "fused_true": "fused_sdpa true", "fused_false": "fused_sdpa false"}))
     return blocks + [
         Table(table),
-        _para(Mono("fused_sdpa=true"), " means Inductor rewrote the hand-written code into fused "
+        _para("Compile time is taken over cells of scenario ", Mono(NORMAL_SCENARIO),
+              "; the fused_sdpa counts over every scenario. ", Mono("fused_sdpa=true"),
+              " means Inductor rewrote the hand-written code into fused "
               "SDPA, so its numerics and speed are SDPA's."),
     ]
 
@@ -789,24 +1248,273 @@ def _numerics_section(frame: pd.DataFrame) -> list[Block]:
                                   "median_rel_err": "median rel_err"})
     return blocks + [
         _para("Errors against the float64 golden reference; NaN/inf counts summed over ok "
-              "cells (negative controls included)."),
+              "cells of every scenario (negative controls included). NaN on fully masked rows "
+              "is counted here too; see Fully masked rows for what it means."),
         Table(table),
     ]
+
+
+def _wide(long: pd.DataFrame, column: str, value: str,
+          order: list[Any] | None = None) -> pd.DataFrame:
+    """variant (rows, correct variants first) x `column` (columns) of `value`."""
+    variants = _variant_order(long["variant"])
+    columns = order if order is not None else list(dict.fromkeys(long[column]))
+    wide = (long.set_index(["variant", column])[value].astype(object).unstack(column)
+            .reindex(index=variants, columns=columns))
+    wide.columns = [str(c) for c in wide.columns]
+    wide.insert(0, "variant", wide.index.astype(str))
+    return wide.reset_index(drop=True)
+
+
+def _names(values: Iterable[str]) -> str:
+    names = list(values)
+    return ", ".join(names) if names else "none"
+
+
+def _scenarios_section(frame: pd.DataFrame) -> list[Block]:
+    table = scenario_table(frame)
+    if table.empty:
+        return []
+    if not table["description"].astype(bool).any():
+        table = table.drop(columns="description")
+    return [
+        Heading(2, "Input scenarios"),
+        _para("Each scenario is a seeded, deterministic input set shared by every variant "
+              "(the float64 golden is computed once per set). Only ", Mono(NORMAL_SCENARIO),
+              " feeds speed and memory; the others are stability checks, reported below."),
+        Table(table),
+    ]
+
+
+def _budget_section(frame: pd.DataFrame) -> list[Block]:
+    blocks: list[Block] = [Heading(2, "Error budget")]
+    rule = _para("A cell is within budget when its RMSE against the float64 golden is at most "
+                 "2 × the RMSE of ", Mono(BASELINE_VARIANT), " (hand-written attention) in the "
+                 "same dtype on the same inputs, plus atol(dtype): FlashAttention's rule. ",
+                 Mono("err_ratio"), " = rmse / rmse(", Mono(BASELINE_VARIANT),
+                 ", same dtype), so the baseline itself is 1. Cells whose baseline is not finite "
+                 "are not judged.")
+    table = budget_table(frame)
+    if table.empty or int(table["judged"].sum()) == 0:
+        blocks += [rule, _para("No cell has an error-budget verdict (",
+                               Mono("within_budget"), " is null everywhere).")]
+    else:
+        by = table.columns[1]
+        order = (_scenario_order(table[by]) if by == "scenario"
+                 else _dtype_order(table[by]) if by == "dtype" else None)
+        text = table.assign(verdict=[
+            f"{int(w)}/{int(j)}" if j else MISSING for w, j in zip(table["within"], table["judged"])])
+        blocks += [
+            rule,
+            Table(_wide(text, by, "verdict", order),
+                  caption=f"Cells within budget / cells judged, per variant and {by}"),
+            Table(_wide(table, by, "median_err_ratio", order),
+                  caption=f"Median err_ratio (rmse / {BASELINE_VARIANT} rmse, same dtype), "
+                          f"per variant and {by}"),
+        ]
+    grads = gradient_table(frame)
+    if grads.empty:
+        return blocks
+    only_normal = not _normal_rows(_ok(frame)).empty
+    return blocks + [
+        Heading(3, "Gradient errors"),
+        _para("Median relative Frobenius error of dL/dq, dL/dk and dL/dv against float64 "
+              "gradients" + (f", scenario {NORMAL_SCENARIO}." if only_normal
+                             else ", all scenarios.")),
+        Table(grads.rename(columns={"dq_err": "median dq_err", "dk_err": "median dk_err",
+                                    "dv_err": "median dv_err"})),
+    ]
+
+
+def _fp16_verdict(row: pd.Series) -> str:
+    if row["finite"] is None or pd.isna(row["finite"]):
+        return MISSING
+    if row["finite"]:
+        return f"finite ({int(row['cells'])} cells)"
+    return (f"not finite: {int(row['nonfinite'])} NaN/inf in "
+            f"{int(row['nonfinite_cells'])}/{int(row['cells'])} cells")
+
+
+def _fp16_section(frame: pd.DataFrame) -> list[Block]:
+    table = fp16_overflow_table(frame)
+    if table.empty:
+        return []
+    dtypes = _dtype_order(table["dtype"])
+    wide = _wide(table.assign(verdict=table.apply(_fp16_verdict, axis=1)), "dtype", "verdict",
+                 dtypes)
+    max_qk = table.groupby("variant")["max_qk"].max()
+    wide["max |q·k|"] = wide["variant"].map(max_qk)
+    wide["max |q·k| / 65504"] = wide["max |q·k|"] / FP16_MAX
+    fp16 = table[table["dtype"] == "fp16"]
+    largest = table["max_qk"].max()
+    scale = (f"|q·k| reaches {format_value(largest)}, {format_value(largest / FP16_MAX)}× the "
+             f"fp16 maximum 65504. " if pd.notna(largest) else "")
+    if fp16.empty:
+        summary = _para(scale, "No fp16 cells in this run, so fp16 overflow is not tested.")
+    else:
+        finite = _variant_order(fp16.loc[fp16["finite"].eq(True), "variant"])
+        bad = _variant_order(fp16.loc[fp16["finite"].eq(False), "variant"])
+        correct_bad = [v for v in bad if not v.startswith(NEGATIVE_CONTROL_PREFIX)]
+        broken_bad = [v for v in bad if v.startswith(NEGATIVE_CONTROL_PREFIX)]
+        summary = _para(scale, f"Stay finite in fp16: {_names(finite)}. Produce inf/NaN in rows "
+                        f"that see a key: {_names(correct_bad)}"
+                        + (f" (and negative controls {_names(broken_bad)})" if broken_bad else "")
+                        + ".")
+    return [
+        Heading(2, "fp16 overflow"),
+        _para("Scenario ", Mono(FP16_RANGE_SCENARIO), ": q and k aligned with |q| ≈ 576 and "
+              "|k| ≈ 383, so q·k overflows fp16 when it is formed before scaling or "
+              "accumulated in fp16 (pytorch issue 119131). Counted: NaN and inf in output rows "
+              "that see a key (", Mono("out_nonfinite_visible"), "), where float64 is finite."),
+        summary,
+        Table(wide),
+    ]
+
+
+def _masked_rows_section(frame: pd.DataFrame) -> list[Block]:
+    table = masked_rows_table(frame)
+    if table.empty or len(table.columns) < 2:
+        return []
+    return [
+        Heading(2, "Fully masked rows"),
+        _para("Hand-written softmax gives NaN for query rows that see no key; SDPA returns 0 "
+              "for them. A finfo.min float mask is finite, so such rows are not masked at all: "
+              "they attend uniformly to the masked keys."),
+        _para("Where the table says other under finfo.min, the rows are finite but not exactly "
+              "the mean of all values, for example because causal masking still limits a row to "
+              "the keys before it."),
+        _para("Per variant and mask form, what the fully masked rows hold: nan, zero, uniform "
+              "(the mean of all values), other (finite, neither zero nor uniform) or mixed (more "
+              "than one in a cell). A split such as \"nan (fp32), other (fp16)\" names the axis "
+              "along which the answer changes; {a, b}: differs with no single axis."),
+        Table(table),
+    ]
+
+
+def _leakage_section(frame: pd.DataFrame) -> list[Block]:
+    leaks = leakage_table(frame)
+    align = alignment_table(frame)
+    if leaks.empty and (align.empty or len(align.columns) < 2):
+        return []
+    blocks: list[Block] = [Heading(2, "Masking and leakage")]
+    if not leaks.empty:
+        order = _scenario_order(leaks["scenario"])
+        blocks += [
+            _para(Mono("leak_max_change"), ": the largest output change, on rows that must not "
+                  "see them, when masked-out or future keys and values are changed (0 = no "
+                  "leak). ", Mono("leak_mass"), ": the largest probability mass a row puts on "
+                  "masked or future keys, for variants that expose their weights. Maxima over "
+                  "cells. Under ", Mono(MASK_FORMS[2][0]), " a change is expected: the "
+                  "finite mask lets fully masked rows attend to masked keys (see Fully masked "
+                  "rows)."),
+            Table(_wide(leaks, "scenario", "leak_max_change", order),
+                  caption="Max leak_max_change per variant and scenario (0 = no leak)"),
+        ]
+        if leaks["leak_mass"].notna().any():
+            blocks.append(Table(_wide(leaks, "scenario", "leak_mass", order),
+                                caption="Max leak_mass per variant and scenario "
+                                        "(— : weights not exposed)"))
+    if not align.empty and len(align.columns) > 1:
+        blocks += [
+            Heading(3, "Causal alignment when q_len ≠ kv_len"),
+            _para("Which causal alignment the output follows in causal cells where the query "
+                  "and key lengths differ: top-left (", Mono("is_causal=True"), ") or "
+                  "bottom-right (", Mono("causal_lower_right"), ", what KV-cache decoding "
+                  "needs), or neither."),
+            Table(align),
+        ]
+    return blocks
 
 
 def _saturation_section(frame: pd.DataFrame) -> list[Block]:
     rows = _ok(frame)
     blocks: list[Block] = [Heading(2, "Saturation")]
     columns = ["max_prob", "entropy", "onehot_frac"]
-    rows = rows[rows[columns].notna().any(axis=1)]
+    rows = _golden_saturation_rows(rows[rows[columns].notna().any(axis=1)])
     if rows.empty:
         return blocks + [_para("No saturation metrics recorded.")]
     table = rows.groupby(["scenario", "causal", "dtype", "d_k"])[columns].mean().reset_index()
-    return blocks + [
+    blocks += [
         _para("Means over cells of the float64 golden's softmax: largest probability, "
               "normalized row entropy, fraction of rows with max p > 0.99."),
         Table(table),
     ]
+    ok = _ok(frame)
+    full = ok[~ok["causal"].astype(bool)]
+    sat = saturation_table(full if not full.empty else ok)
+    if sat.empty:
+        return blocks
+    order = _scenario_order(sat["scenario"])
+    inputs = (sat.groupby("scenario", sort=False)
+              .agg(max_logit=("max_logit", "max"), golden=("golden_onehot_frac", "mean"),
+                   cells=("cells", "sum"))
+              .reindex(order).reset_index())
+    inputs.insert(1, "alpha", inputs["scenario"].map(scenario_alpha))
+    inputs = inputs.rename(columns={"max_logit": "max |logit|",
+                                    "golden": "golden onehot_frac (mean)"})
+    inputs = inputs.drop(columns=[c for c in ("max |logit|", "golden onehot_frac (mean)")
+                                  if inputs[c].isna().all()])
+    source = (sat.groupby("variant")["source"]
+              .agg(lambda s: ", ".join(sorted({str(v) for v in s if v is not None}))))
+    scope = (", non-causal cells (a causal first row sees one key, so it is one-hot by "
+             "construction). " if not full.empty else ". ")
+    onehot = _wide(sat, "scenario", "onehot_frac", order)
+    onehot.insert(1, "source", onehot["variant"].map(source))
+    return blocks + [
+        Heading(3, "Saturation by scenario"),
+        _para("Scenarios normal, ", Mono("scaled_xA"), " (q multiplied by A) and outliers",
+              scope, "Max |logit| is max |q·k·scale| in float64, a property of the inputs; the golden "
+              "one-hot fraction is what the inputs alone cause. Per variant, ",
+              Mono("source"), " says whether its columns come from its own weights (variant) "
+              "or, for variants that hide them, from the float64 golden (golden)."),
+        Table(inputs, caption="Inputs: largest logit and golden one-hot fraction per scenario"),
+        Table(onehot, caption="Mean onehot_frac (rows with max p > 0.99) per variant and "
+                              "scenario"),
+        Table(_wide(sat, "scenario", "min_entropy", order),
+              caption="Minimum normalized row entropy per variant and scenario"),
+    ]
+
+
+def _format_measured(text: Any) -> str:
+    """A measured value from the CSV: numbers to 3 significant digits, words as written."""
+    value = str(text).strip()
+    if value == "":
+        return MISSING
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    if not math.isfinite(number):
+        return value
+    if number.is_integer() and "." not in value and "e" not in value.lower():
+        return str(int(number))
+    return format_value(number)
+
+
+def _seed_section(run_dir: Path) -> list[Block]:
+    claims = seed_claims_table(run_dir)
+    if claims is None:
+        return []
+    blocks: list[Block] = [
+        Heading(2, "The seed's claims, measured"),
+        _para("The seed tutorial prints illustrative numbers (sample output it says looks "
+              "\"roughly like\" this); here each of its experiments is repeated with a fixed "
+              "seed, and the measured value is set beside the printed one. A printed number "
+              "holds when the measurement is within 25% of it (std claims: within 0.05); a "
+              "yes/no claim holds when the behaviour matches."),
+    ]
+    if claims.empty:
+        return blocks + [_para(f"{SEED_CLAIMS_FILE} lists no claims.")]
+    held = int(claims["holds"].eq(True).sum())
+    display = pd.DataFrame({
+        "claim": claims["claim"],
+        "d_k": claims["d_k"].astype(object).where(claims["d_k"].notna(), None),
+        "seed's printed value": claims["seed_value"].map(lambda v: str(v) or MISSING),
+        "measured value": claims["measured_value"].map(_format_measured),
+        "holds": claims["holds"].map(lambda h: "✓" if h is True else "✗" if h is False
+                                     else MISSING),
+    })
+    return blocks + [_para(f"{held} of {len(claims)} printed claims hold."), Table(display)]
 
 
 def _figures_section(figures: list[Figure]) -> list[Block]:
@@ -841,11 +1549,17 @@ def build_report(run_dir: str | Path) -> dict[str, Path | list[Path]]:
         *_findings_section(findings),
         *_environment_section(run_info, records),
         *_grid_section(run_info, frame),
+        *_scenarios_section(frame),
         *_speed_section(frame),
         *_memory_section(frame),
         *_compile_section(frame),
         *_numerics_section(frame),
+        *_budget_section(frame),
+        *_fp16_section(frame),
+        *_masked_rows_section(frame),
+        *_leakage_section(frame),
         *_saturation_section(frame),
+        *_seed_section(run_dir),
         *_figures_section(figures),
     ]
     index_md = run_dir / "index.md"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from .numerics import (BACKWARD_FLOP_FACTOR, attention_flops, changed_max, class
                        error_vs_reference, nonfinite_counts, relative_error, within_budget)
 from .reference import Golden, golden_attention
 from .timing import Samples, measure, time_call
-from .variants import Unsupported, Variant, fused_attention_count, resolve
+from .variants import BackwardUnsupported, Unsupported, Variant, fused_attention_count, resolve
 
 RUN_FILE = "run.json"
 
@@ -146,8 +147,12 @@ def _variant_weight_metrics(variant: Variant, inputs: Inputs, q: Any, k: Any, tq
 
 
 def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
-                 preset: Preset) -> dict[str, Any]:
-    """Measure one cell; return the measurement columns. Raises Unsupported/CellSkipped."""
+                 preset: Preset, *, ceilings: dict | None = None, meter: Any = None) -> dict[str, Any]:
+    """Measure one cell; return the measurement columns. Raises Unsupported/CellSkipped.
+
+    ceilings: the run's measured limits for this device (roofline columns);
+    meter: a telemetry.EnergyMeter for CUDA cells (energy and power columns).
+    """
     import torch
 
     sync = _sync_for(case.device)
@@ -166,22 +171,28 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
 
     # Warm-up: two calls each. The first includes compilation for compiled variants.
-    first_fwd = time_call(forward, sync=sync)
+    backward_reason = None
+    try:
+        first_fwd = time_call(forward, sync=sync)
+    except BackwardUnsupported as exc:  # forward-only here: inputs must not require grad
+        backward_reason = str(exc)
+        q, k, v = q.detach(), k.detach(), v.detach()
+        first_fwd = time_call(forward, sync=sync)
     warm_fwd = time_call(forward, sync=sync)
     if warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed > preset.max_cell_s:
         raise CellSkipped(
             f"too slow for this device: one forward took {warm_fwd:.3g} s, so this cell would "
             f"take about {warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed:.0f} s "
             f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
-    first_fb = time_call(forward_backward, sync=sync)
-    warm_fb = time_call(forward_backward, sync=sync)
+    first_fb = time_call(forward_backward, sync=sync) if backward_reason is None else 0.0
+    warm_fb = time_call(forward_backward, sync=sync) if backward_reason is None else 0.0
     if (warm_fwd + warm_fb) * n_timed > preset.max_cell_s:
         raise CellSkipped(
             f"too slow for this device: one forward+backward took {warm_fb:.3g} s, so this cell "
             f"would take about {(warm_fwd + warm_fb) * n_timed:.0f} s "
             f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
 
-    m: dict[str, Any] = {"q_len": tq}
+    m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}"}
     golden = ref.golden
     out, m["peak_bytes"] = peak_during(forward, case.device)
     out = out.detach()
@@ -195,43 +206,73 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     m["masked_rows"] = classify_masked_rows(out, ~golden.row_visible, inputs.v)
     # Same grad mode and requires_grad as the timed calls, so compiled variants do not recompile.
     m["leak_max_change"] = _leak_max_change(
-        lambda k2, v2: fn(q, k2.requires_grad_(True), v2.requires_grad_(True), **kwargs),
+        lambda k2, v2: fn(q, k2.requires_grad_(q.requires_grad), v2.requires_grad_(q.requires_grad),
+                          **kwargs),
         inputs, out, tq, tk)
     if ref.golden_bottom_right is not None:
         m["causal_alignment"] = _alignment(out, golden, ref.golden_bottom_right)
 
-    grads, m["peak_fwd_bwd_bytes"] = peak_during(forward_backward, case.device)
-    m["grad_nan"], m["grad_inf"] = nonfinite_counts(grads)
-    for name, got, want in zip(("dq_err", "dk_err", "dv_err"), grads, (golden.dq, golden.dk, golden.dv)):
-        m[name] = relative_error(got, want)
-    del grads
+    if backward_reason is None:
+        grads, m["peak_fwd_bwd_bytes"] = peak_during(forward_backward, case.device)
+        m["grad_nan"], m["grad_inf"] = nonfinite_counts(grads)
+        for name, got, want in zip(("dq_err", "dk_err", "dv_err"), grads, (golden.dq, golden.dk, golden.dv)):
+            m[name] = relative_error(got, want)
+        del grads
 
     fwd = measure(forward, estimate_s=warm_fwd, min_samples=preset.min_samples,
                   min_time_s=preset.min_time_s, sync=sync)
-    fb = measure(forward_backward, estimate_s=warm_fb, min_samples=preset.min_samples,
-                 min_time_s=preset.min_time_s, sync=sync)
     _fill_timing(m, "fwd", fwd)
-    _fill_timing(m, "fwd_bwd", fb)
+    fb = None
+    if backward_reason is None:
+        fb = measure(forward_backward, estimate_s=warm_fb, min_samples=preset.min_samples,
+                     min_time_s=preset.min_time_s, sync=sync)
+        _fill_timing(m, "fwd_bwd", fb)
+    blocks = f"{fwd.calls_per_sample}/{fb.calls_per_sample if fb else '-'}"
     m["timer"] = ("cuda: perf_counter with torch.cuda.synchronize" if sync
-                  else f"cpu: perf_counter, blocks of {fwd.calls_per_sample}/{fb.calls_per_sample} calls")
+                  else f"cpu: perf_counter, blocks of {blocks} calls")
 
     flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal)
     m["flops"] = flops
     m["gflops_per_s"] = flops / fwd.median_s / 1e9
-    m["fwd_bwd_gflops_per_s"] = flops * (1 + BACKWARD_FLOP_FACTOR) / fb.median_s / 1e9
+    if fb is not None:
+        m["fwd_bwd_gflops_per_s"] = flops * (1 + BACKWARD_FLOP_FACTOR) / fb.median_s / 1e9
     if variant.compiled:
-        m["compile_s"] = max(0.0, first_fwd - fwd.median_s) + max(0.0, first_fb - fb.median_s)
+        m["compile_s"] = max(0.0, first_fwd - fwd.median_s) + (max(0.0, first_fb - fb.median_s) if fb else 0.0)
         m["fused_sdpa"] = fused_attention_count() > fused_before
 
     for key in ("max_logit", "max_qk"):
         m[key] = golden.saturation[key]
     m["golden_onehot_frac"] = golden.saturation["onehot_frac"]
+    m.update(_roofline(case, tq, inputs, fwd, fb, ceilings))
+    m.update(_telemetry(case, forward, sync, meter, preset))
     if variant.probs is not None:
         m.update(_variant_weight_metrics(variant, inputs, q.detach(), k.detach(), tq, tk))
     else:
         m.update({key: golden.saturation[key] for key in ("max_prob", "entropy", "min_entropy", "onehot_frac")})
         m["saturation_source"] = "golden"
     return m
+
+
+def _roofline(case: Case, tq: int, inputs: Inputs, fwd: Samples, fb: Samples | None,
+              ceilings: dict | None) -> dict[str, Any]:
+    from .roofline import ROOFLINE_COLUMNS, cell_roofline
+    if not ceilings:
+        return {col: None for col in ROOFLINE_COLUMNS}
+    mask = inputs.mask
+    case_like = dict(case.axes(), q_len=tq,
+                     mask_bytes=0 if mask is None else mask.numel() * mask.element_size())
+    return cell_roofline(case_like, fwd.median_s, fb.median_s if fb else None, ceilings)
+
+
+def _telemetry(case: Case, forward: Callable[[], Any], sync: Any, meter: Any, preset: Preset) -> dict:
+    from .telemetry import null_telemetry
+    if case.device != "cuda":
+        return null_telemetry("NVML telemetry is for NVIDIA GPUs; this cell ran on the CPU")
+    if meter is None or not getattr(meter, "available", False):
+        return null_telemetry(getattr(meter, "reason", None) or "no energy meter for this run")
+    if preset.energy_window_s <= 0:
+        return null_telemetry("energy measurement turned off (--energy-window-s 0)")
+    return meter.measure(forward, min_window_s=preset.energy_window_s, sync=sync)
 
 
 def _alignment(out: Any, top_left: Golden, bottom_right: Golden) -> str:
@@ -293,7 +334,8 @@ def _baseline_rmse(inputs: Inputs, golden: Golden) -> float | None:
     return error_vs_reference(out, golden.out, golden.row_visible)["rmse"]
 
 
-def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any]) -> dict[str, Any]:
+def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any], *,
+             ceilings: dict | None = None, meter: Any = None) -> dict[str, Any]:
     """One record for one cell; every failure becomes a status with a reason."""
     rec = records.new_record(case.axes(), case.id)
     rec["started_at"] = _utc_now()
@@ -302,7 +344,8 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any])
     try:
         variant = resolve(case.variant)
         inputs, ref = cache.get(case)
-        rec.update(measure_cell(case, variant, inputs, ref, preset))
+        rec.update(measure_cell(case, variant, inputs, ref, preset,
+                                ceilings=(ceilings or {}).get(case.device), meter=meter))
         rec["status"] = "ok"
     except (Unsupported, CellSkipped) as exc:
         rec["status"], rec["reason"] = "skipped", str(exc)
@@ -324,24 +367,55 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any])
     return rec
 
 
+INFLIGHT_FILE = "inflight"
+
+
+def read_inflight(run_dir: Path) -> str | None:
+    """Id of the cell the measuring process was in when it last stopped, if any."""
+    path = Path(run_dir) / INFLIGHT_FILE
+    return path.read_text().strip() or None if path.exists() else None
+
+
+def _mark_inflight(run_dir: Path, case_id: str | None) -> None:
+    path = Path(run_dir) / INFLIGHT_FILE
+    if case_id is None:
+        path.unlink(missing_ok=True)
+        return
+    with open(path, "w") as fh:
+        fh.write(case_id)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def record_crash(run_dir: Path, case: Case, reason: str) -> None:
+    """The `error` record of a cell whose process died (no measurements)."""
+    rec = records.new_record(case.axes(), case.id)
+    rec.update(status="error", reason=reason, started_at=_utc_now())
+    with records.RecordWriter(run_dir) as writer:
+        writer.write(rec)
+    _mark_inflight(run_dir, None)
+
+
 def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: list[str],
-                   env: dict[str, Any], n_cells: int) -> None:
+                   env: dict[str, Any], n_cells: int, ceilings: dict | None = None) -> None:
     info = {"schema": records.SCHEMA_VERSION, "preset": preset.name,
             "axes": {k: list(v) for k, v in axes.items()}, "argv": argv,
-            "started_at": _utc_now(), "env": env, "n_cells": n_cells,
+            "started_at": _utc_now(), "env": env, "n_cells": n_cells, "ceilings": ceilings,
             "timing": {"min_samples": preset.min_samples, "min_time_s": preset.min_time_s,
-                       "max_cell_s": preset.max_cell_s}}
+                       "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s}}
     (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
 
 
 def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str, Any], *,
-             progress: bool = True,
+             progress: bool = True, ceilings: dict | None = None,
              on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, int]:
     """Measure every cell not already in DIR/records.jsonl; append each record at once.
 
+    ceilings: {device: measure_ceilings(...)} for the roofline columns (None: nulls).
     Returns counts per status of the cells measured in this call (plus "resumed").
     """
     cases = list(cases)
+    meter = _energy_meter(cases)
     done = records.completed_ids(run_dir)
     todo = [c for c in cases if c.id not in done]
     counts = {"resumed": len(cases) - len(todo)}
@@ -356,8 +430,10 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
             for case in todo:
                 if bar is not None:
                     bar.set_postfix_str(case.id, refresh=True)
-                rec = run_cell(case, cache, preset, env)
+                _mark_inflight(run_dir, case.id)
+                rec = run_cell(case, cache, preset, env, ceilings=ceilings, meter=meter)
                 writer.write(rec)
+                _mark_inflight(run_dir, None)
                 counts[rec["status"]] = counts.get(rec["status"], 0) + 1
                 if on_record:
                     on_record(rec)
@@ -366,4 +442,33 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     finally:
         if bar is not None:
             bar.close()
+        if meter is not None:
+            meter.close()
     return counts
+
+
+def _energy_meter(cases: list[Case]) -> Any:
+    """One NVML meter for the run's CUDA device (None without CUDA cells)."""
+    if not any(c.device == "cuda" for c in cases):
+        return None
+    from .telemetry import EnergyMeter
+    import torch
+    return EnergyMeter(device_index=torch.cuda.current_device())
+
+
+def ceilings_for(cases: Iterable[Case], run_dir: Path, *, budget_s: float = 0.5) -> dict[str, dict]:
+    """The machine's measured limits per device, once per run folder (reused on resume)."""
+    from .roofline import measure_ceilings
+    path = Path(run_dir) / RUN_FILE
+    known = {}
+    if path.exists():
+        known = json.loads(path.read_text()).get("ceilings") or {}
+    out = {}
+    for device in dict.fromkeys(c.device for c in cases):
+        dtypes = tuple(dict.fromkeys(c.dtype for c in cases if c.device == device))
+        have = known.get(device)
+        if have and all(d in (have.get("matmul_flops_per_s") or {}) for d in dtypes):
+            out[device] = have
+        else:
+            out[device] = measure_ceilings(device, dtypes, budget_s=budget_s)
+    return out

@@ -25,6 +25,11 @@ class Unsupported(Exception):
     """This variant cannot run this cell (a backend's limits): recorded as `skipped`."""
 
 
+class BackwardUnsupported(Unsupported):
+    """The variant runs forward but has no backward here: the cell is measured forward-only,
+    with inputs that do not require grad, and `reason` says why fwd_bwd is missing."""
+
+
 @dataclass(frozen=True)
 class Variant:
     """A named way to compute attention. `build()` is called once per cell."""
@@ -142,14 +147,19 @@ def broken_softmax_wrong_dim_probs(q, k, *, mask=None, causal=False, scale=None)
 
 # --------------------------------------------------------------------------- compiled
 
-def _compiled(options: dict | None) -> AttentionFn:
+def _compiled_fn(fn: AttentionFn, options: dict | None) -> AttentionFn:
+    """torch.compile(fn) after a Dynamo reset: honest compile time per cell, no recompile limit."""
     import torch
     import torch._dynamo
-    torch._dynamo.reset()  # a fresh compile per cell: honest compile time, no recompile limit
+    torch._dynamo.reset()
     if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
         # Past the recompile limit Dynamo silently runs eager; make that an error instead.
         torch._dynamo.config.fail_on_recompile_limit_hit = True
-    return torch.compile(eager_attention, options=options) if options else torch.compile(eager_attention)
+    return torch.compile(fn, options=options) if options else torch.compile(fn)
+
+
+def _compiled(options: dict | None) -> AttentionFn:
+    return _compiled_fn(eager_attention, options)
 
 
 def fused_attention_count() -> int:
@@ -198,6 +208,51 @@ def _sdpa(backend_name: str | None) -> AttentionFn:
     return call
 
 
+# --------------------------------------------------------------------------- FlexAttention
+
+def _flex() -> AttentionFn:
+    """torch.compile(flex_attention); causal and bool masks as block masks, float masks as score_mod."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = _compiled_fn(flex_attention, None)
+    block_masks: dict[tuple, Any] = {}
+
+    def call(q, k, v, *, mask=None, causal=False, scale=None):
+        if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise BackwardUnsupported("FlexAttention has no backward on CPU in this torch "
+                                      "(NotImplementedError); forward measured without grad")
+        tq, tk = q.shape[-2], k.shape[-2]
+        bool_mask = mask if mask is not None and mask.dtype == torch.bool else None
+        float_mask = mask if mask is not None and mask.dtype != torch.bool else None
+
+        def pick(m, b, qi):
+            # m: (B|1, 1, Tq|1, Tk) -> the entry for batch b, query qi (broadcast dims read index 0)
+            return m[b if m.shape[0] > 1 else 0, 0, qi if m.shape[-2] > 1 else 0]
+
+        def mask_mod(b, h, qi, ki):
+            keep = (qi >= ki) if causal else (qi >= 0)
+            if bool_mask is not None:
+                keep = keep & pick(bool_mask, b, qi)[ki]
+            return keep
+
+        score_mod = None
+        if float_mask is not None:
+            def score_mod(score, b, h, qi, ki):
+                return score + pick(float_mask, b, qi)[ki].to(score.dtype)
+
+        block_mask = None
+        if causal or bool_mask is not None:
+            key = (id(bool_mask), causal, tq, tk, q.shape[0], q.device.type)
+            if key not in block_masks:
+                batch = bool_mask.shape[0] if bool_mask is not None and bool_mask.shape[0] > 1 else None
+                block_masks[key] = create_block_mask(mask_mod, batch, None, tq, tk, device=q.device.type)
+            block_mask = block_masks[key]
+        return compiled(q, k, v, block_mask=block_mask, score_mod=score_mod, scale=scale)
+
+    return call
+
+
 # --------------------------------------------------------------------------- registry
 
 BROKEN_PREFIX = "broken."
@@ -223,6 +278,8 @@ def _builtins() -> dict[str, Variant]:
                 lambda: _sdpa("EFFICIENT_ATTENTION"), family="sdpa"),
         Variant("sdpa_cudnn", "SDPA forced to the CUDNN_ATTENTION backend",
                 lambda: _sdpa("CUDNN_ATTENTION"), family="sdpa"),
+        Variant("flex", "torch.compile(flex_attention): causal/padding as block masks, float masks as score_mod",
+                _flex, compiled=True, family="compiled"),
     ]
     for probs_fn in (broken_unscaled_probs, broken_mask_after_softmax_probs, broken_clamped_probs,
                      broken_no_max_subtraction_probs, broken_softmax_wrong_dim_probs):
@@ -235,7 +292,7 @@ def _builtins() -> dict[str, Variant]:
 
 BUILTIN_NAMES: tuple[str, ...] = (
     "eager", "eager_fp32", "compiled", "compiled_unfused",
-    "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
+    "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex",
 )
 NEGATIVE_CONTROLS: tuple[str, ...] = (
     "broken.unscaled", "broken.mask_after_softmax", "broken.clamped",

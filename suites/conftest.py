@@ -23,18 +23,29 @@ def selected_cases(config) -> list[grid.Case]:
     return grid.preset_cases(selected_preset(config), overrides, known_variant=variants.check_name)
 
 
+def _cli_overrides(config) -> list[str]:
+    args = []
+    for axis in grid.AXES:
+        values = config.getoption(f"--audit-{axis.replace('_', '-')}")
+        if values:
+            args += [f"--{axis.replace('_', '-')}", *map(str, values)]
+    return args
+
+
 @pytest.fixture(scope="session")
 def audited_run(request, tmp_path_factory):
-    """Run the selected cells once through the audit runner: (run_dir, {id: record}, findings)."""
-    from audit import runner
-    from audit.findings import write_findings
-    from audit.telemetry import environment
+    """Audit the selected cells once, through the CLI in a subprocess (so a native crash
+    in one cell is isolated as that cell's error record): (run_dir, {id: record}, findings)."""
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    preset = selected_preset(request.config)
-    cases = selected_cases(request.config)
+    from audit.findings import write_findings
+
     run_dir = tmp_path_factory.mktemp("audit-run")
-    env = environment()
-    runner.write_run_file(run_dir, preset, {}, ["pytest"], env, len(cases))
-    runner.run_grid(cases, run_dir, preset, env, progress=False)
+    cmd = [sys.executable, "-m", "audit", "run", "--preset", selected_preset(request.config).name,
+           *_cli_overrides(request.config), "--out", str(run_dir), "--no-progress", "--no-report"]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
     found = write_findings(run_dir)
     return run_dir, {r["id"]: r for r in records.read_records(run_dir)}, found

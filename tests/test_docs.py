@@ -2,6 +2,7 @@
 documented, and the plug-in example file in README works as written."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 import sys
@@ -23,7 +24,7 @@ def _run_options() -> list[str]:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     return [opt for action in sub.choices["run"]._actions for opt in action.option_strings
-            if opt.startswith("--") and opt != "--help"]
+            if opt.startswith("--") and opt != "--help" and action.help != argparse.SUPPRESS]
 
 
 @pytest.mark.parametrize("option", _run_options())

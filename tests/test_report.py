@@ -11,11 +11,25 @@ import pytest
 from audit.grid import Case
 from audit.records import RecordWriter, load, new_record
 from audit.report import (
+    alignment_table,
+    budget_table,
     build_report,
+    describe_values,
+    findings_summary,
     format_value,
+    fp16_overflow_table,
+    gradient_table,
     html_table,
+    leakage_table,
     markdown_table,
+    masked_rows_table,
+    median_table,
     memory_ratio_vs_baseline,
+    saturation_sweep_table,
+    saturation_table,
+    scenario_alpha,
+    scenario_table,
+    seed_claims_table,
     speedup_vs_baseline,
 )
 
@@ -223,6 +237,7 @@ def test_findings_open_the_report_most_severe_first(tmp_path: Path) -> None:
     error_row = findings_md.index("| error | nonfinite | broken.unscaled | NaN in outputs | 3 |")
     info_row = findings_md.index("| info | saturation | eager |")
     assert error_row < info_row
+    assert "2 findings: 1 error, 1 info." in findings_md
     page = result["index_html"].read_text(encoding="utf-8")
     assert page.index("Findings") < page.index("Environment")
     assert page.index("NaN in outputs") < page.index("near one-hot")
@@ -277,3 +292,313 @@ def test_tables_escape_and_agree() -> None:
         "| name | ms |", "|---|---|", "| a\\|b | 1.00 |", "| c | — |"]
     table_html = html_table(pd.DataFrame({"name": ["<x>"], "ms": [1.0]}))
     assert "&lt;x&gt;" in table_html and "<td>1.00</td>" in table_html
+
+
+
+# --------------------------------------------------------------------------- stability sections
+
+def _cell(variant: str, *, dtype: str = "fp32", scenario: str = "normal", causal: bool = False,
+          d_k: int = 32, seq_len: int = 64, status: str = "ok", **fields: object) -> dict:
+    """One synthetic ok record of the given axes, with `fields` as its measurements."""
+    case = Case(variant=variant, device="cpu", dtype=dtype, d_k=d_k, seq_len=seq_len, batch=1,
+                heads=2, causal=causal, scenario=scenario)
+    rec = new_record(case.axes(), case.id)
+    rec.update(status=status, env=ENV, started_at="2025-01-01T00:00:00+00:00", **fields)
+    return rec
+
+
+def _write(run_dir: Path, records: list[dict]) -> Path:
+    with RecordWriter(run_dir) as writer:
+        for rec in records:
+            writer.write(rec)
+    return run_dir
+
+
+MASK_CELLS = [
+    # variant, dtype, scenario, masked_rows
+    ("eager", "fp32", "fully_masked_bool", "nan"),
+    ("eager", "fp16", "fully_masked_bool", "nan"),
+    ("eager", "fp32", "fully_masked_neginf", "nan"),
+    ("eager", "fp32", "fully_masked_finfo_min", "uniform"),
+    ("sdpa", "fp32", "fully_masked_bool", "zero"),
+    ("sdpa", "fp16", "fully_masked_bool", "zero"),
+    ("sdpa", "fp32", "fully_masked_neginf", "zero"),
+    ("sdpa", "fp32", "fully_masked_finfo_min", "uniform"),
+    ("sdpa", "fp16", "fully_masked_finfo_min", "other"),
+]
+
+
+def test_masked_rows_table_shows_what_each_variant_returns(tmp_path: Path) -> None:
+    records = [_cell(v, dtype=dt, scenario=sc, masked_rows=m) for v, dt, sc, m in MASK_CELLS]
+    records.append(_cell("sdpa", scenario="normal"))  # masked_rows null: not a column
+    frame = load(_write(tmp_path, records))
+    table = masked_rows_table(frame).set_index("variant")
+    assert list(table.columns) == ["bool", "-inf float", "finfo.min float"]
+    assert table.loc["eager", "bool"] == "nan"
+    assert table.loc["eager", "-inf float"] == "nan"
+    assert table.loc["sdpa", "bool"] == "zero"
+    assert table.loc["sdpa", "-inf float"] == "zero"
+    assert table.loc["eager", "finfo.min float"] == "uniform"
+    assert table.loc["sdpa", "finfo.min float"] == "uniform (fp32), other (fp16)"
+    md = build_report(tmp_path)["index_md"].read_text(encoding="utf-8")
+    section = _section(md, "## Fully masked rows")
+    assert "Hand-written softmax gives NaN" in section
+    assert "| eager | nan | nan | uniform |" in section
+    assert "| sdpa | zero | zero | uniform (fp32), other (fp16) |" in section
+
+
+def test_masked_rows_section_absent_without_masked_rows(built: tuple[Path, dict]) -> None:
+    _, result = built
+    md = result["index_md"].read_text(encoding="utf-8")
+    assert "## Fully masked rows" not in md
+    assert "## fp16 overflow" not in md
+
+
+def test_describe_values_splits_by_the_axis_that_explains() -> None:
+    rows = pd.DataFrame({"dtype": ["fp32", "fp16", "fp32", "fp16"],
+                         "causal": [False, False, True, True],
+                         "masked_rows": ["nan", "other", "nan", "other"]})
+    assert describe_values(rows, "masked_rows") == "nan (fp32), other (fp16)"
+    by_causal = rows.assign(masked_rows=["uniform", "uniform", "other", "other"])
+    assert describe_values(by_causal, "masked_rows") == "uniform (full), other (causal)"
+    one_cell = rows.assign(masked_rows=["uniform", "uniform", "uniform", "other"])
+    assert describe_values(one_cell, "masked_rows") == (
+        "uniform (fp32 full, fp32 causal, fp16 full), other (fp16 causal)")
+    assert describe_values(rows.assign(masked_rows=None), "masked_rows") is None
+
+
+def test_fp16_overflow_table_marks_nonfinite_variants(tmp_path: Path) -> None:
+    records = [
+        _cell("eager", dtype="fp16", scenario="fp16_range", out_nonfinite_visible=8192,
+              max_qk=2.2e5),
+        _cell("eager", dtype="fp16", scenario="fp16_range", causal=True, out_nonfinite_visible=0,
+              max_qk=2.1e5),
+        _cell("eager", dtype="fp32", scenario="fp16_range", out_nonfinite_visible=0, max_qk=2.2e5),
+        _cell("sdpa", dtype="fp16", scenario="fp16_range", out_nonfinite_visible=0, max_qk=2.2e5),
+        _cell("sdpa", dtype="fp32", scenario="fp16_range", out_nonfinite_visible=0, max_qk=2.2e5),
+        _cell("sdpa", dtype="fp16", scenario="normal", out_nonfinite_visible=99),  # not counted
+    ]
+    table = fp16_overflow_table(load(_write(tmp_path, records))).set_index(["variant", "dtype"])
+    assert table.loc[("eager", "fp16"), "finite"] == False  # noqa: E712 (numpy bool)
+    assert table.loc[("eager", "fp16"), "nonfinite"] == 8192
+    assert table.loc[("eager", "fp16"), "nonfinite_cells"] == 1
+    assert table.loc[("eager", "fp16"), "cells"] == 2
+    assert table.loc[("eager", "fp16"), "max_qk"] == pytest.approx(2.2e5)
+    assert table.loc[("eager", "fp32"), "finite"] == True  # noqa: E712
+    assert table.loc[("sdpa", "fp16"), "finite"] == True  # noqa: E712
+    assert table.loc[("sdpa", "fp16"), "nonfinite"] == 0
+    md = build_report(tmp_path)["index_md"].read_text(encoding="utf-8")
+    section = _section(md, "## fp16 overflow")
+    assert "Stay finite in fp16: sdpa." in section
+    assert "Produce inf/NaN in rows that see a key: eager." in section
+    assert "| eager | finite (1 cells) | not finite: 8192 NaN/inf in 1/2 cells |" in section
+
+
+def test_budget_table_counts_judged_cells_only(tmp_path: Path) -> None:
+    records = [
+        _cell("sdpa", within_budget=True, err_ratio=1.0),
+        _cell("sdpa", causal=True, within_budget=False, err_ratio=5.0),
+        _cell("sdpa", d_k=64, within_budget=None, err_ratio=3.0),   # not judged
+        _cell("eager", within_budget=True, err_ratio=1.0),
+        _cell("eager", scenario="outliers", within_budget=True, err_ratio=1.0),
+        _cell("sdpa", scenario="outliers", within_budget=False, err_ratio=9.0),
+        _cell("sdpa", scenario="outliers", d_k=64, status="error"),  # not ok: left out
+    ]
+    frame = load(_write(tmp_path, records))
+    table = budget_table(frame).set_index(["variant", "scenario"])
+    assert table.loc[("sdpa", "normal"), "within"] == 1
+    assert table.loc[("sdpa", "normal"), "judged"] == 2
+    assert table.loc[("sdpa", "normal"), "frac_within"] == pytest.approx(0.5)
+    assert table.loc[("sdpa", "normal"), "median_err_ratio"] == pytest.approx(3.0)
+    assert table.loc[("sdpa", "normal"), "cells"] == 3
+    assert table.loc[("sdpa", "outliers"), "frac_within"] == pytest.approx(0.0)
+    assert table.loc[("sdpa", "outliers"), "cells"] == 1
+    assert table.loc[("eager", "normal"), "frac_within"] == pytest.approx(1.0)
+    by_dtype = budget_table(frame, by="dtype").set_index(["variant", "dtype"])
+    assert by_dtype.loc[("sdpa", "fp32"), "judged"] == 3
+    md = build_report(tmp_path)["index_md"].read_text(encoding="utf-8")
+    section = _section(md, "## Error budget")
+    assert "2 × the RMSE of `eager`" in section
+    assert "| sdpa | 1/2 | 0/1 |" in section
+    assert "| eager | 1/1 | 1/1 |" in section
+
+
+def test_budget_table_uses_dtype_with_one_scenario(tmp_path: Path) -> None:
+    records = [_cell("sdpa", dtype=dt, d_k=d, within_budget=wb)
+               for dt, d, wb in (("fp32", 32, True), ("fp16", 32, True), ("fp16", 64, False))]
+    table = budget_table(load(_write(tmp_path, records)))
+    assert "dtype" in table.columns and "scenario" not in table.columns
+    assert table.set_index("dtype").loc["fp16", "frac_within"] == pytest.approx(0.5)
+
+
+def test_gradient_table_medians_on_normal_cells(tmp_path: Path) -> None:
+    records = [_cell("sdpa", d_k=d, dq_err=e, dk_err=2 * e, dv_err=3 * e)
+               for d, e in ((32, 1e-4), (64, 3e-4), (128, 2e-4))]
+    records.append(_cell("sdpa", scenario="scaled_x64", dq_err=1.0, dk_err=1.0, dv_err=1.0))
+    table = gradient_table(load(_write(tmp_path, records))).set_index(["variant", "dtype"])
+    assert table.loc[("sdpa", "fp32"), "dq_err"] == pytest.approx(2e-4)
+    assert table.loc[("sdpa", "fp32"), "dv_err"] == pytest.approx(6e-4)
+    assert table.loc[("sdpa", "fp32"), "cells"] == 3
+
+
+def test_leakage_and_alignment_tables(tmp_path: Path) -> None:
+    records = [
+        _cell("eager", scenario="padding", leak_max_change=0.0, leak_mass=0.0),
+        _cell("eager", scenario="padding", causal=True, leak_max_change=0.0, leak_mass=0.0),
+        _cell("broken.mask_after_softmax", scenario="padding", leak_max_change=0.25,
+              leak_mass=0.1),
+        _cell("broken.mask_after_softmax", scenario="padding", d_k=64, leak_max_change=0.5,
+              leak_mass=0.05),
+        _cell("sdpa", scenario="padding", leak_max_change=0.0),
+        _cell("sdpa", scenario="cross_causal", causal=True, causal_alignment="top-left"),
+        _cell("sdpa", scenario="decode", causal=True, causal_alignment="top-left"),
+        _cell("custom", scenario="decode", causal=True, causal_alignment="bottom-right"),
+        _cell("custom", scenario="decode", causal=True, dtype="fp16",
+              causal_alignment="neither"),
+    ]
+    frame = load(_write(tmp_path, records))
+    leaks = leakage_table(frame).set_index(["variant", "scenario"])
+    assert leaks.loc[("broken.mask_after_softmax", "padding"), "leak_max_change"] == 0.5
+    assert leaks.loc[("broken.mask_after_softmax", "padding"), "leak_mass"] == 0.1
+    assert leaks.loc[("eager", "padding"), "leak_max_change"] == 0.0
+    assert math.isnan(leaks.loc[("sdpa", "padding"), "leak_mass"])
+    align = alignment_table(frame).set_index("variant")
+    assert list(align.columns) == ["cross_causal", "decode"]
+    assert align.loc["sdpa", "decode"] == "top-left"
+    assert align.loc["custom", "decode"] == "bottom-right (fp32), neither (fp16)"
+    assert pd.isna(align.loc["custom", "cross_causal"])
+    md = build_report(tmp_path)["index_md"].read_text(encoding="utf-8")
+    section = _section(md, "## Masking and leakage")
+    assert "| broken.mask_after_softmax | 0.500 |" in section
+    assert "| custom | — | bottom-right (fp32), neither (fp16) |" in section
+
+
+def _write_claims(run_dir: Path) -> None:
+    (run_dir / "seed_claims.csv").write_text(
+        "claim,d_k,seed_value,measured_value,holds\n"
+        "scaled scores: std,64,1.00,1.0032,True\n"
+        "fully masked row gives NaN (F.scaled_dot_product_attention),,NaN,0 (zeros),False\n",
+        encoding="utf-8")
+
+
+def test_seed_claims_table_and_section(tmp_path: Path) -> None:
+    run_dir = _write(tmp_path, [_cell("eager")])
+    assert seed_claims_table(run_dir) is None
+    assert "## The seed's claims" not in build_report(run_dir)["index_md"].read_text("utf-8")
+    _write_claims(run_dir)
+    claims = seed_claims_table(run_dir)
+    assert list(claims["holds"]) == [True, False]
+    assert claims["d_k"].iloc[0] == 64 and pd.isna(claims["d_k"].iloc[1])
+    assert list(claims["seed_value"]) == ["1.00", "NaN"]  # as printed, not re-rounded
+    md = build_report(run_dir)["index_md"].read_text(encoding="utf-8")
+    section = _section(md, "## The seed's claims, measured")
+    assert "1 of 2 printed claims hold." in section
+    assert "| scaled scores: std | 64 | 1.00 | 1.00 | ✓ |" in section
+    assert ("| fully masked row gives NaN (F.scaled_dot_product_attention) | — | NaN | "
+            "0 (zeros) | ✗ |") in section
+    assert "illustrative" in section
+
+
+def test_speed_tables_ignore_other_scenarios(tmp_path: Path) -> None:
+    """A 1000x slower cell of another scenario must change neither medians nor speed-ups."""
+    normal = [_measured(case) for case in _cases()]
+    frame_normal = load(_write(tmp_path / "normal", normal))
+    slow = []
+    for variant in ("eager", "sdpa", "broken.unscaled"):
+        rec = _measured(Case(variant=variant, device="cpu", dtype="fp32", d_k=32, seq_len=64,
+                             batch=1, heads=2, causal=False, scenario="scaled_x4"))
+        rec.update(fwd_ms=rec["fwd_ms"] * (1000 if variant == "sdpa" else 1),
+                   peak_bytes=rec["peak_bytes"] * 1000)
+        slow.append(rec)
+    run_dir = _write(tmp_path / "mixed", normal + slow)
+    frame = load(run_dir)
+    before = median_table(frame_normal, "fp32").set_index("variant")
+    after = median_table(frame, "fp32").set_index("variant")
+    # sdpa at T=64 has two normal cells (d_k 32, 64); a third 1000x cell would move the median.
+    assert after.loc["sdpa", "T=64"] == pytest.approx(before.loc["sdpa", "T=64"])
+    assert after.loc["sdpa", "T=64"] == pytest.approx(
+        0.5 * (0.01 * 64 ** 2 * 32 / 4096 + 0.01 * 64 ** 2 * 64 / 4096) * 0.5)
+    assert "broken.unscaled" not in after.index
+    mem = median_table(frame, "fp32", "peak_bytes").set_index("variant")
+    mem_before = median_table(frame_normal, "fp32", "peak_bytes").set_index("variant")
+    assert mem.loc["eager", "T=64"] == pytest.approx(mem_before.loc["eager", "T=64"])
+    fwd = speedup_vs_baseline(frame).set_index("variant")
+    assert fwd.loc["sdpa", "speedup"] == pytest.approx(2.0, rel=1e-12)
+    assert fwd.loc["sdpa", "cells"] == 12
+    assert memory_ratio_vs_baseline(frame).set_index("variant").loc["sdpa", "cells"] == 11
+    md = build_report(run_dir)["index_md"].read_text(encoding="utf-8")
+    speed = _section(md, "## Speed")
+    assert "scenario `normal` only" in speed
+    assert "scaled_x4" not in speed
+    assert "scenario normal only" in md  # the error figure's caption
+
+
+def test_saturation_sweep_figure_and_table(tmp_path: Path) -> None:
+    records = []
+    for scenario, onehot, entropy in (("normal", 0.0, 0.9), ("scaled_x4", 0.1, 0.5),
+                                      ("scaled_x16", 0.5, 0.1)):
+        for variant, source, shift in (("sdpa", "golden", 0.0), ("compiled", "golden", 0.0),
+                                       ("eager", "variant", 0.0),
+                                       ("broken.unscaled", "variant", 0.4)):
+            for causal in (False, True):
+                records.append(_cell(
+                    variant, scenario=scenario, causal=causal, saturation_source=source,
+                    onehot_frac=min(1.0, onehot + shift) if not causal else 1.0,
+                    entropy=max(0.0, entropy - shift), min_entropy=entropy / 2,
+                    max_logit=5.0 * (scenario_alpha(scenario) or 1), max_prob=0.5,
+                    golden_onehot_frac=onehot))
+    records.append(_cell("sdpa", scenario="fp16_range", saturation_source="golden",
+                         onehot_frac=0.9, entropy=0.0))
+    run_dir = _write(tmp_path, records)
+    sweep = saturation_sweep_table(load(run_dir))
+    assert set(sweep["line"]) == {"float64 golden (via sdpa)", "eager", "broken.unscaled"}
+    golden = sweep[sweep["source"] == "golden"].set_index("alpha")
+    assert list(golden.index) == [1.0, 4.0, 16.0]
+    assert golden.loc[16.0, "onehot_frac"] == pytest.approx(0.5)  # causal cells left out
+    assert golden.loc[1.0, "entropy"] == pytest.approx(0.9)
+    broken = sweep[sweep["line"] == "broken.unscaled"].set_index("alpha")
+    assert broken.loc[4.0, "onehot_frac"] == pytest.approx(0.5)
+    sat = saturation_table(load(run_dir)).set_index(["scenario", "variant"])
+    assert sat.loc[("scaled_x16", "eager"), "max_logit"] == pytest.approx(80.0)
+    assert sat.loc[("scaled_x16", "eager"), "onehot_frac"] == pytest.approx(0.75)
+    assert sat.loc[("normal", "sdpa"), "source"] == "golden"
+    assert ("fp16_range", "sdpa") not in sat.index
+    result = build_report(run_dir)
+    png = run_dir / "saturation_sweep.png"
+    assert png in result["figures"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = result["index_md"].read_text(encoding="utf-8")
+    assert "](saturation_sweep.png)" in md
+    assert "### Saturation by scenario" in md
+
+
+def test_no_sweep_without_scaled_scenarios(built: tuple[Path, dict]) -> None:
+    run_dir, result = built
+    assert saturation_sweep_table(load(run_dir)).empty
+    assert not (run_dir / "saturation_sweep.png").exists()
+
+
+def test_scenario_table_counts(tmp_path: Path) -> None:
+    records = [_cell("eager"), _cell("sdpa"), _cell("eager", scenario="decode"),
+               _cell("sdpa", scenario="decode", status="error")]
+    table = scenario_table(load(_write(tmp_path, records))).set_index("scenario")
+    assert list(table.index) == ["normal", "decode"]
+    assert table.loc["decode", "cells"] == 2 and table.loc["decode", "ok"] == 1
+    assert table.loc["normal", "cells"] == 2
+    md = build_report(tmp_path)["index_md"].read_text(encoding="utf-8")
+    assert "## Input scenarios" in md
+
+
+def test_findings_summary_counts_by_severity() -> None:
+    findings = [{"severity": s} for s in ("info", "error", "warning", "error")]
+    assert findings_summary(findings) == "4 findings: 2 error, 1 warning, 1 info."
+
+
+def test_report_module_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, audit.report as r; r._scenario_descriptions(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,269 @@
+"""Roofline: the machine's own measured ceilings and each cell's fraction of them.
+
+Ceilings are measured once per run on the same machine (design.md §4): a large
+square matmul per dtype for FLOP/s and a device-to-device copy for bandwidth.
+A cell's `pct_of_limit` is the better of its FLOP-bound and byte-bound times
+over the measured time, so 1.0 means "as fast as this machine's measured
+matmul/copy allow" and the `bound` column says which of the two binds.
+
+torch is imported inside functions: importing this module has no side effects.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+# Default sizes. CPU: sized so measure_ceilings() stays near 3 s on a 2-core
+# machine (fp16 matmul is ~15-50x slower than fp32 on CPUs without fp16 units);
+# a dtype whose warm-up call exceeds the budget is shrunk further, see _matmul_rate.
+CPU_MATMUL_N: dict[str, int] = {"fp32": 1536, "fp16": 512, "bf16": 2048}
+CUDA_MATMUL_N: dict[str, int] = {"fp32": 4096, "fp16": 4096, "bf16": 4096}
+CPU_COPY_BYTES = 256 * 2**20      # larger than any CPU's last-level cache
+CUDA_COPY_BYTES = 2 * 2**30       # ~40x an H100/H200 L2; halved on out-of-memory
+MIN_MATMUL_N = 128
+STATISTIC = "max of repeats"
+
+# Columns cell_roofline() produces, for the record schema.
+ROOFLINE_COLUMNS: tuple[str, ...] = (
+    "pct_of_limit", "fwd_bwd_pct_of_limit", "bound", "fwd_bwd_bound", "bytes", "fwd_bwd_bytes",
+    "peak_flops_per_s", "peak_bytes_per_s",
+)
+
+
+def _sync_for(device: str) -> Callable[[], None] | None:
+    import torch
+
+    if device.startswith("cuda"):
+        dev = torch.device(device)
+        return lambda: torch.cuda.synchronize(dev)
+    return None
+
+
+def _best_rate(fn: Callable[[], object], work_per_call: float, *, budget_s: float,
+               sync: Callable[[], None] | None, warm_s: float,
+               min_block_s: float = 0.02, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Best (max) work/s over repeated blocks of calls, for `budget_s` seconds.
+
+    `fn` is already warmed up; `warm_s` is one warm call's time, used to batch
+    short calls into blocks of >= `min_block_s` so the clock and the device sync
+    cost nothing measurable. At least one block is always timed.
+    """
+    per_block = max(1, math.ceil(min_block_s / warm_s)) if warm_s > 0 else 1
+    best = 0.0
+    spent = 0.0
+    while True:
+        if sync:
+            sync()
+        start = clock()
+        for _ in range(per_block):
+            fn()
+        if sync:
+            sync()
+        elapsed = clock() - start
+        spent += elapsed
+        if elapsed > 0:
+            best = max(best, work_per_call * per_block / elapsed)
+        if spent >= budget_s:
+            return best
+
+
+def _timed_call(fn: Callable[[], object], sync: Callable[[], None] | None,
+                clock: Callable[[], float] = time.perf_counter) -> float:
+    if sync:
+        sync()
+    start = clock()
+    fn()
+    if sync:
+        sync()
+    return clock() - start
+
+
+def _matmul_rate(device: str, dtype: str, n: int, budget_s: float,
+                 sync: Callable[[], None] | None) -> tuple[float, int]:
+    """(FLOP/s, n actually used) of an n×n @ n×n matmul in `dtype`.
+
+    Shrinks n (halving, not below MIN_MATMUL_N) while one warm call takes longer
+    than the budget, so a dtype the hardware emulates slowly cannot stall the run.
+    """
+    import torch
+
+    from .inputs import torch_dtype
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    while True:
+        # random data, never zeros: some hardware multiplies zeros faster
+        a = torch.randn(n, n, generator=gen, device=device).to(torch_dtype(dtype))   # (n, n)
+        b = torch.randn(n, n, generator=gen, device=device).to(torch_dtype(dtype))   # (n, n)
+        fn = lambda: torch.matmul(a, b)                                               # (n, n)
+        _timed_call(fn, sync)                    # first call: allocation, library init
+        warm = _timed_call(fn, sync)
+        if warm <= budget_s or n // 2 < MIN_MATMUL_N:
+            break
+        n //= 2
+    return _best_rate(fn, 2.0 * n ** 3, budget_s=budget_s, sync=sync, warm_s=warm), n
+
+
+def _copy_rate(device: str, nbytes: int, budget_s: float,
+               sync: Callable[[], None] | None) -> tuple[float, int]:
+    """(bytes/s, tensor bytes) of dst.copy_(src), counting bytes read + bytes written."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    while True:
+        try:
+            numel = nbytes // 4
+            # Random, never zeros; tiling a 4 MiB random block is far cheaper than
+            # drawing 256 MiB+ of random numbers and copies at the same speed.
+            block = torch.rand(min(numel, 2**20), generator=gen, device=device) + 0.5     # (<=1M,)
+            reps = -(-numel // block.numel())
+            src = block.repeat(reps)[:numel].contiguous()                                # (numel,)
+            dst = torch.empty_like(src)                                                   # (numel,)
+            break
+        except torch.OutOfMemoryError:
+            if nbytes <= 64 * 2**20:
+                raise
+            nbytes //= 2
+    fn = lambda: dst.copy_(src)
+    _timed_call(fn, sync)
+    warm = _timed_call(fn, sync)
+    return _best_rate(fn, 2.0 * src.numel() * 4, budget_s=budget_s, sync=sync, warm_s=warm), \
+        src.numel() * 4
+
+
+def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16"), *,
+                     budget_s: float = 0.5, matmul_n: Mapping[str, int] | int | None = None,
+                     copy_bytes: int | None = None) -> dict[str, Any]:
+    """Measure this machine's matmul FLOP/s per dtype and copy bandwidth, once per run.
+
+    Each measurement is warmed up, then repeated for `budget_s` seconds; the
+    result is the best (max-rate) repeat. Why the max: a ceiling is an upper
+    bound, and everything that disturbs a repeat (background load, clocks still
+    ramping, page faults) only lowers the rate, so the best repeat is the closest
+    estimate of what the hardware can do. The median would understate the
+    ceiling on a busy machine and push cells' pct_of_limit above 1.
+
+    Bandwidth counts bytes read + bytes written (a copy of S bytes moves 2·S).
+    fp32 matmul follows torch.get_float32_matmul_precision() (TF32 on CUDA when
+    set to "high"), recorded as `float32_matmul_precision`.
+
+    A dtype whose matmul fails gets null and a reason in `matmul_reason`; a failed
+    copy gives `copy_bytes_per_s` null and `copy_reason`. Nothing is faked.
+    `matmul_n` (one n or per dtype) and `copy_bytes` override the default sizes.
+    """
+    import torch
+
+    cuda = device.startswith("cuda")
+    sync = _sync_for(device)
+    defaults = CUDA_MATMUL_N if cuda else CPU_MATMUL_N
+    out: dict[str, Any] = {
+        "device": device,
+        "device_name": torch.cuda.get_device_name(torch.device(device)) if cuda else None,
+        "matmul_flops_per_s": {}, "matmul_n": {}, "matmul_reason": {},
+        "copy_bytes_per_s": None, "copy_tensor_bytes": None, "copy_reason": None,
+        "statistic": STATISTIC, "budget_s": budget_s,
+        "threads": torch.get_num_threads(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+    for dt in dtypes:
+        if isinstance(matmul_n, int):
+            n = matmul_n
+        elif matmul_n is not None and dt in matmul_n:
+            n = matmul_n[dt]
+        else:
+            n = defaults.get(dt, 1024)
+        try:
+            rate, used_n = _matmul_rate(device, dt, n, budget_s, sync)
+            if not (math.isfinite(rate) and rate > 0):
+                raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
+            out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = rate, used_n
+            out["matmul_reason"][dt] = None
+        except Exception as exc:  # unsupported dtype on this device, OOM, ...
+            out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = None, None
+            out["matmul_reason"][dt] = f"{type(exc).__name__}: {exc}"[:500]
+    try:
+        rate, used = _copy_rate(device, copy_bytes or (CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES),
+                                budget_s, sync)
+        if not (math.isfinite(rate) and rate > 0):
+            raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
+        out["copy_bytes_per_s"], out["copy_tensor_bytes"] = rate, used
+    except Exception as exc:
+        out["copy_reason"] = f"{type(exc).__name__}: {exc}"[:500]
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
+def attention_bytes(batch: int, heads: int, q_len: int, kv_len: int, d: int, dtype: str, *,
+                    mask_bytes: int = 0, backward: bool = False) -> int:
+    """Fewest bytes an attention call must move through memory (the roofline's byte count).
+
+    Forward: read Q (B·H·Tq·d), K and V (B·H·Tk·d each) and the mask, write O
+    (B·H·Tq·d). With backward=True: the whole forward+backward, i.e. the forward
+    plus a backward that reads Q, K, V, O, dO and the mask again and writes dQ,
+    dK, dV. Intermediates (scores, probabilities, softmax statistics) are not
+    counted: a fused kernel keeps them on chip, so this is a lower bound and the
+    byte-bound time it gives is the best any implementation can reach.
+    """
+    size = DTYPE_BYTES[dtype]
+    q = batch * heads * q_len * d * size
+    kv = batch * heads * kv_len * d * size
+    fwd = q + 2 * kv + mask_bytes + q                           # Q, K, V, mask in; O out
+    if not backward:
+        return fwd
+    bwd = (3 * q + 2 * kv + mask_bytes) + (q + 2 * kv)           # Q, O, dO, K, V, mask in; dQ, dK, dV out
+    return fwd + bwd
+
+
+def pct_of_limit(flops: float, nbytes: float, seconds: float, peak_flops: float | None,
+                 peak_bytes_per_s: float | None) -> tuple[float | None, str | None]:
+    """(fraction of the machine's limit reached, "compute" or "memory").
+
+    The limit is the larger of the FLOP-bound time flops/peak_flops and the
+    byte-bound time nbytes/bandwidth: no implementation can be faster than
+    both. The fraction is that time over the measured `seconds` (1.0 = at the
+    roofline), and the name says which bound is the binding (larger) one.
+    (None, None) when a peak is missing or non-positive, or seconds <= 0.
+    """
+    if (peak_flops is None or peak_bytes_per_s is None or not peak_flops > 0
+            or not peak_bytes_per_s > 0 or seconds is None or not seconds > 0):
+        return None, None
+    t_compute = flops / peak_flops
+    t_memory = nbytes / peak_bytes_per_s
+    if t_compute >= t_memory:
+        return t_compute / seconds, "compute"
+    return t_memory / seconds, "memory"
+
+
+def cell_roofline(case_like: Mapping[str, Any], fwd_s: float | None, fwd_bwd_s: float | None,
+                  ceilings: Mapping[str, Any]) -> dict[str, Any]:
+    """A cell's roofline columns (ROOFLINE_COLUMNS) from its measured times and the run's ceilings.
+
+    `case_like` needs batch, heads, seq_len (key length), d_k, dtype, causal and
+    optionally q_len (defaults to seq_len) and mask_bytes (bytes of an explicit
+    mask tensor; 0 when the kernel builds the mask, as for causal). FLOPs follow
+    numerics.attention_flops (causal counts visible pairs only); forward+backward
+    is (1 + BACKWARD_FLOP_FACTOR) × forward. Times are seconds per call (medians);
+    a None time or missing ceiling gives null fractions.
+    """
+    b, h = int(case_like["batch"]), int(case_like["heads"])
+    tk = int(case_like["seq_len"])
+    tq = int(case_like.get("q_len") or tk)
+    d, dtype, causal = int(case_like["d_k"]), str(case_like["dtype"]), bool(case_like["causal"])
+    mask_bytes = int(case_like.get("mask_bytes") or 0)
+
+    peak_flops = (ceilings.get("matmul_flops_per_s") or {}).get(dtype)
+    peak_bw = ceilings.get("copy_bytes_per_s")
+    flops = attention_flops(b, h, tq, tk, d, causal)
+    nbytes = attention_bytes(b, h, tq, tk, d, dtype, mask_bytes=mask_bytes)
+    fb_bytes = attention_bytes(b, h, tq, tk, d, dtype, mask_bytes=mask_bytes, backward=True)
+    pct, bound = pct_of_limit(flops, nbytes, fwd_s or 0.0, peak_flops, peak_bw)
+    fb_pct, fb_bound = pct_of_limit(flops * (1 + BACKWARD_FLOP_FACTOR), fb_bytes, fwd_bwd_s or 0.0,
+                                    peak_flops, peak_bw)
+    return {"pct_of_limit": pct, "fwd_bwd_pct_of_limit": fb_pct, "bound": bound,
+            "fwd_bwd_bound": fb_bound, "bytes": nbytes, "fwd_bwd_bytes": fb_bytes,
+            "peak_flops_per_s": peak_flops, "peak_bytes_per_s": peak_bw}

@@ -1,0 +1,200 @@
+"""Tests of audit.roofline: byte counts and fractions on hand-computed numbers, and a
+tiny real ceiling measurement on CPU. No test asserts on wall-clock time."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from audit.numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from audit.roofline import (ROOFLINE_COLUMNS, attention_bytes, cell_roofline, measure_ceilings,
+                            pct_of_limit)
+
+
+# -- attention_bytes ---------------------------------------------------------------------------
+
+def test_attention_bytes_forward_hand_computed():
+    # B2 H3 Tq5 Tk7 d4 fp32: Q = O = 2*3*5*4*4 = 480 B, K = V = 2*3*7*4*4 = 672 B
+    assert attention_bytes(2, 3, 5, 7, 4, "fp32") == 480 + 672 + 672 + 480
+    # half precision halves every tensor
+    assert attention_bytes(2, 3, 5, 7, 4, "bf16") == (480 + 672 + 672 + 480) // 2
+    assert attention_bytes(2, 3, 5, 7, 4, "fp16") == (480 + 672 + 672 + 480) // 2
+
+
+def test_attention_bytes_mask_is_read():
+    assert attention_bytes(1, 1, 4, 4, 2, "fp32", mask_bytes=64) == \
+        attention_bytes(1, 1, 4, 4, 2, "fp32") + 64
+
+
+def test_attention_bytes_backward_hand_computed():
+    # Q-sized q = 480, K-sized k = 672 (fp32, as above)
+    q, k = 480, 672
+    fwd = 2 * q + 2 * k                       # read Q, K, V; write O
+    bwd = (q + 2 * k + q + q) + (q + 2 * k)   # read Q, K, V, O, dO; write dQ, dK, dV
+    assert attention_bytes(2, 3, 5, 7, 4, "fp32", backward=True) == fwd + bwd
+    # the mask is read once in each pass
+    assert attention_bytes(2, 3, 5, 7, 4, "fp32", mask_bytes=10, backward=True) == fwd + bwd + 20
+
+
+# -- pct_of_limit ------------------------------------------------------------------------------
+
+def test_pct_of_limit_compute_bound():
+    # 1e12 FLOP at 1e12 FLOP/s = 1 s; 1e9 B at 1e11 B/s = 0.01 s; measured 4 s
+    frac, bound = pct_of_limit(1e12, 1e9, 4.0, 1e12, 1e11)
+    assert bound == "compute"
+    assert frac == pytest.approx(0.25)
+
+
+def test_pct_of_limit_memory_bound():
+    # 1e9 FLOP at 1e12 = 1 ms; 1e10 B at 1e10 B/s = 1 s; measured 2 s
+    frac, bound = pct_of_limit(1e9, 1e10, 2.0, 1e12, 1e10)
+    assert bound == "memory"
+    assert frac == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("args", [
+    (1e9, 1e9, 1.0, None, 1e10),
+    (1e9, 1e9, 1.0, 1e12, None),
+    (1e9, 1e9, 0.0, 1e12, 1e10),
+    (1e9, 1e9, -1.0, 1e12, 1e10),
+    (1e9, 1e9, 1.0, 0.0, 1e10),
+])
+def test_pct_of_limit_missing_peak_or_time(args):
+    assert pct_of_limit(*args) == (None, None)
+
+
+# -- cell_roofline -----------------------------------------------------------------------------
+
+CEILINGS = {"matmul_flops_per_s": {"fp32": 1e11, "bf16": 4e11, "fp16": None},
+            "copy_bytes_per_s": 2e10}
+
+
+def _case(**kw):
+    case = dict(batch=2, heads=4, seq_len=256, d_k=64, dtype="fp32", causal=False)
+    case.update(kw)
+    return case
+
+
+def test_cell_roofline_matches_numerics_flops():
+    case = _case()
+    flops = attention_flops(2, 4, 256, 256, 64, False)
+    nbytes = attention_bytes(2, 4, 256, 256, 64, "fp32")
+    fb_bytes = attention_bytes(2, 4, 256, 256, 64, "fp32", backward=True)
+    out = cell_roofline(case, 1e-3, 4e-3, CEILINGS)
+    assert set(out) == set(ROOFLINE_COLUMNS)
+    want = max(flops / 1e11, nbytes / 2e10) / 1e-3
+    assert out["pct_of_limit"] == pytest.approx(want)
+    want_fb = max(flops * (1 + BACKWARD_FLOP_FACTOR) / 1e11, fb_bytes / 2e10) / 4e-3
+    assert out["fwd_bwd_pct_of_limit"] == pytest.approx(want_fb)
+    assert out["bytes"] == nbytes and out["fwd_bwd_bytes"] == fb_bytes
+    assert out["peak_flops_per_s"] == 1e11 and out["peak_bytes_per_s"] == 2e10
+    # 4*2*4*256*256*64 = 134 MFLOP -> 1.34 ms at 1e11; bytes 1 MiB -> 52 us: compute-bound
+    assert out["bound"] == "compute"
+    json.dumps(out)
+
+
+def test_cell_roofline_causal_halves_flops():
+    full = cell_roofline(_case(), 1e-3, 1e-3, CEILINGS)
+    causal = cell_roofline(_case(causal=True), 1e-3, 1e-3, CEILINGS)
+    # visible pairs: T(T+1)/2 of T^2, i.e. (T+1)/(2T) of the full count
+    assert causal["pct_of_limit"] / full["pct_of_limit"] == pytest.approx(257 / 512)
+    assert causal["bytes"] == full["bytes"]   # the same tensors move either way
+
+
+def test_cell_roofline_memory_bound_and_q_len():
+    # decode-like: one query against 4096 keys is memory-bound
+    case = _case(q_len=1, seq_len=4096, dtype="bf16")
+    out = cell_roofline(case, 1e-3, None, CEILINGS)
+    assert out["bound"] == "memory"
+    assert out["bytes"] == attention_bytes(2, 4, 1, 4096, 64, "bf16")
+    assert out["pct_of_limit"] == pytest.approx(out["bytes"] / 2e10 / 1e-3)
+    assert out["fwd_bwd_pct_of_limit"] is None and out["fwd_bwd_bound"] is None
+
+
+def test_cell_roofline_missing_ceiling_is_null():
+    out = cell_roofline(_case(dtype="fp16"), 1e-3, 1e-3, CEILINGS)
+    assert out["pct_of_limit"] is None and out["bound"] is None
+    assert out["peak_flops_per_s"] is None
+    assert out["bytes"] > 0     # the byte count does not depend on a ceiling
+    out = cell_roofline(_case(), 1e-3, 1e-3, {})
+    assert out["pct_of_limit"] is None and out["fwd_bwd_pct_of_limit"] is None
+
+
+# -- measure_ceilings (real, tiny) -------------------------------------------------------------
+
+TINY = dict(budget_s=0.02, matmul_n=64, copy_bytes=1 << 20)
+
+
+def test_measure_ceilings_cpu_tiny():
+    out = measure_ceilings("cpu", ("fp32", "bf16"), **TINY)
+    json.dumps(out)   # plain JSON-serializable
+    for key in ("device", "matmul_flops_per_s", "matmul_n", "matmul_reason", "copy_bytes_per_s",
+                "statistic", "threads"):
+        assert key in out
+    assert out["device"] == "cpu"
+    assert "max" in out["statistic"]
+    for dt in ("fp32", "bf16"):
+        rate = out["matmul_flops_per_s"][dt]
+        assert isinstance(rate, float) and math.isfinite(rate) and rate > 0
+        assert out["matmul_n"][dt] == 64
+        assert out["matmul_reason"][dt] is None
+    assert "fp16" not in out["matmul_flops_per_s"]
+    assert math.isfinite(out["copy_bytes_per_s"]) and out["copy_bytes_per_s"] > 0
+    assert out["copy_tensor_bytes"] == 1 << 20
+    assert out["threads"] >= 1
+
+
+def test_measure_ceilings_dtype_failure_is_null_with_reason(monkeypatch):
+    import torch
+
+    real = torch.matmul
+
+    def matmul(a, b, *args, **kwargs):
+        if a.dtype == torch.bfloat16:
+            raise RuntimeError("bf16 matmul not implemented here")
+        return real(a, b, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "matmul", matmul)
+    out = measure_ceilings("cpu", ("fp32", "bf16"), **TINY)
+    assert out["matmul_flops_per_s"]["bf16"] is None
+    assert out["matmul_n"]["bf16"] is None
+    assert "bf16 matmul not implemented here" in out["matmul_reason"]["bf16"]
+    # the failure does not leak into the other dtype
+    assert out["matmul_flops_per_s"]["fp32"] > 0 and out["matmul_reason"]["fp32"] is None
+    json.dumps(out)
+
+
+def test_measure_ceilings_shrinks_slow_dtype(monkeypatch):
+    """A dtype whose warm call exceeds the budget is measured at a smaller n, not skipped."""
+    from audit import roofline
+
+    def fake_timed(fn, sync, clock=None):
+        fn()
+        return 10.0          # every warm call "takes" 10 s: far over the budget
+
+    monkeypatch.setattr(roofline, "_timed_call", fake_timed)
+    monkeypatch.setattr(roofline, "_best_rate", lambda fn, work, **kw: work / 1.0)
+    out = measure_ceilings("cpu", ("fp32",), budget_s=0.01, matmul_n=512, copy_bytes=1 << 20)
+    assert out["matmul_n"]["fp32"] == roofline.MIN_MATMUL_N
+    assert out["matmul_flops_per_s"]["fp32"] == 2.0 * roofline.MIN_MATMUL_N ** 3
+    # and one that fits keeps its size
+    monkeypatch.setattr(roofline, "_timed_call", lambda fn, sync, clock=None: 0.0)
+    out = measure_ceilings("cpu", ("fp32",), budget_s=0.01, matmul_n=512, copy_bytes=1 << 20)
+    assert out["matmul_n"]["fp32"] == 512
+
+
+def test_best_rate_takes_the_fastest_block():
+    """The statistic is the max rate over blocks; the budget bounds the repeats (fake clock)."""
+    from audit.roofline import _best_rate
+
+    durations = iter([0.5, 0.25, 1.0, 0.5])   # seconds per block, as the clock sees them
+    now = [0.0]
+
+    def fn():
+        now[0] += next(durations)
+
+    rate = _best_rate(fn, 100.0, budget_s=2.0, sync=None, warm_s=1.0, clock=lambda: now[0])
+    assert rate == pytest.approx(100.0 / 0.25)
+    with pytest.raises(StopIteration):     # stopped at 2.25 s >= budget: all 4 blocks ran
+        fn()

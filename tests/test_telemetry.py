@@ -1,0 +1,373 @@
+"""Tests of the NVML telemetry in audit.telemetry: a fake NVML module at the boundary,
+a fake clock (no test reads wall-clock time), and the real absence of a driver here."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from audit.telemetry import (TELEMETRY_COLUMNS, EnergyMeter, decode_throttle_reasons, nvml_device_info,
+                             nvml_index_for, nvml_info, null_telemetry)
+
+UUIDS = ["GPU-aaaaaaaa-0000-0000-0000-000000000000",
+         "GPU-bbbbbbbb-1111-1111-1111-111111111111",
+         "GPU-cccccccc-2222-2222-2222-222222222222"]
+
+
+class FakeNVMLError(Exception):
+    value = 999
+
+
+class FakeNotSupported(FakeNVMLError):
+    value = 3
+
+
+class FakeLibraryNotFound(FakeNVMLError):
+    value = 12
+
+
+class FakeNVML:
+    """The slice of pynvml that audit.telemetry uses, with scripted readings.
+
+    energy_mj: successive counter readings, or an exception class to raise.
+    Each reading is logged with the handle it was asked for.
+    """
+
+    NVMLError = FakeNVMLError
+    NVMLError_NotSupported = FakeNotSupported
+    NVMLError_LibraryNotFound = FakeLibraryNotFound
+    NVML_CLOCK_SM = 1
+    NVML_TEMPERATURE_GPU = 0
+
+    def __init__(self, *, uuids=UUIDS, energy_mj=(1000, 5000), power_mw=(200_000, 300_000),
+                 sm_clock=(1500, 1980, 1980), temps=(60, 71, 65), throttle=(0x1, 0x0, 0x1),
+                 init_error=None):
+        self.uuids = list(uuids)
+        self.energy_mj = list(energy_mj) if isinstance(energy_mj, (list, tuple)) else energy_mj
+        self.power_mw, self.sm_clock, self.temps = list(power_mw), list(sm_clock), list(temps)
+        self.throttle = list(throttle)
+        self.init_error = init_error
+        self.log: list[tuple] = []
+        self.inits = self.shutdowns = 0
+
+    @staticmethod
+    def _next(values, i):
+        return values[min(i, len(values) - 1)]
+
+    def _count(self, name):
+        return sum(1 for entry in self.log if entry[0] == name)
+
+    def nvmlInit(self):
+        if self.init_error:
+            raise self.init_error()
+        self.inits += 1
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self):
+        return len(self.uuids)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return ("handle", i)
+
+    def nvmlDeviceGetUUID(self, h):
+        return self.uuids[h[1]]
+
+    def nvmlDeviceGetName(self, h):
+        return b"Fake H200"
+
+    def nvmlSystemGetDriverVersion(self):
+        return "570.1"
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        return 12040
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return (9, 0)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return 700_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        i = self._count("energy")
+        self.log.append(("energy", h))
+        if isinstance(self.energy_mj, type):
+            raise self.energy_mj()
+        return self._next(self.energy_mj, i)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        i = self._count("power")
+        self.log.append(("power", h))
+        return self.power_mw[i % len(self.power_mw)]
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        assert kind == self.NVML_CLOCK_SM
+        i = self._count("clock")
+        self.log.append(("clock", h))
+        return self._next(self.sm_clock, i)
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        i = self._count("temp")
+        self.log.append(("temp", h))
+        return self._next(self.temps, i)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        i = self._count("throttle")
+        self.log.append(("throttle", h))
+        return self._next(self.throttle, i)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def workload(clock: FakeClock, step: float = 0.125):
+    """fn() that advances the fake clock by `step` per call and counts its calls."""
+    calls = []
+
+    def fn():
+        calls.append(1)
+        clock.now += step
+    return fn, calls
+
+
+def meter(fake, *, index=0, uuid=None, visible=None, clock=None):
+    return EnergyMeter(fake, index, cuda_uuid=lambda i: uuid, visible_env=visible,
+                       clock=clock or FakeClock())
+
+
+# -- nvml_index_for ------------------------------------------------------------------------------
+
+def test_index_from_visible_integers_without_uuid():
+    assert nvml_index_for(0, None, UUIDS, "2,0") == 2
+    assert nvml_index_for(1, None, UUIDS, "2,0") == 0
+
+
+def test_index_uuid_match_wins_over_visible_devices():
+    # torch's uuid has no "GPU-" prefix; it names NVML device 1 although the env says 2
+    assert nvml_index_for(0, "bbbbbbbb-1111-1111-1111-111111111111", UUIDS, "2,0") == 1
+    assert nvml_index_for(0, "BBBBBBBB-1111-1111-1111-111111111111", UUIDS, None) == 1
+
+
+def test_index_unknown_uuid_falls_back_to_visible_devices():
+    assert nvml_index_for(0, "dddddddd-3333-3333-3333-333333333333", UUIDS, "2,0") == 2
+
+
+def test_index_from_uuid_form_visible_devices():
+    assert nvml_index_for(0, None, UUIDS, "GPU-cccccccc,GPU-aaaaaaaa-0000") == 2
+    assert nvml_index_for(1, None, UUIDS, "GPU-cccccccc,GPU-aaaaaaaa-0000") == 0
+    assert nvml_index_for(0, None, UUIDS, " GPU-bbbbbbbb-1111-1111-1111-111111111111 ") == 1
+
+
+def test_index_invalid_entry_ends_the_list_like_cuda():
+    # CUDA ignores everything after an invalid entry: torch 1 does not exist in it
+    assert nvml_index_for(0, None, UUIDS, "2,GPU-zzzz,0") == 2
+    assert nvml_index_for(1, None, UUIDS, "2,GPU-zzzz,0") == 1     # falls back to the same index
+
+
+def test_index_without_information_is_the_same_index():
+    assert nvml_index_for(1, None, UUIDS, None) == 1
+    assert nvml_index_for(1, None, UUIDS, "") == 1
+    assert nvml_index_for(0, None, [], None) == 0
+
+
+def test_uuid_object_like_torch_cuuuid():
+    class CUuuid:        # torch's _CUuuid: prints as a plain 8-4-4-4-12 UUID
+        bytes = bytes.fromhex("cccccccc222222222222222222222222")
+
+        def __str__(self):
+            return "cccccccc-2222-2222-2222-222222222222"
+
+    assert nvml_index_for(0, CUuuid(), UUIDS, "0") == 2
+
+
+# -- throttle reasons ----------------------------------------------------------------------------
+
+def test_decode_throttle_reasons():
+    assert decode_throttle_reasons(0) == []
+    assert decode_throttle_reasons(0x4) == ["sw_power_cap"]
+    assert decode_throttle_reasons(0x4 | 0x40 | 0x1) == ["gpu_idle", "sw_power_cap", "hw_thermal_slowdown"]
+    assert decode_throttle_reasons(0x800) == ["unknown_0x800"]
+
+
+# -- EnergyMeter -----------------------------------------------------------------------------------
+
+def test_counter_path_energy_is_delta_over_calls_on_the_mapped_gpu():
+    fake = FakeNVML(energy_mj=(1000, 5000))
+    clock = FakeClock()
+    m = meter(fake, visible="2,0", clock=clock)
+    assert m.available and m.nvml_index == 2
+    fn, calls = workload(clock)
+    syncs = []
+    out = m.measure(fn, min_window_s=1.0, sync=lambda: syncs.append(1))
+    assert set(out) == set(TELEMETRY_COLUMNS)
+    assert out["energy_calls"] == len(calls) == 8                 # 8 x 0.125 s reaches the 1 s window
+    assert out["energy_window_s"] == pytest.approx(1.0)
+    assert out["energy_method"] == "counter"
+    assert out["energy_per_call_j"] == (5000 - 1000) / 1000 / 8
+    assert out["mean_power_w"] == pytest.approx(250.0)
+    assert out["sm_clock_mhz"] == 1980.0
+    assert out["temperature_c"] == 71.0
+    assert out["telemetry_reason"] is None
+    assert len(syncs) >= 2                                 # before the window and after each block
+    assert {h for _, h in fake.log} == {("handle", 2)}     # every reading from the mapped GPU
+    json.dumps(out)
+
+
+def test_counter_not_supported_falls_back_to_power_times_time():
+    fake = FakeNVML(energy_mj=FakeNotSupported, power_mw=(200_000, 300_000))
+    clock = FakeClock()
+    m = meter(fake, clock=clock)
+    fn, calls = workload(clock)
+    out = m.measure(fn, min_window_s=1.0)
+    assert out["energy_method"] == "power×time"
+    assert "not supported" in out["telemetry_reason"]
+    assert out["energy_per_call_j"] == pytest.approx(250.0 * 1.0 / 8)
+    assert out["energy_calls"] == 8
+
+
+def test_counter_that_does_not_advance_falls_back_and_says_so():
+    fake = FakeNVML(energy_mj=(1000, 1000), power_mw=(100_000,))
+    clock = FakeClock()
+    fn, _ = workload(clock)
+    out = meter(fake, clock=clock).measure(fn, min_window_s=1.0)
+    assert out["energy_method"] == "power×time"
+    assert "did not advance" in out["telemetry_reason"]
+    assert out["energy_per_call_j"] == pytest.approx(100.0 / 8)
+
+
+def test_other_counter_error_falls_back_with_its_name():
+    fake = FakeNVML(energy_mj=FakeNVMLError)
+    clock = FakeClock()
+    fn, _ = workload(clock)
+    out = meter(fake, clock=clock).measure(fn, min_window_s=1.0)
+    assert out["energy_method"] == "power×time"
+    assert "FakeNVMLError" in out["telemetry_reason"]
+
+
+def test_throttle_reasons_union_before_during_after():
+    # before: idle (ignored outside the window); during: 0x4 then 0x40; after: idle + hw_slowdown
+    fake = FakeNVML(throttle=(0x1, 0x4, 0x40, 0x1 | 0x8))
+    clock = FakeClock()
+    fn, _ = workload(clock, step=0.5)          # two blocks: two readings during the window
+    out = meter(fake, clock=clock).measure(fn, min_window_s=1.0)
+    assert out["energy_calls"] == 2
+    assert out["throttle_reasons"] == ["sw_power_cap", "hw_slowdown", "hw_thermal_slowdown"]  # bit order
+    assert "gpu_idle" not in out["throttle_reasons"]
+
+
+def test_no_throttling_gives_an_empty_list_and_idle_during_the_window_counts():
+    clock = FakeClock()
+    fn, _ = workload(clock)
+    out = meter(FakeNVML(throttle=(0x0,)), clock=clock).measure(fn, min_window_s=1.0)
+    assert out["throttle_reasons"] == []
+    clock = FakeClock()
+    fn, _ = workload(clock)
+    out = meter(FakeNVML(throttle=(0x0, 0x1)), clock=clock).measure(fn, min_window_s=1.0)
+    assert out["throttle_reasons"] == ["gpu_idle"]     # idle while it should be busy: a finding
+
+
+def test_short_calls_run_in_growing_blocks():
+    clock = FakeClock()
+    fn, calls = workload(clock, step=1 / 1024)   # ~1 ms calls
+    fake = FakeNVML()
+    out = meter(fake, clock=clock).measure(fn, min_window_s=1.0)
+    assert out["energy_calls"] == len(calls) >= 1024
+    assert out["energy_window_s"] >= 1.0
+    assert fake._count("power") < 64             # sampled per block, not per call
+
+
+def test_init_failure_gives_null_columns_and_never_calls_fn():
+    fake = FakeNVML(init_error=FakeLibraryNotFound)
+    m = meter(fake)
+    assert not m.available
+    out = m.measure(lambda: pytest.fail("fn must not run without NVML"))
+    assert all(out[c] is None for c in TELEMETRY_COLUMNS if c != "telemetry_reason")
+    assert "FakeLibraryNotFound" in out["telemetry_reason"]
+    assert m.info() is None
+
+
+def test_missing_cuda_gives_null_columns():
+    def no_cuda(i):
+        raise RuntimeError("CUDA unavailable to torch")
+
+    fake = FakeNVML()
+    m = EnergyMeter(fake, 0, cuda_uuid=no_cuda, visible_env=None)
+    assert not m.available
+    out = m.measure(lambda: None)
+    assert out["energy_per_call_j"] is None and "CUDA" in out["telemetry_reason"]
+    assert fake.shutdowns == fake.inits == 1     # NVML released again
+
+
+def test_real_driver_absence_gives_null_columns_with_reason():
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("an NVIDIA driver is present on this machine")
+    m = EnergyMeter()
+    assert not m.available
+    out = m.measure(lambda: pytest.fail("fn must not run without NVML"))
+    assert set(out) == set(TELEMETRY_COLUMNS)
+    assert all(out[c] is None for c in TELEMETRY_COLUMNS if c != "telemetry_reason")
+    assert "NVML" in out["telemetry_reason"]
+    json.dumps(out)
+    info, reason = nvml_info()
+    assert info is None and "NVML" in reason
+
+
+def test_null_telemetry():
+    out = null_telemetry("cpu cell")
+    assert tuple(out) == TELEMETRY_COLUMNS
+    assert out["telemetry_reason"] == "cpu cell"
+    assert out["energy_per_call_j"] is None
+
+
+# -- per-run device facts --------------------------------------------------------------------------
+
+def test_nvml_device_info():
+    fake = FakeNVML()
+    info = nvml_device_info(fake, ("handle", 1))
+    assert info == {"name": "Fake H200", "uuid": UUIDS[1], "driver": "570.1", "cuda_driver": "12.4",
+                    "compute_capability": "9.0", "power_limit_w": 700.0}
+
+
+def test_nvml_device_info_unsupported_field_is_null_only_there():
+    class NoCap(FakeNVML):
+        def nvmlDeviceGetCudaComputeCapability(self, h):
+            raise FakeNotSupported()
+
+        def nvmlDeviceGetEnforcedPowerLimit(self, h):
+            raise FakeNotSupported()
+
+        def nvmlDeviceGetPowerManagementLimit(self, h):
+            return 350_000
+
+    info = nvml_device_info(NoCap(), ("handle", 0))
+    assert info["compute_capability"] is None
+    assert info["power_limit_w"] == 350.0      # falls back to the management limit
+    assert info["name"] == "Fake H200"
+
+
+def test_nvml_info_lists_capability_and_power_limit(monkeypatch):
+    fake = FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    info, reason = nvml_info()
+    assert reason is None
+    assert info["driver"] == "570.1"
+    assert [g["index"] for g in info["gpus"]] == [0, 1, 2]
+    assert info["gpus"][2]["compute_capability"] == "9.0"
+    assert info["gpus"][2]["power_limit_w"] == 700.0
+    assert info["gpus"][2]["uuid"] == UUIDS[2]
+    assert fake.shutdowns == 1
