@@ -144,17 +144,17 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}
     cases = grid.preset_cases(preset, overrides, known_variant=variants.check_name)
-    if any(c.device == "cuda" for c in cases):
-        import torch
-        if not torch.cuda.is_available():
-            raise UsageError("--device: cuda is not available on this machine "
-                             "(torch.cuda.is_available() is False); allowed here: cpu")
     axes = {a: tuple(dict.fromkeys(getattr(c, a) for c in cases)) for a in AXES}
     if args.dry_run:
         for case in cases:
             print(case.id)
         print(f"{len(cases)} cells")
         return 0
+    if any(c.device == "cuda" for c in cases):
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError("--device: cuda is not available on this machine "
+                             "(torch.cuda.is_available() is False); allowed here: cpu")
 
     run_dir = _resolve_out(args.out)
     if args.worker:

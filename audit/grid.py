@@ -96,12 +96,22 @@ STABILITY_SCENARIOS: tuple[str, ...] = (
     "normal", "scaled_x4", "scaled_x16", "scaled_x64", "outliers", "fp16_range", "padding",
     "fully_masked_bool", "fully_masked_neginf", "fully_masked_finfo_min", "decode", "cross_causal",
 )
+GPU_STABILITY_SCENARIOS: tuple[str, ...] = (
+    "normal", "scaled_x16", "scaled_x64", "outliers", "fp16_range", "padding",
+    "fully_masked_bool", "fully_masked_neginf", "cross_causal",
+)
+
+
+GPU_TOKENS = 16384  # gpu preset: batch x seq_len per cell, as FlashAttention's benchmarks
+GPU_SEQ_LENS = (512, 2048, 8192, 16384)
 
 
 def presets() -> dict[str, Preset]:
     from .variants import BUILTIN_NAMES, NEGATIVE_CONTROLS  # no torch import at module level
-    variants = BUILTIN_NAMES
-    every = BUILTIN_NAMES + NEGATIVE_CONTROLS
+    # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
+    variants = tuple(v for v in BUILTIN_NAMES if v != "flex")
+    every = variants + NEGATIVE_CONTROLS
+    uncompiled = tuple(v for v in variants if not v.startswith("compiled"))
     return {
         "quick": Preset(
             name="quick",
@@ -111,6 +121,8 @@ def presets() -> dict[str, Preset]:
                 dict(variant=variants, device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,),
                      seq_len=(64, 128), batch=(1,), heads=(2,), causal=(False, True),
                      scenario=("normal",)),
+                dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(32,), seq_len=(64,),
+                     batch=(1,), heads=(2,), causal=(False, True), scenario=("normal",)),
                 dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math") + NEGATIVE_CONTROLS,
                      device=("cpu",), dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,),
                      heads=(2,), causal=(False, True),
@@ -127,22 +139,36 @@ def presets() -> dict[str, Preset]:
                 dict(variant=variants, device=("cpu",), dtype=DTYPES, d_k=(32, 64, 128),
                      seq_len=(128, 512, 2048), batch=(1,), heads=(2,), causal=(False, True),
                      scenario=("normal",)),
+                dict(variant=("flex",), device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,),
+                     seq_len=(512, 2048), batch=(1,), heads=(2,), causal=(False, True),
+                     scenario=("normal",)),
                 dict(variant=every, device=("cpu",), dtype=DTYPES, d_k=(64,), seq_len=(256,),
                      batch=(2,), heads=(2,), causal=(False, True), scenario=STABILITY_SCENARIOS),
+                dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,),
+                     batch=(2,), heads=(2,), causal=(False, True),
+                     scenario=("padding", "cross_causal", "decode")),
             ),
             min_samples=5, min_time_s=0.05, max_cell_s=6.0,
         ),
         "gpu": Preset(
             name="gpu",
-            description="default with CUDA: 3 dtypes, d_k 64-256, seq_len 512-16384, plus scenarios",
+            description=f"default with CUDA: seq_len 512-16384 at {GPU_TOKENS} tokens per cell, 16 heads, "
+                        "bf16 at d_k 64-256, fp16/fp32 at d_k 128, plus scenarios at T=1024",
             grids=(
-                dict(variant=variants, device=("cuda",), dtype=DTYPES, d_k=(64, 128, 256),
-                     seq_len=(512, 1024, 2048, 4096, 8192, 16384), batch=(1,), heads=(16,),
-                     causal=(False, True), scenario=("normal",)),
-                dict(variant=every, device=("cuda",), dtype=DTYPES, d_k=(64, 128), seq_len=(1024,),
-                     batch=(2,), heads=(16,), causal=(False, True), scenario=STABILITY_SCENARIOS),
+                *(dict(variant=uncompiled, device=("cuda",), dtype=("bf16",), d_k=(64, 128, 256),
+                       seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
+                       scenario=("normal",)) for t in GPU_SEQ_LENS),
+                *(dict(variant=uncompiled, device=("cuda",), dtype=("fp16", "fp32"), d_k=(128,),
+                       seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
+                       scenario=("normal",)) for t in GPU_SEQ_LENS),
+                *(dict(variant=("compiled", "compiled_unfused", "flex"), device=("cuda",), dtype=("bf16",),
+                       d_k=(128,), seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,),
+                       causal=(False, True), scenario=("normal",)) for t in GPU_SEQ_LENS),
+                dict(variant=every + ("flex",), device=("cuda",), dtype=("fp16", "bf16"), d_k=(128,),
+                     seq_len=(1024,), batch=(2,), heads=(16,), causal=(False, True),
+                     scenario=GPU_STABILITY_SCENARIOS),
             ),
-            min_samples=10, min_time_s=0.2, max_cell_s=20.0,
+            min_samples=5, min_time_s=0.1, max_cell_s=20.0,
         ),
     }
 

@@ -272,6 +272,8 @@ def _telemetry(case: Case, forward: Callable[[], Any], sync: Any, meter: Any, pr
         return null_telemetry(getattr(meter, "reason", None) or "no energy meter for this run")
     if preset.energy_window_s <= 0:
         return null_telemetry("energy measurement turned off (--energy-window-s 0)")
+    if case.scenario != "normal":
+        return null_telemetry("energy is measured on speed cells (scenario normal) only")
     return meter.measure(forward, min_window_s=preset.energy_window_s, sync=sync)
 
 

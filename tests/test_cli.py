@@ -76,11 +76,22 @@ def test_unknown_command_and_missing_command():
     assert_usage_error(cli())
 
 
-def test_cuda_device_without_cuda():
+def test_cuda_device_without_cuda(tmp_path):
     import torch
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
-    assert_usage_error(cli("run", "--preset", "quick", "--device", "cuda", "--dry-run"), "cuda")
+    out = tmp_path / "run"
+    assert_usage_error(cli("run", "--preset", "quick", "--device", "cuda", "--out", str(out)), "cuda")
+    assert not out.exists(), "a refused run must not create its folder"
+
+
+def test_gpu_preset_dry_run_lists_cells_without_cuda():
+    """Planning a GPU run works on any machine: --dry-run needs no device."""
+    proc = cli("run", "--preset", "gpu", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == f"{len(lines) - 1} cells"
+    assert all("-cuda-" in line for line in lines[:-1])
 
 
 def test_plugin_raising_a_multiline_error_is_still_one_line(tmp_path):
