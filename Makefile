@@ -9,7 +9,7 @@ BENCH_FAIL ?= median:35%
 BENCH_STORAGE ?= .benchmarks
 BENCH_SUITE ?= suites/test_performance.py --audit-preset quick
 
-.PHONY: deps audit quick test report bench-save bench-check clean
+.PHONY: deps audit quick test report bench-save bench-check gpu-check clean
 
 deps:  ## install whatever is missing (nothing when all is importable)
 	$(PYTHON) -m audit.bootstrap
@@ -31,6 +31,9 @@ bench-save: deps  ## save a speed baseline with pytest-benchmark's storage
 
 bench-check: deps  ## rerun and fail (non-zero exit) on a regression against the latest saved baseline
 	$(PYTHON) -m pytest -q $(BENCH_SUITE) $(BENCH_OPTS) --benchmark-storage=file://$(BENCH_STORAGE) --benchmark-compare --benchmark-compare-fail=$(BENCH_FAIL)
+
+gpu-check:  ## reduced gpu preset on a CUDA machine: compact table; copies the run to $$OUT when set
+	$(PYTHON) -m audit.gpucheck
 
 clean:
 	rm -rf .pytest_cache .benchmarks

@@ -118,8 +118,9 @@ class SaturationAccumulator:
     """Softmax saturation over query rows, accumulated chunk by chunk.
 
     For each row p (probabilities over its visible keys): max p, normalized
-    entropy H(p) / log(n_visible) (rows with one visible key count as 0), and
-    whether max p > 0.99. Fully masked rows (no visible key) are excluded.
+    entropy H(p) / log(n_visible), and
+    whether max p > 0.99. Rows that see fewer than two keys (fully masked rows, the
+    first causal row) are excluded: their one-hotness says nothing about saturation.
     """
 
     ONEHOT_THRESHOLD = 0.99
@@ -136,7 +137,7 @@ class SaturationAccumulator:
         import torch
         n_visible = (probs.new_full(probs.shape[:-1], probs.shape[-1]) if visible is None
                      else visible.sum(-1).to(probs.dtype))                     # (...,)
-        valid = n_visible > 0
+        valid = n_visible > 1  # a row seeing one key is one-hot by construction, not saturated
         pmax = probs.amax(-1)                                                  # (...,)
         plogp = torch.where(probs > 0, probs * probs.log(), torch.zeros_like(probs))
         entropy = -plogp.sum(-1)                                               # (...,)

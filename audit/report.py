@@ -877,6 +877,44 @@ def _draw_throughput(frame: pd.DataFrame, path: Path, colors: dict) -> str | Non
             f"d_k={d_k} ({selected}).") if drawn else None
 
 
+def _draw_roofline(frame: pd.DataFrame, path: Path, colors: dict) -> str | None:
+    """Achieved forward FLOP/s against arithmetic intensity, under the run's measured roofline."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = _speed_rows(frame)
+    needed = ["flops", "bytes", "gflops_per_s", "peak_flops_per_s", "peak_bytes_per_s"]
+    if rows.empty or any(c not in rows for c in needed):
+        return None
+    rows = rows.dropna(subset=needed)
+    if rows.empty:
+        return None
+    dtypes = _dtype_order(rows["dtype"].unique())
+    fig, axes = plt.subplots(1, len(dtypes), squeeze=False, figsize=(5 * len(dtypes), 4.2),
+                             layout="constrained")
+    for ax, dtype in zip(axes[0], dtypes):
+        sub = rows[rows["dtype"] == dtype]
+        intensity = pd.to_numeric(sub["flops"]) / pd.to_numeric(sub["bytes"])
+        peak = float(pd.to_numeric(sub["peak_flops_per_s"]).iloc[0])
+        bandwidth = float(pd.to_numeric(sub["peak_bytes_per_s"]).iloc[0])
+        x = np.logspace(np.log10(max(intensity.min() / 4, 1e-3)), np.log10(intensity.max() * 4), 200)
+        ax.plot(x, np.minimum(peak, bandwidth * x) / 1e9, color="0.3", lw=2,
+                label="measured ceiling: min(matmul FLOP/s, copy bandwidth × intensity)")
+        for variant, group in sub.groupby("variant"):
+            ax.scatter(pd.to_numeric(group["flops"]) / pd.to_numeric(group["bytes"]),
+                       pd.to_numeric(group["gflops_per_s"]), s=14, color=colors.get(variant), label=variant)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+        ax.set_ylabel("forward GFLOP/s")
+        ax.set_title(f"{dtype}: ceiling {peak / 1e9:.3g} GFLOP/s, {bandwidth / 1e9:.3g} GB/s")
+    _legend_below(fig, axes[0])
+    fig.suptitle("Achieved forward throughput against the machine's measured limits")
+    _save(fig, path)
+    return ("Roofline: each point is a speed cell's achieved forward GFLOP/s at its arithmetic intensity "
+            "(FLOPs / fewest bytes); the grey line is the run's measured ceiling (run.json: ceilings).")
+
+
 def _draw_compile(frame: pd.DataFrame, path: Path, colors: dict) -> str | None:
     rows = _speed_rows(frame)
     rows = rows[rows["compile_s"].notna()]
@@ -1046,6 +1084,7 @@ FIGURES: tuple[tuple[str, str, Callable[[pd.DataFrame, Path, dict], str | None]]
      _draw_latency("fwd_bwd_ms", "forward+backward")),
     ("memory.png", "Peak memory", _draw_memory),
     ("throughput.png", "Throughput", _draw_throughput),
+    ("roofline.png", "Against the measured ceiling", _draw_roofline),
     ("error.png", "Error vs float64", _draw_error),
     ("nonfinite.png", "NaN and inf counts", _draw_nonfinite),
     ("saturation.png", "Softmax saturation", _draw_saturation),
@@ -1110,7 +1149,28 @@ def _environment_section(run_info: dict | None, records: list[dict]) -> list[Blo
         return [Heading(2, "Environment"), _para("No environment recorded.")]
     table = pd.DataFrame(_flatten(env), columns=["key", "value"])
     table["value"] = table["value"].map(lambda v: "null" if v is None else format_value(v))
-    return [Heading(2, "Environment"), Table(table)]
+    return [Heading(2, "Environment"), Table(table), *_ceilings_blocks(run_info)]
+
+
+def ceilings_table(run_info: dict | None) -> pd.DataFrame:
+    """Measured ceilings per device: matmul TFLOP/s per dtype and copy GB/s (run.json: ceilings)."""
+    rows = []
+    for device, c in ((run_info or {}).get("ceilings") or {}).items():
+        for dtype, rate in (c.get("matmul_flops_per_s") or {}).items():
+            rows.append({"device": device, "what": f"{dtype} matmul (n={(c.get('matmul_n') or {}).get(dtype)})",
+                         "measured": "null" if rate is None else f"{rate / 1e12:.3g} TFLOP/s"})
+        bw = c.get("copy_bytes_per_s")
+        rows.append({"device": device, "what": "device-to-device copy (read + write)",
+                     "measured": "null" if bw is None else f"{bw / 1e9:.3g} GB/s"})
+    return pd.DataFrame(rows, columns=["device", "what", "measured"])
+
+
+def _ceilings_blocks(run_info: dict | None) -> list[Block]:
+    table = ceilings_table(run_info)
+    if table.empty:
+        return []
+    return [_para("Measured ceilings (best of repeated blocks, at the start of the run); "
+                  "`pct_of_limit` is relative to these."), Table(table)]
 
 
 def _sorted_values(values: list[Any]) -> list[Any]:

@@ -152,6 +152,13 @@ def _compiled_fn(fn: AttentionFn, options: dict | None) -> AttentionFn:
     import torch
     import torch._dynamo
     torch._dynamo.reset()
+    # A graph served from Inductor's FX-graph or AOT-autograd cache skips the pattern matcher,
+    # so its fuse_attention counter would not move and `fused_sdpa` would read false: compile for real.
+    import torch._inductor.config as inductor_config
+    inductor_config.fx_graph_cache = False
+    functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
+    if functorch_config is not None and hasattr(functorch_config, "enable_autograd_cache"):
+        functorch_config.enable_autograd_cache = False
     if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
         # Past the recompile limit Dynamo silently runs eager; make that an error instead.
         torch._dynamo.config.fail_on_recompile_limit_hit = True

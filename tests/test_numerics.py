@@ -193,11 +193,17 @@ def test_saturation_entropy_is_normalized_by_visible_keys():
     assert _result(probs)["entropy"] == pytest.approx(0.5)
 
 
-def test_saturation_single_visible_key_counts_as_zero_entropy():
-    probs = torch.tensor([[1.0, 0.0, 0.0]])
-    visible = torch.tensor([[True, False, False]])
-    r = _result(probs, visible)
-    assert r == {"max_prob": 1.0, "entropy": 0.0, "min_entropy": 0.0, "onehot_frac": 1.0}
+def test_saturation_leaves_out_rows_with_one_visible_key():
+    """A row that sees one key is one-hot by construction (the first causal row, causal decode):
+    counting it would report saturation the inputs did not cause."""
+    probs = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]])
+    visible = torch.tensor([[True, False, False], [True, True, False]])
+    acc = SaturationAccumulator()
+    acc.add(probs.double(), visible)
+    assert acc.rows == 1
+    assert acc.result() == {"max_prob": 0.5, "entropy": 1.0, "min_entropy": 1.0, "onehot_frac": 0.0}
+    only_single = _result(torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[True, False, False]]))
+    assert only_single["onehot_frac"] is None
 
 
 def test_saturation_excludes_fully_masked_rows():
@@ -296,12 +302,12 @@ def saturation_by_hand(probs, keep):
     p2, k2 = probs.reshape(-1, probs.shape[-1]), keep.reshape(-1, keep.shape[-1])
     for p, k in zip(p2, k2):
         n = int(k.sum())
-        if n == 0:
+        if n < 2:  # fully masked rows and rows seeing one key say nothing about saturation
             continue
         p = p[k]
         ent = -sum(float(x) * math.log(float(x)) for x in p if x > 0)
         rows_max.append(float(p.max()))
-        rows_ent.append(ent / math.log(n) if n > 1 else 0.0)
+        rows_ent.append(ent / math.log(n))
         onehot += float(p.max()) > 0.99
     n = len(rows_max)
     return {"max_prob": sum(rows_max) / n, "entropy": sum(rows_ent) / n, "min_entropy": min(rows_ent),

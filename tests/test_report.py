@@ -602,3 +602,24 @@ def test_report_module_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1], check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_roofline_figure_and_ceilings_table(tmp_path: Path) -> None:
+    """Cells with roofline columns give roofline.png; run.json's ceilings become a table."""
+    from audit.report import build_report, ceilings_table
+
+    cells = [_cell(v, seq_len=t, fwd_ms=1.0, flops=4e9 * t / 64, bytes=1e6 * t / 64,
+                   gflops_per_s=40.0 * t / 64, peak_flops_per_s=2e11, peak_bytes_per_s=4e10)
+             for v in ("eager", "sdpa") for t in (64, 128)]
+    _write(tmp_path, cells)
+    run_info = {"ceilings": {"cpu": {"matmul_flops_per_s": {"fp32": 2.0e11, "fp16": None},
+                                     "matmul_n": {"fp32": 1536, "fp16": 512}, "copy_bytes_per_s": 4.4e10}}}
+    (tmp_path / "run.json").write_text(json.dumps(run_info))
+    paths = build_report(tmp_path)
+    assert (tmp_path / "roofline.png").stat().st_size > 0
+    assert "roofline.png" in paths["index_md"].read_text()
+    table = ceilings_table(run_info).set_index("what")["measured"]
+    assert table["fp32 matmul (n=1536)"] == "0.2 TFLOP/s"
+    assert table["fp16 matmul (n=512)"] == "null"
+    assert table["device-to-device copy (read + write)"] == "44 GB/s"
+    assert ceilings_table(None).empty
