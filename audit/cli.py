@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--energy-window-s", type=float, metavar="S",
                      help="CUDA: seconds of repeated forward calls per cell for the NVML energy "
                           "counter (default 1; 0 turns energy measurement off)")
+    run.add_argument("--l2-flush", action="store_true",
+                     help="CUDA: overwrite a 256 MiB buffer before every timed sample so each starts with "
+                          "a cold L2; samples are then single calls")
+    run.add_argument("--cuda-graph", action="store_true",
+                     help="CUDA: time CUDA-graph replays of the call (less launch overhead); "
+                          "recorded per cell, falls back to eager calls where capture fails")
     run.add_argument("--dry-run", action="store_true", help="print the cells and their count, measure nothing")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="write records only, no figures or index")
@@ -136,6 +142,10 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if args.min_samples < 1:
             raise UsageError(f"--min-samples: {args.min_samples!r} is not a positive integer")
         overrides["min_samples"] = args.min_samples
+    if args.l2_flush:
+        overrides["l2_flush"] = True
+    if args.cuda_graph:
+        overrides["cuda_graph"] = True
     if args.energy_window_s is not None:
         if args.energy_window_s < 0:
             raise UsageError(f"--energy-window-s: {args.energy_window_s!r} is negative (0 turns energy off)")
@@ -150,6 +160,9 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             print(case.id)
         print(f"{len(cases)} cells")
         return 0
+    for flag, on in (("--cuda-graph", preset.cuda_graph), ("--l2-flush", preset.l2_flush)):
+        if on and not any(c.device == "cuda" for c in cases):
+            raise UsageError(f"{flag}: needs cuda cells (--device cuda); this grid is cpu only")
     if any(c.device == "cuda" for c in cases):
         import torch
         if not torch.cuda.is_available():

@@ -74,6 +74,8 @@ class Preset:
     min_time_s: float = 0.2       # and at least this much timed time
     max_cell_s: float = 30.0      # estimated cell time above which the cell is skipped
     energy_window_s: float = 1.0  # CUDA: repeated calls per cell for the NVML energy counter
+    l2_flush: bool = False        # overwrite a cache-sized buffer before every timed sample
+    cuda_graph: bool = False      # CUDA: time CUDA-graph replays of the call
 
     @property
     def axes(self) -> dict[str, tuple]:

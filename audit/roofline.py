@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from .timing import measure, sync_for, time_call
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
 
@@ -35,15 +36,6 @@ ROOFLINE_COLUMNS: tuple[str, ...] = (
 )
 
 
-def _sync_for(device: str) -> Callable[[], None] | None:
-    import torch
-
-    if device.startswith("cuda"):
-        dev = torch.device(device)
-        return lambda: torch.cuda.synchronize(dev)
-    return None
-
-
 def _best_rate(fn: Callable[[], object], work_per_call: float, *, budget_s: float,
                sync: Callable[[], None] | None, warm_s: float,
                min_block_s: float = 0.02, clock: Callable[[], float] = time.perf_counter) -> float:
@@ -53,34 +45,14 @@ def _best_rate(fn: Callable[[], object], work_per_call: float, *, budget_s: floa
     short calls into blocks of >= `min_block_s` so the clock and the device sync
     cost nothing measurable. At least one block is always timed.
     """
-    per_block = max(1, math.ceil(min_block_s / warm_s)) if warm_s > 0 else 1
-    best = 0.0
-    spent = 0.0
-    while True:
-        if sync:
-            sync()
-        start = clock()
-        for _ in range(per_block):
-            fn()
-        if sync:
-            sync()
-        elapsed = clock() - start
-        spent += elapsed
-        if elapsed > 0:
-            best = max(best, work_per_call * per_block / elapsed)
-        if spent >= budget_s:
-            return best
+    samples = measure(fn, estimate_s=warm_s, min_samples=1, min_time_s=budget_s, max_samples=10**9,
+                      min_block_s=min_block_s, clock=clock, sync=sync)
+    fastest = min(samples.per_call_s)
+    return work_per_call / fastest if fastest > 0 else 0.0
 
 
-def _timed_call(fn: Callable[[], object], sync: Callable[[], None] | None,
-                clock: Callable[[], float] = time.perf_counter) -> float:
-    if sync:
-        sync()
-    start = clock()
-    fn()
-    if sync:
-        sync()
-    return clock() - start
+def _timed_call(fn: Callable[[], object], sync: Callable[[], None] | None) -> float:
+    return time_call(fn, sync=sync)
 
 
 def _matmul_rate(device: str, dtype: str, n: int, budget_s: float,
@@ -158,7 +130,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
     import torch
 
     cuda = device.startswith("cuda")
-    sync = _sync_for(device)
+    sync = sync_for(device)
     defaults = CUDA_MATMUL_N if cuda else CPU_MATMUL_N
     out: dict[str, Any] = {
         "device": device,

@@ -22,7 +22,7 @@ from .memory import peak_during
 from .numerics import (BACKWARD_FLOP_FACTOR, attention_flops, changed_max, classify_masked_rows,
                        error_vs_reference, nonfinite_counts, relative_error, within_budget)
 from .reference import Golden, golden_attention
-from .timing import Samples, measure, time_call
+from .timing import Samples, cache_flusher, cuda_graph_replay, measure, sync_for, time_call
 from .variants import BackwardUnsupported, Unsupported, Variant, fused_attention_count, resolve
 
 RUN_FILE = "run.json"
@@ -50,13 +50,6 @@ def _reason(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
     return f"{type(exc).__name__}: {first}"[:400] + where
-
-
-def _sync_for(device: str) -> Callable[[], None] | None:
-    if device.startswith("cuda"):
-        import torch
-        return torch.cuda.synchronize
-    return None
 
 
 def _fill_timing(rec: dict[str, Any], prefix: str, samples: Samples) -> None:
@@ -155,7 +148,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     """
     import torch
 
-    sync = _sync_for(case.device)
+    sync = sync_for(case.device)
     fused_before = fused_attention_count() if variant.compiled else 0
     fn = variant.build()
     q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
@@ -193,6 +186,8 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
             f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
 
     m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}"}
+    if variant.backend is not None:
+        m["sdpa_backend"] = variant.backend(q, k, v, **kwargs)
     golden = ref.golden
     out, m["peak_bytes"] = peak_during(forward, case.device)
     out = out.detach()
@@ -219,17 +214,23 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
             m[name] = relative_error(got, want)
         del grads
 
-    fwd = measure(forward, estimate_s=warm_fwd, min_samples=preset.min_samples,
-                  min_time_s=preset.min_time_s, sync=sync)
+    timed_fwd, timed_fb, method = _timing_method(case, preset, forward, forward_backward)
+    flush = cache_flusher(case.device) if preset.l2_flush and case.device == "cuda" else None
+    fwd = measure(timed_fwd, estimate_s=warm_fwd, min_samples=preset.min_samples,
+                  min_time_s=preset.min_time_s, sync=sync, before_sample=flush)
     _fill_timing(m, "fwd", fwd)
     fb = None
     if backward_reason is None:
-        fb = measure(forward_backward, estimate_s=warm_fb, min_samples=preset.min_samples,
-                     min_time_s=preset.min_time_s, sync=sync)
+        fb = measure(timed_fb, estimate_s=warm_fb, min_samples=preset.min_samples,
+                     min_time_s=preset.min_time_s, sync=sync, before_sample=flush)
         _fill_timing(m, "fwd_bwd", fb)
+    flushed = flush is not None
+    del flush  # free the flush buffer before the energy window
     blocks = f"{fwd.calls_per_sample}/{fb.calls_per_sample if fb else '-'}"
-    m["timer"] = ("cuda: perf_counter with torch.cuda.synchronize" if sync
-                  else f"cpu: perf_counter, blocks of {blocks} calls")
+    clock = "perf_counter with torch.cuda.synchronize" if sync else "perf_counter"
+    m["timer"] = (f"{case.device}: {clock}, {method}, blocks of {blocks} calls"
+                  + (", L2 flushed before each sample" if flushed else ""))
+    m["l2_flush"], m["cuda_graph"] = flushed, method == "cuda-graph replay"
 
     flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal)
     m["flops"] = flops
@@ -251,6 +252,17 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
         m.update({key: golden.saturation[key] for key in ("max_prob", "entropy", "min_entropy", "onehot_frac")})
         m["saturation_source"] = "golden"
     return m
+
+
+def _timing_method(case: Case, preset: Preset, forward: Callable[[], Any],
+                   forward_backward: Callable[[], Any]) -> tuple[Callable, Callable, str]:
+    """The callables to time: the calls themselves, or their CUDA-graph replays."""
+    if not (preset.cuda_graph and case.device == "cuda"):
+        return forward, forward_backward, "eager calls"
+    try:
+        return cuda_graph_replay(forward), cuda_graph_replay(forward_backward), "cuda-graph replay"
+    except Exception as exc:  # noqa: BLE001 - a variant that cannot be captured is timed eagerly
+        return forward, forward_backward, f"eager calls (CUDA-graph capture failed: {_reason(exc)})"
 
 
 def _roofline(case: Case, tq: int, inputs: Inputs, fwd: Samples, fb: Samples | None,

@@ -40,6 +40,7 @@ class Variant:
     compiled: bool = False          # torch.compile: compile time and fusion are recorded
     family: str = "eager"           # eager | compiled | sdpa | plugin | broken
     probs: Callable[..., Any] | None = None  # exposes attention weights (B, H, Tq, Tk), if it can
+    backend: Callable[..., str] | None = None  # SDPA: which kernel runs for these inputs
 
     @property
     def negative_control(self) -> bool:
@@ -192,11 +193,7 @@ def _sdpa(backend_name: str | None) -> AttentionFn:
             raise Unsupported(f"this torch has no SDPA backend {backend_name}")
 
     def call(q, k, v, *, mask=None, causal=False, scale=None):
-        if mask is not None and causal:
-            # SDPA refuses attn_mask with is_causal: fold the causal part into the mask.
-            keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)
-            mask = (mask & keep) if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
-            causal = False
+        mask, causal = _fold_causal(q, k, mask, causal)
         kwargs = dict(attn_mask=mask, is_causal=causal, scale=scale)
         if backend is None:
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
@@ -213,6 +210,28 @@ def _sdpa(backend_name: str | None) -> AttentionFn:
             raise
 
     return call
+
+
+def _fold_causal(q, k, mask, causal):
+    """SDPA refuses attn_mask with is_causal: fold the causal part into the mask."""
+    import torch
+    if mask is None or not causal:
+        return mask, causal
+    keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)
+    mask = (mask & keep) if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
+    return mask, False
+
+
+def sdpa_dispatch_choice(q, k, v, *, mask=None, causal=False, scale=None) -> str:
+    """The SDPA backend the dispatcher picks for these inputs (torch._fused_sdp_choice)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+    mask, causal = _fold_causal(q, k, mask, causal)
+    return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, scale=scale)).name
+
+
+def _forced(name: str) -> Callable[..., str]:
+    return lambda *args, **kwargs: name
 
 
 # --------------------------------------------------------------------------- FlexAttention
@@ -276,15 +295,15 @@ def _builtins() -> dict[str, Variant]:
         Variant("compiled_unfused", "torch.compile(eager) with pattern matching off: the hand-written math compiled",
                 lambda: _compiled({"pattern_matcher": False}), compiled=True, family="compiled"),
         Variant("sdpa", "F.scaled_dot_product_attention, the dispatcher's choice of backend",
-                lambda: _sdpa(None), family="sdpa"),
+                lambda: _sdpa(None), family="sdpa", backend=sdpa_dispatch_choice),
         Variant("sdpa_math", "SDPA forced to the MATH backend (reference C++ composite)",
-                lambda: _sdpa("MATH"), family="sdpa"),
+                lambda: _sdpa("MATH"), family="sdpa", backend=_forced("MATH")),
         Variant("sdpa_flash", "SDPA forced to the FLASH_ATTENTION backend",
-                lambda: _sdpa("FLASH_ATTENTION"), family="sdpa"),
+                lambda: _sdpa("FLASH_ATTENTION"), family="sdpa", backend=_forced("FLASH_ATTENTION")),
         Variant("sdpa_efficient", "SDPA forced to the EFFICIENT_ATTENTION (memory-efficient) backend",
-                lambda: _sdpa("EFFICIENT_ATTENTION"), family="sdpa"),
+                lambda: _sdpa("EFFICIENT_ATTENTION"), family="sdpa", backend=_forced("EFFICIENT_ATTENTION")),
         Variant("sdpa_cudnn", "SDPA forced to the CUDNN_ATTENTION backend",
-                lambda: _sdpa("CUDNN_ATTENTION"), family="sdpa"),
+                lambda: _sdpa("CUDNN_ATTENTION"), family="sdpa", backend=_forced("CUDNN_ATTENTION")),
         Variant("flex", "torch.compile(flex_attention): causal/padding as block masks, float masks as score_mod",
                 _flex, compiled=True, family="compiled"),
     ]

@@ -169,7 +169,7 @@ def test_measure_ceilings_shrinks_slow_dtype(monkeypatch):
     """A dtype whose warm call exceeds the budget is measured at a smaller n, not skipped."""
     from audit import roofline
 
-    def fake_timed(fn, sync, clock=None):
+    def fake_timed(fn, sync):
         fn()
         return 10.0          # every warm call "takes" 10 s: far over the budget
 
@@ -179,7 +179,7 @@ def test_measure_ceilings_shrinks_slow_dtype(monkeypatch):
     assert out["matmul_n"]["fp32"] == roofline.MIN_MATMUL_N
     assert out["matmul_flops_per_s"]["fp32"] == 2.0 * roofline.MIN_MATMUL_N ** 3
     # and one that fits keeps its size
-    monkeypatch.setattr(roofline, "_timed_call", lambda fn, sync, clock=None: 0.0)
+    monkeypatch.setattr(roofline, "_timed_call", lambda fn, sync: 0.0)
     out = measure_ceilings("cpu", ("fp32",), budget_s=0.01, matmul_n=512, copy_bytes=1 << 20)
     assert out["matmul_n"]["fp32"] == 512
 

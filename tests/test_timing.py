@@ -187,3 +187,25 @@ def test_time_call_syncs_before_each_clock_read():
     fn = workload(clock, [0.75])
     assert time_call(fn, clock=clock, sync=lambda: log.append("sync")) == 0.75
     assert log == ["sync", "clock", "fn", "sync", "clock"]
+
+
+def test_before_sample_runs_untimed_before_every_single_call_sample():
+    """A cache flush runs before each sample, outside the timed region, and forces 1 call per sample."""
+    from audit.timing import measure
+
+    now = [0.0]
+    events = []
+
+    def fn():
+        events.append("call")
+        now[0] += 0.001
+
+    def flush():
+        events.append("flush")
+        now[0] += 5.0          # a slow flush: must not show in the samples
+
+    samples = measure(fn, estimate_s=1e-6, min_samples=3, min_time_s=0.0, min_block_s=1.0,
+                      clock=lambda: now[0], before_sample=flush)
+    assert samples.calls_per_sample == 1              # without the flush: 1e6 calls per block
+    assert events == ["flush", "call"] * 3
+    assert samples.per_call_s == pytest.approx([0.001] * 3)

@@ -404,3 +404,17 @@ def test_seed_is_a_31_bit_int():
 def test_unknown_scenario_is_rejected():
     with pytest.raises(ValueError, match="weird"):
         make_inputs(dataclasses.replace(CASE, scenario="weird"))
+
+
+def test_sdpa_backend_recorded_forced_or_dispatched():
+    """Forced backends report themselves; `sdpa` reports the dispatcher's pick (CPU: flash, design.md §5)."""
+    from audit.variants import builtin_variants, sdpa_dispatch_choice
+
+    q = torch.randn(1, 2, 16, 8)
+    table = builtin_variants()
+    assert table["sdpa_math"].backend(q, q, q) == "MATH"
+    assert table["sdpa_flash"].backend(q, q, q) == "FLASH_ATTENTION"
+    assert table["eager"].backend is None
+    assert table["sdpa"].backend is sdpa_dispatch_choice
+    if not torch.cuda.is_available():
+        assert sdpa_dispatch_choice(q, q, q, causal=True) == "FLASH_ATTENTION"
