@@ -194,18 +194,19 @@ def check_fp16_range(frame: pd.DataFrame) -> list[dict]:
 
 
 def check_alignment(frame: pd.DataFrame) -> list[dict]:
+    """One finding: which causal alignment each variant applies when q_len != kv_len."""
     ok = _ok(frame)
     if "causal_alignment" not in ok:
         return []
     rows = ok[ok["causal_alignment"].notna()]
-
-    def make(variant: str, g: pd.DataFrame) -> dict:
-        kinds = ", ".join(sorted(set(g["causal_alignment"].astype(str))))
-        return _finding("causal_alignment", "info", variant,
-                        f"{variant} applies {kinds} causal alignment when q_len != kv_len. "
-                        f"Top-left is is_causal=True's; KV-cache decoding usually needs bottom-right "
-                        f"(torch.nn.attention.bias.causal_lower_right).", g["id"])
-    return _per_variant(rows, make)
+    if rows.empty:
+        return []
+    groups = rows.groupby("causal_alignment")["variant"].agg(lambda v: ", ".join(sorted(set(v))))
+    parts = "; ".join(f"{kind}: {names}" for kind, names in groups.items())
+    return [_finding("causal_alignment", "info", "*",
+                     f"Causal alignment when q_len != kv_len — {parts}. Top-left is is_causal=True's; "
+                     f"KV-cache decoding usually needs bottom-right "
+                     f"(torch.nn.attention.bias.causal_lower_right).", rows["id"])]
 
 
 def check_underflow(frame: pd.DataFrame) -> list[dict]:

@@ -85,7 +85,7 @@ COLUMNS: dict[str, str] = {
     "fwd_bwd_bound": "which limit binds forward+backward",
     "bytes": "fewest bytes a forward must move: read Q, K, V (and mask), write O",
     "fwd_bwd_bytes": "fewest bytes of forward+backward (backward reads Q, K, V, O, dO, writes dQ, dK, dV)",
-    "peak_flops_per_s": "the run's measured matmul FLOP/s for this device and dtype (run.json: ceilings)",
+    "peak_flops_per_s": "the run's measured matmul FLOP/s for this device: the better of the dtype's and fp32's, since a kernel may upcast (run.json: ceilings)",
     "peak_bytes_per_s": "the run's measured device-to-device copy bandwidth, bytes read + written per second",
     "energy_per_call_j": "CUDA: joules per forward call over a window of repeated calls (NVML)",
     "energy_method": "counter (NVML total-energy counter delta) or power×time (fallback where the counter is unsupported)",

@@ -211,6 +211,18 @@ def pct_of_limit(flops: float, nbytes: float, seconds: float, peak_flops: float 
     return t_memory / seconds, "memory"
 
 
+def compute_ceiling(ceilings: Mapping[str, Any], dtype: str) -> float | None:
+    """FLOP/s a kernel on `dtype` inputs can reach: the better of that dtype's matmul and fp32's.
+
+    A kernel may upcast (SDPA on a CPU without fp16 units computes fp16 in fp32 and
+    runs ~40x faster than an fp16 matmul there), so the fp32 rate also bounds what
+    is attainable; where the low-precision matmul is faster (GPUs), it wins.
+    """
+    rates = ceilings.get("matmul_flops_per_s") or {}
+    known = [r for r in (rates.get(dtype), rates.get("fp32")) if r]
+    return max(known) if known else None
+
+
 def cell_roofline(case_like: Mapping[str, Any], fwd_s: float | None, fwd_bwd_s: float | None,
                   ceilings: Mapping[str, Any]) -> dict[str, Any]:
     """A cell's roofline columns (ROOFLINE_COLUMNS) from its measured times and the run's ceilings.
@@ -228,7 +240,7 @@ def cell_roofline(case_like: Mapping[str, Any], fwd_s: float | None, fwd_bwd_s: 
     d, dtype, causal = int(case_like["d_k"]), str(case_like["dtype"]), bool(case_like["causal"])
     mask_bytes = int(case_like.get("mask_bytes") or 0)
 
-    peak_flops = (ceilings.get("matmul_flops_per_s") or {}).get(dtype)
+    peak_flops = compute_ceiling(ceilings, dtype)
     peak_bw = ceilings.get("copy_bytes_per_s")
     flops = attention_flops(b, h, tq, tk, d, causal)
     nbytes = attention_bytes(b, h, tq, tk, d, dtype, mask_bytes=mask_bytes)

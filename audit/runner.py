@@ -368,6 +368,7 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
     except BaseException as exc:  # noqa: BLE001 - one cell's failure must not stop the run
         if _is_oom(exc):
             rec["status"], rec["reason"] = "oom", _reason(exc)
+            _release_device_memory(case.device)
         else:
             rec["status"], rec["reason"] = "error", _reason(exc)
     finally:
@@ -408,6 +409,13 @@ def record_crash(run_dir: Path, case: Case, reason: str) -> None:
     with records.RecordWriter(run_dir) as writer:
         writer.write(rec)
     _mark_inflight(run_dir, None)
+
+
+def _release_device_memory(device: str) -> None:
+    """After an out-of-memory, hand cached blocks back so the next cell starts clean."""
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.empty_cache()
 
 
 def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: list[str],

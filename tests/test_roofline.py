@@ -113,7 +113,8 @@ def test_cell_roofline_memory_bound_and_q_len():
 
 
 def test_cell_roofline_missing_ceiling_is_null():
-    out = cell_roofline(_case(dtype="fp16"), 1e-3, 1e-3, CEILINGS)
+    no_rates = {**CEILINGS, "matmul_flops_per_s": {"fp16": None}}   # neither fp16's nor fp32's rate
+    out = cell_roofline(_case(dtype="fp16"), 1e-3, 1e-3, no_rates)
     assert out["pct_of_limit"] is None and out["bound"] is None
     assert out["peak_flops_per_s"] is None
     assert out["bytes"] > 0     # the byte count does not depend on a ceiling
@@ -198,3 +199,16 @@ def test_best_rate_takes_the_fastest_block():
     assert rate == pytest.approx(100.0 / 0.25)
     with pytest.raises(StopIteration):     # stopped at 2.25 s >= budget: all 4 blocks ran
         fn()
+
+
+def test_compute_ceiling_is_the_better_of_dtype_and_fp32():
+    """fp16 on a CPU without fp16 units: a kernel that upcasts beats the fp16 matmul, so fp32 bounds it."""
+    from audit.roofline import cell_roofline, compute_ceiling
+
+    cpu = {"matmul_flops_per_s": {"fp32": 2e11, "fp16": 3e9, "bf16": 9e11}, "copy_bytes_per_s": 4e10}
+    assert compute_ceiling(cpu, "fp16") == 2e11
+    assert compute_ceiling(cpu, "bf16") == 9e11
+    assert compute_ceiling({"matmul_flops_per_s": {"fp16": 5e14}}, "fp16") == 5e14
+    assert compute_ceiling({}, "fp16") is None
+    case = dict(batch=1, heads=2, seq_len=256, d_k=64, dtype="fp16", causal=False)
+    assert cell_roofline(case, 1e-3, None, cpu)["peak_flops_per_s"] == 2e11
