@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .grid import AXES, UsageError
+from .inputs import SCENARIOS
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -38,7 +39,7 @@ AXIS_HELP = {
     "batch": "batch sizes (positive integers)",
     "heads": "numbers of heads (positive integers)",
     "causal": "causal masking: true, false or both (true false)",
-    "scenario": "input scenarios (see README: Input scenarios)",
+    "scenario": "input scenarios: " + ", ".join(SCENARIOS) + " (README: Input scenarios)",
 }
 
 
