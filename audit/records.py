@@ -98,7 +98,7 @@ COLUMNS: dict[str, str] = {
     "telemetry_reason": "why telemetry columns are null or partial (no GPU, no driver, ...)",
     "elapsed_s": "wall time spent on the cell, seconds",
     "started_at": "UTC time the cell started (ISO 8601)",
-    "env": "environment: torch version, device name, CPU model, threads, git commit, NVML info",
+    "env": "environment: torch version, device name, CPU model, threads, git commit, cpu_allocator (pinned malloc thresholds), NVML info",
 }
 
 

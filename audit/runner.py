@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 from . import records
 from .grid import Case, Preset
 from .inputs import Inputs, make_inputs
-from .memory import peak_during
+from .memory import peak_during, pin_malloc_threshold
 from .numerics import (BACKWARD_FLOP_FACTOR, attention_flops, changed_max, classify_masked_rows,
                        error_vs_reference, nonfinite_counts, relative_error, within_budget)
 from .reference import Golden, golden_attention
@@ -437,6 +437,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     Returns counts per status of the cells measured in this call (plus "resumed").
     """
     cases = list(cases)
+    env = dict(env, cpu_allocator=pin_malloc_threshold())
     meter = _energy_meter(cases)
     done = records.completed_ids(run_dir)
     todo = [c for c in cases if c.id not in done]

@@ -23,6 +23,13 @@ def selected_cases(config) -> list[grid.Case]:
     return grid.preset_cases(selected_preset(config), overrides, known_variant=variants.check_name)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def pinned_allocator():
+    """Benchmarks in this process see the same allocator behaviour as `audit run` (memory.py)."""
+    from audit.memory import pin_malloc_threshold
+    return pin_malloc_threshold()
+
+
 def _cli_overrides(config) -> list[str]:
     args = []
     for axis in grid.AXES:
