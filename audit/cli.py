@@ -219,6 +219,8 @@ def _supervise(cases, run_dir: Path, argv: list[str]) -> int:
 
     from . import records, runner
 
+    from .memory import libc
+    libc()  # look it up here: _die_with_parent runs in the forked child, where spawning ldconfig is unwise
     cmd = [sys.executable, "-m", "audit", *argv, "--out", str(run_dir), "--worker"]
     by_id = {c.id: c for c in cases}
     for _ in range(MAX_CRASHES + 1):
@@ -259,12 +261,12 @@ def _describe_exit(code: int) -> str:
 
 def _die_with_parent() -> None:
     """Linux: the worker gets SIGKILL when the supervising process dies (kill -9 included)."""
-    import ctypes
     import signal
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+
+    from .memory import libc
+    lib = libc()
+    if lib is not None and hasattr(lib, "prctl"):
+        lib.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _write_report(run_dir: Path) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,15 +25,20 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def _malloc_trim() -> None:
+@functools.lru_cache(maxsize=1)
+def libc() -> ctypes.CDLL | None:
+    """The C library, looked up once (find_library runs ldconfig); None where there is none."""
     name = ctypes.util.find_library("c")
-    if not name:
-        return
     try:
-        libc = ctypes.CDLL(name)
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+def _malloc_trim() -> None:
+    lib = libc()
+    if lib is not None and hasattr(lib, "malloc_trim"):
+        lib.malloc_trim(0)
 
 
 M_TRIM_THRESHOLD = -1           # mallopt parameters (malloc.h)
@@ -52,13 +58,10 @@ def pin_malloc_threshold() -> str:
     peak_during still trims the heap first, so peak memory is unaffected.
     Returns a description for the record's env.
     """
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        ok = libc is not None and libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 \
-            and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
-    except (OSError, AttributeError):
-        ok = False
+    lib = libc()
+    ok = lib is not None and hasattr(lib, "mallopt") \
+        and lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 \
+        and lib.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
     if not ok:
         return "allocator not pinned (no glibc mallopt)"
     return (f"glibc malloc, mmap threshold pinned at {MMAP_THRESHOLD_BYTES >> 20} MiB, "
