@@ -131,15 +131,17 @@ def _clean(value: Any) -> Any:
 
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_V1_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}  # schema 1's spelling
 
 
-def _restore(value: Any) -> Any:
-    if isinstance(value, str) and value in _NONFINITE:
-        return _NONFINITE[value]
+def _restore(value: Any, table: dict[str, float] = _NONFINITE) -> Any:
+    """Non-finite floats back from their string form, through nested dicts and lists."""
+    if isinstance(value, str) and value in table:
+        return table[value]
     if isinstance(value, dict):
-        return {k: _restore(v) for k, v in value.items()}
+        return {k: _restore(v, table) for k, v in value.items()}
     if isinstance(value, list):
-        return [_restore(v) for v in value]
+        return [_restore(v, table) for v in value]
     return value
 
 
@@ -186,20 +188,9 @@ def _truncate_partial_line(path: Path) -> None:
         fh.truncate(keep)
 
 
-def _v1_floats(value: Any) -> Any:
-    """Schema 1 wrote non-finite floats as "nan", "inf", "-inf"."""
-    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
-        return float(value)
-    if isinstance(value, dict):
-        return {k: _v1_floats(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_v1_floats(v) for v in value]
-    return value
-
-
 def _v1_to_v2(record: dict[str, Any]) -> dict[str, Any]:
     """v2 added the numerics-audit columns; v1 cells had q_len == seq_len and golden saturation."""
-    record = _v1_floats(record)
+    record = _restore(record, _V1_NONFINITE)
     out = {col: record.get(col) for col in COLUMNS}
     out.update({k: v for k, v in record.items() if k not in out})
     out["q_len"] = record.get("seq_len")
