@@ -10,7 +10,7 @@ import math
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -88,24 +88,29 @@ def _leak_checks(inputs: Inputs, tq: int, tk: int) -> list[tuple[Any, Any]]:
     return checks
 
 
-def _leak_max_change(forward_with: Callable[[Any, Any], Any], inputs: Inputs, out: Any,
-                     tq: int, tk: int) -> float | None:
-    """Largest output change on rows that must not see the perturbed keys and values."""
+def leak_probes(inputs: Inputs) -> list[tuple[Any, Any, Any]]:
+    """(k', v', rows) per leak check: k and v with large random changes on the keys the
+    rows must not see. Built once per input set and shared by its variants."""
     import torch
-    checks = _leak_checks(inputs, tq, tk)
-    if not checks:
-        return None
-    worst = 0.0
+    tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
     gen = torch.Generator().manual_seed(1234)
-    for keys, rows in checks:
+    probes = []
+    for keys, rows in _leak_checks(inputs, tq, tk):
         noise_k = (3.0 + torch.randn(inputs.k.shape, generator=gen)).to(inputs.k.device, inputs.k.dtype)
         noise_v = (3.0 + torch.randn(inputs.v.shape, generator=gen)).to(inputs.v.device, inputs.v.dtype)
         sel = keys.transpose(-1, -2)                                            # (B|1, 1, Tk, 1)
-        k2 = torch.where(sel, inputs.k + noise_k, inputs.k)
-        v2 = torch.where(sel, inputs.v + noise_v, inputs.v)
-        out2 = forward_with(k2, v2).detach()
-        worst = max(worst, changed_max(out, out2, rows))
-    return worst
+        probes.append((torch.where(sel, inputs.k + noise_k, inputs.k),
+                       torch.where(sel, inputs.v + noise_v, inputs.v), rows))
+    return probes
+
+
+def _leak_max_change(forward_with: Callable[[Any, Any], Any], probes: list[tuple[Any, Any, Any]],
+                     out: Any) -> float | None:
+    """Largest output change on rows that must not see the perturbed keys and values."""
+    if not probes:
+        return None
+    return max(changed_max(out, forward_with(k2.detach(), v2.detach()).detach(), rows)
+               for k2, v2, rows in probes)
 
 
 def _variant_weight_metrics(variant: Variant, inputs: Inputs, q: Any, k: Any, tq: int, tk: int
@@ -203,7 +208,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     m["leak_max_change"] = _leak_max_change(
         lambda k2, v2: fn(q, k2.requires_grad_(q.requires_grad), v2.requires_grad_(q.requires_grad),
                           **kwargs),
-        inputs, out, tq, tk)
+        ref.leak_probes, out)
     if ref.golden_bottom_right is not None:
         m["causal_alignment"] = _alignment(out, golden, ref.golden_bottom_right)
 
@@ -308,6 +313,7 @@ class Reference:
     golden: Golden
     golden_bottom_right: Golden | None   # only when causal and Tq != Tk
     baseline_rmse: float | None          # `eager` in the input dtype against the golden
+    leak_probes: list = field(default_factory=list)  # leak_probes(inputs)
 
 
 class InputCache:
@@ -331,7 +337,8 @@ class InputCache:
             if inputs.causal and inputs.q.shape[-2] != inputs.k.shape[-2]:
                 bottom_right = golden_attention(inputs.q, inputs.k, inputs.v, causal=True,
                                                 visible=inputs.visible, alignment="bottom-right")
-            self.inputs, self.ref = inputs, Reference(golden, bottom_right, _baseline_rmse(inputs, golden))
+            self.inputs = inputs
+            self.ref = Reference(golden, bottom_right, _baseline_rmse(inputs, golden), leak_probes(inputs))
             self.key = case.input_key
         return self.inputs, self.ref
 
