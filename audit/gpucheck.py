@@ -15,7 +15,10 @@ import sys
 import tarfile
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 CHECK_ARGS = ("--preset", "gpu", "--scenario", "normal", "--dtype", "bf16", "fp16", "--d-k", "128",
               "--variant", "eager", "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
@@ -24,7 +27,7 @@ KEY_FILES = ("records.jsonl", "run.json", "findings.json", "index.md")
 FLAGSHIP = dict(variant="sdpa_flash", dtype="bf16", d_k=128, seq_len=8192)
 
 
-def compact_table(frame) -> "object":
+def compact_table(frame: "pd.DataFrame") -> "pd.DataFrame":
     """variant, dtype, seq_len, causal, ms, TFLOP/s, pct_of_limit, J/call, NaN for the ok cells."""
     import pandas as pd
 
@@ -38,7 +41,7 @@ def compact_table(frame) -> "object":
     return table.sort_values(["dtype", "seq_len", "causal", "variant"]).reset_index(drop=True)
 
 
-def energy_check(frame) -> "object":
+def energy_check(frame: "pd.DataFrame") -> "pd.DataFrame":
     """Counter energy per call against mean power x median time: the ratio should be near 1."""
     import pandas as pd
 
@@ -49,7 +52,7 @@ def energy_check(frame) -> "object":
     return ok[["id", "energy_method", "energy_per_call_j", "power_x_time_j", "ratio"]]
 
 
-def flagship_fraction(frame, ceilings: dict | None) -> str:
+def flagship_fraction(frame: "pd.DataFrame", ceilings: dict | None) -> str:
     """sdpa_flash bf16 d128 T8192: achieved FLOP/s over the measured bf16 matmul ceiling."""
     rows = frame[(frame["status"] == "ok")
                  & (frame[list(FLAGSHIP)] == list(FLAGSHIP.values())).all(axis=1)]
