@@ -1,10 +1,13 @@
 """Tests of audit.numerics and audit.reference on hand-built tensors."""
 from __future__ import annotations
 
+from functools import partial
+
 import math
 
 import pytest
 import torch
+from tests.helpers import random_qkv
 
 from audit import reference
 from audit.numerics import SaturationAccumulator, attention_flops, error_vs_reference, nonfinite_counts
@@ -314,12 +317,7 @@ def saturation_by_hand(probs, keep):
             "onehot_frac": onehot / n}
 
 
-def qkv(b=1, h=2, tq=7, tk=7, d=8, dtype=torch.float32, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, tq, d, generator=gen).to(dtype)
-    k = torch.randn(b, h, tk, d, generator=gen).to(dtype)
-    v = torch.randn(b, h, tk, d, generator=gen).to(dtype)
-    return q, k, v
+qkv = partial(random_qkv, tq=7, tk=7)
 
 
 @pytest.mark.parametrize("causal", [False, True])

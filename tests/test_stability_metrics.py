@@ -6,6 +6,8 @@ every detector on an input that must trigger it and on one that must not.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import dataclasses
 import math
 import textwrap
@@ -13,6 +15,7 @@ import uuid
 
 import pytest
 import torch
+from tests.helpers import random_qkv
 
 from audit import grid, inputs, memory, reference, runner
 from audit.grid import Case
@@ -195,10 +198,7 @@ def direct_attention_with_grads(q, k, v, grad_out, keep, scale=None):
     return out.detach(), dq, dk, dv
 
 
-def rand_qkv(b=2, h=2, tq=6, tk=9, d=4, seed=0, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v, g = (torch.randn(b, h, n, d, generator=gen).to(dtype) for n in (tq, tk, tk, tq))
-    return q, k, v, g
+rand_qkv = partial(random_qkv, b=2, tq=6, tk=9, d=4, grad_out=True)
 
 
 def causal_keep(tq, tk, offset=0):

@@ -1,6 +1,8 @@
 """Tests of audit.variants (built-ins, SDPA backends, plug-ins) and audit.inputs."""
 from __future__ import annotations
 
+from functools import partial
+
 import dataclasses
 import importlib
 import sys
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import random_qkv
 
 from audit import grid, variants
 from audit.grid import Case, UsageError
@@ -21,12 +24,7 @@ PLUGINS = Path(__file__).resolve().parent / "plugins"
 AGREEING = ("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash")
 
 
-def qkv(b=1, h=2, tq=16, tk=16, d=8, dtype=torch.float32, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, tq, d, generator=gen).to(dtype)
-    k = torch.randn(b, h, tk, d, generator=gen).to(dtype)
-    v = torch.randn(b, h, tk, d, generator=gen).to(dtype)
-    return q, k, v
+qkv = partial(random_qkv, tq=16, tk=16)
 
 
 def padding_like_mask(tq, tk, seed=1):
