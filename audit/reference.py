@@ -36,9 +36,13 @@ def causal_offset(tq: int, tk: int, alignment: str) -> int:
     raise ValueError(f"unknown causal alignment {alignment!r}")
 
 
-def visibility(tq: int, tk: int, r0: int, r1: int, *, causal: bool, alignment: str = "top-left",
-               visible: Any = None, device: Any = None) -> Any:
-    """(…, r1-r0, Tk) bool of which keys rows [r0, r1) may see, or None when all."""
+def visibility(tq: int, tk: int, r0: int, r1: int, *, causal: bool, device: Any,
+               alignment: str = "top-left", visible: Any = None) -> Any:
+    """(…, r1-r0, Tk) bool of which keys rows [r0, r1) may see, or None when all.
+
+    `device` has no default: the causal part is built here and must land where the
+    inputs are (a CPU arange meeting a CUDA mask broke every masked causal cell on CUDA).
+    """
     import torch
     vis = None
     if causal:

@@ -138,8 +138,8 @@ def _variant_weight_metrics(variant: Variant, inputs: Inputs, q: Any, k: Any, tq
             leaked = max(leaked, float(mass.max()))
     m = sat.result()
     m["underflow_frac"] = zero_where_golden_positive / golden_positive if golden_positive else None
-    m["leak_mass"] = leaked if visibility(tq, tk, 0, 1, causal=inputs.causal, visible=inputs.visible) \
-        is not None else None
+    m["leak_mass"] = leaked if visibility(tq, tk, 0, 1, causal=inputs.causal, visible=inputs.visible,
+                                          device=q.device) is not None else None
     m["saturation_source"] = "variant"
     return m
 
