@@ -312,8 +312,11 @@ def _representative_slice(rows: pd.DataFrame,
                           vary: tuple[str, ...] = ()) -> tuple[pd.DataFrame, str]:
     """Fix the axes a plot does not show, so its lines compare like with like.
 
-    causal=False is preferred; device, batch, heads and scenario take their most
-    common value. Returns the rows and a description such as "cpu B1 H2 full normal".
+    causal=False is preferred; device, heads and scenario take their most common value.
+    The batch is fixed in one of two ways, whichever keeps more sequence lengths: at its
+    most common value (a sweep at fixed B), or at a fixed number of tokens B·T per cell
+    (a sweep like the gpu preset's, where B shrinks as T grows). Returns the rows and a
+    description such as "cpu B1 H2 full normal" or "cuda 16384 tokens (B·T) H16 full normal".
     """
     chosen = rows
     if "causal" not in vary and len(chosen):
@@ -323,10 +326,25 @@ def _representative_slice(rows: pd.DataFrame,
     for axis in ("device", "batch", "heads", "causal", "scenario"):
         if axis in vary or not len(chosen):
             continue
+        if axis == "batch":
+            chosen, label = _fix_batch(chosen)
+            labels.append(label)
+            continue
         value = chosen[axis].mode().iloc[0]
         chosen = chosen[chosen[axis] == value]
         labels.append(_axis_label(axis, value))
     return chosen, " ".join(labels)
+
+
+def _fix_batch(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Rows of one batch size, or of one token count B·T when that keeps more seq_lens."""
+    batch = rows["batch"].mode().iloc[0]
+    by_batch = rows[rows["batch"] == batch]
+    tokens = rows["batch"].astype(int) * rows["seq_len"].astype(int)
+    by_tokens = rows[tokens == tokens.mode().iloc[0]]
+    if by_tokens["seq_len"].nunique() > by_batch["seq_len"].nunique():
+        return by_tokens, f"{int(tokens.mode().iloc[0])} tokens (B·T)"
+    return by_batch, _axis_label("batch", batch)
 
 
 def _axis_label(axis: str, value: Any) -> str:
@@ -753,15 +771,56 @@ def _save(fig: Any, path: Path) -> None:
     plt.close(fig)
 
 
+def _suptitle(fig: Any, text: str, fontsize: float = 10) -> None:
+    """A figure title wrapped to the figure's width, so a long one is never cut off."""
+    import textwrap
+
+    width = max(20, int(fig.get_figwidth() * 72 / (0.62 * fontsize)))
+    lines = [textwrap.fill(line, width) for line in text.split("\n")]
+    fig.suptitle("\n".join(lines), fontsize=fontsize)
+
+
+def overflowing_artists(fig: Any, tolerance_px: float = 1.0) -> list[str]:
+    """Texts, legends and axes that reach outside the figure's canvas (drawn cut off)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    canvas = fig.bbox
+    out = []
+    candidates = [*fig.texts, *fig.legends, *fig.axes]
+    for ax in fig.axes:
+        candidates += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label]
+        if ax.get_legend() is not None:
+            candidates.append(ax.get_legend())
+    for artist in candidates:
+        if not artist.get_visible() or (hasattr(artist, "get_text") and not artist.get_text()):
+            continue
+        box = artist.get_tightbbox(renderer) if hasattr(artist, "get_tightbbox") \
+            else artist.get_window_extent(renderer)
+        if box is None or box.width == 0:
+            continue
+        if (box.x0 < canvas.x0 - tolerance_px or box.y0 < canvas.y0 - tolerance_px
+                or box.x1 > canvas.x1 + tolerance_px or box.y1 > canvas.y1 + tolerance_px):
+            label = artist.get_text() if hasattr(artist, "get_text") else type(artist).__name__
+            out.append(f"{type(artist).__name__} {label[:40]!r}: {box.bounds} outside {canvas.bounds}")
+    return out
+
+
 def _legend_below(fig: Any, axes: Iterable[Any]) -> None:
-    """One legend for all panels, outside them, so it never covers data."""
+    """One legend for all panels, outside them, so it never covers data; as many columns
+    (at most 4) as fit the figure's width."""
     handles: dict[str, Any] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    if handles:
-        fig.legend(handles.values(), handles.keys(), loc="outside lower center",
-                   ncol=min(len(handles), 4), frameon=False)
+    if not handles:
+        return
+    renderer = fig.canvas.get_renderer()
+    for ncol in range(min(len(handles), 4), 0, -1):
+        legend = fig.legend(handles.values(), handles.keys(), loc="outside lower center",
+                            ncol=ncol, frameon=False)
+        if ncol == 1 or legend.get_window_extent(renderer).width <= 0.98 * fig.bbox.width:
+            return
+        legend.remove()
 
 
 def _panel_values(data: pd.DataFrame, axis: str | None) -> list[Any]:
@@ -832,7 +891,7 @@ def _line_panels(rows: pd.DataFrame, path: Path, *, y: str, ylabel: str, title: 
                 ax.set_xlabel("seq_len T (tokens)")
             if j == 0:
                 ax.set_ylabel(ylabel)
-    fig.suptitle(title, fontsize=10)
+    _suptitle(fig, title, fontsize=10)
     _legend_below(fig, axes.flat)
     _save(fig, path)
     return True
@@ -890,7 +949,7 @@ def _draw_roofline(frame: pd.DataFrame, path: Path, colors: dict) -> str | None:
     if rows.empty:
         return None
     dtypes = _dtype_order(rows["dtype"].unique())
-    fig, axes = plt.subplots(1, len(dtypes), squeeze=False, figsize=(5 * len(dtypes), 4.2),
+    fig, axes = plt.subplots(1, len(dtypes), squeeze=False, figsize=(max(7.0, 4.6 * len(dtypes)), 4.8),
                              layout="constrained")
     for ax, dtype in zip(axes[0], dtypes):
         sub = rows[rows["dtype"] == dtype]
@@ -899,7 +958,7 @@ def _draw_roofline(frame: pd.DataFrame, path: Path, colors: dict) -> str | None:
         bandwidth = float(pd.to_numeric(sub["peak_bytes_per_s"]).iloc[0])
         x = np.logspace(np.log10(max(intensity.min() / 4, 1e-3)), np.log10(intensity.max() * 4), 200)
         ax.plot(x, np.minimum(peak, bandwidth * x) / 1e9, color="0.3", lw=2,
-                label="measured ceiling: min(matmul FLOP/s, copy bandwidth × intensity)")
+                label="measured ceiling")
         for variant, group in sub.groupby("variant"):
             ax.scatter(pd.to_numeric(group["flops"]) / pd.to_numeric(group["bytes"]),
                        pd.to_numeric(group["gflops_per_s"]), s=14, color=colors.get(variant), label=variant)
@@ -907,9 +966,10 @@ def _draw_roofline(frame: pd.DataFrame, path: Path, colors: dict) -> str | None:
         ax.set_yscale("log")
         ax.set_xlabel("arithmetic intensity (FLOP / byte)")
         ax.set_ylabel("forward GFLOP/s")
-        ax.set_title(f"{dtype}: ceiling {peak / 1e9:.3g} GFLOP/s, {bandwidth / 1e9:.3g} GB/s")
+        ax.set_title(f"{dtype}: {peak / 1e12:.3g} TFLOP/s, {bandwidth / 1e9:.3g} GB/s", fontsize=9)
     _legend_below(fig, axes[0])
-    fig.suptitle("Achieved forward throughput against the machine's measured limits")
+    _suptitle(fig, "Forward throughput against the measured ceiling\n"
+                 "(min of matmul FLOP/s and copy bandwidth × intensity)", fontsize=10)
     _save(fig, path)
     return ("Roofline: each point is a speed cell's achieved forward GFLOP/s at its arithmetic intensity "
             "(FLOPs / fewest bytes); the grey line is the run's measured ceiling (run.json: ceilings).")
@@ -967,7 +1027,7 @@ def _grouped_bars(table: pd.DataFrame, path: Path, *, ylabel: str, title: str,
         ax.set_ylim(bottom=floor / 2)
     ax.set_xticks(positions, variants, rotation=30, ha="right")
     ax.set_ylabel(ylabel)
-    fig.suptitle(title, fontsize=10)
+    _suptitle(fig, title, fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
     fig.legend(title="dtype", loc="outside right upper", frameon=False)
     _save(fig, path)
@@ -1035,7 +1095,7 @@ def _draw_saturation(frame: pd.DataFrame, path: Path, colors: dict) -> str | Non
         ax.set_ylabel(label)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(True, alpha=0.3)
-    fig.suptitle(f"Softmax saturation of the float64 golden ({selected}; mean over seq_len)",
+    _suptitle(fig, f"Softmax saturation of the float64 golden ({selected}; mean over seq_len)",
                  fontsize=10)
     _legend_below(fig, axes[:1])
     _save(fig, path)
@@ -1068,7 +1128,7 @@ def _draw_saturation_sweep(frame: pd.DataFrame, path: Path, colors: dict) -> str
         ax.set_ylabel(label)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(True, alpha=0.3)
-    fig.suptitle("Softmax saturation vs logit scale: float64 golden and variants' own weights "
+    _suptitle(fig, "Softmax saturation vs logit scale: float64 golden and variants' own weights "
                  "(non-causal cells, mean over dtype, d_k, seq_len)", fontsize=10)
     _legend_below(fig, axes)
     _save(fig, path)

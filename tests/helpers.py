@@ -10,3 +10,20 @@ def random_qkv(b: int = 1, h: int = 2, tq: int = 16, tk: int = 16, d: int = 8,
     gen = torch.Generator().manual_seed(seed)
     shapes = [(b, h, tq, d), (b, h, tk, d), (b, h, tk, d)] + ([(b, h, tq, d)] if grad_out else [])
     return tuple(torch.randn(shape, generator=gen).to(dtype) for shape in shapes)
+
+
+H200_RUNS = __import__("pathlib").Path(__file__).resolve().parent / "data" / "h200-2026-11-30"
+
+
+def h200_run(name: str, dest):
+    """Unpack the shared H200 run folder `name` (full, gc, stab, comp) under `dest`; its path."""
+    import gzip
+    import shutil
+    from pathlib import Path
+
+    src, out = H200_RUNS / name, Path(dest) / name
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src / "run.json", out / "run.json")
+    with gzip.open(src / "records.jsonl.gz", "rb") as fin, open(out / "records.jsonl", "wb") as fout:
+        shutil.copyfileobj(fin, fout)
+    return out

@@ -1,0 +1,86 @@
+"""Figures drawn from the real H200 records: every T of a sweep shown, nothing cut off."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from audit import report  # noqa: E402
+from tests.helpers import h200_run  # noqa: E402
+
+H200_FOLDERS = ("full", "gc", "stab", "comp")
+
+
+def _build_checked(run_dir: Path, monkeypatch) -> dict[str, tuple[list[str], list]]:
+    """build_report with every figure checked before it is saved: {file: (overflows, axes x data)}."""
+    seen: dict[str, tuple[list[str], list]] = {}
+    save = report._save
+
+    def checked(fig, path):
+        xs = [sorted({float(x) for line in ax.lines for x in line.get_xdata()}) for ax in fig.axes]
+        seen[Path(path).name] = (report.overflowing_artists(fig), xs)
+        save(fig, path)
+
+    monkeypatch.setattr(report, "_save", checked)
+    report.build_report(run_dir)
+    return seen
+
+
+@pytest.mark.parametrize("name", H200_FOLDERS)
+def test_no_figure_reaches_outside_its_canvas(name, tmp_path, monkeypatch):
+    seen = _build_checked(h200_run(name, tmp_path), monkeypatch)
+    assert seen, "no figure drawn"
+    assert {f: over for f, (over, _) in seen.items() if over} == {}
+
+
+def test_latency_shows_every_seq_len_of_a_constant_token_sweep(tmp_path, monkeypatch):
+    """The gpu preset sweeps T 512-16384 at 16384 tokens per cell (B = 16384 / T)."""
+    seen = _build_checked(h200_run("full", tmp_path), monkeypatch)
+    for figure in ("latency_fwd.png", "latency_fwd_bwd.png"):
+        _, xs = seen[figure]
+        assert xs and all(x == [512.0, 2048.0, 8192.0, 16384.0] for x in xs if x), (figure, xs)
+    text = (tmp_path / "full" / "index.md").read_text()
+    assert "16384 tokens (B·T)" in text
+
+
+def test_fixed_batch_sweeps_keep_the_batch():
+    import pandas as pd
+
+    rows = pd.DataFrame({"device": "cpu", "batch": [1, 1, 1, 4], "heads": 2, "causal": False,
+                         "scenario": "normal", "seq_len": [128, 512, 2048, 128]})
+    chosen, label = report._representative_slice(rows)
+    assert list(chosen["seq_len"]) == [128, 512, 2048]
+    assert "B1" in label
+
+
+def test_overflow_check_catches_a_cut_off_title_and_legend():
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([1, 2], [1, 2], label="a label far too long to fit in a three-inch figure, in one line")
+    fig.suptitle("a title far too long to fit in a three-inch-wide figure, drawn cut off at both ends")
+    fig.legend(loc="lower center", ncol=1)
+    problems = report.overflowing_artists(fig)
+    plt.close(fig)
+    assert any("title far too long" in p for p in problems)
+    assert any(p.startswith("Legend") for p in problems)
+
+
+def test_overflow_check_passes_a_figure_that_fits():
+    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
+    ax.plot([1, 2], [1, 2], label="short")
+    ax.set_title("fits")
+    fig.legend(loc="outside lower center")
+    assert report.overflowing_artists(fig) == []
+    plt.close(fig)
+
+
+def test_no_figure_of_a_cpu_run_reaches_outside_its_canvas(tmp_path, monkeypatch):
+    from tests.test_report import _write_run
+
+    seen = _build_checked(_write_run(tmp_path), monkeypatch)
+    assert len(seen) >= 6
+    assert {f: over for f, (over, _) in seen.items() if over} == {}
