@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "to DIR/records.jsonl as soon as it is measured; rerunning with the same "
                                      "--out finishes the remaining cells. Axis options take one or more values "
                                      "and replace the preset's values for that axis.")
-    run.add_argument("--preset", help="quick, cpu or gpu (default: gpu when CUDA is available, else cpu)")
+    run.add_argument("--preset", help="quick, cpu, gpu or gpu-check (default: gpu when CUDA is available, else cpu)")
     for axis in AXES:
         run.add_argument(_axis_flag(axis), dest=axis, nargs="+", metavar="V", help=AXIS_HELP[axis])
     run.add_argument("--out", metavar="DIR",
@@ -66,15 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--min-samples", type=int, metavar="N",
                      help="timed samples per measurement, at least (default: the preset's)")
     run.add_argument("--energy-window-s", type=float, metavar="S",
-                     help="CUDA: seconds of repeated forward calls per cell for the NVML energy "
-                          "counter (default 1; 0 turns energy measurement off)")
+                     help="CUDA: least seconds between the two NVML energy-counter updates that bound a "
+                          "cell's energy window (default: the preset's, 0.05 for gpu; 0 turns energy off)")
     run.add_argument("--l2-flush", action="store_true",
                      help="CUDA: overwrite a 256 MiB buffer before every timed sample so each starts with "
                           "a cold L2; samples are then single calls")
     run.add_argument("--cuda-graph", action="store_true",
                      help="CUDA: time CUDA-graph replays of the call (less launch overhead); "
                           "recorded per cell, falls back to eager calls where capture fails")
-    run.add_argument("--dry-run", action="store_true", help="print the cells and their count, measure nothing")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the cells, each with its predicted time, and the predicted total per phase "
+                          "and per variant (README: Cost model); measure nothing but the ceilings")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="write records only, no figures or index")
     run.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: the measuring process
@@ -157,10 +159,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     cases = grid.preset_cases(preset, overrides, known_variant=variants.check_name)
     axes = {a: tuple(dict.fromkeys(getattr(c, a) for c in cases)) for a in AXES}
     if args.dry_run:
-        for case in cases:
-            print(case.id)
-        print(f"{len(cases)} cells")
-        return 0
+        return _dry_run(cases, preset, Path(args.out) if args.out else None)
     for flag, on in (("--cuda-graph", preset.cuda_graph), ("--l2-flush", preset.l2_flush)):
         if on and not any(c.device == "cuda" for c in cases):
             raise UsageError(f"{flag}: needs cuda cells (--device cuda); this grid is cpu only")
@@ -190,6 +189,21 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"records: {run_dir / 'records.jsonl'}")
         return 0
     return _write_report(run_dir)
+
+
+def _dry_run(cases, preset, run_dir: Path | None) -> int:
+    """Every cell with its predicted status and seconds, then the totals per phase and variant."""
+    from .costmodel import plan, summary
+
+    pred, notes = plan(cases, preset, run_dir)
+    for row in pred.itertuples():
+        extra = f"  {row.status}: {row.reason}" if row.status != "ok" else ""
+        print(f"{row.id}  {row.total_s:.2f} s{extra}")
+    print(f"{len(cases)} cells")
+    for note in notes:
+        print(f"cost model: {note}")
+    print(summary(pred))
+    return 0
 
 
 MAX_CRASHES = 100

@@ -73,7 +73,7 @@ class Preset:
     min_samples: int = 5          # timed samples per measurement, at least
     min_time_s: float = 0.2       # and at least this much timed time
     max_cell_s: float = 30.0      # estimated cell time above which the cell is skipped
-    energy_window_s: float = 1.0  # CUDA: repeated calls per cell for the NVML energy counter
+    energy_window_s: float = 0.1  # CUDA: least time between the two energy-counter updates that bound the window
     l2_flush: bool = False        # overwrite a cache-sized buffer before every timed sample
     cuda_graph: bool = False      # CUDA: time CUDA-graph replays of the call
 
@@ -106,6 +106,8 @@ GPU_STABILITY_SCENARIOS: tuple[str, ...] = (
 
 GPU_TOKENS = 16384  # gpu preset: batch x seq_len per cell, as FlashAttention's benchmarks
 GPU_SEQ_LENS = (512, 2048, 8192, 16384)
+GPU_COMPILED_SEQ_LENS = (2048, 8192)   # compiled variants cost ~4 s of compiling per shape
+COMPILED = ("compiled", "compiled_unfused", "flex")
 
 
 def presets() -> dict[str, Preset]:
@@ -160,17 +162,53 @@ def presets() -> dict[str, Preset]:
                 *(dict(variant=uncompiled, device=("cuda",), dtype=("bf16",), d_k=(64, 128, 256),
                        seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
                        scenario=("normal",)) for t in GPU_SEQ_LENS),
-                *(dict(variant=uncompiled, device=("cuda",), dtype=("fp16", "fp32"), d_k=(128,),
+                *(dict(variant=uncompiled, device=("cuda",), dtype=("fp16",), d_k=(128,),
                        seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
                        scenario=("normal",)) for t in GPU_SEQ_LENS),
-                *(dict(variant=("compiled", "compiled_unfused", "flex"), device=("cuda",), dtype=("bf16",),
-                       d_k=(128,), seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,),
-                       causal=(False, True), scenario=("normal",)) for t in GPU_SEQ_LENS),
-                dict(variant=every + ("flex",), device=("cuda",), dtype=("fp16", "bf16"), d_k=(128,),
+                *(dict(variant=uncompiled, device=("cuda",), dtype=("fp32",), d_k=(128,),
+                       seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
+                       scenario=("normal",)) for t in GPU_SEQ_LENS[:-1]),
+                *(dict(variant=COMPILED, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(t,),
+                       batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
+                       scenario=("normal",)) for t in GPU_COMPILED_SEQ_LENS),
+                dict(variant=tuple(v for v in every if v not in COMPILED), device=("cuda",),
+                     dtype=("fp16", "bf16"), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
+                     causal=(False, True), scenario=GPU_STABILITY_SCENARIOS),
+                # Compiled code is built once per shape, dtype and mask kind (~4 s each on an H200):
+                # fp16 only (where fp16_range overflows), and the unfused compile of the hand-written
+                # math non-causal only (causal changes its mask, not its arithmetic).
+                dict(variant=("compiled", "flex"), device=("cuda",), dtype=("fp16",), d_k=(128,),
                      seq_len=(1024,), batch=(2,), heads=(16,), causal=(False, True),
                      scenario=GPU_STABILITY_SCENARIOS),
+                dict(variant=("compiled_unfused",), device=("cuda",), dtype=("fp16",), d_k=(128,),
+                     seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
+                     scenario=GPU_STABILITY_SCENARIOS),
             ),
-            min_samples=5, min_time_s=0.1, max_cell_s=20.0,
+            min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05,
+        ),
+        "gpu-check": Preset(
+            name="gpu-check",
+            description="the GPU acceptance checks (make gpu-check): small and large speed cells of "
+                        "every SDPA backend, masked causal cells, compiled-code reuse, a golden subset, "
+                        "a cell too big for the device",
+            grids=(
+                *(dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"),
+                       device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(t,), batch=(b,), heads=(16,),
+                       causal=(False, True), scenario=("normal",))
+                  for t, b in ((512, 32), (1024, 2), (8192, 2))),
+                dict(variant=("eager", "sdpa"), device=("cuda",), dtype=("bf16",), d_k=(128,),
+                     seq_len=(16384,), batch=(1,), heads=(16,), causal=(False,), scenario=("normal",)),
+                dict(variant=("eager", "eager_fp32", "broken.clamped", "sdpa", "sdpa_cudnn"),
+                     device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,),
+                     heads=(16,), causal=(True,),
+                     scenario=("padding", "fully_masked_bool", "fully_masked_neginf", "cross_causal")),
+                dict(variant=("compiled", "flex"), device=("cuda",), dtype=("fp16",), d_k=(128,),
+                     seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
+                     scenario=("normal", "scaled_x16", "padding")),
+                dict(variant=("eager", "eager_fp32"), device=("cuda",), dtype=("fp32",), d_k=(128,),
+                     seq_len=(65536,), batch=(1,), heads=(16,), causal=(False,), scenario=("normal",)),
+            ),
+            min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05,
         ),
     }
 

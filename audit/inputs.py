@@ -45,6 +45,7 @@ class Scenario:
     description: str
     q_len: Callable[[int], int]          # seq_len (kv length) -> query length
     draw: Callable[..., dict]            # (case, gen, tq, tk) -> overrides for Inputs fields
+    mask: tuple[str, str] | None = None  # (bool | float, per-batch | per-row) of the mask tensor, if any
 
 
 def _randn(gen, shape):
@@ -131,13 +132,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("outliers", "N(0,1) + N(0,100)·Bernoulli(0.001) (FlashAttention-3)", lambda t: t, _outliers),
     Scenario("fp16_range", "|q|≈576, |k|≈383 aligned: q·k ≈ 2.2e5 overflows fp16 (pytorch#119131)",
              lambda t: t, _fp16_range),
-    Scenario("padding", "key padding mask (B,1,1,T), valid lengths 3/4 T and shorter", lambda t: t, _padding),
+    Scenario("padding", "key padding mask (B,1,1,T), valid lengths 3/4 T and shorter", lambda t: t, _padding,
+             ("bool", "per-batch")),
     Scenario("fully_masked_bool", "every 8th query row sees no key: bool mask", lambda t: t,
-             _fully_masked("bool")),
+             _fully_masked("bool"), ("bool", "per-row")),
     Scenario("fully_masked_neginf", "every 8th query row sees no key: float mask of -inf", lambda t: t,
-             _fully_masked("neginf")),
+             _fully_masked("neginf"), ("float", "per-row")),
     Scenario("fully_masked_finfo_min", "every 8th query row sees no key: float mask of finfo.min",
-             lambda t: t, _fully_masked("finfo_min")),
+             lambda t: t, _fully_masked("finfo_min"), ("float", "per-row")),
     Scenario("decode", "one query against T keys (q_len = 1)", lambda t: 1, _normal),
     Scenario("cross_causal", "q_len = T/2 against T keys: top-left vs bottom-right causal differ",
              lambda t: max(1, t // 2), _normal),
@@ -151,6 +153,17 @@ def seed_for(case: Case) -> int:
 
 def q_len(case: Case) -> int:
     return SCENARIOS[case.scenario].q_len(case.seq_len)
+
+
+def mask_shape(case: Case) -> tuple[str, tuple[int, ...]] | None:
+    """(bool | float, shape) of the mask tensor a variant gets in this cell, or None: what
+    compiled code is specialized on, known without building the tensors."""
+    mask = SCENARIOS[case.scenario].mask
+    if mask is None:
+        return None
+    kind, layout = mask
+    tq = q_len(case)
+    return kind, ((case.batch, 1, 1, case.seq_len) if layout == "per-batch" else (1, 1, tq, case.seq_len))
 
 
 def make_inputs(case: Case) -> Inputs:

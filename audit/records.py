@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 RECORDS_FILE = "records.jsonl"
 STATUSES = ("ok", "skipped", "error", "oom")
 
@@ -31,7 +31,7 @@ COLUMNS: dict[str, str] = {
     "heads": "number of heads H",
     "causal": "true: causal (top-left aligned) masking",
     "scenario": "input scenario (README: Input scenarios); normal: q, k, v ~ N(0, 1)",
-    "status": "ok, skipped, error or oom",
+    "status": "ok, skipped, error or oom (out of memory, or predicted not to fit in the free memory: then not run)",
     "reason": "why a cell is not ok; for an ok cell, what was not measured (e.g. forward only: no backward), else null",
     "fwd_ms": "median forward latency in ms (inputs require grad, as in training)",
     "fwd_iqr_ms": "interquartile range of the forward samples in ms",
@@ -41,10 +41,14 @@ COLUMNS: dict[str, str] = {
     "fwd_bwd_n": "number of forward+backward samples",
     "fwd_samples_s": "raw forward samples, seconds per call",
     "fwd_bwd_samples_s": "raw forward+backward samples, seconds per call",
-    "timer": "how time was measured (cpu: perf_counter around blocks of calls)",
+    "timer": "how time was measured (cpu: perf_counter around blocks of calls; cuda: CUDA events around blocks of calls queued behind a spin kernel, the device's own time)",
+    "fwd_host_ms": "CUDA: median host time to issue one forward call (Python, dispatch, launches), ms",
+    "fwd_bwd_host_ms": "CUDA: median host time to issue one forward+backward call, ms",
+    "host_bound": "CUDA: true when issuing the calls takes the host longer than the device takes to run them (forward or forward+backward): in a plain loop the GPU would wait for Python; fwd_ms is the device's time either way",
     "l2_flush": "CUDA: true when the L2 was flushed (a 256 MiB buffer overwritten) before every timed sample (--l2-flush)",
     "cuda_graph": "true when CUDA-graph replays were timed (--cuda-graph); never compare timings across these methods",
-    "compile_s": "compiled variants: first-call time minus steady-state time, forward plus forward+backward (null for eager variants)",
+    "compile_s": "compiled variants: first-call time minus steady-state time, forward plus forward+backward, in the cell that compiled (null for eager variants and reused code)",
+    "compile_reused": "compiled variants: true when the cell reused code compiled by an earlier cell of the same shapes, dtype, causal flag and mask kind (no compile here)",
     "fused_sdpa": "compiled variants: true when Inductor rewrote the code into fused SDPA (its numerics are then SDPA's)",
     "sdpa_backend": "SDPA variants: the backend that ran (the forced one, or the dispatcher's choice for `sdpa`)",
     "peak_bytes": "peak memory of one forward call above the baseline, bytes (cpu: VmHWM; cuda: allocator peak)",
@@ -58,6 +62,7 @@ COLUMNS: dict[str, str] = {
     "out_nonfinite_visible": "NaN+inf count in output rows that see at least one key (the float64 golden is finite there)",
     "grad_nan": "NaN count in the gradients of q, k and v together",
     "grad_inf": "inf count in the gradients of q, k and v together",
+    "golden_subset": "null when the float64 golden covers every (batch, head) slice; else the [b, h] slices it covers (evenly spaced, fixed by the shapes: README, Golden reference). Error, gradient-error and saturation columns are over these slices; NaN/inf counts, masked_rows and leak_max_change over the whole output",
     "max_abs_err": "max |out - golden| against the float64 reference, over rows that see a key",
     "rmse": "root-mean-square of out - golden over rows that see a key",
     "rel_err": "relative Frobenius error ||out - golden|| / ||golden|| over rows that see a key",
@@ -87,14 +92,17 @@ COLUMNS: dict[str, str] = {
     "fwd_bwd_bytes": "fewest bytes of forward+backward (backward reads Q, K, V, O, dO, writes dQ, dK, dV)",
     "peak_flops_per_s": "the run's measured matmul FLOP/s for this device: the better of the dtype's and fp32's, since a kernel may upcast (run.json: ceilings)",
     "peak_bytes_per_s": "the run's measured device-to-device copy bandwidth, bytes read + written per second",
-    "energy_per_call_j": "CUDA: joules per forward call over a window of repeated calls (NVML)",
-    "energy_method": "counter (NVML total-energy counter delta) or power×time (fallback where the counter is unsupported)",
-    "mean_power_w": "CUDA: mean board power during the energy window, W",
+    "energy_per_call_j": "CUDA: joules per forward call: mean power over the energy window × device time per call (README: Telemetry)",
+    "energy_method": "counter (NVML energy counter, window between two of its updates), counter (unaligned), or power×time (no counter), then 'over' the calls: CUDA-graph replays or eager calls",
+    "mean_power_w": "CUDA: mean board power during the energy window from the energy counter, W",
+    "sampled_power_w": "CUDA: mean of instantaneous power readings during the window, W (an independent check of mean_power_w)",
+    "energy_idle_frac": "CUDA: fraction of the window the GPU waited between calls (1 - calls × fwd time / device time); above 0.05 the reason says the energy includes idle power",
     "sm_clock_mhz": "CUDA: median SM clock during the window, MHz",
     "temperature_c": "CUDA: highest GPU temperature during the window, °C",
     "throttle_reasons": "CUDA: clock throttle reasons seen during the window (names)",
-    "energy_calls": "forward calls in the energy window",
-    "energy_window_s": "length of the energy window, s",
+    "energy_calls": "forward calls run while measuring energy",
+    "energy_window_s": "length of the energy window (between two updates of the energy counter), s",
+    "energy_cost_s": "CUDA: wall time the energy measurement added to the cell (graph capture and window), s",
     "telemetry_reason": "why telemetry columns are null or partial (no GPU, no driver, ...)",
     "elapsed_s": "wall time spent on the cell, seconds",
     "started_at": "UTC time the cell started (ISO 8601)",
@@ -200,7 +208,16 @@ def _v1_to_v2(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-MIGRATIONS = {1: _v1_to_v2}
+def _v2_to_v3(record: dict[str, Any]) -> dict[str, Any]:
+    """v3 added golden_subset (v2 goldens covered every slice), host-side timing, compile reuse
+    and the energy window's idle fraction and sampled power (absent before: null)."""
+    out = {col: record.get(col) for col in COLUMNS}
+    out.update({k: v for k, v in record.items() if k not in out})
+    out["schema"] = 3
+    return out
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def migrate(record: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,13 @@ from typing import Any, Iterator
 
 from .numerics import SaturationAccumulator
 
-CHUNK_BYTES = 32 * 2**20  # float64 score block per chunk; backward holds a few of these
+CHUNK_BYTES = 32 * 2**20        # float64 score block per chunk on the CPU; backward holds a few
+CUDA_CHUNK_BYTES = 256 * 2**20  # on a GPU: fewer, larger chunks (each chunk costs launches and syncs)
+
+# Float64 FLOPs (forward + backward) the golden may spend on one input set. Past it, the
+# golden covers an evenly spaced, deterministic subset of (batch, head) slices: attention is
+# independent per slice, so the subset's golden is exact for those slices (golden_subset).
+GOLDEN_FLOP_BUDGET = {"cpu": 3e10, "cuda": 4e12}
 
 
 @dataclass
@@ -55,8 +61,12 @@ def visibility(tq: int, tk: int, r0: int, r1: int, *, causal: bool, device: Any,
     return vis
 
 
-def _chunks(tq: int, per_row_bytes: int) -> Iterator[tuple[int, int]]:
-    rows = max(1, CHUNK_BYTES // max(1, per_row_bytes))
+def _chunk_bytes(device: Any) -> int:
+    return CUDA_CHUNK_BYTES if str(device).startswith("cuda") else CHUNK_BYTES
+
+
+def _chunks(tq: int, per_row_bytes: int, device: Any = "cpu") -> Iterator[tuple[int, int]]:
+    rows = max(1, _chunk_bytes(device) // max(1, per_row_bytes))
     for r0 in range(0, tq, rows):
         yield r0, min(tq, r0 + rows)
 
@@ -69,7 +79,7 @@ def golden_prob_chunks(q: Any, k: Any, *, causal: bool, visible: Any = None, sca
     B, H, Tq, d = q64.shape
     Tk = k64.shape[-2]
     scale = d ** -0.5 if scale is None else scale
-    for r0, r1 in _chunks(Tq, B * H * Tk * 8):
+    for r0, r1 in _chunks(Tq, B * H * Tk * 8, q.device):
         scores = (q64[:, :, r0:r1] @ k64.transpose(-2, -1)) * scale            # (B, H, rows, Tk)
         vis = visibility(Tq, Tk, r0, r1, causal=causal, alignment=alignment, visible=visible,
                          device=q.device)
@@ -93,11 +103,11 @@ def golden_attention(q: Any, k: Any, v: Any, *, grad_out: Any = None, causal: bo
     dq, dk, dv = ((torch.zeros_like(t) if grad_out is not None else None) for t in (q64, k64, v64))
     row_visible = torch.zeros(B, H, Tq, dtype=torch.bool, device=q.device)
     sat = SaturationAccumulator()
-    max_logit = max_qk = 0.0
+    max_qk = torch.zeros((), dtype=torch.float64, device=q.device)            # stays on the device
     needs_grad = grad_out is not None
     kl = k64.detach().requires_grad_(needs_grad)                               # (B, H, Tk, d)
     vl = v64.detach().requires_grad_(needs_grad)
-    for r0, r1 in _chunks(Tq, B * H * Tk * 8):
+    for r0, r1 in _chunks(Tq, B * H * Tk * 8, q.device):
         vis = visibility(Tq, Tk, r0, r1, causal=causal, alignment=alignment, visible=visible,
                          device=q.device)
         with torch.enable_grad():
@@ -121,10 +131,57 @@ def golden_attention(q: Any, k: Any, v: Any, *, grad_out: Any = None, causal: bo
         p = probs.detach()
         sat.add(p, None if vis is None else vis.expand_as(p))
         seen = raw.detach() if vis is None else raw.detach().masked_fill(~vis, 0.0)
-        max_qk = max(max_qk, float(seen.abs().max()) if seen.numel() else 0.0)
+        if seen.numel():
+            max_qk = torch.maximum(max_qk, seen.abs().amax())
         del raw, scores, probs, p, seen
     saturation = sat.result()
-    saturation["max_qk"] = max_qk
-    saturation["max_logit"] = max_qk * scale
+    saturation["max_qk"] = float(max_qk)
+    saturation["max_logit"] = float(max_qk) * scale
     return Golden(out=out, dq=dq, dk=dk, dv=dv, row_visible=row_visible, saturation=saturation,
                   alignment=alignment)
+
+
+def row_visibility(tq: int, tk: int, *, causal: bool, device: Any, visible: Any = None,
+                   alignment: str = "top-left") -> Any:
+    """(B|1, 1, Tq) bool: which query rows see at least one key. Cheap (no float64 work),
+    so it covers the whole output even when the golden covers a subset of slices."""
+    import torch
+    vis = visibility(tq, tk, 0, tq, causal=causal, device=device, alignment=alignment,
+                     visible=visible)
+    if vis is None:
+        return torch.ones(1, 1, tq, dtype=torch.bool, device=device)
+    while vis.dim() < 4:
+        vis = vis[None]
+    return vis.any(-1).expand(vis.shape[0], 1, tq)                            # (B|1, 1, Tq)
+
+
+def golden_flops(tq: int, tk: int, d: int, causal: bool) -> float:
+    """Float64 FLOPs of one (batch, head) slice's golden, forward and backward."""
+    from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
+    return float(attention_flops(1, 1, tq, tk, d, causal)) * (1 + BACKWARD_FLOP_FACTOR)
+
+
+def golden_slices(batch: int, heads: int, tq: int, tk: int, d: int, causal: bool,
+                  device: str) -> list[tuple[int, int]] | None:
+    """The (batch, head) slices the golden covers: None for all of them, else k slices evenly
+    spaced over b·H + h (the first always included), k = budget // one slice's FLOPs, >= 1.
+
+    Deterministic in the shapes and device type alone, so a cell gets the same subset in
+    every run and runs stay comparable.
+    """
+    budget = GOLDEN_FLOP_BUDGET["cuda" if str(device).startswith("cuda") else "cpu"]
+    n = batch * heads
+    k = max(1, int(budget // max(1.0, golden_flops(tq, tk, d, causal))))
+    if k >= n:
+        return None
+    return [((i * n // k) // heads, (i * n // k) % heads) for i in range(k)]
+
+
+def take_slices(t: Any, slices: list[tuple[int, int]] | None) -> Any:
+    """(B|1, H|1, ...) -> (1, k, ...): the given (batch, head) slices (broadcast dims read 0).
+    None (every slice) returns `t` itself."""
+    import torch
+    if slices is None or t is None:
+        return t
+    B, H = t.shape[0], t.shape[1]
+    return torch.stack([t[b if B > 1 else 0, h if H > 1 else 0] for b, h in slices])[None]

@@ -21,9 +21,11 @@ from .inputs import Inputs, make_inputs
 from .memory import peak_during, pin_malloc_threshold
 from .numerics import (BACKWARD_FLOP_FACTOR, attention_flops, changed_max, classify_masked_rows,
                        error_vs_reference, nonfinite_counts, relative_error, within_budget)
-from .reference import Golden, golden_attention
-from .timing import Samples, cache_flusher, cuda_graph_replay, measure, sync_for, time_call
-from .variants import BackwardUnsupported, Unsupported, Variant, fused_attention_count, resolve
+from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices
+from .timing import (DeviceTimingFailed, Samples, cache_flusher, cuda_graph_replay, measure, measure_device,
+                     sync_for, time_call)
+from .variants import (BackwardUnsupported, Unsupported, Variant, compiled_graph_count, fused_attention_count,
+                       resolve)
 
 RUN_FILE = "run.json"
 
@@ -32,15 +34,24 @@ class CellSkipped(Exception):
     """A cell skipped by a documented rule (too slow for the device, say)."""
 
 
+class CellTooBig(Exception):
+    """A cell predicted to need more memory than is free: recorded as `oom` without running."""
+
+
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
 def _is_oom(exc: BaseException) -> bool:
+    """An allocation failure on any device: CUDA's OutOfMemoryError, the CPU allocator's
+    "can't allocate memory", Python's MemoryError."""
     import torch
     if isinstance(exc, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGES)
 
 
 def _reason(exc: BaseException) -> str:
@@ -113,19 +124,22 @@ def _leak_max_change(forward_with: Callable[[Any, Any], Any], probes: list[tuple
                for k2, v2, rows in probes)
 
 
-def _variant_weight_metrics(variant: Variant, inputs: Inputs, q: Any, k: Any, tq: int, tk: int
+def _variant_weight_metrics(variant: Variant, inputs: Inputs, ref: "Reference", q: Any, k: Any
                             ) -> dict[str, Any]:
-    """Saturation, underflow and leaked mass from the variant's own attention weights."""
+    """Saturation, underflow and leaked mass from the variant's own attention weights, on the
+    golden's (batch, head) slices (all of them unless golden_subset says otherwise)."""
     import torch
     from .numerics import SaturationAccumulator
-    from .reference import golden_prob_chunks, visibility
+    from .reference import golden_prob_chunks
 
+    q, k = ref.take(q), ref.take(k)                                              # (B|1, H|k, Tq, d)
+    mask, visible = ref.take(inputs.mask), ref.take(inputs.visible)
     with torch.no_grad():
-        probs = variant.probs(q, k, mask=inputs.mask, causal=inputs.causal)   # (B, H, Tq, Tk)
+        probs = variant.probs(q, k, mask=mask, causal=inputs.causal)             # (B, H, Tq, Tk)
     sat = SaturationAccumulator()
     zero_where_golden_positive = golden_positive = 0
-    leaked = 0.0
-    for r0, r1, gold, vis in golden_prob_chunks(q, k, causal=inputs.causal, visible=inputs.visible):
+    leaked = None
+    for r0, r1, gold, vis in golden_prob_chunks(q, k, causal=inputs.causal, visible=visible):
         p = probs[:, :, r0:r1].double()                                          # (B, H, rows, Tk)
         visx = None if vis is None else vis.expand_as(p)
         sat.add(p, visx)
@@ -135,27 +149,29 @@ def _variant_weight_metrics(variant: Variant, inputs: Inputs, q: Any, k: Any, tq
         if visx is not None:
             seeing = visx.any(-1, keepdim=True)
             mass = torch.where(~visx & seeing, p, torch.zeros_like(p)).sum(-1)   # (B, H, rows)
-            leaked = max(leaked, float(mass.max()))
+            leaked = mass.amax() if leaked is None else torch.maximum(leaked, mass.amax())
     m = sat.result()
     m["underflow_frac"] = zero_where_golden_positive / golden_positive if golden_positive else None
-    m["leak_mass"] = leaked if visibility(tq, tk, 0, 1, causal=inputs.causal, visible=inputs.visible,
-                                          device=q.device) is not None else None
+    m["leak_mass"] = None if leaked is None else float(leaked)
     m["saturation_source"] = "variant"
     return m
 
 
 def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
-                 preset: Preset, *, ceilings: dict | None = None, meter: Any = None) -> dict[str, Any]:
+                 preset: Preset, *, ceilings: dict | None = None, meter: Any = None,
+                 builds: "BuildCache | None" = None) -> dict[str, Any]:
     """Measure one cell; return the measurement columns. Raises Unsupported/CellSkipped.
 
     ceilings: the run's measured limits for this device (roofline columns);
-    meter: a telemetry.EnergyMeter for CUDA cells (energy and power columns).
+    meter: a telemetry.EnergyMeter for CUDA cells (energy and power columns);
+    builds: the run's BuildCache (compiled code reused across cells of the same shapes).
     """
     import torch
 
     sync = sync_for(case.device)
+    fn, build = (builds or BuildCache()).get(variant, inputs)
+    graphs_before = compiled_graph_count() if variant.compiled else 0
     fused_before = fused_attention_count() if variant.compiled else 0
-    fn = variant.build()
     q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
     kwargs = dict(mask=inputs.mask, causal=inputs.causal)
     tq, tk = q.shape[-2], k.shape[-2]
@@ -189,53 +205,51 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
             f"too slow for this device: one forward+backward took {warm_fb:.3g} s, so this cell "
             f"would take about {(warm_fwd + warm_fb) * n_timed:.0f} s "
             f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
+    compiled_here = variant.compiled and compiled_graph_count() > graphs_before
+    if variant.compiled and build.fused is None:
+        build.fused = fused_attention_count() > fused_before
 
-    m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}"}
+    m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}",
+                         "golden_subset": None if ref.slices is None else [list(p) for p in ref.slices]}
     if variant.backend is not None:
         m["sdpa_backend"] = variant.backend(q, k, v, **kwargs)
     golden = ref.golden
     out, m["peak_bytes"] = peak_during(forward, case.device)
     out = out.detach()
     m["out_nan"], m["out_inf"] = nonfinite_counts([out])
-    seeing = golden.row_visible.expand(out.shape[:-1])                             # (B, H, Tq)
+    seeing = ref.row_visible.expand(out.shape[:-1])                                # (B, H, Tq)
     m["out_nonfinite_visible"] = int((~torch.isfinite(out) & seeing[..., None]).sum())
-    m.update(error_vs_reference(out, golden.out, golden.row_visible))
+    m.update(error_vs_reference(ref.take(out), golden.out, golden.row_visible))
     base = ref.baseline_rmse
     m["err_ratio"] = (m["rmse"] / base if base and math.isfinite(base) and base > 0 else None)
     m["within_budget"] = within_budget(m["rmse"], base, case.dtype)
-    m["masked_rows"] = classify_masked_rows(out, ~golden.row_visible, inputs.v)
+    m["masked_rows"] = classify_masked_rows(out, ~ref.row_visible, inputs.v)
     # Same grad mode and requires_grad as the timed calls, so compiled variants do not recompile.
     m["leak_max_change"] = _leak_max_change(
         lambda k2, v2: fn(q, k2.requires_grad_(q.requires_grad), v2.requires_grad_(q.requires_grad),
                           **kwargs),
         ref.leak_probes, out)
     if ref.golden_bottom_right is not None:
-        m["causal_alignment"] = _alignment(out, golden, ref.golden_bottom_right)
+        m["causal_alignment"] = _alignment(ref.take(out), golden, ref.golden_bottom_right)
+    del out
 
     if backward_reason is None:
         grads, m["peak_fwd_bwd_bytes"] = peak_during(forward_backward, case.device)
         m["grad_nan"], m["grad_inf"] = nonfinite_counts(grads)
         for name, got, want in zip(("dq_err", "dk_err", "dv_err"), grads, (golden.dq, golden.dk, golden.dv)):
-            m[name] = relative_error(got, want)
+            m[name] = relative_error(ref.take(got), want)
         del grads
 
-    timed_fwd, timed_fb, method = _timing_method(case, preset, forward, forward_backward)
-    flush = cache_flusher(case.device) if preset.l2_flush and case.device == "cuda" else None
-    fwd = measure(timed_fwd, estimate_s=warm_fwd, min_samples=preset.min_samples,
-                  min_time_s=preset.min_time_s, sync=sync, before_sample=flush)
+    fwd, fb, timer = _time_cell(case, preset, forward, forward_backward if backward_reason is None else None,
+                                warm_fwd, warm_fb)
     _fill_timing(m, "fwd", fwd)
-    fb = None
-    if backward_reason is None:
-        fb = measure(timed_fb, estimate_s=warm_fb, min_samples=preset.min_samples,
-                     min_time_s=preset.min_time_s, sync=sync, before_sample=flush)
+    if fb is not None:
         _fill_timing(m, "fwd_bwd", fb)
-    flushed = flush is not None
-    del flush  # free the flush buffer before the energy window
-    blocks = f"{fwd.calls_per_sample}/{fb.calls_per_sample if fb else '-'}"
-    clock = "perf_counter with torch.cuda.synchronize" if sync else "perf_counter"
-    m["timer"] = (f"{case.device}: {clock}, {method}, blocks of {blocks} calls"
-                  + (", L2 flushed before each sample" if flushed else ""))
-    m["l2_flush"], m["cuda_graph"] = flushed, method == "cuda-graph replay"
+    m.update(timer)
+    m["fwd_host_ms"] = None if fwd.host_median_s is None else fwd.host_median_s * 1e3
+    m["fwd_bwd_host_ms"] = None if fb is None or fb.host_median_s is None else fb.host_median_s * 1e3
+    if fwd.host_median_s is not None:
+        m["host_bound"] = any(s.host_median_s > s.median_s for s in (fwd, fb) if s is not None)
 
     flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal)
     m["flops"] = flops
@@ -243,29 +257,88 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     if fb is not None:
         m["fwd_bwd_gflops_per_s"] = flops * (1 + BACKWARD_FLOP_FACTOR) / fb.median_s / 1e9
     if variant.compiled:
-        m["compile_s"] = max(0.0, first_fwd - fwd.median_s) + (max(0.0, first_fb - fb.median_s) if fb else 0.0)
-        m["fused_sdpa"] = fused_attention_count() > fused_before
+        m["compile_reused"] = not compiled_here
+        if compiled_here:
+            m["compile_s"] = (max(0.0, first_fwd - fwd.median_s)
+                              + (max(0.0, first_fb - fb.median_s) if fb else 0.0))
+        m["fused_sdpa"] = build.fused
 
     for key in ("max_logit", "max_qk"):
         m[key] = golden.saturation[key]
     m["golden_onehot_frac"] = golden.saturation["onehot_frac"]
     m.update(_roofline(case, tq, inputs, fwd, fb, ceilings))
-    m.update(_telemetry(case, forward, sync, meter, preset))
+    m.update(_telemetry(case, forward, fwd, sync, meter, preset))
     if variant.probs is not None:
-        m.update(_variant_weight_metrics(variant, inputs, q.detach(), k.detach(), tq, tk))
+        m.update(_variant_weight_metrics(variant, inputs, ref, q.detach(), k.detach()))
     else:
         m.update({key: golden.saturation[key] for key in ("max_prob", "entropy", "min_entropy", "onehot_frac")})
         m["saturation_source"] = "golden"
     return m
 
 
+_CUDA_CLOCK: Any = None
+
+
+def cuda_clock() -> Any:
+    """The process's timing.CudaClock (its spin rate is calibrated once)."""
+    global _CUDA_CLOCK
+    if _CUDA_CLOCK is None:
+        from .timing import CudaClock
+        _CUDA_CLOCK = CudaClock()
+    return _CUDA_CLOCK
+
+
+def _time_cell(case: Case, preset: Preset, forward: Callable[[], Any],
+               forward_backward: Callable[[], Any] | None, warm_fwd: float, warm_fb: float
+               ) -> tuple[Samples, Samples | None, dict[str, Any]]:
+    """Timed samples of forward and forward+backward, and the columns saying how.
+
+    CPU: the host clock around blocks of calls. CUDA: the device's own time (CUDA events
+    around blocks queued behind a spin kernel, timing.measure_device), so a cell's time is
+    the kernels' however slow the Python around them; where that cannot work (a call that
+    synchronizes inside) the host clock with torch.cuda.synchronize, and `timer` says why.
+    """
+    timed_fwd, timed_fb, method = _timing_method(case, preset, forward, forward_backward)
+    flush = cache_flusher(case.device) if preset.l2_flush and case.device == "cuda" else None
+    sync = sync_for(case.device)
+    fallback = None
+
+    def one(fn: Callable[[], Any], estimate: float) -> Samples:
+        nonlocal fallback
+        if case.device == "cuda" and fallback is None:
+            try:
+                return measure_device(fn, estimate_s=estimate, clock=cuda_clock(),
+                                      min_samples=preset.min_samples, min_time_s=preset.min_time_s,
+                                      before_sample=flush)
+            except DeviceTimingFailed as exc:
+                fallback = str(exc)
+        return measure(fn, estimate_s=estimate, min_samples=preset.min_samples,
+                       min_time_s=preset.min_time_s, sync=sync, before_sample=flush)
+
+    fwd = one(timed_fwd, warm_fwd)
+    fb = one(timed_fb, warm_fb) if timed_fb is not None else None
+    blocks = f"{fwd.calls_per_sample}/{fb.calls_per_sample if fb else '-'}"
+    if case.device != "cuda":
+        clock = "perf_counter"
+    elif fallback is None:
+        clock = "CUDA events around calls queued behind a spin kernel (device time)"
+    else:
+        clock = f"perf_counter with torch.cuda.synchronize (device timing failed: {fallback})"
+    timer = (f"{case.device}: {clock}, {method}, blocks of {blocks} calls"
+             + (", L2 flushed before each sample" if flush is not None else ""))
+    return fwd, fb, {"timer": timer, "l2_flush": flush is not None,
+                     "cuda_graph": method == "cuda-graph replay"}
+
+
 def _timing_method(case: Case, preset: Preset, forward: Callable[[], Any],
-                   forward_backward: Callable[[], Any]) -> tuple[Callable, Callable, str]:
+                   forward_backward: Callable[[], Any] | None) -> tuple[Callable, Callable | None, str]:
     """The callables to time: the calls themselves, or their CUDA-graph replays."""
     if not (preset.cuda_graph and case.device == "cuda"):
         return forward, forward_backward, "eager calls"
     try:
-        return cuda_graph_replay(forward), cuda_graph_replay(forward_backward), "cuda-graph replay"
+        return (cuda_graph_replay(forward),
+                cuda_graph_replay(forward_backward) if forward_backward is not None else None,
+                "cuda-graph replay")
     except Exception as exc:  # noqa: BLE001 - a variant that cannot be captured is timed eagerly
         return forward, forward_backward, f"eager calls (CUDA-graph capture failed: {_reason(exc)})"
 
@@ -281,7 +354,19 @@ def _roofline(case: Case, tq: int, inputs: Inputs, fwd: Samples, fb: Samples | N
     return cell_roofline(case_like, fwd.median_s, fb.median_s if fb else None, ceilings)
 
 
-def _telemetry(case: Case, forward: Callable[[], Any], sync: Any, meter: Any, preset: Preset) -> dict:
+ENERGY_UNIT_S = 2e-3       # device time of one energy-window unit (a graph replay of N calls)
+MAX_ENERGY_UNIT_CALLS = 256
+
+
+def _telemetry(case: Case, forward: Callable[[], Any], fwd: Samples, sync: Any, meter: Any,
+               preset: Preset) -> dict:
+    """NVML energy of back-to-back forward calls (telemetry.EnergyMeter.measure).
+
+    Calls shorter than 2 ms run as replays of a CUDA graph holding N of them (about 2 ms of
+    device work), so the GPU runs them back to back whatever the host costs per call; longer
+    calls, and calls whose capture fails, run eagerly, and the record's energy_idle_frac says
+    how long the GPU waited between them.
+    """
     from .telemetry import null_telemetry
     if case.device != "cuda":
         return null_telemetry("NVML telemetry is for NVIDIA GPUs; this cell ran on the CPU")
@@ -291,7 +376,26 @@ def _telemetry(case: Case, forward: Callable[[], Any], sync: Any, meter: Any, pr
         return null_telemetry("energy measurement turned off (--energy-window-s 0)")
     if case.scenario != "normal":
         return null_telemetry("energy is measured on speed cells (scenario normal) only")
-    return meter.measure(forward, min_window_s=preset.energy_window_s, sync=sync)
+    started = time.perf_counter()
+    calls = max(1, min(MAX_ENERGY_UNIT_CALLS, math.ceil(ENERGY_UNIT_S / max(fwd.median_s, 1e-7))))
+
+    def unit() -> None:
+        for _ in range(calls):
+            forward()
+    how = "eager calls"
+    if fwd.median_s < ENERGY_UNIT_S:     # short calls: one graph launch per unit keeps the GPU fed
+        try:
+            unit, how = cuda_graph_replay(forward, calls), "CUDA-graph replays"
+        except Exception as exc:  # noqa: BLE001 - a variant that cannot be captured runs eagerly
+            import torch
+            torch.cuda.synchronize()
+            how = f"eager calls (CUDA-graph capture failed: {_reason(exc)})"
+    out = meter.measure(unit, calls_per_unit=calls, kernel_s=fwd.median_s, device=cuda_clock(),
+                        min_window_s=preset.energy_window_s, sync=sync)
+    if out.get("energy_method"):
+        out["energy_method"] = f"{out['energy_method']} over {how}"
+    out["energy_cost_s"] = time.perf_counter() - started
+    return out
 
 
 def _alignment(out: Any, top_left: Golden, bottom_right: Golden) -> str:
@@ -308,12 +412,22 @@ def _alignment(out: Any, top_left: Golden, bottom_right: Golden) -> str:
 
 @dataclass
 class Reference:
-    """Everything computed once per input set: float64 golden(s) and the same-dtype baseline."""
+    """Everything computed once per input set: float64 golden(s) and the same-dtype baseline.
+
+    The goldens cover `slices` (golden_subset: None means every (batch, head) slice);
+    take() cuts a variant's output or gradients down to the same slices before comparing.
+    `row_visible` covers the whole output, for the NaN/inf and masked-row checks.
+    """
 
     golden: Golden
     golden_bottom_right: Golden | None   # only when causal and Tq != Tk
     baseline_rmse: float | None          # `eager` in the input dtype against the golden
     leak_probes: list = field(default_factory=list)  # leak_probes(inputs)
+    slices: list[tuple[int, int]] | None = None
+    row_visible: Any = None              # (B|1, 1, Tq) bool: rows that see a key
+
+    def take(self, t: Any) -> Any:
+        return take_slices(t, self.slices)
 
 
 class InputCache:
@@ -325,61 +439,114 @@ class InputCache:
         self.ref: Reference | None = None
         self.golden_calls = 0
 
+    def clear(self) -> None:
+        """Drop the current input set (after an out-of-memory, so its memory can be freed)."""
+        self.key = self.inputs = self.ref = None
+
     def get(self, case: Case) -> tuple[Inputs, Reference]:
         if case.input_key != self.key:
             self.inputs = self.ref = None  # free the previous set first
             self.key = None
             inputs = make_inputs(case)
-            args = dict(grad_out=inputs.grad_out, causal=inputs.causal, visible=inputs.visible)
-            golden = golden_attention(inputs.q, inputs.k, inputs.v, **args)
+            tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
+            slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device)
+            q, k, v, grad_out = (take_slices(t, slices) for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out))
+            visible = take_slices(inputs.visible, slices)
+            golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible)
             self.golden_calls += 1
             bottom_right = None
-            if inputs.causal and inputs.q.shape[-2] != inputs.k.shape[-2]:
-                bottom_right = golden_attention(inputs.q, inputs.k, inputs.v, causal=True,
-                                                visible=inputs.visible, alignment="bottom-right")
+            if inputs.causal and tq != tk:
+                bottom_right = golden_attention(q, k, v, causal=True, visible=visible, alignment="bottom-right")
+            rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible)
             self.inputs = inputs
-            self.ref = Reference(golden, bottom_right, _baseline_rmse(inputs, golden), leak_probes(inputs))
+            self.ref = Reference(golden, bottom_right,
+                                 _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden),
+                                 leak_probes(inputs), slices, rows)
             self.key = case.input_key
         return self.inputs, self.ref
 
 
-def _baseline_rmse(inputs: Inputs, golden: Golden) -> float | None:
-    """RMSE of hand-written attention in the input dtype: the error budget's yardstick."""
+def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden) -> float | None:
+    """RMSE of hand-written attention in the input dtype: the error budget's yardstick
+    (on the golden's slices)."""
     import torch
     from .variants import eager_attention
     try:
         with torch.no_grad():
-            out = eager_attention(inputs.q, inputs.k, inputs.v, mask=inputs.mask, causal=inputs.causal)
+            out = eager_attention(q, k, v, mask=mask, causal=causal)
     except Exception:  # noqa: BLE001 - no baseline: budgets become null, not fake
         return None
     return error_vs_reference(out, golden.out, golden.row_visible)["rmse"]
 
 
+@dataclass
+class Build:
+    """A variant's callable for one kind of cell, and whether compiling it fused SDPA."""
+
+    fn: Callable[..., Any]
+    fused: bool | None = None
+
+
+class BuildCache:
+    """Callables reused across the cells of a run.
+
+    Compiled variants (compiled, compiled_unfused, flex) are compiled once per shapes,
+    dtype, causal flag and mask kind, and reused by every cell with the same: the
+    stability cells of one size differ only in their input values. Other variants are
+    cheap to build and get a fresh callable per cell.
+    """
+
+    def __init__(self) -> None:
+        self._builds: dict[tuple, Build] = {}
+
+    @staticmethod
+    def key(variant: Variant, inputs: Inputs) -> tuple:
+        mask = inputs.mask
+        mask_kind = None if mask is None else (str(mask.dtype), tuple(mask.shape))
+        return (variant.name, str(inputs.q.device), str(inputs.q.dtype), tuple(inputs.q.shape),
+                tuple(inputs.k.shape), inputs.causal, mask_kind)
+
+    def get(self, variant: Variant, inputs: Inputs) -> tuple[Callable[..., Any], Build]:
+        if not variant.compiled:
+            build = Build(variant.build())
+            return build.fn, build
+        key = self.key(variant, inputs)
+        if key not in self._builds:
+            self._builds[key] = Build(variant.build())
+        build = self._builds[key]
+        return build.fn, build
+
+
 def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any], *,
-             ceilings: dict | None = None, meter: Any = None) -> dict[str, Any]:
+             ceilings: dict | None = None, meter: Any = None,
+             builds: BuildCache | None = None) -> dict[str, Any]:
     """One record for one cell; every failure becomes a status with a reason."""
     rec = records.new_record(case.axes(), case.id)
     rec["started_at"] = _utc_now()
     rec["env"] = env
     start = time.perf_counter()
+    oom = False
     try:
         variant = resolve(case.variant)
+        _check_memory(case)
         inputs, ref = cache.get(case)
         rec.update(measure_cell(case, variant, inputs, ref, preset,
-                                ceilings=(ceilings or {}).get(case.device), meter=meter))
+                                ceilings=(ceilings or {}).get(case.device), meter=meter, builds=builds))
         rec["status"] = "ok"
     except (Unsupported, CellSkipped) as exc:
         rec["status"], rec["reason"] = "skipped", str(exc)
+    except CellTooBig as exc:
+        rec["status"], rec["reason"] = "oom", str(exc)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - one cell's failure must not stop the run
-        if _is_oom(exc):
-            rec["status"], rec["reason"] = "oom", _reason(exc)
-            _release_device_memory(case.device)
-        else:
-            rec["status"], rec["reason"] = "error", _reason(exc)
-    finally:
-        rec["elapsed_s"] = time.perf_counter() - start
+        oom = _is_oom(exc)
+        rec["status"], rec["reason"] = ("oom" if oom else "error"), _reason(exc)
+    if oom:
+        # Outside the except block: the traceback (and the tensors its frames hold) is gone.
+        cache.clear()
+        _release_device_memory(case.device)
+    rec["elapsed_s"] = time.perf_counter() - start
     if rec["status"] != "ok":
         # A failed cell carries no measurements, not partial ones.
         for col in records.COLUMNS:
@@ -387,6 +554,18 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
                                                        "started_at", "elapsed_s"):
                 rec[col] = None
     return rec
+
+
+def _check_memory(case: Case) -> None:
+    """Raise CellTooBig when the cell's predicted peak exceeds the memory free on its device."""
+    from .inputs import q_len
+    from .memory_model import free_bytes, too_big
+    if case.device.startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
+    reason = too_big(case, q_len(case), free_bytes(case.device))
+    if reason is not None:
+        raise CellTooBig(reason)
 
 
 INFLIGHT_FILE = "inflight"
@@ -420,6 +599,8 @@ def record_crash(run_dir: Path, case: Case, reason: str) -> None:
 
 def _release_device_memory(device: str) -> None:
     """After an out-of-memory, hand cached blocks back so the next cell starts clean."""
+    import gc
+    gc.collect()
     if device.startswith("cuda"):
         import torch
         torch.cuda.empty_cache()
@@ -450,6 +631,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     todo = [c for c in cases if c.id not in done]
     counts = {"resumed": len(cases) - len(todo)}
     cache = InputCache()
+    builds = BuildCache()
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -461,7 +643,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
                 if bar is not None:
                     bar.set_postfix_str(case.id, refresh=True)
                 _mark_inflight(run_dir, case.id)
-                rec = run_cell(case, cache, preset, env, ceilings=ceilings, meter=meter)
+                rec = run_cell(case, cache, preset, env, ceilings=ceilings, meter=meter, builds=builds)
                 writer.write(rec)
                 _mark_inflight(run_dir, None)
                 counts[rec["status"]] = counts.get(rec["status"], 0) + 1

@@ -20,6 +20,12 @@ class Samples:
 
     per_call_s: list[float] = field(default_factory=list)
     calls_per_sample: int = 1
+    host_per_call_s: list[float] = field(default_factory=list)  # device timing: host issue time per call
+    method: str = "host clock"
+
+    @property
+    def host_median_s(self) -> float | None:
+        return median(self.host_per_call_s) if self.host_per_call_s else None
 
     @property
     def n(self) -> int:
@@ -59,8 +65,9 @@ def cache_flusher(device: str, nbytes: int | None = None) -> Callable[[], None]:
     return lambda: buffer.fill_(1)
 
 
-def cuda_graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
-    """Capture one call of `fn` (already warmed up) in a CUDA graph; return its replay.
+def cuda_graph_replay(fn: Callable[[], object], calls: int = 1) -> Callable[[], None]:
+    """Capture `calls` back-to-back calls of `fn` (already warmed up) in one CUDA graph;
+    return its replay.
 
     Replays skip Python and launch overhead, as FlashAttention's benchmarks do for
     small problems. Raises what capture raises (a CPU sync inside fn, say).
@@ -74,7 +81,8 @@ def cuda_graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(calls):
+            fn()
     return graph.replay
 
 
@@ -130,4 +138,109 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
         elapsed = clock() - start
         spent += elapsed
         samples.per_call_s.append(elapsed / per_block)
+    return samples
+
+
+# --------------------------------------------------------------------------- device time
+#
+# A host clock around `calls + synchronize` measures the host's time, which is the
+# kernel's only when the host issues work faster than the device runs it. For small
+# kernels it is not: on the H200, sdpa_cudnn (the backend forced around each call) read
+# 0.087 ms where the dispatcher's call of the same cuDNN kernel read 0.037 ms. So on
+# CUDA the device times itself: a spin kernel holds the GPU while the host queues a
+# whole block of calls behind it (NVBench's "blocking kernel"), and CUDA events around
+# the block measure the device's time for back-to-back calls. If the spin ended before
+# the host finished queueing (the start event has already run), the block may have
+# gaps: the spin is lengthened and the block timed again.
+
+class CudaClock:
+    """CUDA events and a spin kernel (torch.cuda._sleep) on the current stream."""
+
+    def __init__(self) -> None:
+        import torch
+        self._torch = torch
+        self.cycles_per_s = self._calibrate()
+
+    def _calibrate(self) -> float:
+        torch = self._torch
+        cycles = 1 << 20
+        rate = 1e9
+        for _ in range(2):  # the first spin also pays for loading the kernel
+            start, end = self.event(), self.event()
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            rate = cycles / max(start.elapsed_time(end) / 1e3, 1e-6)
+        return rate
+
+    def synchronize(self) -> None:
+        self._torch.cuda.synchronize()
+
+    def hold(self, seconds: float) -> None:
+        self._torch.cuda._sleep(max(1, int(seconds * self.cycles_per_s)))
+
+    def event(self):
+        return self._torch.cuda.Event(enable_timing=True)
+
+
+MAX_DEVICE_BLOCK = 32      # calls queued per block (the launch queue holds ~1000 kernels)
+MAX_LATE_BLOCKS = 4        # blocks whose spin ended too early before giving up on device timing
+
+
+class DeviceTimingFailed(RuntimeError):
+    """The host could not queue a block before the device reached it (fn syncs, say)."""
+
+
+def measure_device(fn: Callable[[], object], *, estimate_s: float, clock, min_samples: int = 5,
+                   min_time_s: float = 0.2, max_samples: int = 200, min_block_s: float = 1e-3,
+                   before_sample: Callable[[], None] | None = None,
+                   host_clock: Clock = time.perf_counter) -> Samples:
+    """Time `fn` (already warmed up) with the device's own clock, as measure() does with the host's.
+
+    Each sample: synchronize, spin the device for longer than the host needs to queue the
+    block, run `before_sample` (a cache flush), record a start event, queue the block's
+    calls, record an end event. The sample is (end - start) / calls: back-to-back device
+    time, whatever Python costs. The host's time to queue the block is kept per call in
+    `host_per_call_s` (a call is host-bound when that exceeds its device time).
+    `min_time_s` counts the wall time of the samples (spin included), so a host-bound
+    cell costs about as long as with measure().
+    Raises DeviceTimingFailed when MAX_LATE_BLOCKS blocks could not be queued in time.
+    """
+    if min_samples < 1:
+        raise ValueError("min_samples must be >= 1")
+    per_block = 1 if before_sample is not None or estimate_s <= 0 else \
+        min(MAX_DEVICE_BLOCK, max(1, math.ceil(min_block_s / estimate_s)))
+    samples = Samples(calls_per_sample=per_block, method="device events")
+    hold_s = per_block * max(estimate_s, 1e-4) + 2e-3     # first guess; then learned from the host
+    spent, late = 0.0, 0
+    while samples.n < max_samples and (samples.n < min_samples or spent < min_time_s):
+        clock.synchronize()
+        clock.hold(hold_s)
+        if before_sample is not None:
+            before_sample()
+        start, end = clock.event(), clock.event()
+        sample_start = host_clock()
+        start.record()
+        t0 = host_clock()
+        for _ in range(per_block):
+            fn()
+        host_s = host_clock() - t0
+        end.record()
+        queued_in_time = not start.query()     # still spinning: the whole block is queued behind it
+        clock.synchronize()
+        wall = host_clock() - sample_start
+        if not queued_in_time:
+            late += 1
+            if late >= MAX_LATE_BLOCKS:
+                raise DeviceTimingFailed(
+                    f"the host could not queue {per_block} call(s) before the device reached them "
+                    f"{late} times (host {host_s * 1e3:.3g} ms per block; does the call synchronize?)")
+            hold_s = 2 * max(hold_s, host_s)
+            continue
+        elapsed = start.elapsed_time(end) / 1e3
+        spent += wall
+        samples.per_call_s.append(elapsed / per_block)
+        samples.host_per_call_s.append(host_s / per_block)
+        hold_s = max(1.5 * host_s + 2e-4, 1e-4)
     return samples

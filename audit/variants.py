@@ -148,11 +148,28 @@ def broken_softmax_wrong_dim_probs(q, k, *, mask=None, causal=False, scale=None)
 
 # --------------------------------------------------------------------------- compiled
 
+RECOMPILE_LIMIT = 1024   # compiled code per function: one entry per shape/dtype/mask kind of a run
+
+
 def _compiled_fn(fn: AttentionFn, options: dict | None) -> AttentionFn:
-    """torch.compile(fn) after a Dynamo reset: honest compile time per cell, no recompile limit."""
+    """torch.compile(fn) with static shapes, compiled for real, never silently eager.
+
+    One compiled callable serves every cell of one shape, dtype and mask kind (the
+    runner's BuildCache), so Dynamo is not reset per cell. Each new shape compiles a new
+    graph for the same Python function, so Dynamo's per-function recompile limit (8 by
+    default) is raised, and hitting it is an error rather than a silent eager fallback.
+    dynamic=False keeps every graph specialized to its shapes, as a user's static-shape
+    compile would be (automatic dynamic shapes would also change what Inductor fuses).
+    """
     import torch
     import torch._dynamo
-    torch._dynamo.reset()
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), 8 * RECOMPILE_LIMIT))
     # A graph served from Inductor's FX-graph or AOT-autograd cache skips the pattern matcher,
     # so its fuse_attention counter would not move and `fused_sdpa` would read false: compile for real.
     import torch._inductor.config as inductor_config
@@ -160,10 +177,10 @@ def _compiled_fn(fn: AttentionFn, options: dict | None) -> AttentionFn:
     functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
     if functorch_config is not None and hasattr(functorch_config, "enable_autograd_cache"):
         functorch_config.enable_autograd_cache = False
-    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+    if hasattr(config, "fail_on_recompile_limit_hit"):
         # Past the recompile limit Dynamo silently runs eager; make that an error instead.
-        torch._dynamo.config.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, options=options) if options else torch.compile(fn)
+        config.fail_on_recompile_limit_hit = True
+    return torch.compile(fn, options=options, dynamic=False) if options else torch.compile(fn, dynamic=False)
 
 
 def _compiled(options: dict | None) -> AttentionFn:
@@ -174,6 +191,12 @@ def fused_attention_count() -> int:
     """How many times Inductor's pattern matcher rewrote attention into SDPA so far."""
     from torch._dynamo.utils import counters
     return int(counters["inductor"]["fuse_attention"])
+
+
+def compiled_graph_count() -> int:
+    """How many graphs Dynamo has compiled in this process so far (a compile happened when it grows)."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
 
 
 # --------------------------------------------------------------------------- SDPA
@@ -242,7 +265,7 @@ def _flex() -> AttentionFn:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     compiled = _compiled_fn(flex_attention, None)
-    block_masks: dict[tuple, Any] = {}
+    block_mask_for: list = []     # [(mask tensor, causal, BlockMask)]: the last one built
 
     def call(q, k, v, *, mask=None, causal=False, scale=None):
         if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -269,11 +292,14 @@ def _flex() -> AttentionFn:
 
         block_mask = None
         if causal or bool_mask is not None:
-            key = (id(bool_mask), causal, tq, tk, q.shape[0], q.device.type)
-            if key not in block_masks:
+            # One callable serves many cells (runner.BuildCache): the block mask is rebuilt when
+            # the mask tensor itself changes (compared by identity while it is held, so a new
+            # tensor at a recycled address is never mistaken for the old one).
+            if not (block_mask_for and block_mask_for[0][0] is bool_mask and block_mask_for[0][1] == causal):
                 batch = bool_mask.shape[0] if bool_mask is not None and bool_mask.shape[0] > 1 else None
-                block_masks[key] = create_block_mask(mask_mod, batch, None, tq, tk, device=q.device.type)
-            block_mask = block_masks[key]
+                block_mask_for[:] = [(bool_mask, causal,
+                                      create_block_mask(mask_mod, batch, None, tq, tk, device=q.device.type))]
+            block_mask = block_mask_for[0][2]
         return compiled(q, k, v, block_mask=block_mask, score_mod=score_mod, scale=scale)
 
     return call

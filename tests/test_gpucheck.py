@@ -1,46 +1,141 @@
-"""gpu-check's table, energy plausibility and flagship fraction, from synthetic records."""
+"""gpu-check's checks: each fails on what the H200 run (schema 2, commit bf8bec4) recorded and
+passes on records of the fixed behaviour; plus its table and flagship fraction."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
 from audit import gpucheck
+from audit.records import load
+from tests.helpers import h200_run
 
 
-def _frame():
-    rows = [
-        dict(id="a", variant="sdpa_flash", dtype="bf16", d_k=128, seq_len=8192, causal=False, status="ok",
-             fwd_ms=2.0, gflops_per_s=400_000.0, pct_of_limit=0.5, energy_per_call_j=1.4,
-             energy_method="counter", mean_power_w=600.0, out_nan=0),
-        dict(id="b", variant="eager", dtype="bf16", d_k=128, seq_len=8192, causal=False, status="ok",
-             fwd_ms=10.0, gflops_per_s=80_000.0, pct_of_limit=0.1, energy_per_call_j=None,
-             energy_method=None, mean_power_w=None, out_nan=3),
-        dict(id="c", variant="sdpa_cudnn", dtype="bf16", d_k=128, seq_len=8192, causal=False, status="skipped",
-             fwd_ms=None, gflops_per_s=None, pct_of_limit=None, energy_per_call_j=None,
-             energy_method=None, mean_power_w=None, out_nan=None),
-    ]
-    return pd.DataFrame(rows)
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory):
+    root = tmp_path_factory.mktemp("h200")
+    return {name: load(h200_run(name, root)) for name in ("gc", "stab", "full")}
 
+
+def _cell(**values):
+    base = dict(id="x", variant="sdpa", device="cuda", dtype="bf16", d_k=128, seq_len=1024, batch=2,
+                heads=16, causal=False, scenario="normal", status="ok", reason=None, fwd_ms=0.04,
+                fwd_host_ms=0.03, host_bound=False, sdpa_backend="CUDNN_ATTENTION", gflops_per_s=4e5,
+                pct_of_limit=0.5, energy_per_call_j=0.04e-3 * 500, energy_method="counter over CUDA-graph replays",
+                mean_power_w=500.0, sampled_power_w=495.0, energy_idle_frac=0.0, energy_cost_s=0.16,
+                out_nan=0, elapsed_s=0.3, golden_subset=None, rel_err=1e-3, compile_s=None,
+                compile_reused=None)
+    base.update(values)
+    base["id"] = values.get("id") or f"{base['variant']}-{base['scenario']}-{base['seq_len']}-{base['causal']}"
+    return base
+
+
+# --------------------------------------------------------------------------- energy
+
+def test_energy_check_fails_on_the_h200_windows(h200):
+    """The unaligned 0.5 s windows of bf8bec4: 2.67 for sdpa T512 B32, 0.57-0.60 for cuDNN/flash."""
+    passed, lines = gpucheck.check_energy(h200["gc"])
+    assert not passed
+    table = gpucheck.energy_check(h200["gc"])
+    assert table["ratio"].max() > 1.5 and table["ratio"].min() < 0.7
+    assert "within 15%" in lines[0]
+
+
+def test_energy_check_passes_gap_free_windows():
+    frame = pd.DataFrame([_cell(fwd_ms=t, energy_per_call_j=500 * t / 1e3 * 1.03, seq_len=s)
+                          for t, s in ((0.03, 512), (2.0, 8192))])
+    passed, lines = gpucheck.check_energy(frame)
+    assert passed, lines
+    slow = pd.DataFrame([_cell(energy_cost_s=0.9)])
+    assert not gpucheck.check_energy(slow)[0]                     # energy cost over 0.3 s per cell
+
+
+# --------------------------------------------------------------------------- host overhead
+
+def test_host_overhead_check_fails_on_the_h200_forced_backend(h200):
+    """sdpa_cudnn T1024 B2 read 0.087 ms where sdpa (the same cuDNN kernel) read 0.037 ms."""
+    passed, lines = gpucheck.check_host_overhead(h200["gc"])
+    assert not passed
+    assert any(line.startswith("OFF T1024 B2") for line in lines)
+
+
+def test_host_overhead_check_passes_device_times():
+    frame = pd.DataFrame([_cell(variant="sdpa", fwd_ms=0.0370, fwd_host_ms=0.03),
+                          _cell(variant="sdpa_cudnn", fwd_ms=0.0372, fwd_host_ms=0.087, host_bound=True)])
+    passed, lines = gpucheck.check_host_overhead(frame)
+    assert passed, lines
+    assert "host-bound cells: 1/2" in lines[-1]
+
+
+# --------------------------------------------------------------------------- device bug, oom, golden, compile
+
+def test_masked_causal_check_fails_on_the_h200_device_bug(h200):
+    passed, lines = gpucheck.check_masked_causal(h200["stab"])
+    assert not passed
+    assert any("same device" in line for line in lines)
+
+
+def test_masked_causal_check_passes_when_they_run():
+    frame = pd.DataFrame([_cell(variant=v, causal=True, scenario=s, dtype="fp16")
+                          for v in ("eager", "broken.clamped") for s in ("padding", "cross_causal")])
+    assert gpucheck.check_masked_causal(frame)[0]
+
+
+def test_oom_check():
+    main = pd.DataFrame([_cell(variant="eager", seq_len=65536, status="oom", elapsed_s=0.002,
+                               reason="predicted peak 1024.0 GiB for one forward+backward ... not run")])
+    real = pd.DataFrame([_cell(variant="oom_plugin:allocate_too_much", status="oom",
+                               reason="OutOfMemoryError: CUDA out of memory"),
+                         _cell(variant="sdpa")])
+    passed, lines = gpucheck.check_oom(main, real)
+    assert passed, lines
+    broken_next = real.assign(status=["oom", "error"])
+    assert not gpucheck.check_oom(main, broken_next)[0]
+    assert not gpucheck.check_oom(main, None)[0]
+
+
+def test_golden_subset_and_compile_reuse_checks():
+    frame = pd.DataFrame([
+        _cell(variant="eager", seq_len=16384, batch=1, golden_subset=[[0, 0], [0, 2]], elapsed_s=1.2),
+        _cell(variant="compiled", scenario="normal", compile_s=3.1, compile_reused=False),
+        _cell(variant="compiled", scenario="scaled_x16", compile_reused=True),
+    ])
+    assert gpucheck.check_golden_subset(frame)[0]
+    passed, lines = gpucheck.check_compile_reuse(frame)
+    assert passed and "compiled in 3.10 s" in lines[0] and "reused" in lines[1]
+    recompiled = frame.assign(compile_reused=[None, False, False], compile_s=[None, 3.1, 3.0])
+    assert not gpucheck.check_compile_reuse(recompiled)[0]
+    assert not gpucheck.check_golden_subset(frame.assign(golden_subset=None))[0]
+
+
+def test_prediction_check_compares_totals():
+    frame = pd.DataFrame([_cell(id="a", elapsed_s=1.0), _cell(id="b", elapsed_s=3.0)])
+    good = pd.DataFrame({"id": ["a", "b"], "total_s": [1.2, 3.3]})
+    assert gpucheck.check_prediction(good, frame, 5.0)[0]
+    bad = pd.DataFrame({"id": ["a", "b"], "total_s": [0.5, 1.0]})
+    assert not gpucheck.check_prediction(bad, frame, 5.0)[0]
+
+
+def test_no_errors_check(h200):
+    assert not gpucheck.check_no_errors(h200["stab"])[0]        # 6 device-bug errors
+    assert gpucheck.check_no_errors(h200["gc"])[0]
+
+
+# --------------------------------------------------------------------------- table, flagship
 
 def test_compact_table_has_ok_cells_in_tflops():
-    table = gpucheck.compact_table(_frame())
-    assert list(table.columns) == ["variant", "dtype", "seq_len", "causal", "ms", "TFLOP/s", "pct_of_limit",
-                                   "J/call", "NaN"]
-    assert set(table["variant"]) == {"sdpa_flash", "eager"}                  # skipped cell left out
-    assert table.set_index("variant").loc["sdpa_flash", "TFLOP/s"] == pytest.approx(400.0)
-
-
-def test_energy_check_ratio_of_counter_to_power_times_time():
-    check = gpucheck.energy_check(_frame())
-    assert list(check["id"]) == ["a"]                                         # cells with energy only
-    assert check["power_x_time_j"].iloc[0] == pytest.approx(1.2)              # 600 W x 2 ms
-    assert check["ratio"].iloc[0] == pytest.approx(1.4 / 1.2)
+    frame = pd.DataFrame([_cell(variant="sdpa_flash", gflops_per_s=400_000.0),
+                          _cell(variant="sdpa_cudnn", status="skipped")])
+    table = gpucheck.compact_table(frame)
+    assert "host_ms" in table.columns and "TFLOP/s" in table.columns
+    assert set(table["variant"]) == {"sdpa_flash"}
+    assert table["TFLOP/s"].iloc[0] == pytest.approx(400.0)
 
 
 def test_flagship_fraction_against_measured_ceiling():
-    text = gpucheck.flagship_fraction(_frame(), {"cuda": {"matmul_flops_per_s": {"bf16": 800e12}}})
+    frame = pd.DataFrame([_cell(variant="sdpa_flash", seq_len=8192, gflops_per_s=400_000.0)])
+    text = gpucheck.flagship_fraction(frame, {"cuda": {"matmul_flops_per_s": {"bf16": 800e12}}})
     assert "50.0% of the measured bf16 matmul ceiling" in text
-    assert "not measured" in gpucheck.flagship_fraction(_frame(), None)
+    assert "not measured" in gpucheck.flagship_fraction(frame, None)
 
 
 def test_gpu_check_refuses_without_cuda(capsys):

@@ -17,6 +17,7 @@ from audit.records import (
     ENV_COLUMNS,
     MIGRATIONS,
     RECORDS_FILE,
+    _restore,
     SCHEMA_VERSION,
     RecordWriter,
     completed_ids,
@@ -99,9 +100,9 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_2_with_a_migration_from_1():
-    assert SCHEMA_VERSION == 2
-    assert set(MIGRATIONS) == {1}
+def test_schema_is_3_with_migrations_from_1_and_2():
+    assert SCHEMA_VERSION == 3
+    assert set(MIGRATIONS) == {1, 2}
 
 
 def _v1_record(**values):
@@ -116,7 +117,7 @@ def test_migrate_v1_to_v2_fills_the_new_columns():
     v1 = _v1_record()
     assert "q_len" not in v1 and "rmse" not in v1
     v2 = migrate(dict(v1))
-    assert v2["schema"] == SCHEMA_VERSION == 2
+    assert v2["schema"] == SCHEMA_VERSION
     assert set(COLUMNS) <= set(v2)
     assert v2["q_len"] == v1["seq_len"] == 64
     assert v2["saturation_source"] == "golden"        # v1 saturation came from the golden
@@ -140,7 +141,7 @@ def test_migrate_v1_non_finite_strings_become_floats(tmp_path):
                     fwd_samples_s=[0.001, "nan", "inf"])
     (tmp_path / RECORDS_FILE).write_text(json.dumps(v1) + "\n")
     back = read_records(tmp_path)[0]
-    assert back["schema"] == 2
+    assert back["schema"] == SCHEMA_VERSION
     assert isinstance(back["max_abs_err"], float) and math.isnan(back["max_abs_err"])
     assert back["rel_err"] == math.inf
     assert back["entropy"] == -math.inf
@@ -148,14 +149,14 @@ def test_migrate_v1_non_finite_strings_become_floats(tmp_path):
     assert math.isnan(back["fwd_samples_s"][1]) and back["fwd_samples_s"][2] == math.inf
 
 
-def test_reading_the_v1_golden_file_gives_schema_2_records(tmp_path):
+def test_reading_the_v1_golden_file_gives_current_records(tmp_path):
     shutil.copy(V1_GOLDEN, tmp_path / RECORDS_FILE)
     raw = [json.loads(line) for line in V1_GOLDEN.read_text(encoding="utf-8").splitlines()]
     assert {r["schema"] for r in raw} == {1}
     back = read_records(tmp_path)
     assert len(back) == len(raw) == 3
     for old, rec in zip(raw, back):
-        assert rec["schema"] == 2
+        assert rec["schema"] == SCHEMA_VERSION
         assert set(COLUMNS) <= set(rec)
         assert rec["q_len"] == rec["seq_len"] == old["seq_len"]
         assert rec["id"] == old["id"] and rec["status"] == old["status"]
@@ -165,9 +166,28 @@ def test_reading_the_v1_golden_file_gives_schema_2_records(tmp_path):
     assert completed_ids(tmp_path) == {r["id"] for r in raw}
     frame = load(tmp_path)
     assert list(frame["q_len"]) == [64, 64, 64]
-    assert (frame["schema"] == 2).all()
+    assert (frame["schema"] == SCHEMA_VERSION).all()
     # the file itself is left as it was
     assert (tmp_path / RECORDS_FILE).read_bytes() == V1_GOLDEN.read_bytes()
+
+
+def test_reading_schema_2_records_of_the_h200_run(tmp_path):
+    """The shared H200 records (schema 2) are the golden file of schema 2."""
+    from tests.helpers import h200_run
+
+    run = h200_run("stab", tmp_path)
+    raw = [json.loads(line) for line in (run / RECORDS_FILE).read_text().splitlines()]
+    assert {r["schema"] for r in raw} == {2}
+    back = read_records(run)
+    assert len(back) == len(raw) == 60
+    for old, rec in zip(raw, back):
+        assert rec["schema"] == SCHEMA_VERSION
+        assert set(COLUMNS) <= set(rec)
+        for col, value in old.items():                 # nothing of v2 is lost or changed
+            if col != "schema":
+                assert same(rec[col], _restore(value)), col
+        for col in ("golden_subset", "fwd_host_ms", "host_bound", "compile_reused", "energy_idle_frac"):
+            assert rec[col] is None, col                # not measured in v2
 
 
 # --------------------------------------------------------------------------- round trip

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.fake_gpu import FakeGPU, GpuNVML
 from audit.telemetry import (TELEMETRY_COLUMNS, EnergyMeter, decode_throttle_reasons, nvml_device_info,
                              nvml_index_for, nvml_info, null_telemetry)
 
@@ -199,89 +200,133 @@ def test_decode_throttle_reasons():
 
 # -- EnergyMeter -----------------------------------------------------------------------------------
 
-def test_counter_path_energy_is_delta_over_calls_on_the_mapped_gpu():
+def test_every_reading_comes_from_the_mapped_gpu():
     fake = FakeNVML(energy_mj=(1000, 5000))
     clock = FakeClock()
     m = meter(fake, visible="2,0", clock=clock)
     assert m.available and m.nvml_index == 2
     fn, calls = workload(clock)
-    syncs = []
-    out = m.measure(fn, min_window_s=1.0, sync=lambda: syncs.append(1))
+    out = m.measure(fn, min_window_s=0.1, max_wall_s=0.3, sync=lambda: None)
     assert set(out) == set(TELEMETRY_COLUMNS)
-    assert out["energy_calls"] == len(calls) == 8                 # 8 x 0.125 s reaches the 1 s window
-    assert out["energy_window_s"] == pytest.approx(1.0)
-    assert out["energy_method"] == "counter"
-    assert out["energy_per_call_j"] == (5000 - 1000) / 1000 / 8
-    assert out["mean_power_w"] == pytest.approx(250.0)
-    assert out["sm_clock_mhz"] == 1980.0
-    assert out["temperature_c"] == 71.0
-    assert out["telemetry_reason"] is None
-    assert len(syncs) >= 2                                 # before the window and after each block
-    assert {h for _, h in fake.log} == {("handle", 2)}     # every reading from the mapped GPU
+    assert {h for _, h in fake.log} == {("handle", 2)}
     json.dumps(out)
 
 
-def test_counter_not_supported_falls_back_to_power_times_time():
-    fake = FakeNVML(energy_mj=FakeNotSupported, power_mw=(200_000, 300_000))
-    clock = FakeClock()
-    m = meter(fake, clock=clock)
-    fn, calls = workload(clock)
-    out = m.measure(fn, min_window_s=1.0)
+# -- EnergyMeter on a simulated GPU (tests/fake_gpu.py) ---------------------------------------
+
+def gpu_meter(gpu, **nvml_options):
+    return EnergyMeter(GpuNVML(gpu, **nvml_options), 0, cuda_uuid=lambda i: None, visible_env=None,
+                       clock=gpu.clock)
+
+
+def test_graph_replays_give_the_kernels_energy_within_a_few_percent():
+    """Back-to-back calls (CUDA-graph replays: one cheap launch per 100 calls): the window is
+    aligned to the counter's 50 ms updates, so power and energy per call come out right."""
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0, counter_period_s=0.05)
+    kernel_s = 20e-6
+    replay = gpu.kernel(device_s=100 * kernel_s, host_s=10e-6)
+    gpu.host(0.0123)                            # start between two counter updates
+    start = gpu.now
+    out = gpu_meter(gpu).measure(replay, calls_per_unit=100, kernel_s=kernel_s, device=gpu,
+                                 min_window_s=0.1, max_wall_s=0.3)
+    assert out["energy_method"] == "counter"
+    assert out["mean_power_w"] == pytest.approx(500.0, rel=0.03)
+    assert out["energy_per_call_j"] == pytest.approx(500.0 * kernel_s, rel=0.03)
+    assert out["energy_per_call_j"] / (out["mean_power_w"] * kernel_s) == pytest.approx(1.0, abs=0.15)
+    assert out["energy_idle_frac"] == pytest.approx(0.0, abs=0.02)
+    assert out["sampled_power_w"] == pytest.approx(500.0, rel=0.05)
+    assert out["telemetry_reason"] is None
+    assert out["energy_window_s"] >= 0.1
+    assert gpu.now - start <= 0.3                  # energy costs at most 0.3 s per cell
+    assert out["energy_calls"] == len(replay.calls) * 100
+
+
+def test_long_calls_are_polled_while_the_gpu_runs_them():
+    """50 ms calls: the counter's updates are caught while waiting for the device, not only
+    between calls, so the window stays aligned and short."""
+    gpu = FakeGPU(busy_w=600.0, idle_w=100.0, counter_period_s=0.05)
+    call = gpu.kernel(device_s=0.05, host_s=50e-6)
+    gpu.host(0.031)
+    start = gpu.now
+    out = gpu_meter(gpu).measure(call, calls_per_unit=1, kernel_s=0.05, device=gpu, min_window_s=0.1)
+    assert out["energy_method"] == "counter"
+    assert out["mean_power_w"] == pytest.approx(600.0, rel=0.02)
+    assert out["energy_per_call_j"] == pytest.approx(600.0 * 0.05, rel=0.03)
+    assert gpu.now - start < 0.4
+
+
+def test_unaligned_window_would_be_off_by_an_update_period():
+    """Why the window is aligned: the same run measured between arbitrary reads is off by up
+    to one counter update (here 50 ms in a 100 ms window)."""
+    gpu = FakeGPU(counter_period_s=0.05)
+    nvml = GpuNVML(gpu)
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    gpu.host(0.0493)
+    e0, t0 = nvml.nvmlDeviceGetTotalEnergyConsumption(None), gpu.now
+    while gpu.now - t0 < 0.1:
+        replay()
+        gpu.synchronize()
+    naive_w = (nvml.nvmlDeviceGetTotalEnergyConsumption(None) - e0) / 1000 / (gpu.now - t0)
+    assert abs(naive_w - 500.0) / 500.0 > 0.15
+
+
+def test_host_bound_calls_say_the_gpu_idled_and_count_idle_power():
+    """Eager calls that take the host 80 us to issue and the device 20 us to run."""
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
+    kernel_s = 20e-6
+    calls = gpu.kernel(device_s=kernel_s, host_s=80e-6)
+
+    def unit():
+        for _ in range(25):
+            calls()
+    out = gpu_meter(gpu).measure(unit, calls_per_unit=25, kernel_s=kernel_s, device=gpu,
+                                 min_window_s=0.1)
+    assert out["energy_idle_frac"] == pytest.approx(0.75, abs=0.03)
+    assert "idle 7" in out["telemetry_reason"] and "host-bound" in out["telemetry_reason"]
+    assert out["mean_power_w"] == pytest.approx(0.25 * 500 + 0.75 * 100, rel=0.05)
+
+
+def test_counter_not_supported_falls_back_to_sampled_power_times_time():
+    gpu = FakeGPU(busy_w=400.0)
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    out = gpu_meter(gpu, counter=False).measure(replay, calls_per_unit=100, kernel_s=20e-6,
+                                                device=gpu, min_window_s=0.1)
     assert out["energy_method"] == "power×time"
     assert "not supported" in out["telemetry_reason"]
-    assert out["energy_per_call_j"] == pytest.approx(250.0 * 1.0 / 8)
-    assert out["energy_calls"] == 8
+    assert out["energy_per_call_j"] == pytest.approx(400.0 * 20e-6, rel=0.05)
 
 
-def test_counter_that_does_not_advance_falls_back_and_says_so():
-    fake = FakeNVML(energy_mj=(1000, 1000), power_mw=(100_000,))
-    clock = FakeClock()
-    fn, _ = workload(clock)
-    out = meter(fake, clock=clock).measure(fn, min_window_s=1.0)
-    assert out["energy_method"] == "power×time"
-    assert "did not advance" in out["telemetry_reason"]
-    assert out["energy_per_call_j"] == pytest.approx(100.0 / 8)
+def test_a_counter_updating_too_rarely_is_used_unaligned_and_says_so():
+    gpu = FakeGPU(counter_period_s=0.2)
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    gpu.host(0.15)
+    out = gpu_meter(gpu).measure(replay, calls_per_unit=100, kernel_s=20e-6, device=gpu,
+                                 min_window_s=0.1, max_wall_s=0.3)
+    assert out["energy_method"] in ("counter", "counter (unaligned)")
+    if out["energy_method"] == "counter (unaligned)":
+        assert "not aligned" in out["telemetry_reason"]
 
 
-def test_other_counter_error_falls_back_with_its_name():
-    fake = FakeNVML(energy_mj=FakeNVMLError)
-    clock = FakeClock()
-    fn, _ = workload(clock)
-    out = meter(fake, clock=clock).measure(fn, min_window_s=1.0)
-    assert out["energy_method"] == "power×time"
-    assert "FakeNVMLError" in out["telemetry_reason"]
+def test_without_instant_power_the_average_is_sampled():
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    out = gpu_meter(gpu, instant=False).measure(replay, calls_per_unit=100, kernel_s=20e-6,
+                                                device=gpu, min_window_s=0.1)
+    assert out["sampled_power_w"] == pytest.approx(100.0)   # the lagging 1 s average
+    assert out["mean_power_w"] == pytest.approx(500.0, rel=0.03)
 
 
-def test_throttle_reasons_union_before_during_after():
-    # before: idle (ignored outside the window); during: 0x4 then 0x40; after: idle + hw_slowdown
-    fake = FakeNVML(throttle=(0x1, 0x4, 0x40, 0x1 | 0x8))
-    clock = FakeClock()
-    fn, _ = workload(clock, step=0.5)          # two blocks: two readings during the window
-    out = meter(fake, clock=clock).measure(fn, min_window_s=1.0)
-    assert out["energy_calls"] == 2
-    assert out["throttle_reasons"] == ["sw_power_cap", "hw_slowdown", "hw_thermal_slowdown"]  # bit order
-    assert "gpu_idle" not in out["throttle_reasons"]
-
-
-def test_no_throttling_gives_an_empty_list_and_idle_during_the_window_counts():
-    clock = FakeClock()
-    fn, _ = workload(clock)
-    out = meter(FakeNVML(throttle=(0x0,)), clock=clock).measure(fn, min_window_s=1.0)
+def test_throttle_reasons_during_the_window_are_decoded():
+    gpu = FakeGPU()
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    out = gpu_meter(gpu, throttle=0x4 | 0x40).measure(replay, calls_per_unit=100, kernel_s=20e-6,
+                                                      device=gpu, min_window_s=0.1)
+    assert out["throttle_reasons"] == ["sw_power_cap", "hw_thermal_slowdown"]
+    gpu = FakeGPU()
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    out = gpu_meter(gpu, throttle=0x0).measure(replay, calls_per_unit=100, kernel_s=20e-6,
+                                               device=gpu, min_window_s=0.1)
     assert out["throttle_reasons"] == []
-    clock = FakeClock()
-    fn, _ = workload(clock)
-    out = meter(FakeNVML(throttle=(0x0, 0x1)), clock=clock).measure(fn, min_window_s=1.0)
-    assert out["throttle_reasons"] == ["gpu_idle"]     # idle while it should be busy: a finding
-
-
-def test_short_calls_run_in_growing_blocks():
-    clock = FakeClock()
-    fn, calls = workload(clock, step=1 / 1024)   # ~1 ms calls
-    fake = FakeNVML()
-    out = meter(fake, clock=clock).measure(fn, min_window_s=1.0)
-    assert out["energy_calls"] == len(calls) >= 1024
-    assert out["energy_window_s"] >= 1.0
-    assert fake._count("power") < 64             # sampled per block, not per call
 
 
 def test_init_failure_gives_null_columns_and_never_calls_fn():

@@ -1,6 +1,7 @@
 """Tests of audit.timing with a fake clock: no test here reads a real clock."""
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -209,3 +210,84 @@ def test_before_sample_runs_untimed_before_every_single_call_sample():
     assert samples.calls_per_sample == 1              # without the flush: 1e6 calls per block
     assert events == ["flush", "call"] * 3
     assert samples.per_call_s == pytest.approx([0.001] * 3)
+
+
+# --------------------------------------------------------------------------- measure_device (fake GPU)
+
+from tests.fake_gpu import FakeGPU  # noqa: E402
+
+from audit.timing import DeviceTimingFailed, measure_device  # noqa: E402
+
+
+def _host_synced(gpu, fn, estimate_s):
+    return measure(fn, estimate_s=estimate_s, min_samples=5, min_time_s=0.01, clock=gpu.clock,
+                   sync=gpu.synchronize)
+
+
+def test_device_time_is_the_kernels_not_the_hosts():
+    """The H200 case: a forced backend costs the host 87 us per call, the dispatcher 30 us;
+    both run the same 37 us kernel. Host timing reads the host; device timing the kernel."""
+    times = {}
+    for name, host_s in (("sdpa", 30e-6), ("sdpa_cudnn", 87e-6)):
+        gpu = FakeGPU()
+        fn = gpu.kernel(device_s=37e-6, host_s=host_s)
+        s = measure_device(fn, estimate_s=37e-6, clock=gpu, min_samples=5, min_time_s=0.01,
+                           host_clock=gpu.clock)
+        times[name] = (s.median_s, s.host_median_s, _host_synced(FakeGPU(), FakeGPU().kernel(37e-6, host_s), 37e-6))
+        assert s.median_s == pytest.approx(37e-6, rel=1e-6)
+        assert s.host_median_s == pytest.approx(host_s, rel=1e-6)
+        assert s.method == "device events"
+    assert times["sdpa_cudnn"][0] == pytest.approx(times["sdpa"][0], rel=0.10)
+
+
+def test_host_clock_timing_of_the_same_calls_reads_the_host():
+    gpu = FakeGPU()
+    fn = gpu.kernel(device_s=37e-6, host_s=87e-6)
+    s = measure(fn, estimate_s=37e-6, min_samples=5, min_time_s=0.01, clock=gpu.clock, sync=gpu.synchronize)
+    assert s.median_s > 2 * 37e-6
+
+
+def test_device_blocks_are_capped_and_min_time_counts_wall_time():
+    gpu = FakeGPU()
+    fn = gpu.kernel(device_s=10e-6, host_s=5e-6)
+    start = gpu.now
+    s = measure_device(fn, estimate_s=10e-6, clock=gpu, min_samples=3, min_time_s=0.005,
+                       host_clock=gpu.clock)
+    assert s.calls_per_sample == 32                      # 1 ms / 10 us = 100, capped at 32
+    assert s.per_call_s == pytest.approx([10e-6] * s.n)
+    assert len(fn.calls) == s.n * 32
+    # each sample's wall time is the spin (host queueing time and a margin) plus the block
+    assert 0.005 <= gpu.now - start <= 0.005 + 2 * (gpu.now - start) / s.n
+
+
+def test_a_call_that_synchronizes_cannot_be_device_timed():
+    gpu = FakeGPU()
+    kernel = gpu.kernel(device_s=50e-6, host_s=10e-6)
+
+    def syncing():
+        kernel()
+        gpu.synchronize()                                # like .item() inside the variant
+    with pytest.raises(DeviceTimingFailed, match="synchronize"):
+        measure_device(syncing, estimate_s=50e-6, clock=gpu, min_samples=3, min_time_s=0.0,
+                       host_clock=gpu.clock)
+
+
+def test_a_slow_host_lengthens_the_spin_instead_of_timing_gaps():
+    """The first guess of the spin is too short for a host that needs 2 ms per call: that block
+    is thrown away, the spin doubled, and every kept sample is gap-free device time."""
+    gpu = FakeGPU()
+    fn = gpu.kernel(device_s=0.5e-3, host_s=2e-3)
+    s = measure_device(fn, estimate_s=0.5e-3, clock=gpu, min_samples=4, min_time_s=0.0,
+                       host_clock=gpu.clock)
+    assert s.per_call_s == pytest.approx([0.5e-3] * 4)
+    assert len(fn.calls) > 4 * s.calls_per_sample        # late blocks ran and were discarded
+
+
+def test_before_sample_runs_before_every_single_call_sample():
+    gpu = FakeGPU()
+    fn = gpu.kernel(device_s=10e-6, host_s=5e-6)
+    flushes = []
+    s = measure_device(fn, estimate_s=10e-6, clock=gpu, min_samples=3, min_time_s=0.0,
+                       before_sample=lambda: (flushes.append(1), gpu.launch(1e-4)), host_clock=gpu.clock)
+    assert s.calls_per_sample == 1 and s.n == 3 and len(flushes) == 3
+    assert s.per_call_s == pytest.approx([10e-6] * 3)    # the flush is outside the events

@@ -1,0 +1,80 @@
+"""A cell's peak memory before it runs, so a cell that cannot fit is `oom` in milliseconds.
+
+Hand-written attention materializes the score matrix: its peak grows with
+B·H·Tq·Tk, and at T = 65536 no device holds it (256 GiB of fp32 scores at H16).
+The bytes per score element below are the lowest the shared H200 records show for
+one forward+backward (peak_fwd_bwd_bytes / score elements; bf16 inputs unless
+said): a lower bound, so a cell predicted not to fit cannot fit. Variants whose
+memory does not grow with the score matrix (fused SDPA kernels, flex, plug-ins)
+have no prediction here; a real out-of-memory still becomes `oom`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from .grid import Case
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+# variant -> bytes per score element of one forward+backward, from the input dtype's size.
+# eager (bf16): 8.0-10.0 = 4 x 2 bytes; eager_fp32 and sdpa_math hold fp32 scores: 16.0-23.0;
+# compiled_unfused: 4.06 = 2 x 2 bytes; the negative controls are hand-written like eager.
+SCORE_BYTES: dict[str, Callable[[int], int]] = {
+    "eager": lambda size: 4 * size,
+    "eager_fp32": lambda size: 16,
+    "sdpa_math": lambda size: 16,
+    "compiled_unfused": lambda size: 2 * size,
+}
+NEGATIVE_CONTROL_SCORE_BYTES: Callable[[int], int] = lambda size: 4 * size  # noqa: E731
+FREE_FRACTION = 0.95   # leave the allocator some room
+
+
+def score_elements(case: Case, q_len: int) -> int:
+    return case.batch * case.heads * q_len * case.seq_len
+
+
+def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
+    """(lower bound of one forward+backward's peak bytes, how it was computed), or None
+    when this variant's memory is not predicted."""
+    per_element = SCORE_BYTES.get(case.variant)
+    if per_element is None and case.variant.startswith("broken."):
+        per_element = NEGATIVE_CONTROL_SCORE_BYTES
+    if per_element is None:
+        return None
+    size = DTYPE_BYTES[case.dtype]
+    n = score_elements(case, q_len)
+    per = per_element(size)
+    return n * per, f"{per} bytes per score element × B·H·Tq·Tk = {n:.3g} elements"
+
+
+def free_bytes(device: str) -> int | None:
+    """Memory a cell may still take: CUDA: free device memory plus the allocator's cached,
+    unused blocks; CPU: MemAvailable. None where it cannot be read."""
+    if device.startswith("cuda"):
+        import torch
+        free, _total = torch.cuda.mem_get_info()
+        return int(free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def too_big(case: Case, q_len: int, free: int | None) -> str | None:
+    """The `oom` reason when the cell's predicted peak exceeds what is free, else None."""
+    predicted = predicted_peak_bytes(case, q_len)
+    if predicted is None or free is None:
+        return None
+    need, how = predicted
+    if need <= FREE_FRACTION * free:
+        return None
+    return (f"predicted peak {gib(need)} for one forward+backward ({how}) exceeds the "
+            f"{gib(free)} free on {case.device}; not run")
