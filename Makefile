@@ -32,7 +32,7 @@ bench-save: deps  ## save a speed baseline with pytest-benchmark's storage
 bench-check: deps  ## rerun and fail (non-zero exit) on a regression against the latest saved baseline
 	$(PYTHON) -m pytest -q $(BENCH_SUITE) $(BENCH_OPTS) --benchmark-storage=file://$(BENCH_STORAGE) --benchmark-compare --benchmark-compare-fail=$(BENCH_FAIL)
 
-gpu-check:  ## reduced gpu preset on a CUDA machine: compact table; copies the run to $$OUT when set
+gpu-check:  ## every GPU acceptance check in one call (README: On a GPU machine); copies results to $$OUT when set
 	$(PYTHON) -m audit.gpucheck
 
 clean:

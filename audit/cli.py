@@ -194,8 +194,13 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _dry_run(cases, preset, run_dir: Path | None) -> int:
     """Every cell with its predicted status and seconds, then the totals per phase and variant."""
     from .costmodel import plan, summary
+    from .records import completed_ids
 
-    pred, notes = plan(cases, preset, run_dir)
+    done = completed_ids(run_dir) if run_dir is not None else set()
+    todo = [c for c in cases if c.id not in done]
+    pred, notes = plan(todo, preset, run_dir)
+    if done:
+        notes.insert(0, f"{len(cases) - len(todo)} cells already recorded in {run_dir}: not predicted")
     for row in pred.itertuples():
         extra = f"  {row.status}: {row.reason}" if row.status != "ok" else ""
         print(f"{row.id}  {row.total_s:.2f} s{extra}")

@@ -403,8 +403,8 @@ class CostModel:
             if dev == "cuda" and case.scenario == "normal":
                 phases["energy"] = energy_wall_s(t_f, settings)
             rows.append(self._row(case, status, reason, phases, t_f, t_fb))
-        frame = pd.DataFrame(rows)
-        return frame
+        columns = ["id", *Case.__dataclass_fields__, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s"]
+        return pd.DataFrame(rows, columns=columns)
 
     def _golden_s(self, shape: CellShape, settings: Settings, ceil: Mapping[str, Any] | None) -> float:
         dev = _device_type(shape.case.device)
@@ -514,15 +514,21 @@ def _fit_calls(runs: list[RunData], out: Params) -> None:
         out.call[key] = [float(c) for c in _nnls(X, y, 1.0 / y)]
 
 
-def _fit_host(runs: list[RunData], out: Params) -> None:
+def _median_per_variant(runs: list[RunData], column: str, scale: float = 1.0) -> dict[str, float]:
+    """{"device|variant": median of a record column over the runs' cells that have it}."""
     values: dict[str, list[float]] = {}
     for run in runs:
         frame = run.frame
-        if "fwd_host_ms" not in frame.columns:
+        if column not in frame.columns:
             continue
-        for _, row in frame[frame["fwd_host_ms"].notna()].iterrows():
-            values.setdefault(f"{_device_type(row['device'])}|{row['variant']}", []).append(row["fwd_host_ms"] / 1e3)
-    out.host_call_s.update({k: float(np.median(v)) for k, v in values.items()})
+        for _, row in frame[frame[column].notna()].iterrows():
+            values.setdefault(f"{_device_type(row['device'])}|{row['variant']}", []).append(
+                float(row[column]) * scale)
+    return {k: float(np.median(v)) for k, v in values.items()}
+
+
+def _fit_host(runs: list[RunData], out: Params) -> None:
+    out.host_call_s.update(_median_per_variant(runs, "fwd_host_ms", 1e-3))
 
 
 def _explained(row: Any, shape: CellShape) -> float:
@@ -602,15 +608,7 @@ def _fit_constants(runs: list[RunData], out: Params, priors: Params) -> None:
             out.run_start_s[dev] = max(0.0, float(np.median(starts)))
         for variant, extras in first_use.items():
             out.init_s[f"{dev}|{variant}"] = max(0.0, float(np.median(extras)))
-    compile_values: dict[str, list[float]] = {}
-    for run in runs:
-        frame = run.frame
-        if "compile_s" not in frame.columns:
-            continue
-        for _, row in frame[frame["compile_s"].notna()].iterrows():
-            compile_values.setdefault(f"{_device_type(row['device'])}|{row['variant']}", []).append(
-                float(row["compile_s"]))
-    out.compile_s.update({k: float(np.median(v)) for k, v in compile_values.items()})
+    out.compile_s.update(_median_per_variant(runs, "compile_s"))
 
 
 # --------------------------------------------------------------------------- reporting
@@ -669,6 +667,38 @@ def history(device_names: Mapping[str, str | None], root: Path = Path("reports")
     return found
 
 
+def _cache_dir() -> Path:
+    import os
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "attn-audit"
+
+
+def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None) -> tuple[dict, str]:
+    """This machine's ceilings for a dry-run: measured once, then kept in ~/.cache/attn-audit
+    (keyed by device name, torch version and thread count) for the next dry-runs. A real run
+    always measures its own (run.json)."""
+    import hashlib
+
+    import torch
+
+    from .roofline import measure_ceilings
+    key = hashlib.sha1(repr((device, name, torch.__version__, torch.get_num_threads())).encode()).hexdigest()[:16]
+    path = _cache_dir() / f"ceilings-{key}.json"
+    try:
+        cached = json.loads(path.read_text())
+        if all((cached.get("matmul_flops_per_s") or {}).get(d) for d in dtypes):
+            return cached, f"of this machine from {path}"
+    except (OSError, ValueError):
+        pass
+    measured = measure_ceilings(device, tuple(dtypes))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(measured))
+    except OSError:
+        pass
+    return measured, "measured now"
+
+
 def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
          measure: bool = True, root: Path = Path("reports")) -> tuple[Any, list[str]]:
     """Predict a grid on this machine: (prediction, notes on where its numbers came from).
@@ -708,10 +738,9 @@ def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
         if available.get(device):
             free[device] = free_bytes(device)
             if device not in ceilings and measure:
-                from .roofline import measure_ceilings
                 dtypes = tuple(dict.fromkeys(c.dtype for c in cases if c.device == device))
-                ceilings[device] = measure_ceilings(device, dtypes)
-                notes.append(f"{device}: ceilings measured now")
+                ceilings[device], how = machine_ceilings(device, dtypes, available[device])
+                notes.append(f"{device}: ceilings {how}")
         else:
             free[device] = ref.get("free_bytes")
             notes.append(f"{device}: not on this machine; predicted for the reference "

@@ -146,6 +146,11 @@ def row_visibility(tq: int, tk: int, *, causal: bool, device: Any, visible: Any 
     """(B|1, 1, Tq) bool: which query rows see at least one key. Cheap (no float64 work),
     so it covers the whole output even when the golden covers a subset of slices."""
     import torch
+    if visible is None:
+        # Causal alone hides no whole row while each query sees at least key 0 (top-left
+        # always; bottom-right unless Tq > Tk): no (Tq, Tk) matrix needed for that.
+        if not causal or causal_offset(tq, tk, alignment) >= 0:
+            return torch.ones(1, 1, tq, dtype=torch.bool, device=device)
     vis = visibility(tq, tk, 0, tq, causal=causal, device=device, alignment=alignment,
                      visible=visible)
     if vis is None:

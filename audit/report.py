@@ -1289,6 +1289,7 @@ def _speed_section(frame: pd.DataFrame) -> list[Block]:
     for dtype in _dtype_order(rows["dtype"].unique()):
         blocks.append(Table(median_table(frame, dtype),
                             caption=f"{dtype}: median forward latency (ms), other axes pooled"))
+    blocks += _host_bound_blocks(rows)
     blocks.append(Heading(3, f"Speed-up vs {BASELINE_VARIANT}"))
     if BASELINE_VARIANT not in set(rows["variant"]):
         return blocks + [_para(f"No ok cells of the {BASELINE_VARIANT} variant: "
@@ -1298,6 +1299,36 @@ def _speed_section(frame: pd.DataFrame) -> list[Block]:
               f"{BASELINE_VARIANT} latency / variant latency; above 1 is faster."),
         Table(_speedup_table(frame)),
     ]
+
+
+def host_bound_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per variant: cells whose calls take the host longer to issue than the device to run
+    (host_bound), of the cells where it was measured, and the medians of both times."""
+    columns = ["variant", "host_bound", "measured", "median fwd_ms", "median fwd_host_ms"]
+    if "host_bound" not in rows.columns:
+        return pd.DataFrame(columns=columns)
+    measured = rows[rows["host_bound"].map(lambda v: isinstance(v, (bool, np.bool_)))]
+    if measured.empty:
+        return pd.DataFrame(columns=columns)
+    out = []
+    for variant in _variant_order(measured["variant"]):
+        g = measured[measured["variant"] == variant]
+        out.append({"variant": variant, "host_bound": int(g["host_bound"].astype(bool).sum()),
+                    "measured": len(g), "median fwd_ms": _num(g, "fwd_ms").median(),
+                    "median fwd_host_ms": _num(g, "fwd_host_ms").median()})
+    return pd.DataFrame(out, columns=columns)
+
+
+def _host_bound_blocks(rows: pd.DataFrame) -> list[Block]:
+    table = host_bound_table(rows)
+    if table.empty:
+        return []
+    return [_para("CUDA latencies are the device's own time (CUDA events around calls queued behind "
+                  "a spin kernel). A cell is ", Mono("host_bound"), " when issuing a call (",
+                  Mono("fwd_host_ms"), ": Python, dispatch, launches) takes longer than running it: "
+                  "in a plain Python loop that GPU would wait for the host, so capture such calls in "
+                  "a CUDA graph or batch more work per call."),
+            Table(table, caption="host-bound cells per variant (forward or forward+backward)")]
 
 
 def _memory_section(frame: pd.DataFrame) -> list[Block]:
@@ -1344,12 +1375,15 @@ def _compile_section(frame: pd.DataFrame) -> list[Block]:
              .rename(columns={"median_compile": "median compile (s), normal",
                               "normal_cells": "normal cells", "cells": "all cells",
                               "fused_true": "fused_sdpa true", "fused_false": "fused_sdpa false"}))
+    reused = int(compiled["compile_reused"].eq(True).sum()) if "compile_reused" in compiled.columns else 0
     return blocks + [
         Table(table),
         _para("Compile time is taken over cells of scenario ", Mono(NORMAL_SCENARIO),
-              "; the fused_sdpa counts over every scenario. ", Mono("fused_sdpa=true"),
+              " that compiled; the fused_sdpa counts over every scenario. ", Mono("fused_sdpa=true"),
               " means Inductor rewrote the hand-written code into fused "
-              "SDPA, so its numerics and speed are SDPA's."),
+              "SDPA, so its numerics and speed are SDPA's. "
+              f"{reused} of {len(compiled)} cells reused code compiled by an earlier cell of the same "
+              "shapes, dtype, causal flag and mask kind (", Mono("compile_reused"), ")."),
     ]
 
 
@@ -1366,12 +1400,19 @@ def _numerics_section(frame: pd.DataFrame) -> list[Block]:
     table = table.astype({c: "Int64" for c in NONFINITE_COLUMNS})
     table = table.rename(columns={"max_abs_err": "max max_abs_err",
                                   "median_rel_err": "median rel_err"})
+    subset = rows[rows["golden_subset"].notna()] if "golden_subset" in rows.columns else rows.iloc[0:0]
+    note = []
+    if not subset.empty:
+        note = [_para(f"{len(subset)} cells were judged on a subset of (batch, head) slices: the float64 "
+                      "golden of a large input set covers evenly spaced slices within a FLOP budget (",
+                      Mono("golden_subset"), "); their error columns are over those slices, their NaN/inf "
+                      "counts over the whole output.")]
     return blocks + [
         _para("Errors against the float64 golden reference; NaN/inf counts summed over ok "
               "cells of every scenario (negative controls included). NaN on fully masked rows "
               "is counted here too; see Fully masked rows for what it means."),
         Table(table),
-    ]
+    ] + note
 
 
 def _wide(long: pd.DataFrame, column: str, value: str,

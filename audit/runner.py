@@ -248,8 +248,9 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     m.update(timer)
     m["fwd_host_ms"] = None if fwd.host_median_s is None else fwd.host_median_s * 1e3
     m["fwd_bwd_host_ms"] = None if fb is None or fb.host_median_s is None else fb.host_median_s * 1e3
-    if fwd.host_median_s is not None:
-        m["host_bound"] = any(s.host_median_s > s.median_s for s in (fwd, fb) if s is not None)
+    timed_on_device = [s for s in (fwd, fb) if s is not None and s.host_median_s is not None]
+    if timed_on_device:
+        m["host_bound"] = any(s.host_median_s > s.median_s for s in timed_on_device)
 
     flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal)
     m["flops"] = flops
@@ -307,9 +308,10 @@ def _time_cell(case: Case, preset: Preset, forward: Callable[[], Any],
         nonlocal fallback
         if case.device == "cuda" and fallback is None:
             try:
-                return measure_device(fn, estimate_s=estimate, clock=cuda_clock(),
+                clock = cuda_clock()
+                return measure_device(fn, estimate_s=estimate, clock=clock,
                                       min_samples=preset.min_samples, min_time_s=preset.min_time_s,
-                                      before_sample=flush)
+                                      before_sample=flush, host_clock=clock.host_clock)
             except DeviceTimingFailed as exc:
                 fallback = str(exc)
         return measure(fn, estimate_s=estimate, min_samples=preset.min_samples,
@@ -387,8 +389,8 @@ def _telemetry(case: Case, forward: Callable[[], Any], fwd: Samples, sync: Any, 
         try:
             unit, how = cuda_graph_replay(forward, calls), "CUDA-graph replays"
         except Exception as exc:  # noqa: BLE001 - a variant that cannot be captured runs eagerly
-            import torch
-            torch.cuda.synchronize()
+            if sync:
+                sync()
             how = f"eager calls (CUDA-graph capture failed: {_reason(exc)})"
     out = meter.measure(unit, calls_per_unit=calls, kernel_s=fwd.median_s, device=cuda_clock(),
                         min_window_s=preset.energy_window_s, sync=sync)

@@ -156,6 +156,8 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
 class CudaClock:
     """CUDA events and a spin kernel (torch.cuda._sleep) on the current stream."""
 
+    host_clock = staticmethod(time.perf_counter)
+
     def __init__(self) -> None:
         import torch
         self._torch = torch

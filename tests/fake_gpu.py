@@ -26,6 +26,8 @@ class FakeGPU:
     def clock(self) -> float:
         return self.now
 
+    host_clock = clock
+
     def host(self, seconds: float) -> None:
         self.now += seconds
 

@@ -28,6 +28,13 @@ def cli(*args: str, pythonpath: list[Path] | None = None) -> subprocess.Complete
                           capture_output=True, text=True, timeout=120)
 
 
+def dry_run_ids(stdout: str) -> tuple[list[str], str]:
+    """(cell ids, the "N cells" line) of --dry-run's output: one line per cell, "id  seconds ..."."""
+    lines = stdout.splitlines()
+    end = next(i for i, line in enumerate(lines) if line.endswith(" cells") and line.split()[0].isdigit())
+    return [line.split()[0] for line in lines[:end]], lines[end]
+
+
 def assert_usage_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
@@ -89,9 +96,11 @@ def test_gpu_preset_dry_run_lists_cells_without_cuda():
     """Planning a GPU run works on any machine: --dry-run needs no device."""
     proc = cli("run", "--preset", "gpu", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    assert lines[-1] == f"{len(lines) - 1} cells"
-    assert all("-cuda-" in line for line in lines[:-1])
+    ids, count = dry_run_ids(proc.stdout)
+    assert count == f"{len(ids)} cells"
+    assert all("-cuda-" in i for i in ids)
+    assert "predicted for the reference NVIDIA H200" in proc.stdout
+    assert "predicted wall time:" in proc.stdout and "per phase: setup" in proc.stdout
 
 
 def test_plugin_raising_a_multiline_error_is_still_one_line(tmp_path):
@@ -122,10 +131,10 @@ def test_list_prints_every_builtin_variant_and_preset():
 def test_dry_run_quick_prints_every_cell():
     proc = cli("run", "--preset", "quick", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
+    ids, count = dry_run_ids(proc.stdout)
     expected = quick_ids()
-    assert lines[:-1] == expected
-    assert lines[-1] == f"{len(expected)} cells"
+    assert ids == expected
+    assert count == f"{len(expected)} cells"
     # every cell of every sub-grid, each once
     union = {c.id for sub in grid.presets()["quick"].grids for c in grid.expand(grid.validate_axes(sub))}
     assert len(set(expected)) == len(expected)
@@ -135,15 +144,14 @@ def test_dry_run_quick_prints_every_cell():
 def test_dry_run_restricts_variants():
     proc = cli("run", "--preset", "quick", "--variant", "eager", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    ids = lines[:-1]
+    ids, count = dry_run_ids(proc.stdout)
     assert ids == quick_ids(variant=("eager",))
     assert all(i.startswith("eager-") for i in ids)
     # eager is in every quick sub-grid: restricting to it keeps exactly its cells
     all_ids = quick_ids()
     assert len(all_ids) > len(ids) > 0
     assert ids == [i for i in all_ids if i.startswith("eager-")]
-    assert lines[-1] == f"{len(ids)} cells"
+    assert count == f"{len(ids)} cells"
 
 
 def test_dry_run_variant_override_applies_to_every_sub_grid():
@@ -152,7 +160,7 @@ def test_dry_run_variant_override_applies_to_every_sub_grid():
     assert any("sdpa_flash" not in sub["variant"] for sub in quick.grids)
     proc = cli("run", "--preset", "quick", "--variant", "sdpa_flash", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    ids = proc.stdout.splitlines()[:-1]
+    ids, _ = dry_run_ids(proc.stdout)
     assert ids == quick_ids(variant=("sdpa_flash",))
     scenarios = {i.rsplit("-", 1)[1] for i in ids}
     assert scenarios == {s for sub in quick.grids for s in sub["scenario"]}
@@ -169,15 +177,15 @@ def test_dry_run_axis_overrides_combine():
     by_hand = {f"{v}-cpu-fp32-d32-T32-B1-H2-causal-{s}" for v in ("eager", "sdpa") for s in scenarios}
     assert set(expected) == by_hand
     assert len(expected) == 2 * len(scenarios)
-    assert proc.stdout.splitlines() == expected + [f"{len(expected)} cells"]
+    assert dry_run_ids(proc.stdout) == (expected, f"{len(expected)} cells")
 
 
 def test_dry_run_overrides_down_to_one_cell_per_variant():
     proc = cli("run", "--preset", "quick", "--variant", "eager", "sdpa", "--seq-len", "32",
                "--causal", "true", "--dtype", "fp32", "--scenario", "normal", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["eager-cpu-fp32-d32-T32-B1-H2-causal-normal",
-                                        "sdpa-cpu-fp32-d32-T32-B1-H2-causal-normal", "2 cells"]
+    assert dry_run_ids(proc.stdout) == (["eager-cpu-fp32-d32-T32-B1-H2-causal-normal",
+                                         "sdpa-cpu-fp32-d32-T32-B1-H2-causal-normal"], "2 cells")
 
 
 def test_dry_run_accepts_a_plugin_on_pythonpath():
@@ -185,5 +193,5 @@ def test_dry_run_accepts_a_plugin_on_pythonpath():
     proc = cli("run", "--preset", "quick", "--variant", spec, "--seq-len", "64", "--dtype", "fp32",
                "--dry-run", pythonpath=[PLUGINS])
     assert proc.returncode == 0, proc.stderr
-    ids = proc.stdout.splitlines()[:-1]
+    ids, _ = dry_run_ids(proc.stdout)
     assert ids and all(i.startswith(spec + "-cpu-fp32-") for i in ids)

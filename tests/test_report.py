@@ -623,3 +623,15 @@ def test_roofline_figure_and_ceilings_table(tmp_path: Path) -> None:
     assert table["fp16 matmul (n=512)"] == "null"
     assert table["device-to-device copy (read + write)"] == "44 GB/s"
     assert ceilings_table(None).empty
+
+
+def test_host_bound_table_counts_measured_cells_only() -> None:
+    from audit.report import host_bound_table
+    rows = pd.DataFrame({"variant": ["sdpa", "sdpa_cudnn", "sdpa_cudnn", "eager"],
+                         "host_bound": [False, True, None, None],
+                         "fwd_ms": [0.04, 0.04, 0.5, 1.0], "fwd_host_ms": [0.03, 0.09, 0.1, None]})
+    table = host_bound_table(rows).set_index("variant")
+    assert table.loc["sdpa_cudnn", "host_bound"] == 1 and table.loc["sdpa_cudnn", "measured"] == 1
+    assert table.loc["sdpa", "host_bound"] == 0
+    assert "eager" not in table.index                       # CPU cells: not measured
+    assert host_bound_table(rows.drop(columns="host_bound")).empty
