@@ -39,6 +39,9 @@ ENERGY_MIN_CALL_MS = 0.02        # cells of 20 us and more
 ENERGY_MAX_COST_S = 0.3          # per cell, for calls short enough to fit it
 HOST_TOLERANCE = 0.10            # forced backend vs the dispatcher's choice of the same kernel
 HAND_WRITTEN = ("eager", "eager_fp32", "broken.clamped")
+# Time limits per step, so the whole check stays under 5 minutes (predicted about 1.5).
+MAIN_TIMEOUT_S = 200
+OOM_TIMEOUT_S = 60
 MASK_SCENARIOS = ("padding", "fully_masked_bool", "fully_masked_neginf", "cross_causal")
 
 
@@ -270,9 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "gpu preset: " + summary(_predict("gpu"))]
     print("\n".join(log), flush=True)
 
-    main_dir, main_wall, code = _run_step("main", ["--preset", "gpu-check", *(argv or [])], root, log, 360)
+    main_dir, main_wall, code = _run_step("main", ["--preset", "gpu-check", *(argv or [])], root, log,
+                                          MAIN_TIMEOUT_S)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
-    oom_dir, _oom_wall, oom_code = _run_step("oom", OOM_ARGS, root, log, 120, env)
+    oom_dir, _oom_wall, oom_code = _run_step("oom", OOM_ARGS, root, log, OOM_TIMEOUT_S, env)
     log.append(f"exit codes: main {code}, oom {oom_code}")
 
     main = load(main_dir) if (main_dir / "records.jsonl").exists() else pd.DataFrame()

@@ -144,3 +144,54 @@ def test_gpu_check_refuses_without_cuda(capsys):
         pytest.skip("CUDA is available here")
     assert gpucheck.main([]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_main_runs_every_step_prints_every_check_and_copies_to_out(tmp_path, monkeypatch, capsys):
+    """The driver on a machine without a GPU: CUDA faked, each step writing prepared records."""
+    import json
+
+    import torch
+
+    from audit.records import RecordWriter, new_record
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cells = {
+        "main": [_cell(variant="sdpa", fwd_ms=0.037), _cell(variant="sdpa_cudnn", fwd_ms=0.038),
+                 _cell(variant="eager", causal=True, scenario="padding", dtype="fp16", energy_per_call_j=None),
+                 _cell(variant="eager", seq_len=16384, batch=1, golden_subset=[[0, 0]], energy_per_call_j=None),
+                 _cell(variant="compiled", scenario="scaled_x16", compile_reused=True, energy_per_call_j=None),
+                 _cell(variant="eager", seq_len=65536, status="oom", elapsed_s=0.001, reason="predicted peak ...")],
+        "oom": [_cell(variant="oom_plugin:allocate_too_much", status="oom", reason="CUDA out of memory"),
+                _cell(variant="sdpa")],
+    }
+    steps = []
+
+    def fake_step(name, args, root, log, timeout_s, env=None):
+        steps.append((name, list(args), timeout_s))
+        out = root / name
+        with RecordWriter(out) as writer:
+            for values in cells[name]:
+                rec = new_record({}, values["id"])
+                rec.update(values)
+                writer.write(rec)
+        (out / "run.json").write_text(json.dumps({"ceilings": {"cuda": {"matmul_flops_per_s": {"bf16": 8e14}}}}))
+        return out, 10.0, 0
+
+    import pandas as pd
+    monkeypatch.setattr(gpucheck, "_run_step", fake_step)
+    monkeypatch.setattr(gpucheck, "_predict", lambda name, run_dir=None: pd.DataFrame(
+        {"id": [c["id"] for c in cells["main"]], "variant": "x", "device": "cuda", "status": "ok",
+         "total_s": 0.3, **{p: 0.0 for p in ("setup", "golden", "compile", "warmup", "numerics", "timed",
+                                              "energy")}}))
+    code = gpucheck.main([])
+    text = capsys.readouterr().out
+    assert [s[0] for s in steps] == ["main", "oom"]
+    assert sum(s[2] for s in steps) < 300                          # under 5 minutes by construction
+    for name in ("no error cells", "masked causal cells on CUDA", "energy per call", "kernel time, not host time",
+                 "out of memory", "golden subset", "compiled-code reuse", "cost model"):
+        assert f"PASS {name}" in text, (name, text)
+    assert code == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "gpu-check-main.tar.gz", "gpu-check-oom.tar.gz", "summary.txt", "table.txt"]
