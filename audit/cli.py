@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
         run.add_argument(_axis_flag(axis), dest=axis, nargs="+", metavar="V", help=AXIS_HELP[axis])
     run.add_argument("--out", metavar="DIR",
                      help="run folder (default reports/<timestamp>/; reports/latest points to the newest)")
+    run.add_argument("--budget", metavar="DURATION",
+                     help="wall-time budget of the run, e.g. 90s, 10m, 1h30m, or none (default: the preset's: "
+                          "quick 60s, cpu 10m, gpu 8m, gpu-check 3m). Cells that do not fit are recorded "
+                          "as skipped with their predicted time, most expensive first (README: Budget)")
     run.add_argument("--max-cell-s", type=float, metavar="S",
                      help="skip a cell (status skipped) when its warm-up predicts it would take more "
                           "than S seconds (default: the preset's)")
@@ -127,8 +131,11 @@ def _point_latest(run_dir: Path) -> None:
         pass
 
 
-def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | None = None) -> int:
     import dataclasses
+    import time
+
+    started = started or time.time()
 
     from . import grid, runner, variants
 
@@ -153,13 +160,16 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if args.energy_window_s < 0:
             raise UsageError(f"--energy-window-s: {args.energy_window_s!r} is negative (0 turns energy off)")
         overrides["energy_window_s"] = args.energy_window_s
+    if args.budget is not None:
+        from .budget import parse_duration
+        overrides["budget_s"] = parse_duration(args.budget)
     preset = dataclasses.replace(preset, **overrides)
 
     overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}
     cases = grid.preset_cases(preset, overrides, known_variant=variants.check_name)
     axes = {a: tuple(dict.fromkeys(getattr(c, a) for c in cases)) for a in AXES}
     if args.dry_run:
-        return _dry_run(cases, preset, Path(args.out) if args.out else None)
+        return _dry_run(cases, preset, Path(args.out) if args.out else None, started)
     for flag, on in (("--cuda-graph", preset.cuda_graph), ("--l2-flush", preset.l2_flush)):
         if on and not any(c.device == "cuda" for c in cases):
             raise UsageError(f"{flag}: needs cuda cells (--device cuda); this grid is cpu only")
@@ -180,6 +190,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     ceilings = runner.ceilings_for(cases, run_dir)
     runner.write_run_file(run_dir, preset, axes, list(argv), environment(), len(cases), ceilings)
     print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
+    _plan(cases, preset, run_dir, started)
     code = _supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"])
     if code != 0:
         return code
@@ -191,23 +202,41 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return _write_report(run_dir)
 
 
-def _dry_run(cases, preset, run_dir: Path | None) -> int:
-    """Every cell with its predicted status and seconds, then the totals per phase and variant."""
-    from .costmodel import plan, summary
+def _plan(cases, preset, run_dir: Path, started: float) -> None:
+    """Predict the cells not yet recorded, choose what fits the budget, write DIR/plan.json."""
+    from .budget import describe, plan_run
+    from .records import completed_ids
+
+    done = completed_ids(run_dir)
+    todo = [c for c in cases if c.id not in done]
+    plan, _pred, _notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started,
+                                   measure=False)
+    plan.write(run_dir)
+    print(f"attn-audit: {describe(plan, len(todo))}", file=sys.stderr)
+
+
+def _dry_run(cases, preset, run_dir: Path | None, started: float) -> int:
+    """Every cell with its predicted status and seconds, then the totals per phase and variant,
+    and what the budget would skip."""
+    from .budget import describe, plan_run
+    from .costmodel import summary
     from .records import completed_ids
 
     done = completed_ids(run_dir) if run_dir is not None else set()
     todo = [c for c in cases if c.id not in done]
-    pred, notes = plan(todo, preset, run_dir)
+    plan, pred, notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started)
     if done:
         notes.insert(0, f"{len(cases) - len(todo)} cells already recorded in {run_dir}: not predicted")
     for row in pred.itertuples():
-        extra = f"  {row.status}: {row.reason}" if row.status != "ok" else ""
+        status, reason = (("skipped", plan.skip[row.id]) if row.id in plan.skip
+                          else (row.status, row.reason))
+        extra = f"  {status}: {reason}" if status != "ok" else ""
         print(f"{row.id}  {row.total_s:.2f} s{extra}")
     print(f"{len(cases)} cells")
     for note in notes:
         print(f"cost model: {note}")
-    print(summary(pred))
+    print(summary(pred[~pred["id"].isin(plan.skip)]))
+    print(describe(plan, len(todo)))
     return 0
 
 
@@ -221,8 +250,9 @@ def _work(cases, run_dir: Path, preset, args: argparse.Namespace) -> int:
 
     try:
         ceilings = json.loads((run_dir / runner.RUN_FILE).read_text()).get("ceilings")
+        from .budget import Plan
         counts = runner.run_grid(cases, run_dir, preset, environment(), progress=not args.no_progress,
-                                 ceilings=ceilings)
+                                 ceilings=ceilings, plan=Plan.read(run_dir))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
@@ -325,13 +355,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import time
+    started = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
         if args.command == "list":
             return _cmd_list()
         if args.command == "run":
-            return _cmd_run(args, ["attn-audit", *argv])
+            return _cmd_run(args, ["attn-audit", *argv], started)
         return _cmd_report(args)
     except UsageError as exc:
         lines = str(exc).strip().splitlines() or [""]

@@ -116,7 +116,7 @@ HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
 
 
 def _family(variant: str, device_type: str) -> str:
-    if variant.startswith("sdpa") or variant == "flex":
+    if variant.startswith("sdpa") or variant in ("flex", "compiled[fused]"):
         return "eager" if variant == "sdpa_math" else "fused"
     if variant.startswith("compiled"):
         return "compiled"
@@ -138,6 +138,7 @@ class Params:
     compile_s: dict[str, float] = field(default_factory=dict)     # "cuda|flex" -> s per compile
     init_s: dict[str, float] = field(default_factory=dict)        # "cuda|sdpa" -> first cell of a run
     run_start_s: dict[str, float] = field(default_factory=dict)
+    compile_start_s: dict[str, float] = field(default_factory=dict)  # the run's first compiled cell
     skip_s: dict[str, float] = field(default_factory=dict)
     fitted_on: list[str] = field(default_factory=list)
     # The machine the priors were fitted on, per device type: its ceilings, free memory and
@@ -192,6 +193,19 @@ class CellShape:
         return cls(case, tq, float(attention_flops(case.batch, case.heads, tq, case.seq_len, case.d_k,
                                                    case.causal)),
                    float(case.batch * case.heads * tq * case.seq_len), mask_shape(case))
+
+
+def call_variant(shape: CellShape) -> str:
+    """The name per-call factors are fitted under: `compiled` splits in two, because Inductor
+    rewrites it into fused SDPA without a mask or with an additive float mask (not causal,
+    not a bool mask) and leaves the hand-written math otherwise."""
+    case = shape.case
+    if case.variant == "compiled" and not case.causal and (shape.mask is None or shape.mask[0] == "float"):
+        return "compiled[fused]"
+    return case.variant
+
+
+CALL_WEIGHT_POWER = 0.25  # fit weights 1/t^p: 1 balances relative errors, 0 absolute ones (wall time)
 
 
 def _features(shape: CellShape, ceilings: Mapping[str, Any] | None) -> np.ndarray:
@@ -316,7 +330,7 @@ class CostModel:
 
     def call_s(self, shape: CellShape, pass_: str, ceilings: Mapping[str, Any] | None) -> float:
         dev = _device_type(shape.case.device)
-        factors, _ = self._call_factors(dev, shape.case.variant, shape.case.dtype, pass_)
+        factors, _ = self._call_factors(dev, call_variant(shape), shape.case.dtype, pass_)
         return float(max(1e-6, factors @ _features(shape, ceilings)))
 
     def _const(self, table: str, key: str, default: float) -> float:
@@ -338,6 +352,7 @@ class CostModel:
         previous_key = None
         seen_variants: set[tuple[str, str]] = set()
         compiled_keys: set[tuple] = set()
+        compiling_started: set[str] = set()
         cudnn_configs: set[tuple] = set()
         started: set[str] = set()
         for case in cases:
@@ -347,24 +362,26 @@ class CostModel:
             phases = dict.fromkeys(PHASES, 0.0)
             status, reason = "ok", None
             phases["setup"] = self._const("cell_s", dev, 0.05)
+            shared = 0.0    # paid once for many cells, by whichever comes first (start-up, golden, compile)
             if dev not in started:
                 started.add(dev)
-                phases["setup"] += self._const("run_start_s", dev, 0.0)
+                shared += self._const("run_start_s", dev, 0.0)
             oom = too_big(case, shape.q_len, (free_bytes or {}).get(case.device))
             if oom:
-                rows.append(self._row(case, "oom", oom, phases))
+                phases["setup"] += shared
+                rows.append(self._row(case, "oom", oom, phases, shared_s=shared))
                 continue
             if (dev, case.variant) not in seen_variants:
                 seen_variants.add((dev, case.variant))
-                phases["setup"] += self._const("init_s", f"{dev}|{case.variant}", 0.0)
+                shared += self._const("init_s", f"{dev}|{case.variant}", 0.0)
             if case.input_key != previous_key:
                 previous_key = case.input_key
                 phases["golden"] += self._golden_s(shape, settings, ceil)
             unsupported = predicted_unsupported(case, shape)
             if unsupported:
                 status, reason = "skipped", unsupported
-                phases["setup"] = self._const("skip_s", dev, 0.002)
-                rows.append(self._row(case, status, reason, phases))
+                phases["setup"] = self._const("skip_s", dev, 0.002) + shared
+                rows.append(self._row(case, status, reason, phases, shared_s=shared + phases["golden"]))
                 continue
             t_f = self.call_s(shape, "fwd", ceil)
             backward = not (case.variant == "flex" and dev == "cpu")
@@ -375,17 +392,24 @@ class CostModel:
                 if key not in compiled_keys:
                     compiled_keys.add(key)
                     phases["compile"] = self._const("compile_s", f"{dev}|{case.variant}", 3.0)
+                    if dev not in compiling_started:
+                        compiling_started.add(dev)
+                        phases["compile"] += self._const("compile_start_s", dev, 2.0)
+                    shared += phases["compile"]
             n_timed = settings.min_samples + 1
             if t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > settings.max_cell_s or \
                     (t_f + t_fb) * n_timed > settings.max_cell_s:
                 status, reason = "skipped", "too slow for this device (--max-cell-s)"
                 phases["warmup"] = 2 * t_f + (2 * t_fb if t_f * 3.5 * n_timed <= settings.max_cell_s else 0)
-                rows.append(self._row(case, status, reason, phases, t_f, t_fb))
+                phases["setup"] += shared - phases["compile"]
+                rows.append(self._row(case, status, reason, phases, t_f, t_fb,
+                                      shared_s=shared + phases["golden"]))
                 continue
             config = cudnn_config(shape)
             if config is not None and config not in cudnn_configs:
                 cudnn_configs.add(config)
-                phases["setup"] += self._const("cudnn_config_s", dev, 0.0)
+                shared += self._const("cudnn_config_s", dev, 0.0)
+            phases["setup"] += shared - phases["compile"]
             phases["warmup"] = 2 * t_f + 2 * t_fb
             phases["numerics"] = t_f * (1 + leak_probe_count(case)) + t_fb
             if settings.masked_rows_loop:
@@ -402,8 +426,9 @@ class CostModel:
                                               host_call_s=2.5 * host))
             if dev == "cuda" and case.scenario == "normal":
                 phases["energy"] = energy_wall_s(t_f, settings)
-            rows.append(self._row(case, status, reason, phases, t_f, t_fb))
-        columns = ["id", *Case.__dataclass_fields__, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s"]
+            rows.append(self._row(case, status, reason, phases, t_f, t_fb, shared_s=shared + phases["golden"]))
+        columns = ["id", *Case.__dataclass_fields__, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s",
+                   "shared_s"]
         return pd.DataFrame(rows, columns=columns)
 
     def _golden_s(self, shape: CellShape, settings: Settings, ceil: Mapping[str, Any] | None) -> float:
@@ -414,9 +439,13 @@ class CostModel:
 
     @staticmethod
     def _row(case: Case, status: str, reason: str | None, phases: dict[str, float],
-             t_f: float | None = None, t_fb: float | None = None) -> dict[str, Any]:
-        return {"id": case.id, **case.axes(), "status": status, "reason": reason,
-                "fwd_s": t_f, "fwd_bwd_s": t_fb, **phases, "total_s": sum(phases.values())}
+             t_f: float | None = None, t_fb: float | None = None, shared_s: float = 0.0) -> dict[str, Any]:
+        """shared_s: the part of total_s that the cell pays for others too (start-up, a
+        backend's first use, its input set's golden, compiled code it shares)."""
+        axes = {f: getattr(case, f) for f in Case.__dataclass_fields__}
+        return {"id": case.id, **axes, "status": status, "reason": reason,
+                "fwd_s": t_f, "fwd_bwd_s": t_fb, **phases, "total_s": sum(phases.values()),
+                "shared_s": shared_s}
 
 
 # --------------------------------------------------------------------------- fitting
@@ -465,15 +494,20 @@ def _case_of(row: Any) -> Case:
 def _samples_wall(row: Any, prefix: str) -> float:
     """Wall time of a record's timed samples: sum of samples × calls per sample."""
     import re
-    samples = row.get(f"{prefix}_samples_s")
-    if not isinstance(samples, list) or not samples:
-        return 0.0
     timer = str(row.get("timer") or "")
     found = re.search(r"blocks of (\d+|-)/(\d+|-) calls", timer)
     per = 1
     if found and found.group(1 if prefix == "fwd" else 2).isdigit():
         per = int(found.group(1 if prefix == "fwd" else 2))
-    total = float(np.nansum([s for s in samples if isinstance(s, (int, float))])) * per
+    samples = row.get(f"{prefix}_samples_s")
+    if isinstance(samples, list) and samples:
+        total = float(np.nansum([s for s in samples if isinstance(s, (int, float))])) * per
+    else:                            # records stored without raw samples: n × median
+        n, ms = row.get(f"{prefix}_n"), row.get(f"{prefix}_ms")
+        if not (isinstance(n, (int, float)) and isinstance(ms, (int, float)) and n == n and ms == ms):
+            return 0.0
+        total = float(n) * float(ms) / 1e3 * per
+        samples = [0.0] * int(n)
     if "spin kernel" in timer:       # device timing: each sample also waited for the spin
         host = row.get(f"{prefix}_host_ms")
         if isinstance(host, (int, float)) and host == host:
@@ -500,18 +534,19 @@ def _fit_calls(runs: list[RunData], out: Params) -> None:
             case = _case_of(row)
             dev = _device_type(case.device)
             ceil = run.ceilings.get(case.device) or run.ceilings.get(dev)
-            x = _features(CellShape.of(case), ceil)
+            shape = CellShape.of(case)
+            x = _features(shape, ceil)
             for pass_, col in (("fwd", "fwd_ms"), ("fwd_bwd", "fwd_bwd_ms")):
                 t = row.get(col)
                 if isinstance(t, (int, float)) and t == t and t > 0:
                     for dtype in (case.dtype, "*"):
-                        groups.setdefault(f"{dev}|{case.variant}|{dtype}|{pass_}", []).append((x, t / 1e3))
+                        groups.setdefault(f"{dev}|{call_variant(shape)}|{dtype}|{pass_}", []).append((x, t / 1e3))
     for key, items in groups.items():
         X = np.stack([x for x, _ in items])
         y = np.array([t for _, t in items])
         if len(items) < 2:
             continue
-        out.call[key] = [float(c) for c in _nnls(X, y, 1.0 / y)]
+        out.call[key] = [float(c) for c in _nnls(X, y, y ** -CALL_WEIGHT_POWER)]
 
 
 def _median_per_variant(runs: list[RunData], column: str, scale: float = 1.0) -> dict[str, float]:
@@ -553,6 +588,7 @@ def _fit_constants(runs: list[RunData], out: Params, priors: Params) -> None:
         previous = None
         seen: set[str] = set()
         configs: set[tuple] = set()
+        compiled_seen = False
         for i, (_, row) in enumerate(run.frame.iterrows()):
             case = _case_of(row)
             dev = _device_type(case.device)
@@ -561,6 +597,8 @@ def _fit_constants(runs: list[RunData], out: Params, priors: Params) -> None:
             previous = case.input_key
             first_use = case.variant not in seen
             seen.add(case.variant)
+            first_compiled = case.variant in COMPILED_VARIANTS and not compiled_seen and row["status"] == "ok"
+            compiled_seen = compiled_seen or first_compiled
             config = cudnn_config(shape) if row["status"] == "ok" else None
             new_config = config is not None and config not in configs
             if config is not None:
@@ -577,6 +615,7 @@ def _fit_constants(runs: list[RunData], out: Params, priors: Params) -> None:
                           gchunks * weights, gflops / BACKWARD_FLOP_FACTOR * weights, float(new_config),
                           masked_rows_checked(shape) * run.settings.masked_rows_loop])
             by_dev.setdefault(dev, []).append((x, resid, {"first_use": first_use, "first": i == 0,
+                                                           "first_compiled": first_compiled,
                                                            "variant": case.variant}))
     for dev, items in by_dev.items():
         if dev.endswith("|skip"):
@@ -598,14 +637,19 @@ def _fit_constants(runs: list[RunData], out: Params, priors: Params) -> None:
         out.masked_row_s[dev] = float(coef[6])
         first_use: dict[str, list[float]] = {}
         starts: list[float] = []
+        compile_starts: list[float] = []
         for x, r, info in items:
             extra = r - float(x @ coef)
             if info["first"]:
                 starts.append(extra)
+            elif info["first_compiled"]:          # importing Inductor, Triton or a C++ toolchain
+                compile_starts.append(extra)
             elif info["first_use"]:
                 first_use.setdefault(info["variant"], []).append(extra)
         if starts:
             out.run_start_s[dev] = max(0.0, float(np.median(starts)))
+        if compile_starts:
+            out.compile_start_s[dev] = max(0.0, float(np.median(compile_starts)))
         for variant, extras in first_use.items():
             out.init_s[f"{dev}|{variant}"] = max(0.0, float(np.median(extras)))
     out.compile_s.update(_median_per_variant(runs, "compile_s"))
@@ -613,17 +657,24 @@ def _fit_constants(runs: list[RunData], out: Params, priors: Params) -> None:
 
 # --------------------------------------------------------------------------- reporting
 
-RUN_OVERHEAD_S = {"cpu": 15.0, "cuda": 20.0}   # start-up, ceilings, findings and report
+STARTUP_S = 5.0          # the supervisor's and the worker's start (importing torch twice)
+CEILINGS_S = 2.5         # roofline.CEILINGS_BUDGET_S, per device
+REPORT_S = 3.0           # seed claims, findings, figures and index ...
+REPORT_PER_CELL_S = 0.005  # ... growing with the measured cells (1237 of them: 8.3 s)
 
 
-def run_overhead_s(pred: Any) -> float:
+def overhead_s(pred: Any, *, ceilings_measured: bool = True) -> tuple[float, float]:
+    """(seconds before the first cell, seconds after the last) of a run of these cells."""
     devices = {_device_type(d) for d in pred["device"]} if len(pred) else set()
-    return max((RUN_OVERHEAD_S[d] for d in devices), default=0.0)
+    before = STARTUP_S + (CEILINGS_S * len(devices) if ceilings_measured else 0.0)
+    measured = int((pred["status"] == "ok").sum()) if len(pred) else 0
+    return before, REPORT_S + REPORT_PER_CELL_S * measured
 
 
 def summary(pred: Any) -> str:
     """Predicted seconds per phase and per variant, and the total, for --dry-run."""
-    overhead = run_overhead_s(pred)
+    before, after = overhead_s(pred)
+    overhead = before + after
     total = float(pred["total_s"].sum()) + overhead
     lines = [f"predicted wall time: {_fmt_s(total)} for {len(pred)} cells "
              f"({int((pred['status'] == 'ok').sum())} measured, "
@@ -673,21 +724,29 @@ def _cache_dir() -> Path:
     return Path(base) / "attn-audit"
 
 
+CEILINGS_CACHE_S = 24 * 3600    # a dry-run measures this machine's ceilings again after a day
+
+
 def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None) -> tuple[dict, str]:
     """This machine's ceilings for a dry-run: measured once, then kept in ~/.cache/attn-audit
-    (keyed by device name, torch version and thread count) for the next dry-runs. A real run
-    always measures its own (run.json)."""
+    (keyed by device name, torch version, thread count and the CPU capability torch uses) for
+    the next dry-runs. A real run always measures its own (run.json)."""
     import hashlib
+    import time
 
     import torch
 
     from .roofline import measure_ceilings
-    key = hashlib.sha1(repr((device, name, torch.__version__, torch.get_num_threads())).encode()).hexdigest()[:16]
+    import os
+    key = hashlib.sha1(repr((device, name, torch.__version__, torch.get_num_threads(),
+                             torch.backends.cpu.get_cpu_capability(),
+                             os.environ.get("ONEDNN_MAX_CPU_ISA"))).encode()).hexdigest()[:16]
     path = _cache_dir() / f"ceilings-{key}.json"
     try:
         cached = json.loads(path.read_text())
-        if all((cached.get("matmul_flops_per_s") or {}).get(d) for d in dtypes):
-            return cached, f"of this machine from {path}"
+        fresh = time.time() - path.stat().st_mtime < CEILINGS_CACHE_S
+        if fresh and all((cached.get("matmul_flops_per_s") or {}).get(d) for d in dtypes):
+            return cached, f"of this machine from {path} (measured {time.ctime(path.stat().st_mtime)})"
     except (OSError, ValueError):
         pass
     measured = measure_ceilings(device, tuple(dtypes))
@@ -699,9 +758,21 @@ def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None) -> tu
     return measured, "measured now"
 
 
+@dataclass
+class Forecast:
+    """A grid's prediction on this machine and what it was made from."""
+
+    pred: Any                      # CostModel.predict's frame
+    notes: list[str]               # where the parameters, ceilings and memory came from
+    params: Params
+    ceilings: dict[str, Any]
+    free: dict[str, int | None]
+    ceilings_measured: bool        # a run of these cells would still measure ceilings
+
+
 def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
-         measure: bool = True, root: Path = Path("reports")) -> tuple[Any, list[str]]:
-    """Predict a grid on this machine: (prediction, notes on where its numbers came from).
+         measure: bool = True, root: Path = Path("reports")) -> Forecast:
+    """Predict a grid on this machine, noting where the numbers came from.
 
     Parameters: the shipped priors, refitted on the records of `run_dir` (a resumed run) and
     of earlier run folders under `root` from this machine. Ceilings: run_dir's run.json, else
@@ -748,7 +819,7 @@ def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
         if device not in ceilings and ref.get("ceilings"):
             ceilings[device] = ref["ceilings"]
     pred = CostModel(params).predict(cases, Settings.of_preset(preset), ceilings, free)
-    return pred, notes
+    return Forecast(pred, notes, params, ceilings, free, ceilings_measured=not info.get("ceilings"))
 
 
 def _fmt_s(seconds: float) -> str:

@@ -248,8 +248,7 @@ def _predict(preset_name: str, run_dir: Path | None = None) -> "pd.DataFrame":
     from .costmodel import plan
     preset = grid.presets()[preset_name]
     cases = grid.preset_cases(preset, known_variant=variants.check_name)
-    pred, _notes = plan(cases, preset, run_dir)
-    return pred
+    return plan(cases, preset, run_dir).pred
 
 
 def main(argv: Sequence[str] | None = None) -> int:

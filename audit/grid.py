@@ -74,6 +74,7 @@ class Preset:
     min_time_s: float = 0.2       # and at least this much timed time
     max_cell_s: float = 30.0      # estimated cell time above which the cell is skipped
     energy_window_s: float = 0.1  # CUDA: least time between the two energy-counter updates that bound the window
+    budget_s: float | None = None  # wall-time budget of a run (None: measure every cell)
     l2_flush: bool = False        # overwrite a cache-sized buffer before every timed sample
     cuda_graph: bool = False      # CUDA: time CUDA-graph replays of the call
 
@@ -133,7 +134,7 @@ def presets() -> dict[str, Preset]:
                      scenario=("scaled_x64", "fp16_range", "padding", "fully_masked_bool",
                                "fully_masked_neginf")),
             ),
-            min_samples=3, min_time_s=0.02, max_cell_s=5.0,
+            min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0,
         ),
         "cpu": Preset(
             name="cpu",
@@ -152,7 +153,7 @@ def presets() -> dict[str, Preset]:
                      batch=(2,), heads=(2,), causal=(False, True),
                      scenario=("padding", "cross_causal", "decode")),
             ),
-            min_samples=5, min_time_s=0.05, max_cell_s=6.0,
+            min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0,
         ),
         "gpu": Preset(
             name="gpu",
@@ -184,7 +185,7 @@ def presets() -> dict[str, Preset]:
                      seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
                      scenario=GPU_STABILITY_SCENARIOS),
             ),
-            min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05,
+            min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=480.0,
         ),
         "gpu-check": Preset(
             name="gpu-check",
@@ -208,7 +209,7 @@ def presets() -> dict[str, Preset]:
                 dict(variant=("eager", "eager_fp32"), device=("cuda",), dtype=("fp32",), d_k=(128,),
                      seq_len=(65536,), batch=(1,), heads=(16,), causal=(False,), scenario=("normal",)),
             ),
-            min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05,
+            min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=180.0,
         ),
     }
 

@@ -105,6 +105,7 @@ COLUMNS: dict[str, str] = {
     "energy_cost_s": "CUDA: wall time the energy measurement added to the cell (graph capture and window), s",
     "telemetry_reason": "why telemetry columns are null or partial (no GPU, no driver, ...)",
     "elapsed_s": "wall time spent on the cell, seconds",
+    "predicted_s": "the cost model's prediction of the cell's wall time when the run was planned, seconds (README: Cost model, Budget)",
     "started_at": "UTC time the cell started (ISO 8601)",
     "env": "environment: torch version, device name, CPU model, threads, git commit, cpu_allocator (pinned malloc thresholds), NVML info",
 }

@@ -1260,11 +1260,62 @@ def _grid_section(run_info: dict | None, frame: pd.DataFrame) -> list[Block]:
     if not_ok.empty:
         return blocks + [_para("Every recorded cell is ok.")]
     reasons = not_ok["reason"].fillna("(no reason given)").astype(str).map(
-        lambda r: r if len(r) <= REASON_WIDTH else r[:REASON_WIDTH - 1] + "…")
+        lambda r: _budget_kind(r) or (r if len(r) <= REASON_WIDTH else r[:REASON_WIDTH - 1] + "…"))
     grouped = (not_ok.assign(reason=reasons).groupby(["variant", "status", "reason"])
                .size().reset_index(name="cells")
                .sort_values(["status", "cells"], ascending=[True, False], kind="stable"))
     return blocks + [Table(grouped, caption="Cells that are not ok, by variant, status and reason")]
+
+
+BUDGET_KINDS = (("over the budget at run time", "over the time budget while running (see Time budget)"),
+                ("over the budget", "over the time budget when planned (see Time budget)"),
+                ("over the per-cell limit", "predicted over the per-cell limit (see Time budget)"))
+
+
+def _budget_kind(reason: str) -> str | None:
+    """The time-budget rule a skip reason names (its numbers differ per cell), or None."""
+    for marker, kind in BUDGET_KINDS:
+        if marker in reason:
+            return kind
+    return None
+
+
+def budget_cuts_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Cells skipped by the time budget or the per-cell limit, most expensive first:
+    id, variant, predicted_s, rule."""
+    columns = ["id", "variant", "predicted_s", "rule"]
+    if frame.empty or "reason" not in frame.columns:
+        return pd.DataFrame(columns=columns)
+    skipped = frame[frame["status"] == "skipped"].copy()
+    skipped["rule"] = skipped["reason"].fillna("").astype(str).map(_budget_kind)
+    skipped = skipped[skipped["rule"].notna()]
+    skipped["predicted_s"] = _num(skipped, "predicted_s")
+    return skipped.sort_values("predicted_s", ascending=False)[columns].reset_index(drop=True)
+
+
+def _time_budget_section(run_info: dict | None, frame: pd.DataFrame) -> list[Block]:
+    budget = ((run_info or {}).get("timing") or {}).get("budget_s")
+    cuts = budget_cuts_table(frame)
+    if budget is None and cuts.empty:
+        return []
+    measured = frame[frame["status"] != "skipped"] if not frame.empty else frame
+    predicted = _num(measured, "predicted_s")
+    blocks: list[Block] = [Heading(2, "Time budget"), _para(
+        f"Budget: {'none' if budget is None else format_value(float(budget)) + ' s'} (--budget; each preset "
+        "declares one). Before measuring, the cost model predicted every cell (",
+        Mono("predicted_s"), "); cells over the per-cell limit and, while the prediction exceeded the "
+        "budget, the most expensive cells were skipped; while running, cells were skipped when the rest "
+        "would have overrun it. "
+        f"The {len(measured)} cells measured took {format_value(float(_num(measured, 'elapsed_s').sum()))} s "
+        f"against {format_value(float(predicted.sum()))} s predicted.")]
+    if cuts.empty:
+        return blocks + [_para("No cell was skipped for time.")]
+    by_rule = cuts.groupby("rule").agg(cells=("id", "size"), predicted_s=("predicted_s", "sum")).reset_index()
+    shown = cuts.head(40)
+    return blocks + [Table(by_rule, caption="Cells skipped for time, by rule (predicted seconds they would "
+                                            "have taken)"),
+                     Table(shown, caption=f"The {len(shown)} most expensive of the {len(cuts)} cells skipped "
+                                          "for time (all are in records.jsonl with their reason)")]
 
 
 def _speedup_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -1710,6 +1761,7 @@ def build_report(run_dir: str | Path) -> dict[str, Path | list[Path]]:
         *_findings_section(findings),
         *_environment_section(run_info, records),
         *_grid_section(run_info, frame),
+        *_time_budget_section(run_info, frame),
         *_scenarios_section(frame),
         *_speed_section(frame),
         *_memory_section(frame),

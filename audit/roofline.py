@@ -19,14 +19,18 @@ from .timing import measure, sync_for, time_call
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
 
-# Default sizes. CPU: sized so measure_ceilings() stays near 3 s on a 2-core
-# machine (fp16 matmul is ~15-50x slower than fp32 on CPUs without fp16 units);
-# a dtype whose warm-up call exceeds the budget is shrunk further, see _matmul_rate.
-CPU_MATMUL_N: dict[str, int] = {"fp32": 1536, "fp16": 512, "bf16": 2048}
-CUDA_MATMUL_N: dict[str, int] = {"fp32": 4096, "fp16": 4096, "bf16": 4096}
+# Largest problems. A measurement starts from a small probe and doubles it while the
+# next size still fits its share of the time budget, so a dtype the hardware emulates
+# slowly (bf16 at 0.002 TFLOP/s on an AVX2-only CPU) stays small and fast units grow
+# until the probe is large enough to run near their peak.
+CPU_MATMUL_N: dict[str, int] = {"fp32": 2048, "fp16": 2048, "bf16": 2048}
+CUDA_MATMUL_N: dict[str, int] = {"fp32": 8192, "fp16": 8192, "bf16": 8192}
 CPU_COPY_BYTES = 256 * 2**20      # larger than any CPU's last-level cache
 CUDA_COPY_BYTES = 2 * 2**30       # ~40x an H100/H200 L2; halved on out-of-memory
 MIN_MATMUL_N = 128
+MIN_COPY_BYTES = 4 * 2**20
+CEILINGS_BUDGET_S = 2.5           # per device, every dtype and the copy together (issue: at most 3 s)
+GROW_FRACTION = 0.25              # the growing probes may use this share of a measurement's time
 STATISTIC = "max of repeats"
 
 # Columns cell_roofline() produces, for the record schema.
@@ -55,65 +59,86 @@ def _timed_call(fn: Callable[[], object], sync: Callable[[], None] | None) -> fl
     return time_call(fn, sync=sync)
 
 
-def _matmul_rate(device: str, dtype: str, n: int, budget_s: float,
-                 sync: Callable[[], None] | None) -> tuple[float, int]:
-    """(FLOP/s, n actually used) of an n×n @ n×n matmul in `dtype`.
+def _grow(make: Callable[[int], Callable[[], object]], size: int, max_size: int, factor: int,
+          cost_growth: float, budget_s: float, sync: Callable[[], None] | None
+          ) -> tuple[Callable[[], object], int, float, float]:
+    """Grow a problem from `size` by `factor` while the next one's warm call (this one's
+    times `cost_growth`) still fits GROW_FRACTION of the budget. Returns (the call, its
+    size, one warm call's time, time spent growing)."""
+    spent = 0.0
+    while True:
+        fn = make(size)
+        spent += _timed_call(fn, sync)             # first call: allocation, library init
+        warm = _timed_call(fn, sync)
+        spent += warm
+        if size * factor > max_size or spent + warm * cost_growth * 2 > GROW_FRACTION * budget_s:
+            return fn, size, warm, spent
+        size *= factor
 
-    Shrinks n (halving, not below MIN_MATMUL_N) while one warm call takes longer
-    than the budget, so a dtype the hardware emulates slowly cannot stall the run.
+
+def _matmul_rate(device: str, dtype: str, max_n: int, budget_s: float,
+                 sync: Callable[[], None] | None) -> tuple[float, int]:
+    """(FLOP/s, n used) of an n×n @ n×n matmul in `dtype` within `budget_s` seconds.
+
+    n starts at MIN_MATMUL_N (or max_n if smaller) and doubles (8x the work) while the
+    next size fits the budget, up to max_n; the rest of the budget repeats the call.
     """
     import torch
 
     from .inputs import torch_dtype
 
     gen = torch.Generator(device=device).manual_seed(0)
-    while True:
+
+    def make(n: int) -> Callable[[], object]:
         # random data, never zeros: some hardware multiplies zeros faster
         a = torch.randn(n, n, generator=gen, device=device).to(torch_dtype(dtype))   # (n, n)
         b = torch.randn(n, n, generator=gen, device=device).to(torch_dtype(dtype))   # (n, n)
-        fn = lambda: torch.matmul(a, b)                                               # (n, n)
-        _timed_call(fn, sync)                    # first call: allocation, library init
-        warm = _timed_call(fn, sync)
-        if warm <= budget_s or n // 2 < MIN_MATMUL_N:
-            break
-        n //= 2
-    return _best_rate(fn, 2.0 * n ** 3, budget_s=budget_s, sync=sync, warm_s=warm), n
+        return lambda: torch.matmul(a, b)                                             # (n, n)
+
+    fn, n, warm, spent = _grow(make, min(MIN_MATMUL_N, max_n), max_n, 2, 8.0, budget_s, sync)
+    return _best_rate(fn, 2.0 * n ** 3, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm), n
 
 
-def _copy_rate(device: str, nbytes: int, budget_s: float,
+def _copy_rate(device: str, max_bytes: int, budget_s: float,
                sync: Callable[[], None] | None) -> tuple[float, int]:
-    """(bytes/s, tensor bytes) of dst.copy_(src), counting bytes read + bytes written."""
+    """(bytes/s, tensor bytes) of dst.copy_(src), counting bytes read + bytes written; the
+    tensor grows from MIN_COPY_BYTES (4x at a time) within the budget, up to max_bytes."""
     import torch
 
     gen = torch.Generator(device=device).manual_seed(0)
-    while True:
-        try:
-            numel = nbytes // 4
-            # Random, never zeros; tiling a 4 MiB random block is far cheaper than
-            # drawing 256 MiB+ of random numbers and copies at the same speed.
-            block = torch.rand(min(numel, 2**20), generator=gen, device=device) + 0.5     # (<=1M,)
-            reps = -(-numel // block.numel())
-            src = block.repeat(reps)[:numel].contiguous()                                # (numel,)
-            dst = torch.empty_like(src)                                                   # (numel,)
-            break
-        except torch.OutOfMemoryError:
-            if nbytes <= 64 * 2**20:
-                raise
-            nbytes //= 2
-    fn = lambda: dst.copy_(src)
-    _timed_call(fn, sync)
-    warm = _timed_call(fn, sync)
-    return _best_rate(fn, 2.0 * src.numel() * 4, budget_s=budget_s, sync=sync, warm_s=warm), \
-        src.numel() * 4
+    # Random, never zeros; tiling a 4 MiB random block is far cheaper than drawing
+    # 256 MiB+ of random numbers and copies at the same speed.
+    block = torch.rand(2**20, generator=gen, device=device) + 0.5                        # (1M,)
+    sizes: dict[int, int] = {}
+
+    def make(nbytes: int) -> Callable[[], object]:
+        numel = nbytes // 4
+        src = block.repeat(-(-numel // block.numel()))[:numel].contiguous()               # (numel,)
+        dst = torch.empty_like(src)                                                       # (numel,)
+        sizes[id(dst)] = nbytes
+        fn = lambda: dst.copy_(src)
+        fn.nbytes = nbytes
+        return fn
+
+    try:
+        fn, nbytes, warm, spent = _grow(make, min(MIN_COPY_BYTES, max_bytes), max_bytes, 4, 4.0, budget_s, sync)
+    except torch.OutOfMemoryError:
+        fn, nbytes, warm, spent = _grow(make, min(MIN_COPY_BYTES, max_bytes), MIN_COPY_BYTES, 4, 4.0, budget_s,
+                                        sync)
+    numel = nbytes // 4
+    return _best_rate(fn, 2.0 * numel * 4, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm), \
+        numel * 4
 
 
 def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16"), *,
-                     budget_s: float = 0.5, matmul_n: Mapping[str, int] | int | None = None,
+                     budget_s: float = CEILINGS_BUDGET_S, matmul_n: Mapping[str, int] | int | None = None,
                      copy_bytes: int | None = None) -> dict[str, Any]:
-    """Measure this machine's matmul FLOP/s per dtype and copy bandwidth, once per run.
+    """Measure this machine's matmul FLOP/s per dtype and copy bandwidth, once per run,
+    in about `budget_s` seconds for the device whatever it is.
 
-    Each measurement is warmed up, then repeated for `budget_s` seconds; the
-    result is the best (max-rate) repeat. Why the max: a ceiling is an upper
+    Each matmul and the copy get an equal share of the budget: the problem grows from a
+    small probe while the next size fits its share (_grow), then the call is repeated
+    for the rest of it; the result is the best (max-rate) repeat. Why the max: a ceiling is an upper
     bound, and everything that disturbs a repeat (background load, clocks still
     ramping, page faults) only lowers the rate, so the best repeat is the closest
     estimate of what the hardware can do. The median would understate the
@@ -125,7 +150,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
 
     A dtype whose matmul fails gets null and a reason in `matmul_reason`; a failed
     copy gives `copy_bytes_per_s` null and `copy_reason`. Nothing is faked.
-    `matmul_n` (one n or per dtype) and `copy_bytes` override the default sizes.
+    `matmul_n` (one n or per dtype) and `copy_bytes` cap the sizes the probes grow to.
     """
     import torch
 
@@ -141,6 +166,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
         "threads": torch.get_num_threads(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
+    share = 0.9 * budget_s / (len(dtypes) + 1)      # 10% left for allocations and the rest
     for dt in dtypes:
         if isinstance(matmul_n, int):
             n = matmul_n
@@ -149,7 +175,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
         else:
             n = defaults.get(dt, 1024)
         try:
-            rate, used_n = _matmul_rate(device, dt, n, budget_s, sync)
+            rate, used_n = _matmul_rate(device, dt, n, share, sync)
             if not (math.isfinite(rate) and rate > 0):
                 raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
             out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = rate, used_n
@@ -158,8 +184,8 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
             out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = None, None
             out["matmul_reason"][dt] = f"{type(exc).__name__}: {exc}"[:500]
     try:
-        rate, used = _copy_rate(device, copy_bytes or (CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES),
-                                budget_s, sync)
+        out["copy_bytes_max"] = copy_bytes or (CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES)
+        rate, used = _copy_rate(device, out["copy_bytes_max"], share, sync)
         if not (math.isfinite(rate) and rate > 0):
             raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
         out["copy_bytes_per_s"], out["copy_tensor_bytes"] = rate, used

@@ -614,18 +614,22 @@ def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: 
             "axes": {k: list(v) for k, v in axes.items()}, "argv": argv,
             "started_at": _utc_now(), "env": env, "n_cells": n_cells, "ceilings": ceilings,
             "timing": {"min_samples": preset.min_samples, "min_time_s": preset.min_time_s,
-                       "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s}}
+                       "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s,
+                       "budget_s": preset.budget_s}}
     (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
 
 
 def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str, Any], *,
              progress: bool = True, ceilings: dict | None = None,
-             on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, int]:
+             on_record: Callable[[dict[str, Any]], None] | None = None,
+             plan: Any = None) -> dict[str, int]:
     """Measure every cell not already in DIR/records.jsonl; append each record at once.
 
-    ceilings: {device: measure_ceilings(...)} for the roofline columns (None: nulls).
+    ceilings: {device: measure_ceilings(...)} for the roofline columns (None: nulls);
+    plan: a budget.Plan (predictions, cells to skip, deadline), kept by a budget.Keeper.
     Returns counts per status of the cells measured in this call (plus "resumed").
     """
+    from .budget import Keeper
     cases = list(cases)
     env = dict(env, cpu_allocator=pin_malloc_threshold())
     meter = _energy_meter(cases)
@@ -634,6 +638,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     counts = {"resumed": len(cases) - len(todo)}
     cache = InputCache()
     builds = BuildCache()
+    keeper = Keeper(plan, [c.id for c in todo])
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -644,8 +649,15 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
             for case in todo:
                 if bar is not None:
                     bar.set_postfix_str(case.id, refresh=True)
-                _mark_inflight(run_dir, case.id)
-                rec = run_cell(case, cache, preset, env, ceilings=ceilings, meter=meter, builds=builds)
+                skip = keeper.reason(case.id)
+                if skip is not None:
+                    rec = records.new_record(case.axes(), case.id)
+                    rec.update(status="skipped", reason=skip, started_at=_utc_now(), env=env, elapsed_s=0.0)
+                else:
+                    _mark_inflight(run_dir, case.id)
+                    rec = run_cell(case, cache, preset, env, ceilings=ceilings, meter=meter, builds=builds)
+                    keeper.done(case.id, rec["elapsed_s"])
+                rec["predicted_s"] = keeper.predicted.get(case.id)
                 writer.write(rec)
                 _mark_inflight(run_dir, None)
                 counts[rec["status"]] = counts.get(rec["status"], 0) + 1
@@ -670,7 +682,7 @@ def _energy_meter(cases: list[Case]) -> Any:
     return EnergyMeter(device_index=torch.cuda.current_device())
 
 
-def ceilings_for(cases: Iterable[Case], run_dir: Path, *, budget_s: float = 0.5) -> dict[str, dict]:
+def ceilings_for(cases: Iterable[Case], run_dir: Path, *, budget_s: float | None = None) -> dict[str, dict]:
     """The machine's measured limits per device, once per run folder (reused on resume)."""
     from .roofline import measure_ceilings
     path = Path(run_dir) / RUN_FILE
@@ -684,5 +696,6 @@ def ceilings_for(cases: Iterable[Case], run_dir: Path, *, budget_s: float = 0.5)
         if have and all(d in (have.get("matmul_flops_per_s") or {}) for d in dtypes):
             out[device] = have
         else:
-            out[device] = measure_ceilings(device, dtypes, budget_s=budget_s)
+            out[device] = (measure_ceilings(device, dtypes) if budget_s is None
+                           else measure_ceilings(device, dtypes, budget_s=budget_s))
     return out

@@ -12,18 +12,31 @@ def random_qkv(b: int = 1, h: int = 2, tq: int = 16, tk: int = 16, d: int = 8,
     return tuple(torch.randn(shape, generator=gen).to(dtype) for shape in shapes)
 
 
-H200_RUNS = __import__("pathlib").Path(__file__).resolve().parent / "data" / "h200-2026-11-30"
+DATA = __import__("pathlib").Path(__file__).resolve().parent / "data"
+H200_RUNS = DATA / "h200-2026-11-30"
+CPU_RUNS = DATA / "cpu-2026-11-30"
 
 
-def h200_run(name: str, dest):
-    """Unpack the shared H200 run folder `name` (full, gc, stab, comp) under `dest`; its path."""
+def unpack_run(src, dest):
+    """A stored run folder (run.json, records.jsonl.gz) unpacked under `dest`; its path."""
     import gzip
     import shutil
     from pathlib import Path
 
-    src, out = H200_RUNS / name, Path(dest) / name
+    src = Path(src)
+    out = Path(dest) / src.name
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(src / "run.json", out / "run.json")
     with gzip.open(src / "records.jsonl.gz", "rb") as fin, open(out / "records.jsonl", "wb") as fout:
         shutil.copyfileobj(fin, fout)
     return out
+
+
+def h200_run(name: str, dest):
+    """Unpack the shared H200 run folder `name` (full, gc, stab, comp) under `dest`; its path."""
+    return unpack_run(H200_RUNS / name, dest)
+
+
+def cpu_run(name: str, dest):
+    """Unpack the stored CPU run folder `name` (cpu, quick) under `dest`; its path."""
+    return unpack_run(CPU_RUNS / name, dest)

@@ -195,3 +195,22 @@ def test_dry_run_accepts_a_plugin_on_pythonpath():
     assert proc.returncode == 0, proc.stderr
     ids, _ = dry_run_ids(proc.stdout)
     assert ids and all(i.startswith(spec + "-cpu-fp32-") for i in ids)
+
+
+def test_bad_budget_is_a_usage_error():
+    assert_usage_error(cli("run", "--preset", "quick", "--budget", "ten minutes", "--dry-run"),
+                       "--budget", "'ten minutes'", "90s")
+
+
+def test_dry_run_shows_what_a_budget_cuts():
+    proc = cli("run", "--preset", "cpu", "--budget", "30s", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    ids, count = dry_run_ids(proc.stdout)
+    assert count == f"{len(ids)} cells"
+    cut = [line for line in proc.stdout.splitlines()
+           if "  skipped: over the budget" in line or "over the per-cell limit" in line]
+    assert cut and len(cut) < len(ids)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("plan: ") and "budget 30 s" in last and f"{len(cut)}" in last
+    unlimited = cli("run", "--preset", "quick", "--budget", "none", "--dry-run")
+    assert "no budget" in unlimited.stdout.strip().splitlines()[-1]

@@ -20,18 +20,22 @@ def h200(tmp_path_factory):
     return [RunData.load(h200_run(name, root)) for name in H200_FOLDERS]
 
 
-def test_shipped_priors_are_the_fit_of_the_shared_records(h200):
-    """cost_priors.json is `python -m audit.costmodel fit` of tests/data/h200-2026-11-30 (README):
-    refitting gives the same constants, so the file cannot drift from its data."""
+def test_shipped_priors_are_the_fit_of_the_stored_records(h200, tmp_path):
+    """cost_priors.json is `python -m audit.costmodel fit` of tests/data/h200-2026-11-30 and
+    tests/data/cpu-2026-11-30 (README there): refitting gives the same constants, so the file
+    cannot drift from its data."""
+    from tests.helpers import cpu_run
     shipped = load_priors()
-    refit = fit(h200)
+    refit = fit(h200 + [RunData.load(cpu_run(name, tmp_path)) for name in ("cpu", "quick")])
     for table in ("call", "cell_s", "golden_chunk_s", "golden_flops_per_s", "compile_s", "init_s",
-                  "run_start_s", "cudnn_config_s"):
-        cuda = {k: v for k, v in getattr(refit, table).items() if k.split("|")[0] == "cuda"}
-        assert cuda, table
-        for key, value in cuda.items():
+                  "run_start_s", "cudnn_config_s", "compile_start_s", "host_call_s", "skip_s"):
+        fitted = getattr(refit, table)
+        assert set(fitted) == set(getattr(shipped, table)), table
+        for key, value in fitted.items():
             assert getattr(shipped, table)[key] == pytest.approx(value, rel=1e-6), (table, key)
+    assert {d for k in refit.call for d in [k.split("|")[0]]} == {"cuda", "cpu"}
     assert shipped.reference["cuda"]["device_name"] == "NVIDIA H200"
+    assert shipped.reference["cpu"]["ceilings"]["matmul_flops_per_s"]["fp32"] > 0
 
 
 @pytest.mark.parametrize("index", range(len(H200_FOLDERS)))
@@ -106,3 +110,43 @@ def test_priors_round_trip_through_json():
     assert Params.from_json(params.to_json()) == params
     assert PRIORS_FILE.name == "cost_priors.json"
     assert H200_RUNS.is_dir()
+
+
+# --------------------------------------------------------------------------- a CPU run made here
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """A small real run on this machine: every variant family, speed and stability cells."""
+    from audit import runner
+    run_dir = tmp_path_factory.mktemp("cpu-run")
+    preset = grid.Preset(name="t", description="", grids=(
+        dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math", "compiled_unfused"), device=("cpu",),
+             dtype=("fp32", "bf16"), d_k=(32,), seq_len=(64, 256), batch=(1,), heads=(2,), causal=(False, True),
+             scenario=("normal",)),
+        dict(variant=("eager", "sdpa", "broken.clamped"), device=("cpu",), dtype=("fp32",), d_k=(32,),
+             seq_len=(64,), batch=(2,), heads=(2,), causal=(False,),
+             scenario=("padding", "fully_masked_bool", "cross_causal")),
+    ), min_samples=3, min_time_s=0.02, max_cell_s=5.0)
+    cases = grid.preset_cases(preset)
+    from audit.roofline import measure_ceilings
+    ceilings = {"cpu": measure_ceilings("cpu", ("fp32", "bf16"), budget_s=1.0)}
+    runner.write_run_file(run_dir, preset, {}, [], {}, len(cases), ceilings)
+    runner.run_grid(cases, run_dir, preset, {}, progress=False, ceilings=ceilings)
+    return RunData.load(run_dir)
+
+
+def test_a_cpu_run_made_here_is_predicted_from_the_priors(cpu_run):
+    """Priors fitted on another CPU, scaled by this machine's measured ceilings: the total
+    within 2x (machines and Inductor's kernel cache differ), most cells within 3x."""
+    table = compare(cpu_run, CostModel(load_priors()))
+    ratio = table["predicted_s"].sum() / table["recorded_s"].sum()
+    assert 0.5 <= ratio <= 2.0, table
+    ok = table[table["status"] == "ok"]
+    assert ((ok["ratio"] >= 1 / 3) & (ok["ratio"] <= 3)).mean() >= 0.8
+
+
+def test_a_cpu_run_refitted_on_itself_is_predicted_closely(cpu_run):
+    table = compare(cpu_run, CostModel(fit([cpu_run], load_priors())))
+    assert 0.75 <= table["predicted_s"].sum() / table["recorded_s"].sum() <= 1.25
+    ok = table[table["status"] == "ok"]
+    assert ((ok["ratio"] >= 0.5) & (ok["ratio"] <= 2)).mean() >= 0.9

@@ -1,5 +1,6 @@
-"""The regression gate really gates: a variant slowed 2x fails `--benchmark-compare-fail`,
-an unchanged rerun passes. pytest-benchmark runs in subprocesses, as in CI."""
+"""The regression gate really gates: a variant slowed 3x fails `--benchmark-compare-fail`,
+an unchanged rerun passes. pytest-benchmark runs in subprocesses, as in CI. (3x, not 2x:
+fresh processes on these 2-core machines differ by up to ~1.55x; README: CI regression gate.)"""
 from __future__ import annotations
 
 import os
@@ -41,8 +42,8 @@ def baseline(tmp_path_factory):
 
 def test_slowed_variant_fails_the_gate(baseline):
     run = _bench(baseline, "--benchmark-compare", f"--benchmark-compare-fail={_makefile_var('BENCH_FAIL')}",
-                 slowdown=2)
-    assert run.returncode != 0, "a 2x slowdown passed the gate:\n" + run.stdout[-3000:]
+                 slowdown=3)
+    assert run.returncode != 0, "a 3x slowdown passed the gate:\n" + run.stdout[-3000:]
     assert "Performance has regressed" in run.stdout + run.stderr
 
 

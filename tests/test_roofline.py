@@ -166,23 +166,48 @@ def test_measure_ceilings_dtype_failure_is_null_with_reason(monkeypatch):
     json.dumps(out)
 
 
-def test_measure_ceilings_shrinks_slow_dtype(monkeypatch):
-    """A dtype whose warm call exceeds the budget is measured at a smaller n, not skipped."""
+def _fake_hardware(monkeypatch, flops_per_s: float, bytes_per_s: float = 1e10):
+    """Matmul and copy calls that take the time a machine of these rates would need, on a
+    fake clock: returns the clock, which also counts every timed second."""
     from audit import roofline
 
-    def fake_timed(fn, sync):
-        fn()
-        return 10.0          # every warm call "takes" 10 s: far over the budget
+    clock = {"now": 0.0}
+
+    def fake_timed(fn, sync):                      # never runs fn: its time is the fake machine's
+        nbytes = getattr(fn, "nbytes", None)
+        seconds = 2.0 * nbytes / bytes_per_s if nbytes else 2.0 * fake_timed.n ** 3 / flops_per_s
+        clock["now"] += seconds
+        return seconds
+
+    real_matmul = roofline._matmul_rate.__globals__["_grow"]
+
+    def grow(make, size, max_size, factor, cost_growth, budget_s, sync):
+        def sized(n):
+            fake_timed.n = n
+            return make(n)
+        return real_matmul(sized, size, max_size, factor, cost_growth, budget_s, sync)
+
+    def best(fn, work, *, budget_s, sync, warm_s, **kw):
+        clock["now"] += max(budget_s, warm_s)
+        return work / warm_s
 
     monkeypatch.setattr(roofline, "_timed_call", fake_timed)
-    monkeypatch.setattr(roofline, "_best_rate", lambda fn, work, **kw: work / 1.0)
-    out = measure_ceilings("cpu", ("fp32",), budget_s=0.01, matmul_n=512, copy_bytes=1 << 20)
-    assert out["matmul_n"]["fp32"] == roofline.MIN_MATMUL_N
-    assert out["matmul_flops_per_s"]["fp32"] == 2.0 * roofline.MIN_MATMUL_N ** 3
-    # and one that fits keeps its size
-    monkeypatch.setattr(roofline, "_timed_call", lambda fn, sync: 0.0)
-    out = measure_ceilings("cpu", ("fp32",), budget_s=0.01, matmul_n=512, copy_bytes=1 << 20)
-    assert out["matmul_n"]["fp32"] == 512
+    monkeypatch.setattr(roofline, "_grow", grow)
+    monkeypatch.setattr(roofline, "_best_rate", best)
+    return clock
+
+
+@pytest.mark.parametrize("flops_per_s, expected_n", [(1.9e9, 256), (4e11, 2048)])
+def test_measure_ceilings_grows_each_probe_to_its_share_of_the_budget(monkeypatch, flops_per_s, expected_n):
+    """An AVX2 CPU's bf16 (0.0019 TFLOP/s) stays small; an AMX CPU's grows to the largest n;
+    either way the device's ceilings take about the budget, not minutes."""
+    from audit import roofline
+    clock = _fake_hardware(monkeypatch, flops_per_s)
+    out = measure_ceilings("cpu", ("fp32", "fp16", "bf16"), budget_s=2.5, copy_bytes=1 << 20)
+    assert out["matmul_n"]["bf16"] == expected_n
+    assert out["matmul_flops_per_s"]["bf16"] == pytest.approx(flops_per_s)
+    assert clock["now"] <= 2.5 * 1.1
+    assert roofline.CEILINGS_BUDGET_S <= 3.0
 
 
 def test_best_rate_takes_the_fastest_block():

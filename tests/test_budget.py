@@ -1,0 +1,141 @@
+"""The time budget: durations, which cells a plan keeps, and keeping to it while running."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from audit import grid, runner
+from audit.budget import Keeper, Plan, choose, parse_duration
+from audit.grid import Case, UsageError
+from audit.records import read_records
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("10m", 600), ("1h", 3600), ("1m30s", 90),
+                                           ("45", 45), ("2.5min", 150), ("none", None), ("0", None)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["ten minutes", "-5s", "5x", "", "s", "1m30x"])
+def test_bad_durations_are_usage_errors(text):
+    with pytest.raises(UsageError, match="--budget"):
+        parse_duration(text)
+
+
+def _pred(rows):
+    """A prediction frame: (id, input set, status, total_s, shared_s)."""
+    out = []
+    for cell_id, key, status, total, shared in rows:
+        out.append({"id": cell_id, "device": "cpu", "dtype": "fp32", "d_k": 8, "seq_len": key, "batch": 1,
+                    "heads": 2, "causal": False, "scenario": "normal", "status": status, "total_s": total,
+                    "shared_s": shared})
+    return pd.DataFrame(out)
+
+
+def test_the_cheapest_cells_are_kept_within_the_budget():
+    pred = _pred([("a", 1, "ok", 5.0, 1.0), ("b", 1, "ok", 2.0, 0.0), ("c", 2, "ok", 30.0, 1.0),
+                  ("d", 2, "ok", 1.0, 0.0), ("e", 3, "ok", 8.0, 0.0)])
+    skip = choose(pred, budget_s=20.0, reserve_s=10.0, max_cell_s=100.0)
+    assert set(skip) == {"c", "e"}                                    # 5 + 2 + 1 = 8 <= 10
+    assert all("over the budget" in r and "predicted" in r for r in skip.values())
+    assert choose(pred, budget_s=None, reserve_s=10.0, max_cell_s=100.0) == {}
+
+
+def test_cells_over_the_per_cell_limit_are_skipped_with_or_without_budget():
+    pred = _pred([("a", 1, "ok", 5.0, 0.0), ("b", 1, "ok", 12.0, 4.0)])
+    skip = choose(pred, budget_s=None, reserve_s=0.0, max_cell_s=6.0)
+    assert list(skip) == ["b"] and "per-cell limit 6 s" in skip["b"] and "predicted 8.0 s" in skip["b"]
+
+
+def test_a_cell_left_alone_in_its_input_set_goes_with_the_set():
+    """An unsupported backend's cell still builds its set's inputs and golden: once every
+    measured cell of the set is cut, it is cut too."""
+    pred = _pred([("a", 1, "ok", 50.0, 0.0), ("a-unsupported", 1, "skipped", 0.5, 0.5),
+                  ("b", 2, "ok", 1.0, 0.0), ("b-unsupported", 2, "skipped", 0.1, 0.0)])
+    skip = choose(pred, budget_s=10.0, reserve_s=5.0, max_cell_s=100.0)
+    assert set(skip) == {"a", "a-unsupported"}
+    assert "input set" in skip["a-unsupported"]
+
+
+def test_repredicting_moves_shared_costs_to_the_next_cell():
+    """Without the expensive first cell, the next cell of its set pays the golden: the plan
+    predicts again and skips more until it really fits."""
+    base = [("a", 1, "ok", 10.0, 6.0), ("b", 1, "ok", 3.0, 0.0), ("c", 1, "ok", 2.5, 0.0)]
+
+    def repredict(ids):
+        rows = [r for r in base if r[0] in ids]
+        first = rows[0]
+        rows[0] = (first[0], first[1], first[2], first[3] - first[4] + 6.0, 6.0)   # the golden moves
+        return _pred(rows)
+    skip = choose(_pred(base), budget_s=10.0, reserve_s=0.0, max_cell_s=100.0, repredict=repredict)
+    kept = repredict([i for i in "abc" if i not in skip])
+    assert kept["total_s"].sum() <= 10.0
+    assert "a" in skip and "b" in skip and "c" not in skip
+
+
+# --------------------------------------------------------------------------- keeping to it
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_keeper_skips_what_the_plan_skips_and_the_most_expensive_when_late():
+    clock = Clock()
+    plan = Plan(budget_s=100.0, deadline_unix=clock.now + 20.0,
+                predicted={"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0, "e": 1.0, "big": 8.0, "f": 1.0, "g": 1.0},
+                skip={"planned": "over the budget: ..."})
+    order = ["planned", "a", "b", "c", "d", "e", "big", "f", "g"]
+    keeper = Keeper(plan, order, clock=clock)
+    assert keeper.reason("planned").startswith("over the budget")
+    for cell in "abcde":                      # every cell takes twice its prediction
+        assert keeper.reason(cell) is None
+        clock.now += 2.0
+        keeper.done(cell, 2.0)
+    assert keeper.factor() == pytest.approx(2.0)
+    # 10 s left; big (8) + f + g (1 each) at 2x = 20 s: big goes, f and g stay
+    assert keeper.reason("big").startswith("over the budget at run time")
+    assert keeper.reason("f") is None and keeper.reason("g") is None
+
+
+def test_one_slow_first_cell_does_not_condemn_the_rest():
+    clock = Clock()
+    predicted = {f"c{i}": 1.0 for i in range(10)}
+    keeper = Keeper(Plan(budget_s=60.0, deadline_unix=clock.now + 40.0, predicted=predicted),
+                    list(predicted), clock=clock)
+    keeper.done("c0", 6.0)                    # the run's first compile: 6x
+    clock.now += 6.0
+    for i in range(1, 6):
+        keeper.done(f"c{i}", 1.0)
+        clock.now += 1.0
+    assert keeper.factor() == pytest.approx(1.0)
+    assert all(keeper.reason(f"c{i}") is None for i in range(6, 10))
+
+
+def test_without_a_plan_nothing_is_skipped():
+    keeper = Keeper(None, ["a"])
+    assert keeper.reason("a") is None
+
+
+def test_run_grid_records_planned_skips_with_their_prediction(tmp_path):
+    preset = grid.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
+                         max_cell_s=60.0, energy_window_s=0.0)
+    cases = [Case(v, "cpu", "fp32", 8, 16, 1, 2, False, "normal") for v in ("eager", "sdpa")]
+    plan = Plan(budget_s=30.0, deadline_unix=None, predicted={cases[0].id: 0.2, cases[1].id: 9.0},
+                skip={cases[1].id: "over the budget: the 30 s budget (--budget) ... predicted 9.0 s"})
+    plan.write(tmp_path)
+    runner.run_grid(cases, tmp_path, preset, {}, progress=False, plan=Plan.read(tmp_path))
+    recs = {r["variant"]: r for r in read_records(tmp_path)}
+    assert recs["eager"]["status"] == "ok" and recs["eager"]["predicted_s"] == 0.2
+    assert recs["sdpa"]["status"] == "skipped" and recs["sdpa"]["predicted_s"] == 9.0
+    assert recs["sdpa"]["reason"].startswith("over the budget") and recs["sdpa"]["fwd_ms"] is None
+
+    from audit.report import budget_cuts_table, build_report
+    cuts = budget_cuts_table(pd.DataFrame(list(recs.values())))
+    assert list(cuts["id"]) == [cases[1].id] and cuts["predicted_s"].iloc[0] == 9.0
+    (tmp_path / "run.json").write_text('{"timing": {"budget_s": 30.0}}')
+    text = build_report(tmp_path)["index_md"].read_text()
+    assert "## Time budget" in text and cases[1].id in text
