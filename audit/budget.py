@@ -1,9 +1,9 @@
 """Keep a run to its time budget: plan which cells fit, and keep to the plan while running.
 
 Before measuring, the cost model predicts every cell (costmodel.plan). Cells predicted
-over the per-cell limit (--max-cell-s) are skipped; then, while the predicted total
-exceeds the budget, the most expensive cells are skipped (the cheap ones give the grid
-its breadth). Skipped cells are recorded as `skipped` with the prediction in the reason,
+over the per-cell limit (--max-cell-s) are skipped; then the most expensive cells are
+skipped until the predicted total fits the budget (the cheap ones give the grid its
+breadth). Skipped cells are recorded as `skipped` with the prediction in the reason,
 never dropped. While running, the worker compares what the cells took with what was
 predicted and, if the rest would overrun the deadline, skips the most expensive of the
 remaining cells too. The plan is `DIR/plan.json`.
@@ -45,9 +45,10 @@ def parse_duration(text: str) -> float | None:
 
 
 def format_duration(seconds: float) -> str:
+    """'8.5 min', '36 s', '2.5 s': minutes from 90 s on, a decimal under 10 s."""
     if seconds >= 90:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds:.0f} s"
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
 
 
 @dataclass

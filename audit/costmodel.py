@@ -673,17 +673,18 @@ def overhead_s(pred: Any, *, ceilings_measured: bool = True) -> tuple[float, flo
 
 def summary(pred: Any) -> str:
     """Predicted seconds per phase and per variant, and the total, for --dry-run."""
+    from .budget import format_duration
     before, after = overhead_s(pred)
     overhead = before + after
     total = float(pred["total_s"].sum()) + overhead
-    lines = [f"predicted wall time: {_fmt_s(total)} for {len(pred)} cells "
+    lines = [f"predicted wall time: {format_duration(total)} for {len(pred)} cells "
              f"({int((pred['status'] == 'ok').sum())} measured, "
              f"{int((pred['status'] == 'skipped').sum())} skipped, "
              f"{int((pred['status'] == 'oom').sum()) if 'oom' in set(pred['status']) else 0} oom)",
-             "  per phase: " + ", ".join(f"{p} {_fmt_s(float(pred[p].sum()))}" for p in PHASES)
-             + f"; start-up, ceilings and report about {_fmt_s(overhead)}"]
+             "  per phase: " + ", ".join(f"{p} {format_duration(float(pred[p].sum()))}" for p in PHASES)
+             + f"; start-up, ceilings and report about {format_duration(overhead)}"]
     per_variant = pred.groupby("variant", sort=False)["total_s"].sum().sort_values(ascending=False)
-    lines.append("  per variant: " + ", ".join(f"{v} {_fmt_s(float(s))}" for v, s in per_variant.items()))
+    lines.append("  per variant: " + ", ".join(f"{v} {format_duration(float(s))}" for v, s in per_variant.items()))
     return "\n".join(lines)
 
 
@@ -822,10 +823,7 @@ def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
     return Forecast(pred, notes, params, ceilings, free, ceilings_measured=not info.get("ceilings"))
 
 
-def _fmt_s(seconds: float) -> str:
-    if seconds >= 90:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.1f} s"
+
 
 
 def compare(run: RunData, model: CostModel) -> Any:
