@@ -227,6 +227,19 @@ def check_prediction(pred: "pd.DataFrame", frame: "pd.DataFrame", wall_s: float)
     return abs(total_pred / total_rec - 1) <= 0.25, lines
 
 
+def check_ceilings(ceilings: dict | None) -> Check:
+    """The device's ceilings, measured within the time budget (issue: at most 3 s per device)."""
+    cuda = (ceilings or {}).get("cuda") or {}
+    if not cuda:
+        return False, ["no CUDA ceilings in run.json"]
+    rates = ", ".join(f"{k} {v / 1e12:.0f} TFLOP/s (n={cuda.get('matmul_n', {}).get(k)})"
+                      for k, v in (cuda.get("matmul_flops_per_s") or {}).items() if v)
+    took = cuda.get("elapsed_s")
+    line = (f"{rates}; copy {cuda.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s; measured in "
+            + (f"{took:.2f} s" if isinstance(took, (int, float)) else "an unrecorded time"))
+    return isinstance(took, (int, float)) and took <= 3.0, [line]
+
+
 # --------------------------------------------------------------------------- driver
 
 def _run_step(name: str, args: Sequence[str], root: Path, log: list[str], timeout_s: int,
@@ -290,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   ("out of memory", check_oom(main, oom)),
                   ("golden subset", check_golden_subset(main)),
                   ("compiled-code reuse", check_compile_reuse(main)),
-                  ("cost model", check_prediction(predicted_main, main, main_wall))]
+                  ("cost model", check_prediction(predicted_main, main, main_wall)),
+                  ("ceilings", check_ceilings(ceilings))]
         with pd.option_context("display.width", 220, "display.max_rows", 500, "display.max_colwidth", 70,
                                "display.float_format", "{:.4g}".format):
             table = "\n".join([compact_table(main).to_string(index=False), "",

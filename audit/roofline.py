@@ -154,6 +154,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
     """
     import torch
 
+    started = time.perf_counter()
     cuda = device.startswith("cuda")
     sync = sync_for(device)
     defaults = CUDA_MATMUL_N if cuda else CPU_MATMUL_N
@@ -193,6 +194,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
         out["copy_reason"] = f"{type(exc).__name__}: {exc}"[:500]
     if cuda:
         torch.cuda.empty_cache()
+    out["elapsed_s"] = time.perf_counter() - started
     return out
 
 

@@ -115,6 +115,14 @@ def test_prediction_check_compares_totals():
     assert not gpucheck.check_prediction(bad, frame, 5.0)[0]
 
 
+def test_ceilings_check_wants_them_within_three_seconds(h200):
+    assert not gpucheck.check_ceilings(None)[0]
+    passed, lines = gpucheck.check_ceilings({"cuda": {"matmul_flops_per_s": {"bf16": 7.9e14},
+                                                      "copy_bytes_per_s": 4.3e12, "elapsed_s": 2.6}})
+    assert passed and "790 TFLOP/s" in lines[0] and "2.60 s" in lines[0]
+    assert not gpucheck.check_ceilings({"cuda": {"matmul_flops_per_s": {"bf16": 7.9e14}, "elapsed_s": 9.0}})[0]
+
+
 def test_no_errors_check(h200):
     assert not gpucheck.check_no_errors(h200["stab"])[0]        # 6 device-bug errors
     assert gpucheck.check_no_errors(h200["gc"])[0]
@@ -176,7 +184,8 @@ def test_main_runs_every_step_prints_every_check_and_copies_to_out(tmp_path, mon
                 rec = new_record({}, values["id"])
                 rec.update(values)
                 writer.write(rec)
-        (out / "run.json").write_text(json.dumps({"ceilings": {"cuda": {"matmul_flops_per_s": {"bf16": 8e14}}}}))
+        (out / "run.json").write_text(json.dumps({"ceilings": {"cuda": {
+            "matmul_flops_per_s": {"bf16": 8e14}, "copy_bytes_per_s": 4e12, "elapsed_s": 2.4}}}))
         return out, 10.0, 0
 
     import pandas as pd
@@ -190,7 +199,7 @@ def test_main_runs_every_step_prints_every_check_and_copies_to_out(tmp_path, mon
     assert [s[0] for s in steps] == ["main", "oom"]
     assert sum(s[2] for s in steps) < 300                          # under 5 minutes by construction
     for name in ("no error cells", "masked causal cells on CUDA", "energy per call", "kernel time, not host time",
-                 "out of memory", "golden subset", "compiled-code reuse", "cost model"):
+                 "out of memory", "golden subset", "compiled-code reuse", "cost model", "ceilings"):
         assert f"PASS {name}" in text, (name, text)
     assert code == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
