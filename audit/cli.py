@@ -10,10 +10,11 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .grid import AXES, UsageError
 from .inputs import SCENARIOS
+from .records import NewerSchema
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -64,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="wall-time budget of the run, e.g. 90s, 10m, 1h30m, or none (default: the preset's: "
                           "quick 60s, cpu 10m, gpu 8m, gpu-check 3m). Cells that do not fit are recorded "
                           "as skipped with their predicted time, most expensive first (README: Budget)")
+    run.add_argument("--cell-timeout", type=float, metavar="S",
+                     help="per-cell time limit in seconds: a cell still running after it is recorded as "
+                          "timeout and its worker killed (default: 10 times the cell's predicted time, at "
+                          "least 30 s)")
     run.add_argument("--max-cell-s", type=float, metavar="S",
                      help="skip a cell (status skipped) when its warm-up predicts it would take more "
                           "than S seconds (default: the preset's)")
@@ -160,6 +165,8 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
         if args.energy_window_s < 0:
             raise UsageError(f"--energy-window-s: {args.energy_window_s!r} is negative (0 turns energy off)")
         overrides["energy_window_s"] = args.energy_window_s
+    if args.cell_timeout is not None and not args.cell_timeout > 0:
+        raise UsageError(f"--cell-timeout: {args.cell_timeout!r} is not a positive number of seconds")
     if args.budget is not None:
         from .budget import parse_duration
         overrides["budget_s"] = parse_duration(args.budget)
@@ -185,21 +192,45 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
 
     from .telemetry import environment
 
+    from .lock import FolderBusy, RunLock
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    _point_latest(run_dir)
-    ceilings = runner.ceilings_for(cases, run_dir)
-    runner.write_run_file(run_dir, preset, axes, list(argv), environment(), len(cases), ceilings)
-    print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
-    _plan(cases, preset, run_dir, started)
-    code = _supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"])
-    if code != 0:
-        return code
-    from .seed import write_claims
-    write_claims(run_dir)
-    if args.no_report:
-        print(f"records: {run_dir / 'records.jsonl'}")
-        return 0
-    return _write_report(run_dir)
+    try:
+        lock = RunLock(run_dir).acquire()
+    except FolderBusy as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        _quarantine(run_dir)
+        _point_latest(run_dir)
+        ceilings = runner.ceilings_for(cases, run_dir)
+        runner.write_run_file(run_dir, preset, axes, list(argv), environment(), len(cases), ceilings)
+        print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
+        _plan(cases, preset, run_dir, started)
+        code = _supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"], args.cell_timeout)
+        if code != 0:
+            return code
+        from .seed import write_claims
+        write_claims(run_dir)
+        if args.no_report:
+            print(f"records: {run_dir / 'records.jsonl'}")
+            return 0
+        return _write_report(run_dir)
+    finally:
+        lock.release()
+
+
+def _quarantine(run_dir: Path) -> None:
+    """Move damaged record lines aside (their cells are measured again); say so in one line.
+    Records of a newer schema stop the run: exit 2, naming both versions."""
+    from .records import QUARANTINE_FILE, NewerSchema, quarantine_damaged
+    try:
+        moved = quarantine_damaged(run_dir)
+    except NewerSchema as exc:
+        raise UsageError(f"{run_dir / 'records.jsonl'}: {exc}") from None
+    if moved:
+        lines = ", ".join(str(n) for n, _ in moved[:10]) + (" ..." if len(moved) > 10 else "")
+        print(f"attn-audit: {len(moved)} damaged line(s) of records.jsonl (line {lines}) moved to "
+              f"{run_dir / QUARANTINE_FILE}; their cells are measured again by a run", file=sys.stderr)
 
 
 def _plan(cases, preset, run_dir: Path, started: float) -> None:
@@ -255,16 +286,41 @@ def _work(cases, run_dir: Path, preset, args: argparse.Namespace) -> int:
                                  ceilings=ceilings, plan=Plan.read(run_dir))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except runner.WorkerRestart as exc:
+        print(f"attn-audit: {exc}", file=sys.stderr)
+        return EXIT_RESTART
     summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
     print(f"attn-audit: {summary}", file=sys.stderr)
     return 0
 
 
-def _supervise(cases, run_dir: Path, argv: list[str]) -> int:
-    """Measure in a worker process; a native crash (segfault, abort) in one cell becomes that
-    cell's `error` record and a new worker resumes with the rest."""
+CELL_TIMEOUT_FLOOR_S = 30.0     # a cell's time limit is at least this ...
+CELL_TIMEOUT_FACTOR = 10.0      # ... and this many times its predicted time
+EXIT_RESTART = 75               # the worker asks for a fresh process (a cell leaked memory)
+POLL_S = 0.25
+
+
+def cell_limits(run_dir: Path, fixed_s: float | None) -> "Callable[[str], float]":
+    """The per-cell time limit: --cell-timeout, else max(30 s, 10 × the cell's predicted time
+    from DIR/plan.json), so the budget's plan and the limit agree."""
+    from .budget import Plan
+    plan = Plan.read(run_dir)
+    predicted = plan.predicted if plan else {}
+
+    def limit(cell_id: str) -> float:
+        if fixed_s is not None:
+            return fixed_s
+        return max(CELL_TIMEOUT_FLOOR_S, CELL_TIMEOUT_FACTOR * predicted.get(cell_id, 0.0))
+    return limit
+
+
+def _supervise(cases, run_dir: Path, argv: list[str], cell_timeout_s: float | None = None) -> int:
+    """Measure in a worker process. A native crash (segfault, abort) in one cell becomes that
+    cell's `error` record, a cell over its time limit its `timeout` record (the worker is
+    killed), and a new worker resumes with the rest. Ctrl-C ends the whole run."""
     import signal
     import subprocess
+    import time
 
     from . import records, runner
 
@@ -272,15 +328,43 @@ def _supervise(cases, run_dir: Path, argv: list[str]) -> int:
     libc()  # look it up here: _die_with_parent runs in the forked child, where spawning ldconfig is unwise
     cmd = [sys.executable, "-m", "audit", *argv, "--out", str(run_dir), "--worker"]
     by_id = {c.id: c for c in cases}
+    limit = cell_limits(run_dir, cell_timeout_s)
     for _ in range(MAX_CRASHES + 1):
+        timed_out: tuple[str, float] | None = None
+        proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
         try:
-            proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
-            code = proc.wait()
+            while True:
+                try:
+                    code = proc.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                found = runner.inflight_since(run_dir)
+                if found and found[0] in by_id and time.time() - found[1] > limit(found[0]):
+                    timed_out = (found[0], limit(found[0]))
+                    proc.kill()
+                    code = proc.wait()
+                    break
         except KeyboardInterrupt:
-            proc.wait()
+            try:
+                proc.wait(timeout=10)        # the worker got the same SIGINT: let it stop cleanly
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             code = EXIT_INTERRUPTED
         if code == 0:
             return 0
+        if timed_out is not None:
+            cell, seconds = timed_out
+            how = ("--cell-timeout" if cell_timeout_s is not None else
+                   f"{CELL_TIMEOUT_FACTOR:g} × its predicted time, at least {CELL_TIMEOUT_FLOOR_S:g} s; --cell-timeout")
+            reason = (f"over the per-cell time limit of {seconds:.0f} s ({how}); its measuring process was "
+                      "killed and the run went on in a new one")
+            runner.record_crash(run_dir, by_id[cell], reason, status="timeout")
+            print(f"attn-audit: {cell}: {reason}", file=sys.stderr)
+            continue
+        if code == EXIT_RESTART:
+            continue
         if code in (EXIT_INTERRUPTED, -signal.SIGINT, -signal.SIGTERM):
             print(f"\nattn-audit: interrupted; finished cells are saved in {run_dir / records.RECORDS_FILE}. "
                   f"Rerun with --out {run_dir} to measure the rest.", file=sys.stderr)
@@ -351,6 +435,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise UsageError("report: --out applies to a pytest-benchmark JSON file, not a run folder")
     if not (run_dir / RECORDS_FILE).is_file():
         raise UsageError(f"report: {str(run_dir)!r} has no {RECORDS_FILE}; give a run folder written by `run`")
+    from .lock import FolderBusy, RunLock
+    try:
+        with RunLock(run_dir):           # quarantine only while no run is writing the folder
+            _quarantine(run_dir)
+    except FolderBusy:
+        print(f"attn-audit: a run is writing {run_dir}: reporting what is recorded so far", file=sys.stderr)
     return _write_report(run_dir)
 
 
@@ -365,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             return _cmd_run(args, ["attn-audit", *argv], started)
         return _cmd_report(args)
-    except UsageError as exc:
+    except (UsageError, NewerSchema) as exc:
         lines = str(exc).strip().splitlines() or [""]
         print(f"attn-audit: error: {lines[0]}", file=sys.stderr)
         return EXIT_USAGE

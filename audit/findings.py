@@ -221,8 +221,20 @@ def check_underflow(frame: pd.DataFrame) -> list[dict]:
     return _per_variant(rows, make)
 
 
+def check_memory_leak(frame: pd.DataFrame) -> list[dict]:
+    """Memory a variant kept across its timed calls (leaked_bytes): it grows with every call."""
+    rows = _ok(frame)
+    rows = rows[_num(rows, "leaked_bytes") > 0]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        return _finding("memory_leak", "warning", variant,
+                        f"{variant} kept up to {_num(g, 'leaked_bytes').max() / 2**20:.0f} MiB across its timed "
+                        f"calls in {len(g)} cell(s) ({_where(g)}): memory grows with every call.", g["id"])
+    return _per_variant(rows, make)
+
+
 def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
-    rows = frame[frame["status"].isin(["error", "oom"])]
+    rows = frame[frame["status"].isin(["error", "oom", "timeout"])]
 
     def make(variant: str, g: pd.DataFrame) -> dict:
         reasons = "; ".join(sorted(set(str(r)[:160] for r in g["reason"])))[:400]
@@ -234,7 +246,7 @@ def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
 RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
     check_nonfinite, check_error_budget, check_masked_leakage, check_fully_masked_rows,
     check_finfo_min_masks, check_fp16_range, check_saturation, check_compiled_rewrite,
-    check_alignment, check_underflow, check_failed_cells,
+    check_alignment, check_underflow, check_memory_leak, check_failed_cells,
 )
 
 

@@ -14,7 +14,8 @@ from typing import Any, Iterable, Iterator
 
 SCHEMA_VERSION = 3
 RECORDS_FILE = "records.jsonl"
-STATUSES = ("ok", "skipped", "error", "oom")
+STATUSES = ("ok", "skipped", "error", "oom", "timeout")
+QUARANTINE_FILE = "records.quarantine.jsonl"
 
 # Every column a user can rely on, with its meaning. README's column table is
 # checked against this dict by a test, so adding a metric means: one function
@@ -31,7 +32,7 @@ COLUMNS: dict[str, str] = {
     "heads": "number of heads H",
     "causal": "true: causal (top-left aligned) masking",
     "scenario": "input scenario (README: Input scenarios); normal: q, k, v ~ N(0, 1)",
-    "status": "ok, skipped, error or oom (out of memory, or predicted not to fit in the free memory: then not run)",
+    "status": "ok, skipped, error, oom (out of memory, or predicted not to fit in the free memory: then not run) or timeout (over the per-cell time limit: its worker was killed)",
     "reason": "why a cell is not ok; for an ok cell, what was not measured (e.g. forward only: no backward), else null",
     "fwd_ms": "median forward latency in ms (inputs require grad, as in training)",
     "fwd_iqr_ms": "interquartile range of the forward samples in ms",
@@ -53,6 +54,7 @@ COLUMNS: dict[str, str] = {
     "sdpa_backend": "SDPA variants: the backend that ran (the forced one, or the dispatcher's choice for `sdpa`)",
     "peak_bytes": "peak memory of one forward call above the baseline, bytes (cpu: VmHWM; cuda: allocator peak)",
     "peak_fwd_bwd_bytes": "peak memory of one forward+backward call above the baseline, bytes",
+    "leaked_bytes": "memory the variant kept across its timed calls (held after them minus held after the warm-up; CUDA: allocator, CPU: resident set after trimming), when over 64 MiB; else null",
     "flops": "forward FLOPs, 4*B*H*Tq*Tk*d_k, causal counting visible pairs only",
     "gflops_per_s": "achieved forward GFLOP/s (flops / fwd_ms)",
     "fwd_bwd_gflops_per_s": "achieved forward+backward GFLOP/s (3.5 * flops / fwd_bwd_ms)",
@@ -221,9 +223,16 @@ def _v2_to_v3(record: dict[str, Any]) -> dict[str, Any]:
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
+class NewerSchema(ValueError):
+    """Records written by a newer attn-audit: reading them would misread them."""
+
+
 def migrate(record: dict[str, Any]) -> dict[str, Any]:
     """Bring a record of any known schema version to the current one, step by step."""
     version = record.get("schema")
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise NewerSchema(f"record schema {version} is newer than this attn-audit's schema {SCHEMA_VERSION}: "
+                          "update attn-audit to read it")
     while version != SCHEMA_VERSION:
         if version not in MIGRATIONS:
             raise ValueError(f"record schema {version!r} is not supported (this is schema {SCHEMA_VERSION})")
@@ -232,15 +241,69 @@ def migrate(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+def parse_line(line: str) -> dict[str, Any]:
+    """One JSONL line as a current record. Raises NewerSchema, or ValueError for a line that is
+    not a record (not JSON, not an object, no cell id, an unknown status or schema)."""
+    raw = json.loads(line)
+    if not isinstance(raw, dict):
+        raise ValueError(f"not a JSON object but {type(raw).__name__}")
+    record = migrate(_restore(raw))
+    if not isinstance(record.get("id"), str):
+        raise ValueError("no cell id")
+    if record.get("status") is not None and record["status"] not in STATUSES:
+        raise ValueError(f"unknown status {record['status']!r}")
+    return record
+
+
 def iter_records(path: Path | str) -> Iterator[dict[str, Any]]:
-    """Records of a JSONL file; a partial last line (interrupted write) is ignored."""
+    """Records of a JSONL file; a partial last line (interrupted write) is ignored, and so is a
+    damaged line (quarantine_damaged moves those aside). Raises NewerSchema."""
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             if not line.endswith("\n"):
                 break  # interrupted write
             line = line.strip()
             if line:
-                yield migrate(_restore(json.loads(line)))
+                try:
+                    yield parse_line(line)
+                except NewerSchema:
+                    raise
+                except ValueError:
+                    continue
+
+
+def quarantine_damaged(run_dir: Path | str) -> list[tuple[int, str]]:
+    """Move every damaged line of DIR/records.jsonl (not JSON, not a record of a known schema)
+    to DIR/records.quarantine.jsonl, each with its line number and why; the cell is then
+    missing and a rerun measures it again. Returns [(line number, why)]. Raises NewerSchema
+    (a newer attn-audit's records are not damaged: they must not be moved)."""
+    path = Path(run_dir) / RECORDS_FILE
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    keep, moved = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            parse_line(line)
+            keep.append(line)
+        except NewerSchema:
+            raise
+        except ValueError as exc:
+            moved.append((number, line, f"{type(exc).__name__}: {str(exc)[:200]}"))
+    if not moved:
+        return []
+    last_partial = not lines[-1] == ""
+    with open(Path(run_dir) / QUARANTINE_FILE, "a", encoding="utf-8") as fh:
+        for number, line, why in moved:
+            if last_partial and number == len(lines):
+                continue                                   # an interrupted last write: just dropped
+            fh.write(json.dumps({"line": number, "why": why, "text": line}) + "\n")
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    os.replace(tmp, path)
+    return [(number, why) for number, _, why in moved if not (last_partial and number == len(lines))]
 
 
 def read_records(run_dir: Path | str) -> list[dict[str, Any]]:

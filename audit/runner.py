@@ -38,6 +38,60 @@ class CellTooBig(Exception):
     """A cell predicted to need more memory than is free: recorded as `oom` without running."""
 
 
+class ContractError(Exception):
+    """A variant returned something other than attention's output (README: Your own variant)."""
+
+
+class WorkerRestart(Exception):
+    """The measuring process should be replaced before the next cell (a cell leaked memory)."""
+
+
+LEAK_REPORT_BYTES = 64 * 2**20      # held across the timed calls: recorded as leaked_bytes, and the
+                                    # next cell gets a fresh process (the leak stays with the old one)
+
+
+def check_output(out: Any, q: Any, v: Any) -> None:
+    """The variant contract: a tensor of shape (B, H, Tq, d_v), q's dtype, on q's device."""
+    import torch
+    expected = (*q.shape[:-1], v.shape[-1])
+    want = f"a tensor of shape {tuple(expected)}, dtype {_dtype_name(q.dtype)}, on {q.device}"
+    if not isinstance(out, torch.Tensor):
+        raise ContractError(f"the variant returned {type(out).__name__}"
+                            f"{'' if out is None else ' ' + repr(out)[:60]}; expected {want}")
+    problems = []
+    if tuple(out.shape) != tuple(expected):
+        problems.append(f"shape {tuple(out.shape)}")
+    if out.dtype != q.dtype:
+        problems.append(f"dtype {_dtype_name(out.dtype)}")
+    if out.device != q.device:
+        problems.append(f"device {out.device}")
+    if problems:
+        raise ContractError(f"the variant returned a tensor of {', '.join(problems)}; expected {want}")
+
+
+def _dtype_name(dtype: Any) -> str:
+    from .inputs import TORCH_DTYPES
+    name = str(dtype).replace("torch.", "")
+    return next((short for short, long in TORCH_DTYPES.items() if long == name), name)
+
+
+def held_bytes(device: str) -> int | None:
+    """Memory the process holds now: CUDA allocator bytes, or the CPU resident set after
+    handing free heap back to the OS (None where it cannot be read)."""
+    import gc
+    gc.collect(0)           # the youngest generation only: a full collection costs ~70 ms here
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
+        return int(torch.cuda.memory_allocated())
+    from .memory import _malloc_trim, _status_kib
+    try:
+        _malloc_trim()
+        return _status_kib("VmRSS") * 1024
+    except (OSError, RuntimeError):
+        return None
+
+
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -55,9 +109,12 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def _reason(exc: BaseException) -> str:
-    """`Type: first line of message (at file:line in function)`, short enough for a table."""
+    """`Type: first line of message (at file:line in function)`, short enough for a table.
+    A broken variant contract is the variant's fault, not a place in the audit: no location."""
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
+    if isinstance(exc, ContractError):
+        return first[:400]
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
     return f"{type(exc).__name__}: {first}"[:400] + where
@@ -184,14 +241,22 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
 
     n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
 
-    # Warm-up: two calls each. The first includes compilation for compiled variants.
+    # Warm-up: two calls each. The first includes compilation for compiled variants, and its
+    # output is checked against the variant contract before anything is measured.
     backward_reason = None
+    first_out: list = []
+
+    def first_forward():
+        first_out.append(forward())
+
     try:
-        first_fwd = time_call(forward, sync=sync)
+        first_fwd = time_call(first_forward, sync=sync)
     except BackwardUnsupported as exc:  # forward-only here: inputs must not require grad
         backward_reason = str(exc)
         q, k, v = q.detach(), k.detach(), v.detach()
-        first_fwd = time_call(forward, sync=sync)
+        first_fwd = time_call(first_forward, sync=sync)
+    check_output(first_out[-1], q, v)
+    first_out.clear()
     warm_fwd = time_call(forward, sync=sync)
     if warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed > preset.max_cell_s:
         raise CellSkipped(
@@ -208,6 +273,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     compiled_here = variant.compiled and compiled_graph_count() > graphs_before
     if variant.compiled and build.fused is None:
         build.fused = fused_attention_count() > fused_before
+    held_after_warmup = held_bytes(case.device)
 
     m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}",
                          "golden_subset": None if ref.slices is None else [list(p) for p in ref.slices]}
@@ -242,6 +308,10 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
 
     fwd, fb, timer = _time_cell(case, preset, forward, forward_backward if backward_reason is None else None,
                                 warm_fwd, warm_fb)
+    held_after_timing = held_bytes(case.device)
+    if held_after_warmup is not None and held_after_timing is not None \
+            and held_after_timing - held_after_warmup > LEAK_REPORT_BYTES:
+        m["leaked_bytes"] = held_after_timing - held_after_warmup
     _fill_timing(m, "fwd", fwd)
     if fb is not None:
         _fill_timing(m, "fwd_bwd", fb)
@@ -575,8 +645,24 @@ INFLIGHT_FILE = "inflight"
 
 def read_inflight(run_dir: Path) -> str | None:
     """Id of the cell the measuring process was in when it last stopped, if any."""
+    found = inflight_since(run_dir)
+    return found[0] if found else None
+
+
+def inflight_since(run_dir: Path) -> tuple[str, float] | None:
+    """(id, start time in seconds since the epoch) of the cell being measured, if any."""
     path = Path(run_dir) / INFLIGHT_FILE
-    return path.read_text().strip() or None if path.exists() else None
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text:
+        return None
+    case_id, _, started = text.partition("\t")
+    try:
+        return case_id, float(started) if started else path.stat().st_mtime
+    except (ValueError, OSError):
+        return case_id, time.time()
 
 
 def _mark_inflight(run_dir: Path, case_id: str | None) -> None:
@@ -585,15 +671,16 @@ def _mark_inflight(run_dir: Path, case_id: str | None) -> None:
         path.unlink(missing_ok=True)
         return
     with open(path, "w") as fh:
-        fh.write(case_id)
+        fh.write(f"{case_id}\t{time.time():.3f}")
         fh.flush()
         os.fsync(fh.fileno())
 
 
-def record_crash(run_dir: Path, case: Case, reason: str) -> None:
-    """The `error` record of a cell whose process died (no measurements)."""
+def record_crash(run_dir: Path, case: Case, reason: str, status: str = "error") -> None:
+    """The record of a cell whose process died or was killed (no measurements): `error`, or
+    `timeout` when the supervisor killed it for running past its time limit."""
     rec = records.new_record(case.axes(), case.id)
-    rec.update(status="error", reason=reason, started_at=_utc_now())
+    rec.update(status=status, reason=reason, started_at=_utc_now())
     with records.RecordWriter(run_dir) as writer:
         writer.write(rec)
     _mark_inflight(run_dir, None)
@@ -665,6 +752,10 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
                     on_record(rec)
                 if bar is not None:
                     bar.update(1)
+                leaked = rec.get("leaked_bytes") or 0
+                if leaked > LEAK_REPORT_BYTES:
+                    raise WorkerRestart(f"{case.id} kept {leaked / 2**20:.0f} MiB across its calls: the rest "
+                                        "of the run goes on in a fresh process")
     finally:
         if bar is not None:
             bar.close()

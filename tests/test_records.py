@@ -361,3 +361,34 @@ def test_load_reads_the_store(tmp_path):
     assert math.isnan(frame.loc[0, "rel_err"])
     assert frame.loc[0, "env_torch"] == "t"
     assert list(frame["seq_len"]) == [8, 16]
+
+
+# --------------------------------------------------------------------------- damaged lines
+
+def test_damaged_lines_are_moved_aside_with_their_line_numbers(tmp_path):
+    from audit.records import QUARANTINE_FILE, quarantine_damaged
+    good = [make_record(c, status="ok") for c in _ids(3)]
+    path = tmp_path / RECORDS_FILE
+    path.write_text(dumps(good[0]) + "\n" + dumps(good[1])[:40] + "\n" + "[1, 2]\n"
+                    + dumps({**good[2], "status": "exploded"}) + "\n" + dumps(good[2]) + "\n")
+    assert [r["id"] for r in read_records(tmp_path)] == [good[0]["id"], good[2]["id"]]   # skipped, not fatal
+    moved = quarantine_damaged(tmp_path)
+    assert [n for n, _ in moved] == [2, 3, 4]
+    assert "unknown status 'exploded'" in moved[2][1]
+    assert [r["id"] for r in read_records(tmp_path)] == [good[0]["id"], good[2]["id"]]
+    kept = path.read_text().splitlines()
+    assert len(kept) == 2 and all(strict_loads(line) for line in kept)
+    aside = [json.loads(x) for x in (tmp_path / QUARANTINE_FILE).read_text().splitlines()]
+    assert [a["line"] for a in aside] == [2, 3, 4] and aside[1]["text"] == "[1, 2]"
+    assert quarantine_damaged(tmp_path) == []                             # nothing left to move
+
+
+def test_newer_schema_is_refused_not_quarantined(tmp_path):
+    from audit.records import NewerSchema, quarantine_damaged
+    path = tmp_path / RECORDS_FILE
+    path.write_text(dumps({**make_record(status="ok"), "schema": SCHEMA_VERSION + 1}) + "\n")
+    with pytest.raises(NewerSchema, match=f"schema {SCHEMA_VERSION + 1} is newer"):
+        read_records(tmp_path)
+    with pytest.raises(NewerSchema):
+        quarantine_damaged(tmp_path)
+    assert path.read_text().count("\n") == 1

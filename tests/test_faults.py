@@ -1,0 +1,187 @@
+"""Fault injection: what a user's faulty kernel, a crowded machine or a damaged file does to a
+run. Every fault ends with the right status and a clear reason, the run completes, and the
+correct variants in the same run are recorded as in a run without the faulty ones.
+
+The faulty plug-ins are tests/plugins/faults.py; each run is `python -m audit run` in a
+subprocess, as a user runs it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from audit import records
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+FAULTS = ("raises", "returns_nan", "segfaults", "exits", "wrong_last_dim", "returns_none", "returns_float64",
+          "allocates_64_tib", "hangs", "hangs_in_backward", "leaks")
+CORRECT = ("eager", "sdpa")
+GRID = ["--preset", "quick", "--dtype", "fp32", "--d-k", "32", "--seq-len", "64", "--batch", "1",
+        "--heads", "2", "--causal", "false", "--scenario", "normal", "--budget", "none",
+        "--no-progress", "--no-report"]
+CELL_TIMEOUT_S = "4"
+# Numerics of the correct variants that a faulty neighbour must not change.
+NUMERICS = ("status", "out_nan", "out_inf", "grad_nan", "grad_inf", "rmse", "max_abs_err", "rel_err",
+            "dq_err", "dk_err", "dv_err", "within_budget", "masked_rows", "leak_max_change", "max_prob")
+
+
+def audit(*args: str, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGINS), str(ROOT)]))
+    return subprocess.run([sys.executable, "-m", "audit", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout, **popen)
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    out = tmp_path_factory.mktemp("faulty") / "run"
+    variants = [f"faults:{f}" for f in FAULTS] + list(CORRECT)
+    done = audit("run", *GRID, "--variant", *variants, "--cell-timeout", CELL_TIMEOUT_S, "--out", str(out))
+    recs = {r["variant"]: r for r in records.read_records(out)}
+    return done, recs, out
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    out = tmp_path_factory.mktemp("clean") / "run"
+    done = audit("run", *GRID, "--variant", *CORRECT, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return {r["variant"]: r for r in records.read_records(out)}
+
+
+def test_the_run_completes_without_a_traceback(faulty):
+    done, recs, _ = faulty
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert set(recs) == {f"faults:{f}" for f in FAULTS} | set(CORRECT)
+
+
+@pytest.mark.parametrize("fault, status, words", [
+    ("raises", "error", ["ValueError: this kernel does not support d_k=32"]),
+    ("segfaults", "error", ["died with signal SIGSEGV", "new process"]),
+    ("exits", "error", ["died with exit code 3"]),
+    ("wrong_last_dim", "error", ["returned a tensor of shape (1, 2, 64, 16)", "expected a tensor of shape "
+                                 "(1, 2, 64, 32), dtype fp32, on cpu"]),
+    ("returns_none", "error", ["returned NoneType", "expected a tensor of shape (1, 2, 64, 32)"]),
+    ("returns_float64", "error", ["dtype float64", "expected a tensor of shape (1, 2, 64, 32), dtype fp32"]),
+    ("allocates_64_tib", "oom", ["can't allocate memory"]),
+    ("hangs", "timeout", [f"per-cell time limit of {CELL_TIMEOUT_S} s", "killed"]),
+    ("hangs_in_backward", "timeout", [f"per-cell time limit of {CELL_TIMEOUT_S} s"]),
+])
+def test_each_fault_ends_with_the_right_status_and_a_clear_reason(faulty, fault, status, words):
+    rec = faulty[1][f"faults:{fault}"]
+    assert rec["status"] == status, rec["reason"]
+    for word in words:
+        assert word in rec["reason"], (word, rec["reason"])
+    assert rec["fwd_ms"] is None                               # a failed cell carries no measurements
+
+
+def test_nan_output_is_measured_not_failed(faulty):
+    rec = faulty[1]["faults:returns_nan"]
+    assert rec["status"] == "ok" and rec["out_nan"] == 1 * 2 * 64 * 32
+
+
+def test_a_leak_is_measured_reported_and_isolated(faulty):
+    done, recs, out = faulty
+    rec = recs["faults:leaks"]
+    assert rec["status"] == "ok" and rec["leaked_bytes"] > 64 * 2**20
+    assert "kept" in done.stderr and "fresh process" in done.stderr   # the next cell got a new worker
+    from audit.findings import compute_findings
+    found = compute_findings(records.load(out))
+    assert any(f["check"] == "memory_leak" and f["variant"] == "faults:leaks" for f in found)
+    assert not any(f["check"] == "memory_leak" and f["variant"] in CORRECT for f in found)
+
+
+def test_correct_variants_are_recorded_as_without_the_faulty_ones(faulty, clean):
+    _, recs, _ = faulty
+    for variant in CORRECT:
+        got, want = recs[variant], clean[variant]
+        for column in NUMERICS:
+            assert got[column] == want[column], (variant, column, got[column], want[column])
+        assert got["leaked_bytes"] is None
+
+
+# --------------------------------------------------------------------------- the run folder
+
+def test_damaged_lines_are_quarantined_and_their_cells_measured_again(tmp_path):
+    out = tmp_path / "run"
+    grid = [*GRID, "--variant", "eager", "sdpa", "sdpa_math", "--out", str(out)]
+    assert audit("run", *grid).returncode == 0
+    path = out / records.RECORDS_FILE
+    lines = path.read_text().splitlines()
+    damaged_id = json.loads(lines[1])["id"]
+    lines[1] = lines[1][: len(lines[1]) // 2] + "#garbage"             # a line cut in the middle
+    lines.insert(2, json.dumps({"hello": "world"}))                     # JSON, but not a record
+    path.write_text("\n".join(lines) + "\n")
+
+    report = audit("report", str(out))
+    assert report.returncode == 0, report.stderr
+    assert "2 damaged line(s) of records.jsonl (line 2, 3) moved to" in report.stderr
+    assert "Traceback" not in report.stderr
+    quarantined = [json.loads(x) for x in (out / records.QUARANTINE_FILE).read_text().splitlines()]
+    assert [q["line"] for q in quarantined] == [2, 3] and "#garbage" in quarantined[0]["text"]
+
+    rerun = audit("run", *grid)
+    assert rerun.returncode == 0, rerun.stderr
+    ids = [r["id"] for r in records.read_records(out)]
+    assert sorted(ids) == sorted(set(ids)) and damaged_id in ids and len(ids) == 3
+
+
+def test_records_of_a_newer_schema_stop_with_both_versions(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    rec = records.new_record({}, "x")
+    rec.update(schema=records.SCHEMA_VERSION + 1, status="ok")
+    (out / records.RECORDS_FILE).write_text(records.dumps(rec) + "\n")
+    for args in (("report", str(out)), ("run", *GRID, "--variant", "eager", "--out", str(out))):
+        done = audit(*args)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+        assert f"schema {records.SCHEMA_VERSION + 1}" in done.stderr
+        assert f"schema {records.SCHEMA_VERSION}" in done.stderr
+    assert not (out / records.QUARANTINE_FILE).exists()                 # not damaged: never moved
+
+
+def test_a_second_writer_is_refused_and_a_stale_lock_never_blocks(tmp_path):
+    out = tmp_path / "run"
+    args = [*GRID, "--variant", "faults:hangs", "--cell-timeout", "60", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGINS), str(ROOT)]))
+    first = subprocess.Popen([sys.executable, "-m", "audit", "run", *args], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "inflight").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        second = audit("run", *args, timeout=60)
+        assert second.returncode == 2
+        assert f"pid {first.pid}" in second.stderr and "faults:hangs" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)                                # dies holding the lock
+        first.wait()
+    assert (out / ".lock").exists()
+    third = audit("run", *GRID, "--variant", "eager", "--out", str(out))
+    assert third.returncode == 0, third.stderr                           # the stale lock is gone
+
+
+def test_ctrl_c_ends_a_run_stuck_in_a_hung_cell(tmp_path):
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGINS), str(ROOT)]))
+    proc = subprocess.Popen([sys.executable, "-m", "audit", "run", *GRID, "--variant", "faults:hangs",
+                             "--cell-timeout", "600", "--out", str(out)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (out / "inflight").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)                                   # Ctrl-C: the whole process group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
