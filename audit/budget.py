@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .grid import UsageError
+from .grid import INPUT_AXES, UsageError
 
 PLAN_FILE = "plan.json"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|min|m|s)?")
@@ -79,9 +79,6 @@ def cell_cost(row: Any) -> float:
     """A cell's own predicted seconds: without what it pays for other cells too (start-up, its
     input set's golden, compiled code), which moves to the next cell when it is skipped."""
     return float(row["total_s"]) - float(row.get("shared_s", 0.0) or 0.0)
-
-
-INPUT_AXES = ("device", "dtype", "d_k", "seq_len", "batch", "heads", "causal", "scenario")
 
 
 def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: float,
@@ -230,5 +227,5 @@ def describe(plan: Plan, n_cells: int) -> str:
             f"(+ {format_duration(plan.reserve_s)} start-up, ceilings and report), {budget}")
     if skipped:
         line += (f"; {skipped} cells skipped (predicted {format_duration(skipped_s)}): "
-                 "listed in the report under Budget")
+                 "listed in the report under Time budget")
     return line

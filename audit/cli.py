@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--budget", metavar="DURATION",
                      help="wall-time budget of the run, e.g. 90s, 10m, 1h30m, or none (default: the preset's: "
                           "quick 60s, cpu 10m, gpu 8m, gpu-check 3m). Cells that do not fit are recorded "
-                          "as skipped with their predicted time, most expensive first (README: Budget)")
+                          "as skipped with their predicted time, most expensive first (README: Time budget)")
     run.add_argument("--cell-timeout", type=float, metavar="S",
                      help="per-cell time limit in seconds: a cell still running after it is recorded as "
                           "timeout and its worker killed (default: 10 times the cell's predicted time, at "
@@ -233,13 +233,18 @@ def _quarantine(run_dir: Path) -> None:
               f"{run_dir / QUARANTINE_FILE}; their cells are measured again by a run", file=sys.stderr)
 
 
+def _not_recorded(cases, run_dir: Path | None) -> list:
+    """The cells a run in run_dir still has to measure."""
+    from .records import completed_ids
+    done = completed_ids(run_dir) if run_dir is not None else set()
+    return [c for c in cases if c.id not in done]
+
+
 def _plan(cases, preset, run_dir: Path, started: float) -> None:
     """Predict the cells not yet recorded, choose what fits the budget, write DIR/plan.json."""
     from .budget import describe, plan_run
-    from .records import completed_ids
 
-    done = completed_ids(run_dir)
-    todo = [c for c in cases if c.id not in done]
+    todo = _not_recorded(cases, run_dir)
     plan, _pred, _notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started,
                                    measure=False)
     plan.write(run_dir)
@@ -251,12 +256,10 @@ def _dry_run(cases, preset, run_dir: Path | None, started: float) -> int:
     and what the budget would skip."""
     from .budget import describe, plan_run
     from .costmodel import summary
-    from .records import completed_ids
 
-    done = completed_ids(run_dir) if run_dir is not None else set()
-    todo = [c for c in cases if c.id not in done]
+    todo = _not_recorded(cases, run_dir)
     plan, pred, notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started)
-    if done:
+    if len(todo) < len(cases):
         notes.insert(0, f"{len(cases) - len(todo)} cells already recorded in {run_dir}: not predicted")
     for row in pred.itertuples():
         status, reason = (("skipped", plan.skip[row.id]) if row.id in plan.skip

@@ -39,16 +39,14 @@ import numpy as np
 
 from .grid import Case, Preset
 from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
-from .roofline import DTYPE_BYTES
+from .roofline import CEILINGS_BUDGET_S, DTYPE_BYTES
+from .timing import MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
 PRIORS_FILE = Path(__file__).with_name("cost_priors.json")
 PROBS_VARIANTS_PREFIX = "broken."
 PROBS_VARIANTS = ("eager", "eager_fp32")
 COMPILED_VARIANTS = ("compiled", "compiled_unfused", "flex")
-HOST_BLOCK_S = 1e-3          # timing.measure: blocks of at least 1 ms
-DEVICE_MAX_BLOCK = 32        # timing.MAX_DEVICE_BLOCK
-MAX_SAMPLES = 200
 ENERGY_EDGE_WAIT_S = 0.1     # waiting for two energy-counter updates (20-100 ms apart)
 ENERGY_MAX_WALL_S = 0.3
 
@@ -99,9 +97,6 @@ class Settings:
 
 # --------------------------------------------------------------------------- parameters
 
-# Per-call model features: [1, F / P_dtype, F / P_fp32, S·size / BW]
-N_FEATURES = 4
-
 # Where nothing was fitted: how a family of variants spends its time, per device type.
 # (c0 seconds, a, b, m): hand-written code runs its matmuls in the input dtype and passes
 # over the score matrix a few times; fused kernels run near the fp32-or-better rate.
@@ -115,7 +110,7 @@ BACKWARD_DEFAULT_FACTOR = 3.0
 HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
 
 
-def _family(variant: str, device_type: str) -> str:
+def _family(variant: str) -> str:
     if variant.startswith("sdpa") or variant in ("flex", "compiled[fused]"):
         return "eager" if variant == "sdpa_math" else "fused"
     if variant.startswith("compiled"):
@@ -158,15 +153,6 @@ class Params:
         for name in asdict(self):
             old, new = getattr(self, name), getattr(newer, name)
             setattr(out, name, list(dict.fromkeys(old + new)) if isinstance(old, list) else {**old, **new})
-        return out
-
-    def without_device(self, device_type: str) -> "Params":
-        """A copy with nothing fitted for `device_type` (priors for it are then re-learnt)."""
-        out = Params()
-        for name, value in asdict(self).items():
-            if isinstance(value, dict):
-                value = {k: v for k, v in value.items() if k.split("|")[0] != device_type}
-            setattr(out, name, value)
         return out
 
 
@@ -271,10 +257,10 @@ def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call
     if t <= 0:
         return 0.0
     if device_timing:
-        block = min(DEVICE_MAX_BLOCK, max(1, math.ceil(HOST_BLOCK_S / t)))
+        block = min(MAX_DEVICE_BLOCK, max(1, math.ceil(MIN_BLOCK_S / t)))
         per_sample = 1.5 * block * host_call_s + 2e-4 + block * t
     else:
-        block = max(1, math.ceil(HOST_BLOCK_S / t))
+        block = max(1, math.ceil(MIN_BLOCK_S / t))
         per_sample = block * t
     n = min(MAX_SAMPLES, max(settings.min_samples, math.ceil(settings.min_time_s / per_sample)))
     return n * per_sample
@@ -317,20 +303,18 @@ class CostModel:
     def __init__(self, params: Params | None = None) -> None:
         self.params = params or load_priors()
 
-    def _call_factors(self, dev: str, variant: str, dtype: str, pass_: str) -> tuple[np.ndarray, str]:
+    def _call_factors(self, dev: str, variant: str, dtype: str, pass_: str) -> np.ndarray:
+        """Fitted for this dtype, else for the variant's other dtypes, else the family default."""
         p = self.params.call
-        for key, how in ((f"{dev}|{variant}|{dtype}|{pass_}", "fitted"),
-                         (f"{dev}|{variant}|*|{pass_}", "fitted, other dtypes")):
+        for key in (f"{dev}|{variant}|{dtype}|{pass_}", f"{dev}|{variant}|*|{pass_}"):
             if key in p:
-                return np.array(p[key]), how
-        base = np.array(FAMILY_DEFAULTS[dev][_family(variant, dev)])
-        if pass_ == "fwd_bwd":
-            base = base * BACKWARD_DEFAULT_FACTOR
-        return base, "default"
+                return np.array(p[key])
+        base = np.array(FAMILY_DEFAULTS[dev][_family(variant)])
+        return base * BACKWARD_DEFAULT_FACTOR if pass_ == "fwd_bwd" else base
 
     def call_s(self, shape: CellShape, pass_: str, ceilings: Mapping[str, Any] | None) -> float:
         dev = _device_type(shape.case.device)
-        factors, _ = self._call_factors(dev, call_variant(shape), shape.case.dtype, pass_)
+        factors = self._call_factors(dev, call_variant(shape), shape.case.dtype, pass_)
         return float(max(1e-6, factors @ _features(shape, ceilings)))
 
     def _const(self, table: str, key: str, default: float) -> float:
@@ -376,7 +360,7 @@ class CostModel:
                 shared += self._const("init_s", f"{dev}|{case.variant}", 0.0)
             if case.input_key != previous_key:
                 previous_key = case.input_key
-                phases["golden"] += self._golden_s(shape, settings, ceil)
+                phases["golden"] += self._golden_s(shape, settings)
             unsupported = predicted_unsupported(case, shape)
             if unsupported:
                 status, reason = "skipped", unsupported
@@ -431,7 +415,7 @@ class CostModel:
                    "shared_s"]
         return pd.DataFrame(rows, columns=columns)
 
-    def _golden_s(self, shape: CellShape, settings: Settings, ceil: Mapping[str, Any] | None) -> float:
+    def _golden_s(self, shape: CellShape, settings: Settings) -> float:
         dev = _device_type(shape.case.device)
         _n, flops, chunks = golden_cost_inputs(shape, settings)
         return (chunks * self._const("golden_chunk_s", dev, 5e-3)
@@ -521,7 +505,7 @@ def fit(runs: Iterable[RunData], priors: Params | None = None) -> Params:
     fitted = Params(fitted_on=[r.name for r in runs])
     _fit_calls(runs, fitted)
     _fit_host(runs, fitted)
-    _fit_constants(runs, fitted, priors or Params())
+    _fit_constants(runs, fitted)
     return (priors or Params()).merged(fitted)
 
 
@@ -580,7 +564,7 @@ def _explained(row: Any, shape: CellShape) -> float:
             + _samples_wall(row, "fwd") + _samples_wall(row, "fwd_bwd"))
 
 
-def _fit_constants(runs: list[RunData], out: Params, priors: Params) -> None:
+def _fit_constants(runs: list[RunData], out: Params) -> None:
     """Per device: cell overhead, golden cost per chunk and per FLOP, weights cost per chunk,
     from the residual elapsed_s of ok cells; then first-use and run-start costs; skips."""
     by_dev: dict[str, list[tuple[np.ndarray, float, dict]]] = {}
@@ -658,7 +642,6 @@ def _fit_constants(runs: list[RunData], out: Params, priors: Params) -> None:
 # --------------------------------------------------------------------------- reporting
 
 STARTUP_S = 5.0          # the supervisor's and the worker's start (importing torch twice)
-CEILINGS_S = 2.5         # roofline.CEILINGS_BUDGET_S, per device
 REPORT_S = 3.0           # seed claims, findings, figures and index ...
 REPORT_PER_CELL_S = 0.005  # ... growing with the measured cells (1237 of them: 8.3 s)
 
@@ -666,7 +649,7 @@ REPORT_PER_CELL_S = 0.005  # ... growing with the measured cells (1237 of them: 
 def overhead_s(pred: Any, *, ceilings_measured: bool = True) -> tuple[float, float]:
     """(seconds before the first cell, seconds after the last) of a run of these cells."""
     devices = {_device_type(d) for d in pred["device"]} if len(pred) else set()
-    before = STARTUP_S + (CEILINGS_S * len(devices) if ceilings_measured else 0.0)
+    before = STARTUP_S + (CEILINGS_BUDGET_S * len(devices) if ceilings_measured else 0.0)
     measured = int((pred["status"] == "ok").sum()) if len(pred) else 0
     return before, REPORT_S + REPORT_PER_CELL_S * measured
 
@@ -829,7 +812,6 @@ def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
 def compare(run: RunData, model: CostModel) -> Any:
     """Predicted against recorded elapsed_s for every cell of a run folder (its own settings,
     ceilings and order). Columns: id, status, recorded_s, predicted_s, ratio (predicted / recorded)."""
-    from .grid import Case as _Case  # noqa: F401 - Case rows come from the records
     cases = [_case_of(row) for _, row in run.frame.iterrows()]
     pred = model.predict(cases, run.settings, run.ceilings)
     out = pred[["id", "variant"]].copy()
@@ -854,8 +836,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "fit":
         params = fit(runs)
         free = {k: float(v) * 2**30 for k, v in (item.split("=") for item in args.free_gib)}
-        for run in runs:
-            info = json.loads((Path(args.runs[runs.index(run)]) / "run.json").read_text())
+        for folder, run in zip(args.runs, runs):
+            info = json.loads((Path(folder) / "run.json").read_text())
             for device, ceil in (run.ceilings or {}).items():
                 dev = _device_type(device)
                 if dev not in params.reference:

@@ -17,6 +17,8 @@ AXES: tuple[str, ...] = (
     "variant", "device", "dtype", "d_k", "seq_len", "batch", "heads", "causal", "scenario",
 )
 INT_AXES: tuple[str, ...] = ("d_k", "seq_len", "batch", "heads")
+# Every axis but the variant: the cells sharing these share inputs and the float64 reference.
+INPUT_AXES: tuple[str, ...] = tuple(a for a in AXES if a != "variant")
 
 
 class UsageError(ValueError):
@@ -47,8 +49,7 @@ class Case:
     @property
     def input_key(self) -> tuple:
         """Cells sharing this key share inputs and the float64 reference."""
-        return (self.device, self.dtype, self.d_k, self.seq_len, self.batch, self.heads,
-                self.causal, self.scenario)
+        return tuple(getattr(self, a) for a in INPUT_AXES)
 
     def axes(self) -> dict[str, Any]:
         return asdict(self)

@@ -95,3 +95,20 @@ def peak_during(fn: Callable[[], Any], device: str) -> tuple[Any, int | None]:
     result = fn()
     peak_kib = _status_kib("VmHWM")
     return result, max(0, peak_kib - base_kib) * 1024
+
+
+def held_bytes(device: str) -> int | None:
+    """Memory the process holds now: CUDA allocator bytes, or the CPU resident set after
+    handing free heap back to the OS (None where it cannot be read). The runner compares two
+    readings around a cell's timed calls to find memory a variant keeps (leaked_bytes)."""
+    import gc
+    gc.collect(0)           # the youngest generation only: a full collection costs ~70 ms here
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
+        return int(torch.cuda.memory_allocated())
+    try:
+        _malloc_trim()
+        return _status_kib("VmRSS") * 1024
+    except (OSError, RuntimeError):
+        return None

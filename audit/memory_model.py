@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from .grid import Case
-
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+from .roofline import DTYPE_BYTES
 
 # variant -> bytes per score element of one forward+backward, from the input dtype's size.
 # eager (bf16): 8.0-10.0 = 4 x 2 bytes; eager_fp32 and sdpa_math hold fp32 scores: 16.0-23.0;

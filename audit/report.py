@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Union
 import numpy as np
 import pandas as pd
 
-from .grid import AXES
+from .grid import AXES, INPUT_AXES
 from .records import read_records, to_frame
 
 NEGATIVE_CONTROL_PREFIX = "broken."
@@ -40,7 +40,7 @@ METRIC_COLUMNS = (
     "leak_mass", "leak_max_change",
 )
 NONFINITE_COLUMNS = ("out_nan", "out_inf", "grad_nan", "grad_inf")
-MATCH_AXES = tuple(axis for axis in AXES if axis != "variant")
+MATCH_AXES = INPUT_AXES          # cells that differ only in the variant are compared
 
 NORMAL_SCENARIO = "normal"      # speed and memory are compared on these cells only
 MASK_FORMS = (("fully_masked_bool", "bool"), ("fully_masked_neginf", "-inf float"),

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 from . import records
 from .grid import Case, Preset
 from .inputs import Inputs, make_inputs
-from .memory import peak_during, pin_malloc_threshold
+from .memory import held_bytes, peak_during, pin_malloc_threshold
 from .numerics import (BACKWARD_FLOP_FACTOR, attention_flops, changed_max, classify_masked_rows,
                        error_vs_reference, nonfinite_counts, relative_error, within_budget)
 from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices
@@ -73,23 +73,6 @@ def _dtype_name(dtype: Any) -> str:
     from .inputs import TORCH_DTYPES
     name = str(dtype).replace("torch.", "")
     return next((short for short, long in TORCH_DTYPES.items() if long == name), name)
-
-
-def held_bytes(device: str) -> int | None:
-    """Memory the process holds now: CUDA allocator bytes, or the CPU resident set after
-    handing free heap back to the OS (None where it cannot be read)."""
-    import gc
-    gc.collect(0)           # the youngest generation only: a full collection costs ~70 ms here
-    if device.startswith("cuda"):
-        import torch
-        torch.cuda.synchronize()
-        return int(torch.cuda.memory_allocated())
-    from .memory import _malloc_trim, _status_kib
-    try:
-        _malloc_trim()
-        return _status_kib("VmRSS") * 1024
-    except (OSError, RuntimeError):
-        return None
 
 
 def _utc_now() -> str:
@@ -629,9 +612,12 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
 
 
 def _check_memory(case: Case) -> None:
-    """Raise CellTooBig when the cell's predicted peak exceeds the memory free on its device."""
+    """Raise CellTooBig when the cell's predicted peak exceeds the memory free on its device
+    (free memory is read only for the variants whose memory is predicted)."""
     from .inputs import q_len
-    from .memory_model import free_bytes, too_big
+    from .memory_model import free_bytes, predicted_peak_bytes, too_big
+    if predicted_peak_bytes(case, q_len(case)) is None:
+        return
     if case.device.startswith("cuda"):
         import torch
         torch.cuda.synchronize()
@@ -773,7 +759,7 @@ def _energy_meter(cases: list[Case]) -> Any:
     return EnergyMeter(device_index=torch.cuda.current_device())
 
 
-def ceilings_for(cases: Iterable[Case], run_dir: Path, *, budget_s: float | None = None) -> dict[str, dict]:
+def ceilings_for(cases: Iterable[Case], run_dir: Path) -> dict[str, dict]:
     """The machine's measured limits per device, once per run folder (reused on resume)."""
     from .roofline import measure_ceilings
     path = Path(run_dir) / RUN_FILE
@@ -787,6 +773,5 @@ def ceilings_for(cases: Iterable[Case], run_dir: Path, *, budget_s: float | None
         if have and all(d in (have.get("matmul_flops_per_s") or {}) for d in dtypes):
             out[device] = have
         else:
-            out[device] = (measure_ceilings(device, dtypes) if budget_s is None
-                           else measure_ceilings(device, dtypes, budget_s=budget_s))
+            out[device] = measure_ceilings(device, dtypes)
     return out

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 Clock = Callable[[], float]
+MIN_BLOCK_S = 1e-3        # calls faster than this are timed in blocks
+MAX_SAMPLES = 200         # samples per measurement, at most
 
 
 @dataclass
@@ -107,7 +109,7 @@ def time_call(fn: Callable[[], object], *, clock: Clock = time.perf_counter,
 
 
 def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5,
-            min_time_s: float = 0.2, max_samples: int = 200, min_block_s: float = 1e-3,
+            min_time_s: float = 0.2, max_samples: int = MAX_SAMPLES, min_block_s: float = MIN_BLOCK_S,
             clock: Clock = time.perf_counter,
             sync: Callable[[], None] | None = None,
             before_sample: Callable[[], None] | None = None) -> Samples:
@@ -195,7 +197,7 @@ class DeviceTimingFailed(RuntimeError):
 
 
 def measure_device(fn: Callable[[], object], *, estimate_s: float, clock, min_samples: int = 5,
-                   min_time_s: float = 0.2, max_samples: int = 200, min_block_s: float = 1e-3,
+                   min_time_s: float = 0.2, max_samples: int = MAX_SAMPLES, min_block_s: float = MIN_BLOCK_S,
                    before_sample: Callable[[], None] | None = None,
                    host_clock: Clock = time.perf_counter) -> Samples:
     """Time `fn` (already warmed up) with the device's own clock, as measure() does with the host's.
