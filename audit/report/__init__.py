@@ -21,8 +21,8 @@ from .plotting import (
 )
 from .render import (
     MISSING, Badge, Block, Code, Contents, Figure, Heading, Link, Mono, Paragraph, Table,
-    format_value, html_table, markdown_table, numeric_columns, render_html, render_markdown,
-    severity_badges, write_page,
+    format_value, html_table, markdown_table, numeric_columns, para, render_html,
+    render_markdown, severity_badges, write_page,
 )
 from .tables import (
     alignment_table, budget_cuts_table, budget_table, ceilings_table, findings_summary,
@@ -40,7 +40,7 @@ __all__ = [
     "build_report", "write_page", "draw_figures", "FIGURES",
     # blocks and rendering
     "Block", "Heading", "Paragraph", "Code", "Table", "Figure", "Contents", "Mono", "Link",
-    "Badge", "MISSING", "format_value", "markdown_table", "html_table", "numeric_columns",
+    "Badge", "para", "MISSING", "format_value", "markdown_table", "html_table", "numeric_columns",
     "render_markdown", "render_html", "severity_badges",
     # figures
     "DTYPE_COLORS", "save_figure", "legend_below", "suptitle", "variant_colors",
