@@ -141,6 +141,17 @@ def test_text_columns_left_numeric_columns_right(built: dict) -> None:
     assert re.search(r"\.table-wrap \{[^}]*overflow-x: auto", css)
 
 
+def test_page_is_self_contained(built: dict) -> None:
+    """One folder that opens from disk: no scripts, stylesheets or fonts from elsewhere,
+    every figure an <img> with a relative path to a file of the same folder."""
+    page = built["index_html"].read_text(encoding="utf-8")
+    assert "<script" not in page and "<link" not in page and "@import" not in page
+    assert not re.search(r"(src|href)=\"[a-z]+:", page) and "url(" not in page
+    images = re.findall(r'<img src="([^"]+)"', page)
+    assert len(images) == len(built["figures"]) >= 6
+    assert all("/" not in src and (built["index_html"].parent / src).is_file() for src in images)
+
+
 def test_numeric_columns_decided_from_the_data() -> None:
     frame = pd.DataFrame({"name": ["a", "b"], "ms": [1.0, None], "text_numbers": ["1.00", "inf"],
                           "mixed": ["2", "2.13.0+cpu"], "flag": [True, False],

@@ -31,42 +31,18 @@ METRIC_COLUMNS = (
     "max_logit", "max_qk", "min_entropy", "golden_onehot_frac", "underflow_frac",
     "leak_mass", "leak_max_change",
 )
-
-
 NONFINITE_COLUMNS = ("out_nan", "out_inf", "grad_nan", "grad_inf")
-
-
 MATCH_AXES = INPUT_AXES          # cells that differ only in the variant are compared
-
-
 NORMAL_SCENARIO = "normal"      # speed and memory are compared on these cells only
-
-
 MASK_FORMS = (("fully_masked_bool", "bool"), ("fully_masked_neginf", "-inf float"),
               ("fully_masked_finfo_min", "finfo.min float"))
-
-
 FP16_RANGE_SCENARIO = "fp16_range"
-
-
 FP16_MAX = 65504.0
-
-
 ALIGNMENT_SCENARIOS = ("cross_causal", "decode")
-
-
 SCALED_PREFIX = "scaled_x"
-
-
 OUTLIERS_SCENARIO = "outliers"
-
-
 SEED_CLAIMS_FILE = "seed_claims.csv"
-
-
 GOLDEN_SOURCE_PREFERENCE = ("sdpa", "sdpa_math", "compiled")
-
-
 # Axes along which a per-cell label (masked_rows, causal_alignment) may differ; the first
 # axis that explains the difference is named, e.g. "nan (fp32), other (fp16)".
 DESCRIBE_AXES = ("dtype", "causal", "device", "d_k", "seq_len", "batch", "heads")
@@ -79,12 +55,13 @@ def is_negative_control(variants: pd.Series) -> pd.Series:
 
 def prepare(frame: pd.DataFrame) -> pd.DataFrame:
     """Measurement columns as floats (null -> NaN) so pandas can aggregate them."""
-    numeric = {col: pd.to_numeric(frame[col], errors="coerce").astype(float)
-               for col in METRIC_COLUMNS if col in frame.columns}
-    return frame.assign(**numeric)
+    as_float = {col: pd.to_numeric(frame[col], errors="coerce").astype(float)
+                for col in METRIC_COLUMNS if col in frame.columns}
+    return frame.assign(**as_float)
 
 
 def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Cells that were measured (status ok)."""
     return frame[frame["status"] == "ok"]
 
 

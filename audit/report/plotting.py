@@ -16,8 +16,6 @@ import pandas as pd
 from .data import NEGATIVE_CONTROL_PREFIX, dtype_order
 
 DTYPE_COLORS = {"fp32": "tab:blue", "fp16": "tab:orange", "bf16": "tab:green"}
-
-
 # Marker and line style per dtype, so lines that coincide (saturation is a property of
 # the inputs, nearly equal across dtypes) stay visible.
 DTYPE_STYLES = {"fp32": ("o", "-"), "fp16": ("s", "--"), "bf16": ("^", ":")}

@@ -377,8 +377,9 @@ def render_html(blocks: Iterable[Block], title: str = "attn-audit report") -> st
 def write_page(out_dir: Path, blocks: list[Block], title: str) -> dict[str, Path]:
     """Write out_dir/index.md and out_dir/index.html from one list of blocks.
 
-    `title` is the HTML page title; a visible title is the blocks' own first heading.
-    Figures must already be in out_dir (the pages refer to them by file name).
+    `title` is the HTML page title; a visible title is the blocks' own first heading, and a
+    Contents() block marks where the table of contents goes. Figures must already be in
+    out_dir (the pages refer to them by file name). Returns {"index_md", "index_html"}.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
