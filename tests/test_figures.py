@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from audit import report  # noqa: E402
+from audit.report import figures  # noqa: E402
 from tests.helpers import h200_run  # noqa: E402
 
 H200_FOLDERS = ("full", "gc", "stab", "comp")
@@ -19,14 +20,14 @@ H200_FOLDERS = ("full", "gc", "stab", "comp")
 def _build_checked(run_dir: Path, monkeypatch) -> dict[str, tuple[list[str], list]]:
     """build_report with every figure checked before it is saved: {file: (overflows, axes x data)}."""
     seen: dict[str, tuple[list[str], list]] = {}
-    save = report._save
+    save = figures.save_figure
 
     def checked(fig, path):
         xs = [sorted({float(x) for line in ax.lines for x in line.get_xdata()}) for ax in fig.axes]
         seen[Path(path).name] = (report.overflowing_artists(fig), xs)
         save(fig, path)
 
-    monkeypatch.setattr(report, "_save", checked)
+    monkeypatch.setattr(figures, "save_figure", checked)   # every PNG is saved there
     report.build_report(run_dir)
     return seen
 

@@ -227,17 +227,21 @@ def test_findings_open_the_report_most_severe_first(tmp_path: Path) -> None:
     findings = [
         {"check": "saturation", "severity": "info", "variant": "eager",
          "message": "attention is near one-hot at d_k=64", "cells": ["a"]},
-        {"check": "nonfinite", "severity": "error", "variant": "broken.unscaled",
+        {"check": "nonfinite", "severity": "error", "variant": "sdpa",
          "message": "NaN in outputs", "cells": ["b", "c", "d"]},
+        {"check": "nonfinite", "severity": "error", "variant": "broken.unscaled",
+         "message": "NaN in the control's outputs", "cells": ["e"]},
     ]
     result = build_report(_write_run(tmp_path, findings=findings))
     md = result["index_md"].read_text(encoding="utf-8")
     assert md.index("## Findings") < md.index("## Environment")
     findings_md = _section(md, "## Findings")
-    error_row = findings_md.index("| error | nonfinite | broken.unscaled | NaN in outputs | 3 |")
+    error_row = findings_md.index("| error | nonfinite | sdpa | NaN in outputs | 3 |")
     info_row = findings_md.index("| info | saturation | eager |")
     assert error_row < info_row
-    assert "2 findings: 1 error, 1 info." in findings_md
+    assert "2 findings about real code: 1 error, 1 info." in findings_md
+    assert "NaN in the control's outputs" not in md        # negative controls: self-check only
+    assert "1/1 negative controls flagged: broken.unscaled (nonfinite)." in findings_md
     page = result["index_html"].read_text(encoding="utf-8")
     assert page.index("Findings") < page.index("Environment")
     assert page.index("NaN in outputs") < page.index("near one-hot")
@@ -289,9 +293,10 @@ def test_format_value(value: object, text: str) -> None:
 def test_tables_escape_and_agree() -> None:
     frame = pd.DataFrame({"name": ["a|b", "c"], "ms": [1.0, None]})
     assert markdown_table(frame).splitlines() == [
-        "| name | ms |", "|---|---|", "| a\\|b | 1.00 |", "| c | — |"]
+        "| name | ms |", "|---|---:|", "| a\\|b | 1.00 |", "| c | — |"]   # ms right-aligned
     table_html = html_table(pd.DataFrame({"name": ["<x>"], "ms": [1.0]}))
-    assert "&lt;x&gt;" in table_html and "<td>1.00</td>" in table_html
+    assert '<td class="text">&lt;x&gt;</td>' in table_html
+    assert '<td class="num">1.00</td>' in table_html
 
 
 
