@@ -92,13 +92,22 @@ class _Tail:
         return [parse_line(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
 
 
-def measure_shard(collector: Any, key: str, argv: list[str], threads: int, cwd: str) -> dict[str, Any]:
+def shard_folder(run_name: str, key: str) -> Path:
+    """A shard's folder on the node that measures it: one per run and shard, so a retry on the
+    same node clears what a killed attempt left."""
+    import hashlib
+    import tempfile
+    digest = hashlib.sha256(f"{run_name}\n{key}".encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"attn-audit-shard-{digest}"
+
+
+def measure_shard(collector: Any, key: str, argv: list[str], threads: int, cwd: str,
+                  run_name: str) -> dict[str, Any]:
     """Ray task: `audit run ARGV` in a fresh folder seeded with the shard's records so far;
     each new record goes to the collector. Returns the shard's run.json, plan.json and attempt."""
     import platform
     import shutil
     import subprocess
-    import tempfile
     import time
 
     import ray
@@ -109,7 +118,9 @@ def measure_shard(collector: Any, key: str, argv: list[str], threads: int, cwd: 
     libc()      # looked up before forking: die_with_parent runs in the child
     host = platform.node()
     seeded, attempt = ray.get(collector.begin.remote(key, os.getpid(), host))
-    folder = Path(tempfile.mkdtemp(prefix="attn-audit-shard-"))
+    folder = shard_folder(run_name, key)
+    shutil.rmtree(folder, ignore_errors=True)     # a killed attempt's (its processes died with it)
+    folder.mkdir(parents=True)
     try:
         (folder / RECORDS_FILE).write_text("".join(dumps(r) + "\n" for r in seeded), encoding="utf-8")
         tail = _Tail(folder / RECORDS_FILE)
@@ -246,7 +257,7 @@ def _run(ray: Any, cases: Sequence[Case], preset: Preset, axis_overrides: dict[s
         if len(seeded[job.key]) < len(job.cells):
             argv = task_argv(args, actions, preset.name, job)
             ref = task.options(**job.resources, max_retries=TASK_RETRIES, name=f"attn-audit {job.key}").remote(
-                collector, job.key, argv, job.threads, os.getcwd())
+                collector, job.key, argv, job.threads, os.getcwd(), collector_name(run_dir))
             refs[ref] = job
     bar = None
     if progress:

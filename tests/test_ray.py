@@ -54,7 +54,7 @@ def test_quick_preset_as_two_ray_shards(cluster, tmp_path, capsys):
 def test_killed_worker_is_retried_and_keeps_its_cells(cluster, tmp_path):
     """SIGKILL of the Ray worker running the shard (the pid it reports) once it has delivered a
     record: Ray retries the task, which starts from the records already delivered."""
-    from audit.ray_executor import collector_name
+    from audit.ray_executor import collector_name, shard_folder
 
     out = tmp_path / "run"
     narrow = {"variant": ("eager", "eager_fp32", "sdpa", "sdpa_math"), "dtype": ("fp32",),
@@ -89,3 +89,4 @@ def test_killed_worker_is_retried_and_keeps_its_cells(cluster, tmp_path):
     assert only["attempts"] == 2
     # the retry was seeded with what the killed attempt delivered, and measured the rest itself
     assert killed["records"] <= only["resumed"] < only["cells"], "the kill must land mid-shard to mean anything"
+    assert not shard_folder(collector_name(out), only["key"]).exists(), "the shard's folder was left behind"
