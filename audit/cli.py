@@ -500,14 +500,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from .lock import FolderBusy, RunLock
     from .merge import describe, merge
 
-    try:
-        with RunLock(Path(args.out)):
-            info = merge(Path(args.out), [Path(d) for d in args.shard_dirs], force=args.force)
-    except FolderBusy as exc:
-        raise UsageError(str(exc)) from None
+    info = merge(Path(args.out), [Path(d) for d in args.shard_dirs], force=args.force)
     for line in describe(info):
         print(f"attn-audit: {line}", file=sys.stderr)
     return 0 if args.no_report else _write_report(Path(args.out))

@@ -112,6 +112,7 @@ def merge(out: Path, shard_dirs: Sequence[Path], *, force: bool = False) -> dict
     that is not a run, an `out` that holds records already, a field that differs (unless
     force) and a cell recorded in two folders."""
     from .budget import PLAN_FILE
+    from .lock import FolderBusy, RunLock
     from .records import RECORDS_FILE, read_records
     from .runner import RUN_FILE
     from .seed import SEED_CLAIMS_FILE
@@ -143,16 +144,21 @@ def merge(out: Path, shard_dirs: Sequence[Path], *, force: bool = False) -> dict
             owner[rec["id"]] = name
         merged.extend(recs)
         recorded.append({r["id"] for r in recs})
-    out.mkdir(parents=True, exist_ok=True)
-    write_records(out, merged)
     info = combined_run_info(infos, names, recorded, forced=found)
-    (out / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
     plan = combined_plan([_read_json(d / PLAN_FILE) for d in dirs])
-    if plan is not None:
-        (out / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
     claims = next((d / SEED_CLAIMS_FILE for d in dirs if (d / SEED_CLAIMS_FILE).is_file()), None)
-    if claims is not None:
-        shutil.copy(claims, out / SEED_CLAIMS_FILE)
+    try:
+        with RunLock(out):                  # no run (or other merge) writes OUT meanwhile
+            if (out / RECORDS_FILE).exists():
+                raise UsageError(f"merge: {str(out)!r} already holds {RECORDS_FILE}; give a new folder")
+            write_records(out, merged)
+            (out / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
+            if plan is not None:
+                (out / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
+            if claims is not None:
+                shutil.copy(claims, out / SEED_CLAIMS_FILE)
+    except FolderBusy as exc:
+        raise UsageError(str(exc)) from None
     return info
 
 

@@ -74,7 +74,7 @@ def test_refuses_a_differing_field_unless_forced(stored, tmp_path, capsys, field
     for part in field.split("."):
         first = first[part]
     assert repr(first) in err and repr(value) in err and str(b) in err
-    assert not (tmp_path / "m" / "records.jsonl").exists()
+    assert not (tmp_path / "m").exists(), "a refused merge left a folder"
 
     assert cli.main(["merge", str(tmp_path / "m"), str(a), str(b), "--no-report", "--force"]) == 0
     info = json.loads((tmp_path / "m" / "run.json").read_text())
