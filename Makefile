@@ -9,10 +9,13 @@ BENCH_FAIL ?= min:50%
 BENCH_STORAGE ?= .benchmarks
 BENCH_SUITE ?= suites/test_performance.py --audit-preset quick --audit-seq-len 512 1024
 
-.PHONY: deps audit quick test report bench-save bench-check gpu-check clean
+.PHONY: deps test-deps audit quick test report bench-save bench-check gpu-check clean
 
 deps:  ## install whatever is missing (nothing when all is importable)
 	$(PYTHON) -m audit.bootstrap
+
+test-deps:  ## install what is missing, the optional extras the tests exercise (ray) included
+	$(PYTHON) -m audit.bootstrap --test
 
 audit: deps  ## run the default preset and write the report under reports/
 	$(PYTHON) -m audit run $(AUDIT_ARGS)
@@ -20,7 +23,7 @@ audit: deps  ## run the default preset and write the report under reports/
 quick: deps  ## the quick preset (60 s budget; about 35 s on 2 cores)
 	$(PYTHON) -m audit run --preset quick $(AUDIT_ARGS)
 
-test: deps  ## unit tests and quick suites
+test: test-deps  ## unit tests and quick suites
 	$(PYTHON) -m pytest -q tests suites
 
 report:  ## rebuild the report of DIR (default reports/latest)

@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     from pathlib import Path
 
-__all__ = ["load"]
+__all__ = ["code_version", "load"]
 __version__ = "0.1.0"
 
 
@@ -18,3 +18,11 @@ def load(run_dir: "str | Path") -> "pd.DataFrame":
     """A run folder's records as a tidy pandas DataFrame (one row per cell)."""
     from .records import load as _load
     return _load(run_dir)
+
+
+def code_version() -> str:
+    """The package version, plus the git commit when run from a checkout (run.json's
+    `code_version`): the shards of one run must come from the same code (merge checks it)."""
+    from .telemetry import git_commit
+    commit = git_commit()
+    return f"{__version__}+git.{commit}" if commit else __version__

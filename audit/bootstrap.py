@@ -1,4 +1,5 @@
-"""Install what is missing, and only that: `python -m audit.bootstrap`.
+"""Install what is missing, and only that: `python -m audit.bootstrap` (add `--test` for what the
+tests need too: the optional extras they exercise, Ray).
 
 Each dependency is checked by importing it; importable ones are never touched,
 so the project runs unchanged where everything is preinstalled and nothing can
@@ -24,12 +25,21 @@ REQUIREMENTS: dict[str, str] = {
 }
 
 
-def missing() -> list[str]:
-    return [req for mod, req in REQUIREMENTS.items() if importlib.util.find_spec(mod) is None]
+# what the tests need besides: the optional extras they exercise (`python -m audit.bootstrap --test`,
+# called by `make test`). Ray: `pip install attn-audit[ray]`, for `run --executor ray`.
+TEST_REQUIREMENTS: dict[str, str] = {
+    "ray": "ray>=2.9",
+}
 
 
-def main() -> int:
-    todo = missing()
+def missing(table: dict[str, str] = REQUIREMENTS) -> list[str]:
+    return [req for mod, req in table.items() if importlib.util.find_spec(mod) is None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    table = {**REQUIREMENTS, **TEST_REQUIREMENTS} if "--test" in args else REQUIREMENTS
+    todo = missing(table)
     if not todo:
         print("attn-audit: all dependencies importable; nothing to install")
         return 0
@@ -43,7 +53,7 @@ def main() -> int:
             if code != 0:
                 print(f"attn-audit: pip install {' '.join(group)} failed (exit {code})", file=sys.stderr)
                 return code
-    still = missing()
+    still = missing(table)
     if still:
         print(f"attn-audit: still missing after install: {' '.join(still)}", file=sys.stderr)
         return 1

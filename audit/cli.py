@@ -46,7 +46,7 @@ AXIS_HELP = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attn-audit", description="Benchmark and numerically audit attention implementations.")
-    sub = parser.add_subparsers(dest="command", metavar="{list,run,report}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{list,run,report,merge}", parser_class=_Parser)
     sub.required = True
 
     sub.add_parser("list", help="print the built-in variants and the presets")
@@ -86,6 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="print the cells, each with its predicted time, and the predicted total per phase "
                           "and per variant (README: Cost model); measure nothing but the ceilings")
+    run.add_argument("--shard", metavar="I/N",
+                     help="measure only shard I of N (I from 0; e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT): "
+                          "whole input sets, balanced by predicted cost, the same on every machine; "
+                          "combine the shards' folders with `merge` (README: Many GPUs and machines)")
+    run.add_argument("--executor", choices=("local", "ray"), default="local",
+                     help="local: this machine (default); ray: the grid's shards as Ray tasks, one GPU each "
+                          "for cuda cells, a whole node's CPUs for cpu cells, gathered into --out")
+    run.add_argument("--ray-address", metavar="ADDR",
+                     help="with --executor ray: the cluster to join (default: $RAY_ADDRESS, else a new "
+                          "local Ray instance on this machine)")
+    run.add_argument("--shards", type=int, metavar="N",
+                     help="with --executor ray: shards per device kind (default: one per GPU for cuda cells, "
+                          "one per largest node for cpu cells)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="write records only, no figures or index")
     run.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: the measuring process
@@ -98,6 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run folder holding records.jsonl, or a pytest-benchmark JSON file")
     rep.add_argument("--out", metavar="DIR",
                      help="for a JSON file: the run folder to write (default: FILE-report/ beside it)")
+
+    mrg = sub.add_parser("merge", help="combine the run folders of a grid's shards into one run folder",
+                         description="Combine shard run folders (run --shard I/N) into one run folder that "
+                                     "report reads like any other, then build its report. Refuses folders "
+                                     "of another grid, code version, torch or sampling settings, and a cell "
+                                     "recorded twice; lists the shards and cells missing.")
+    mrg.add_argument("out", metavar="OUT", help="the merged run folder to write (new, or without records)")
+    mrg.add_argument("shard_dirs", metavar="SHARD_DIR", nargs="+", help="run folders of the shards")
+    mrg.add_argument("--force", action="store_true",
+                     help="merge folders whose grid, code version, torch or sampling settings differ "
+                          "(noted in run.json: merged.forced)")
+    mrg.add_argument("--no-report", action="store_true", help="write the merged records only, no report")
     return parser
 
 
@@ -175,12 +200,13 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
     overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}
     cases = grid.preset_cases(preset, overrides, known_variant=variants.check_name)
     axes = {a: tuple(dict.fromkeys(getattr(c, a) for c in cases)) for a in AXES}
+    cases, extra = _shard(args, cases, preset)
     if args.dry_run:
         return _dry_run(cases, preset, Path(args.out) if args.out else None, started)
     for flag, on in (("--cuda-graph", preset.cuda_graph), ("--l2-flush", preset.l2_flush)):
         if on and not any(c.device == "cuda" for c in cases):
             raise UsageError(f"{flag}: needs cuda cells (--device cuda); this grid is cpu only")
-    if any(c.device == "cuda" for c in cases):
+    if any(c.device == "cuda" for c in cases) and args.executor == "local":
         import torch
         if not torch.cuda.is_available():
             raise UsageError("--device: cuda is not available on this machine "
@@ -202,11 +228,14 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
     try:
         _quarantine(run_dir)
         _point_latest(run_dir)
-        ceilings = runner.ceilings_for(cases, run_dir)
-        runner.write_run_file(run_dir, preset, axes, list(argv), environment(), len(cases), ceilings)
-        print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
-        _plan(cases, preset, run_dir, started)
-        code = _supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"], args.cell_timeout)
+        if args.executor == "ray":
+            code = _measure_on_ray(args, argv, cases, preset, overrides, axes, extra, run_dir)
+        else:
+            ceilings = runner.ceilings_for(cases, run_dir)
+            runner.write_run_file(run_dir, preset, axes, list(argv), environment(), len(cases), ceilings, extra)
+            print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
+            _plan(cases, preset, run_dir, started)
+            code = _supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"], args.cell_timeout)
         if code != 0:
             return code
         from .seed import write_claims
@@ -217,6 +246,39 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
         return _write_report(run_dir)
     finally:
         lock.release()
+
+
+def _shard(args: argparse.Namespace, cases: list, preset) -> tuple[list, dict]:
+    """--shard I/N: this shard's cells; and run.json's `grid` (and `shard`) fields."""
+    from .shard import grid_info, parse_shard, shard_cases, shard_info
+
+    extra = {"grid": grid_info(cases, preset)}
+    if args.executor == "ray":
+        if args.shard is not None:
+            raise UsageError("--shard: measures one shard on this machine; --executor ray makes its own (--shards N)")
+        if args.shards is not None and args.shards < 1:
+            raise UsageError(f"--shards: {args.shards!r} is not a positive integer")
+        extra["executor"] = {"name": "ray", "address": args.ray_address, "shards": args.shards}
+    elif args.ray_address or args.shards:
+        raise UsageError("--ray-address/--shards: apply to --executor ray only")
+    if args.shard is None:
+        return cases, extra
+    spec = parse_shard(args.shard)
+    mine = shard_cases(cases, preset, spec)
+    return mine, {**extra, "shard": shard_info(spec, mine)}
+
+
+def _measure_on_ray(args, argv, cases, preset, axis_overrides, axes, extra, run_dir: Path) -> int:
+    """--executor ray: the shards as Ray tasks, their records gathered into run_dir."""
+    from .ray_executor import measure
+
+    run_parser = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
+    try:
+        return measure(run_dir, cases, preset, axis_overrides, axes, list(argv), extra, args, run_parser._actions)
+    except KeyboardInterrupt:
+        print(f"\nattn-audit: interrupted; finished cells are saved in {run_dir}. "
+              f"Rerun with --out {run_dir} to measure the rest.", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _quarantine(run_dir: Path) -> None:
@@ -327,14 +389,14 @@ def _supervise(cases, run_dir: Path, argv: list[str], cell_timeout_s: float | No
 
     from . import records, runner
 
-    from .memory import libc
-    libc()  # look it up here: _die_with_parent runs in the forked child, where spawning ldconfig is unwise
+    from .memory import die_with_parent, libc
+    libc()  # look it up here: die_with_parent runs in the forked child, where spawning ldconfig is unwise
     cmd = [sys.executable, "-m", "audit", *argv, "--out", str(run_dir), "--worker"]
     by_id = {c.id: c for c in cases}
     limit = cell_limits(run_dir, cell_timeout_s)
     for _ in range(MAX_CRASHES + 1):
         timed_out: tuple[str, float] | None = None
-        proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
         try:
             while True:
                 try:
@@ -395,16 +457,6 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def _die_with_parent() -> None:
-    """Linux: the worker gets SIGKILL when the supervising process dies (kill -9 included)."""
-    import signal
-
-    from .memory import libc
-    lib = libc()
-    if lib is not None and hasattr(lib, "prctl"):
-        lib.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def _write_report(run_dir: Path) -> int:
     """Findings from the records, then figures and index: no torch computation."""
     from .findings import write_findings
@@ -447,6 +499,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return _write_report(run_dir)
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from .merge import describe, merge
+
+    info = merge(Path(args.out), [Path(d) for d in args.shard_dirs], force=args.force)
+    for line in describe(info):
+        print(f"attn-audit: {line}", file=sys.stderr)
+    return 0 if args.no_report else _write_report(Path(args.out))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import time
     started = time.time()
@@ -457,6 +518,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_list()
         if args.command == "run":
             return _cmd_run(args, ["attn-audit", *argv], started)
+        if args.command == "merge":
+            return _cmd_merge(args)
         return _cmd_report(args)
     except (UsageError, NewerSchema) as exc:
         lines = str(exc).strip().splitlines() or [""]

@@ -35,6 +35,15 @@ def libc() -> ctypes.CDLL | None:
         return None
 
 
+def die_with_parent() -> None:
+    """Linux, in a child between fork and exec: the child gets SIGKILL when its parent dies
+    (kill -9 included), so no measuring process outlives the one that started it."""
+    import signal
+    lib = libc()
+    if lib is not None and hasattr(lib, "prctl"):
+        lib.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _malloc_trim() -> None:
     lib = libc()
     if lib is not None and hasattr(lib, "malloc_trim"):

@@ -682,13 +682,16 @@ def _release_device_memory(device: str) -> None:
 
 
 def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: list[str],
-                   env: dict[str, Any], n_cells: int, ceilings: dict | None = None) -> None:
-    info = {"schema": records.SCHEMA_VERSION, "preset": preset.name,
+                   env: dict[str, Any], n_cells: int, ceilings: dict | None = None,
+                   extra: dict[str, Any] | None = None) -> None:
+    """DIR/run.json; `extra`: more top-level fields (grid, shard, executor)."""
+    from . import code_version
+    info = {"schema": records.SCHEMA_VERSION, "code_version": code_version(), "preset": preset.name,
             "axes": {k: list(v) for k, v in axes.items()}, "argv": argv,
             "started_at": _utc_now(), "env": env, "n_cells": n_cells, "ceilings": ceilings,
             "timing": {"min_samples": preset.min_samples, "min_time_s": preset.min_time_s,
                        "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s,
-                       "budget_s": preset.budget_s}}
+                       "budget_s": preset.budget_s}, **(extra or {})}
     (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
 
 

@@ -20,15 +20,17 @@ def test_every_record_column_documented(column):
     assert f"| `{column}` |" in README
 
 
-def _run_options() -> list[str]:
+def _options() -> list[tuple[str, str]]:
+    """(command, option) for every option of every subcommand."""
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    return [opt for action in sub.choices["run"]._actions for opt in action.option_strings
+    return [(command, opt) for command, sub_parser in sub.choices.items() for action in sub_parser._actions
+            for opt in action.option_strings
             if opt.startswith("--") and opt != "--help" and action.help != argparse.SUPPRESS]
 
 
-@pytest.mark.parametrize("option", _run_options())
-def test_every_run_option_documented(option):
+@pytest.mark.parametrize("command, option", _options())
+def test_every_option_documented(command, option):
     assert f"`{option}" in README
 
 

@@ -1,0 +1,92 @@
+"""`run --executor ray` on a local 2-CPU Ray cluster: the quick preset as 2 shards gives the
+cells of an unsharded run, and a worker killed mid-shard costs no cell."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from audit import cli, grid, records, shard, variants
+
+ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install attn-audit[ray] (make test installs it)")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray instance with this machine's 2 CPUs (a CPU shard takes both: shards run one by one)."""
+    import logging
+    ray.init(num_cpus=2, object_store_memory=100 * 2**20, logging_level=logging.WARNING, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _ids(preset: str, overrides: dict | None = None) -> list[str]:
+    cases = grid.preset_cases(grid.presets()[preset], overrides, known_variant=variants.check_name)
+    return [c.id for c in cases]
+
+
+def test_quick_preset_as_two_ray_shards(cluster, tmp_path, capsys):
+    out = tmp_path / "run"
+    # --budget bounds each shard's time on a busy machine (cells past it are recorded as skipped)
+    assert cli.main(["run", "--preset", "quick", "--executor", "ray", "--shards", "2", "--budget", "30s",
+                     "--no-progress", "--no-report", "--out", str(out)]) == 0
+    ids = [r["id"] for r in records.read_records(out)]
+    assert len(ids) == len(set(ids)), "a cell recorded twice"
+    assert sorted(ids) == sorted(_ids("quick"))          # every cell of the unsharded grid, skipped ones too
+    info = json.loads((out / "run.json").read_text())
+    assert [s["key"] for s in info["shards"]] == ["cpu 0/2", "cpu 1/2"]
+    assert all(s["attempts"] == 1 and s["cells"] > 0 for s in info["shards"])
+    assert sum(s["cells"] for s in info["shards"]) == info["n_cells"] == len(ids)
+    assert info["ceilings"]["cpu"]["matmul_flops_per_s"] and info["shard_differences"] == []
+    assert json.loads((out / "plan.json").read_text())["budget_s"] == 30.0   # the shards got the option
+    cases = grid.preset_cases(grid.presets()["quick"], known_variant=variants.check_name)
+    status = {r["id"]: r["status"] for r in records.read_records(out)}
+    for part in shard.assign(cases, 2, shard.cell_costs(cases, grid.presets()["quick"])):
+        assert any(status[c.id] == "ok" for c in part), "a shard measured nothing"
+    assert cli.main(["report", str(out)]) == 0
+    assert "Cells expected: 254; records present: 254." in (out / "index.md").read_text()
+
+
+def test_killed_worker_is_retried_and_keeps_its_cells(cluster, tmp_path):
+    """SIGKILL of the Ray worker running the shard (the pid it reports) once it has delivered a
+    record: Ray retries the task, which starts from the records already delivered."""
+    from audit.ray_executor import collector_name, shard_folder
+
+    out = tmp_path / "run"
+    narrow = {"variant": ("eager", "eager_fp32", "sdpa", "sdpa_math"), "dtype": ("fp32",),
+              "scenario": ("normal", "padding")}
+    argv = ["run", "--preset", "quick", "--variant", *narrow["variant"], "--dtype", "fp32",
+            "--scenario", *narrow["scenario"], "--executor", "ray", "--shards", "1", "--no-progress",
+            "--no-report", "--out", str(out)]
+    killed: dict = {}
+
+    def kill_when_a_record_arrived() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not killed:
+            try:
+                status = ray.get(ray.get_actor(collector_name(out)).status.remote())
+            except ValueError:          # the actor does not exist yet
+                status = {}
+            for key, task in status.items():
+                if task["records"] >= 1 and task["attempts"] == 1:
+                    os.kill(task["pid"], signal.SIGKILL)
+                    killed.update(key=key, records=task["records"])
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_when_a_record_arrived, daemon=True)
+    killer.start()
+    assert cli.main(argv) == 0
+    killer.join(timeout=5)
+    assert killed, "the worker was never killed"
+    ids = [r["id"] for r in records.read_records(out)]
+    assert len(ids) == len(set(ids)), "a cell recorded twice"
+    assert sorted(ids) == sorted(_ids("quick", narrow))
+    (only,) = json.loads((out / "run.json").read_text())["shards"]
+    assert only["attempts"] == 2
+    # the retry was seeded with what the killed attempt delivered, and measured the rest itself
+    assert killed["records"] <= only["resumed"] < only["cells"], "the kill must land mid-shard to mean anything"
+    assert not shard_folder(collector_name(out), only["key"]).exists(), "the shard's folder was left behind"
