@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_list() -> int:
-    from .grid import presets
+    from .presets import presets
     from .variants import builtin_variants
 
     print("variants:")
@@ -142,12 +142,12 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
 
     started = started or time.time()
 
-    from . import grid, runner, variants
+    from . import presets, runner, variants
 
-    table = grid.presets()
+    table = presets.presets()
     if args.preset is not None and args.preset not in table:
         raise UsageError(f"--preset: unknown preset {args.preset!r}; allowed: {', '.join(table)}")
-    preset = table[args.preset or grid.default_preset_name()]
+    preset = table[args.preset or presets.default_preset_name()]
     overrides = {}
     if args.max_cell_s is not None:
         if not args.max_cell_s > 0:
@@ -173,7 +173,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
     preset = dataclasses.replace(preset, **overrides)
 
     overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}
-    cases = grid.preset_cases(preset, overrides, known_variant=variants.check_name)
+    cases = presets.preset_cases(preset, overrides, known_variant=variants.check_name)
     axes = {a: tuple(dict.fromkeys(getattr(c, a) for c in cases)) for a in AXES}
     if args.dry_run:
         return _dry_run(cases, preset, Path(args.out) if args.out else None, started)

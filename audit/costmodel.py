@@ -37,8 +37,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .grid import Case, Preset
+from .grid import Case
 from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from .presets import Preset
 from .roofline import CEILINGS_BUDGET_S, DTYPE_BYTES
 from .timing import MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
 

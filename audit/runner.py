@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import records
-from .grid import Case, Preset
+from .grid import Case
 from .inputs import Inputs, make_inputs
 from .memory import held_bytes, peak_during, pin_malloc_threshold
 from .numerics import (BACKWARD_FLOP_FACTOR, attention_flops, changed_max, classify_masked_rows,
                        error_vs_reference, nonfinite_counts, relative_error, within_budget)
+from .presets import Preset
 from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices
 from .timing import (DeviceTimingFailed, Samples, cache_flusher, cuda_graph_replay, measure, measure_device,
                      sync_for, time_call)

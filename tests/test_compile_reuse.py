@@ -1,11 +1,11 @@
 """Compiled code is built once per shapes, dtype, causal flag and mask kind, and reused."""
 from __future__ import annotations
 
-from audit import grid, runner
+from audit import presets, runner
 from audit.grid import Case
 
-PRESET = grid.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
-                     max_cell_s=60.0, energy_window_s=0.0)
+PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
+                        max_cell_s=60.0, energy_window_s=0.0)
 
 
 def test_compiled_code_is_reused_by_cells_of_the_same_shapes_dtype_and_mask_kind():

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from audit import grid, runner
+from audit import presets, runner
 from audit.grid import Case
 from audit.telemetry import TELEMETRY_COLUMNS, EnergyMeter
 from audit.timing import Samples
 from tests.fake_gpu import FakeGPU, GpuNVML
 
-PRESET = grid.Preset(name="t", description="", grids=(), min_samples=5, min_time_s=0.01,
-                     max_cell_s=60.0, energy_window_s=0.05)
+PRESET = presets.Preset(name="t", description="", grids=(), min_samples=5, min_time_s=0.01,
+                        max_cell_s=60.0, energy_window_s=0.05)
 CUDA_CASE = Case("sdpa_cudnn", "cuda", "bf16", 128, 1024, 2, 16, False, "normal")
 
 

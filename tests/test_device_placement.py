@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from audit import grid, runner
+from audit import grid, presets, runner
 from audit.inputs import SCENARIOS
 from audit.reference import visibility
 
@@ -60,8 +60,8 @@ def test_the_h200_bug_is_caught_when_put_back():
 
 # --------------------------------------------------------------------------- the measuring code
 
-TINY = grid.Preset(name="tiny", description="device-placement sweep", grids=(),
-                   min_samples=1, min_time_s=0.0, max_cell_s=60.0, energy_window_s=0.0)
+TINY = presets.Preset(name="tiny", description="device-placement sweep", grids=(),
+                      min_samples=1, min_time_s=0.0, max_cell_s=60.0, energy_window_s=0.0)
 HAND_WRITTEN_AND_SDPA = ("eager", "eager_fp32", "sdpa", "sdpa_math", "broken.clamped",
                          "broken.mask_after_softmax", "broken.unscaled")
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from audit import grid, reference, runner
+from audit import presets, reference, runner
 from audit.grid import Case
 from audit.numerics import error_vs_reference
 from audit.reference import golden_attention, golden_flops, golden_slices, take_slices
 
-PRESET = grid.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
-                     max_cell_s=60.0, energy_window_s=0.0)
+PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
+                        max_cell_s=60.0, energy_window_s=0.0)
 
 
 def test_slices_are_all_within_the_budget_and_evenly_spaced_past_it():

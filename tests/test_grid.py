@@ -1,4 +1,4 @@
-"""Tests of audit.grid: Case ids, expansion order, axis validation, presets."""
+"""Tests of audit.grid (Case ids, expansion order, axis validation) and audit.presets."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,9 +7,10 @@ import math
 
 import pytest
 
-from audit import grid
-from audit.grid import AXES, DEVICES, DTYPES, INT_AXES, Case, Preset, UsageError, expand, preset_cases, validate_axes
+from audit import presets
+from audit.grid import AXES, DEVICES, DTYPES, INT_AXES, Case, UsageError, expand, validate_axes
 from audit.inputs import SCENARIOS
+from audit.presets import Preset, preset_cases
 from audit.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, check_name
 
 
@@ -179,7 +180,7 @@ def test_validate_checks_variants_with_the_injected_validator():
 # --------------------------------------------------------------------------- presets
 
 def test_every_preset_validates():
-    table = grid.presets()
+    table = presets.presets()
     assert {"quick", "cpu", "gpu"} <= set(table)
     for name, preset in table.items():
         assert preset.name == name
@@ -200,7 +201,7 @@ def test_every_preset_validates():
 
 
 def test_every_negative_control_is_in_the_cpu_and_quick_presets():
-    table = grid.presets()
+    table = presets.presets()
     for name in ("quick", "cpu"):
         variants_in_cells = {c.variant for c in preset_cases(table[name])}
         assert set(NEGATIVE_CONTROLS) <= variants_in_cells, name
@@ -208,7 +209,7 @@ def test_every_negative_control_is_in_the_cpu_and_quick_presets():
 
 
 def test_quick_preset_is_smaller_than_cpu():
-    table = grid.presets()
+    table = presets.presets()
     quick = preset_cases(table["quick"])
     cpu = preset_cases(table["cpu"])
     assert 0 < len(quick) < len(cpu)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from audit import grid, runner
+from audit import presets, runner
 from audit.grid import Case
 from audit.memory_model import predicted_peak_bytes, too_big
 
-PRESET = grid.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
-                     max_cell_s=60.0, energy_window_s=0.0)
+PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
+                        max_cell_s=60.0, energy_window_s=0.0)
 
 
 def _case(variant: str, **axes) -> Case:

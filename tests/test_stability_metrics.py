@@ -17,7 +17,7 @@ import pytest
 import torch
 from tests.helpers import random_qkv
 
-from audit import grid, inputs, memory, reference, runner
+from audit import inputs, memory, presets, reference, runner
 from audit.grid import Case
 from audit.inputs import SCENARIOS, fully_masked_rows, make_inputs, torch_dtype
 from audit.numerics import (BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows,
@@ -332,7 +332,7 @@ def test_golden_is_computed_once_per_input_set(tmp_path, monkeypatch):
     cases = ([Case(v, "cpu", "fp32", 8, 16, 1, 2, False, "normal") for v in names]
              + [Case(v, "cpu", "fp32", 8, 16, 1, 2, True, "cross_causal") for v in names])
     assert len({c.input_key for c in cases}) == 2
-    preset = dataclasses.replace(grid.presets()["quick"], min_samples=1, min_time_s=0.0)
+    preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
     counts = runner.run_grid(cases, tmp_path, preset, {}, progress=False)
     assert counts.get("ok") == 6
     assert len(caches) == 1
@@ -469,7 +469,7 @@ def test_relative_error():
 
 # =========================================================================== detectors via run_cell
 
-PRESET = dataclasses.replace(grid.presets()["quick"], min_samples=1, min_time_s=0.0)
+PRESET = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
 
 
 def measure(variant: str, scenario: str, *, causal: bool = False, dtype: str = "fp32") -> dict:
