@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -89,11 +89,14 @@ def _choice(axis: str, value: Any, allowed: Sequence[str]) -> str:
     return value
 
 
-def validate_axes(axes: Mapping[str, Iterable[Any]], *, known_variant=None) -> dict[str, tuple]:
+def validate_axes(axes: Mapping[str, Iterable[Any]], *, known_variant: Callable[[str], None] | None = None,
+                  known_scenario: Callable[[str], None] | None = None) -> dict[str, tuple]:
     """Check and normalise every axis value; raise UsageError naming the bad one.
 
-    `known_variant(name) -> None` raises UsageError for unknown variants (injected so
-    plug-in loading stays in variants.py).
+    `known_variant(name) -> None` and `known_scenario(name) -> None` raise UsageError for
+    unknown variants and scenarios (injected so plug-in loading stays in variants.py and the
+    scenario table in inputs.py: grid imports neither). presets.preset_cases always checks
+    scenarios.
     """
     out: dict[str, tuple] = {}
     for axis in AXES:
@@ -108,14 +111,12 @@ def validate_axes(axes: Mapping[str, Iterable[Any]], *, known_variant=None) -> d
             norm = [_choice("dtype", v, DTYPES) for v in values]
         elif axis == "device":
             norm = [_choice("device", v, DEVICES) for v in values]
-        elif axis == "scenario":
-            from .inputs import SCENARIOS  # torch-free at import
-            norm = [_choice("scenario", v, tuple(SCENARIOS)) for v in values]
-        else:  # variant
+        else:  # variant, scenario: names checked by the injected validator
             norm = [str(v) for v in values]
-            if known_variant is not None:
+            check = known_variant if axis == "variant" else known_scenario
+            if check is not None:
                 for name in norm:
-                    known_variant(name)
+                    check(name)
         out[axis] = tuple(dict.fromkeys(norm))  # dedupe, keep order
     return out
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from .grid import AXES, DTYPES, Case, expand, validate_axes
+from .inputs import check_scenario
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def preset_cases(preset: Preset, overrides: Mapping[str, Iterable[Any]] | None =
     cases: dict[str, Case] = {}
     for sub in preset.grids:
         axes = {a: (overrides or {}).get(a) or sub[a] for a in AXES}
-        for case in expand(validate_axes(axes, known_variant=known_variant)):
+        for case in expand(validate_axes(axes, known_variant=known_variant, known_scenario=check_scenario)):
             cases.setdefault(case.id, case)
     return list(cases.values())
 
