@@ -168,7 +168,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
     if args.cell_timeout is not None and not args.cell_timeout > 0:
         raise UsageError(f"--cell-timeout: {args.cell_timeout!r} is not a positive number of seconds")
     if args.budget is not None:
-        from .budget import parse_duration
+        from .units import parse_duration
         overrides["budget_s"] = parse_duration(args.budget)
     preset = dataclasses.replace(preset, **overrides)
 

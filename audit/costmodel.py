@@ -42,6 +42,7 @@ from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .presets import Preset
 from .roofline import CEILINGS_BUDGET_S, DTYPE_BYTES
 from .timing import MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
+from .units import format_duration
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
 PRIORS_FILE = Path(__file__).with_name("cost_priors.json")
@@ -657,7 +658,6 @@ def overhead_s(pred: Any, *, ceilings_measured: bool = True) -> tuple[float, flo
 
 def summary(pred: Any) -> str:
     """Predicted seconds per phase and per variant, and the total, for --dry-run."""
-    from .budget import format_duration
     before, after = overhead_s(pred)
     overhead = before + after
     total = float(pred["total_s"].sum()) + overhead

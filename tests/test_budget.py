@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 
 from audit import presets, runner
-from audit.budget import Keeper, Plan, choose, parse_duration
+from audit.budget import Keeper, Plan, choose
 from audit.grid import Case, UsageError
 from audit.records import read_records
+from audit.units import parse_duration
 
 
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("10m", 600), ("1h", 3600), ("1m30s", 90),
