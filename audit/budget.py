@@ -1,6 +1,6 @@
 """Keep a run to its time budget: plan which cells fit, and keep to the plan while running.
 
-Before measuring, the cost model predicts every cell (costmodel.plan). Cells predicted
+Before measuring, the cost model predicts every cell (forecast.plan). Cells predicted
 over the per-cell limit (--max-cell-s) are skipped; then the most expensive cells are
 skipped until the predicted total fits the budget (the cheap ones give the grid its
 breadth). Skipped cells are recorded as `skipped` with the prediction in the reason,
@@ -171,7 +171,8 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
              started_unix: float, measure: bool = True) -> tuple[Plan, Any, list[str]]:
     """The plan for `cases` (those not yet recorded): prediction, skips and deadline; also the
     prediction itself and the cost model's notes, for printing."""
-    from .costmodel import CostModel, Settings, overhead_s, plan as predict
+    from .costmodel import CostModel, Settings, overhead_s
+    from .forecast import plan as predict
 
     forecast = predict(cases, preset, run_dir, measure=measure)
     before, after = overhead_s(forecast.pred, ceilings_measured=forecast.ceilings_measured)

@@ -6,8 +6,9 @@ import json
 import pytest
 
 from audit import grid, presets
-from audit.costmodel import (PRIORS_FILE, CostModel, Params, RunData, Settings, compare, fit, load_priors,
-                             predicted_unsupported, CellShape, summary, timed_wall_s)
+from audit.costfit import RunData, compare, fit
+from audit.costmodel import (PRIORS_FILE, CostModel, Params, Settings, load_priors, predicted_unsupported,
+                             CellShape, summary, timed_wall_s)
 from audit.timing import measure
 from tests.helpers import H200_RUNS, h200_run
 
@@ -21,7 +22,7 @@ def h200(tmp_path_factory):
 
 
 def test_shipped_priors_are_the_fit_of_the_stored_records(h200, tmp_path):
-    """cost_priors.json is `python -m audit.costmodel fit` of tests/data/h200-2026-11-30 and
+    """cost_priors.json is `python -m audit.costfit fit` of tests/data/h200-2026-11-30 and
     tests/data/cpu-2026-11-30 (README there): refitting gives the same constants, so the file
     cannot drift from its data."""
     from tests.helpers import cpu_run
