@@ -1,6 +1,6 @@
 """Predict each cell's wall time, phase by phase, before measuring anything.
 
-A cell's time is made of phases the runner goes through (runner.measure_cell):
+A cell's time is made of phases the runner goes through (measurement.measure_cell):
 
 - setup:    per-cell overhead (build, record, bookkeeping); the first cell of a run
             also pays for starting the device, and a variant's first cell for its
@@ -269,7 +269,7 @@ def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call
 
 
 def energy_wall_s(t_fwd: float, settings: Settings) -> float:
-    """The energy window's wall time (runner._telemetry, EnergyMeter.measure)."""
+    """The energy window's wall time (measurement._telemetry, EnergyMeter.measure)."""
     w = settings.energy_window_s
     if w <= 0:
         return 0.0

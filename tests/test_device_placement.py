@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from audit import grid, presets, runner
+from audit import cellcache, grid, presets, runner
 from audit.inputs import SCENARIOS
 from audit.reference import visibility
 
@@ -76,7 +76,7 @@ def _sweep_cases(scenarios, causal_values=(False, True)):
 def test_every_scenario_measures_without_host_tensors_meeting_device_data(scenario):
     """Inputs, golden, baseline, leak probes, numerics and timing of every hand-written and
     SDPA variant, causal and not: no factory call without a device meets device data."""
-    cache = runner.InputCache()
+    cache = cellcache.InputCache()
     with HostProvenance() as mode:
         recs = [runner.run_cell(case, cache, TINY, {}) for case in _sweep_cases((scenario,))]
     assert mode.violations == []
@@ -94,9 +94,9 @@ def test_the_sweep_fails_with_the_bug_put_back(monkeypatch):
         kwargs["device"] = None
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "visibility", without_device, raising=False)
+    monkeypatch.setattr(cellcache, "visibility", without_device, raising=False)
     monkeypatch.setattr(reference, "visibility", without_device)
-    cache = runner.InputCache()
+    cache = cellcache.InputCache()
     case = dataclasses.replace(_sweep_cases(("padding",), (True,))[0], variant="eager")
     with HostProvenance() as mode:
         rec = runner.run_cell(case, cache, TINY, {})

@@ -44,7 +44,7 @@ def test_every_variant_documented(name):
 
 def test_readme_plugin_example_runs(tmp_path, monkeypatch):
     """The complete plug-in file in README, saved as written, audits a cell correctly."""
-    from audit import runner
+    from audit import cellcache, runner
 
     code = re.search(r"```python\n(\"\"\"My attention kernels.\"\"\".*?)```", README, re.S).group(1)
     pkg = tmp_path / "mykernels"
@@ -56,7 +56,7 @@ def test_readme_plugin_example_runs(tmp_path, monkeypatch):
     name = "mykernels.attn:chunked_attention"
     assert f"--variant {name}" in README
     preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
-    cache = runner.InputCache()
+    cache = cellcache.InputCache()
     for causal, scenario in ((False, "normal"), (True, "padding")):
         case = grid.Case(name, "cpu", "fp32", 16, 160, 2, 2, causal, scenario)  # 160 > one 128-row block
         rec = runner.run_cell(case, cache, preset, {})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from audit import presets, runner
+from audit import cellcache, presets, runner
 from audit.grid import Case
 from audit.memory_model import predicted_peak_bytes, too_big
 
@@ -42,7 +42,7 @@ def test_too_big_only_past_the_free_memory():
 
 def test_a_cell_predicted_not_to_fit_is_oom_without_building_inputs():
     case = _case("eager", seq_len=2**20, heads=16)                 # 16 TiB of fp32 scores
-    cache = runner.InputCache()
+    cache = cellcache.InputCache()
     rec = runner.run_cell(case, cache, PRESET, {})
     assert rec["status"] == "oom"
     assert "predicted peak" in rec["reason"] and "not run" in rec["reason"]
@@ -54,8 +54,8 @@ def test_a_real_allocation_failure_is_oom_and_the_next_cell_runs(monkeypatch):
     """The plug-in asks for 64 TiB: the CPU allocator refuses (on CUDA: OutOfMemoryError)."""
     from pathlib import Path
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugins"))
-    cache = runner.InputCache()
-    builds = runner.BuildCache()
+    cache = cellcache.InputCache()
+    builds = cellcache.BuildCache()
     first = runner.run_cell(_case("oom_plugin:allocate_too_much"), cache, PRESET, {}, builds=builds)
     assert first["status"] == "oom", first["reason"]
     assert "allocate" in first["reason"]
