@@ -1,6 +1,6 @@
 """Keep a run to its time budget: plan which cells fit, and keep to the plan while running.
 
-Before measuring, the cost model predicts every cell (costmodel.plan). Cells predicted
+Before measuring, the cost model predicts every cell (forecast.plan). Cells predicted
 over the per-cell limit (--max-cell-s) are skipped; then the most expensive cells are
 skipped until the predicted total fits the budget (the cheap ones give the grid its
 breadth). Skipped cells are recorded as `skipped` with the prediction in the reason,
@@ -12,43 +12,18 @@ from __future__ import annotations
 
 import heapq
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .grid import INPUT_AXES, UsageError
+from .grid import INPUT_AXES
+from .units import format_duration
 
 PLAN_FILE = "plan.json"
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|min|m|s)?")
-_UNIT_S = {"h": 3600.0, "min": 60.0, "m": 60.0, "s": 1.0, None: 1.0}
 CORRECTION_MIN_CELLS = 5            # measured cells behind a runtime correction factor
 SAFETY_FRACTION = 0.03              # of the budget, kept free for the last cell's overshoot
 CORRECTION_RANGE = (0.5, 4.0)
-
-
-def parse_duration(text: str) -> float | None:
-    """'90s', '10m', '1h', '1m30s', '45' (seconds) -> seconds; 'none' -> None (no budget)."""
-    value = str(text).strip().lower()
-    if value in ("none", "off", "0"):
-        return None
-    pos, total = 0, 0.0
-    for match in _DURATION.finditer(value.replace(" ", "")):
-        if match.start() != pos or not match.group(0):
-            break
-        total += float(match.group(1)) * _UNIT_S[match.group(2)]
-        pos = match.end()
-    if pos != len(value.replace(" ", "")) or pos == 0 or total <= 0:
-        raise UsageError(f"--budget: {text!r} is not a duration (e.g. 90s, 10m, 1h, 1m30s; none for no budget)")
-    return total
-
-
-def format_duration(seconds: float) -> str:
-    """'8.5 min', '36 s', '2.5 s': minutes from 90 s on, a decimal under 10 s."""
-    if seconds >= 90:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
 
 
 @dataclass
@@ -196,7 +171,8 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
              started_unix: float, measure: bool = True) -> tuple[Plan, Any, list[str]]:
     """The plan for `cases` (those not yet recorded): prediction, skips and deadline; also the
     prediction itself and the cost model's notes, for printing."""
-    from .costmodel import CostModel, Settings, overhead_s, plan as predict
+    from .costmodel import CostModel, Settings, overhead_s
+    from .forecast import plan as predict
 
     forecast = predict(cases, preset, run_dir, measure=measure)
     before, after = overhead_s(forecast.pred, ceilings_measured=forecast.ceilings_measured)

@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_list() -> int:
-    from .grid import presets
+    from .presets import presets
     from .variants import builtin_variants
 
     print("variants:")
@@ -167,12 +167,12 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
 
     started = started or time.time()
 
-    from . import grid, runner, variants
+    from . import presets, runner, variants
 
-    table = grid.presets()
+    table = presets.presets()
     if args.preset is not None and args.preset not in table:
         raise UsageError(f"--preset: unknown preset {args.preset!r}; allowed: {', '.join(table)}")
-    preset = table[args.preset or grid.default_preset_name()]
+    preset = table[args.preset or presets.default_preset_name()]
     overrides = {}
     if args.max_cell_s is not None:
         if not args.max_cell_s > 0:
@@ -193,12 +193,12 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
     if args.cell_timeout is not None and not args.cell_timeout > 0:
         raise UsageError(f"--cell-timeout: {args.cell_timeout!r} is not a positive number of seconds")
     if args.budget is not None:
-        from .budget import parse_duration
+        from .units import parse_duration
         overrides["budget_s"] = parse_duration(args.budget)
     preset = dataclasses.replace(preset, **overrides)
 
     overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}
-    cases = grid.preset_cases(preset, overrides, known_variant=variants.check_name)
+    cases = presets.preset_cases(preset, overrides, known_variant=variants.check_name)
     axes = {a: tuple(dict.fromkeys(getattr(c, a) for c in cases)) for a in AXES}
     cases, extra = _shard(args, cases, preset)
     if args.dry_run:

@@ -1,6 +1,6 @@
 """Predict each cell's wall time, phase by phase, before measuring anything.
 
-A cell's time is made of phases the runner goes through (runner.measure_cell):
+A cell's time is made of phases the runner goes through (measurement.measure_cell):
 
 - setup:    per-cell overhead (build, record, bookkeeping); the first cell of a run
             also pays for starting the device, and a variant's first cell for its
@@ -23,24 +23,26 @@ another from its ceilings. The other constants (per-cell overhead, golden cost p
 chunk and per FLOP, compile and initialization times) are fitted from records' elapsed_s.
 
 The shipped priors (cost_priors.json) are fitted on the shared H200 records
-(tests/data/h200-2026-11-30) and a CPU run; `fit` refits from any run folders.
+(tests/data/h200-2026-11-30) and a CPU run; costfit.fit refits them from any run folders,
+and forecast.plan predicts a grid on this machine with them.
 Pure Python + numpy + pandas: nothing here imports torch.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .grid import Case, Preset
+from .grid import Case
 from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from .presets import Preset
 from .roofline import CEILINGS_BUDGET_S, DTYPE_BYTES
 from .timing import MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
+from .units import format_duration
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
 PRIORS_FILE = Path(__file__).with_name("cost_priors.json")
@@ -51,7 +53,7 @@ ENERGY_EDGE_WAIT_S = 0.1     # waiting for two energy-counter updates (20-100 ms
 ENERGY_MAX_WALL_S = 0.3
 
 
-def _device_type(device: str) -> str:
+def device_type(device: str) -> str:
     return "cuda" if str(device).startswith("cuda") else "cpu"
 
 
@@ -194,7 +196,7 @@ def call_variant(shape: CellShape) -> str:
 CALL_WEIGHT_POWER = 0.25  # fit weights 1/t^p: 1 balances relative errors, 0 absolute ones (wall time)
 
 
-def _features(shape: CellShape, ceilings: Mapping[str, Any] | None) -> np.ndarray:
+def call_features(shape: CellShape, ceilings: Mapping[str, Any] | None) -> np.ndarray:
     """[1, F/P_dtype, F/P_fp32, S·size/BW] for one forward, from the device's ceilings."""
     c = ceilings or {}
     rates = c.get("matmul_flops_per_s") or {}
@@ -209,7 +211,7 @@ def golden_cost_inputs(shape: CellShape, settings: Settings) -> tuple[float, flo
     """(slices covered, float64 FLOPs, chunks) of the golden of this cell's input set."""
     from .reference import golden_flops, golden_slices
     case = shape.case
-    dev = _device_type(case.device)
+    dev = device_type(case.device)
     slices = (golden_slices(case.batch, case.heads, shape.q_len, case.seq_len, case.d_k, case.causal, dev)
               if settings.golden == "subset" else None)
     n = case.batch * case.heads if slices is None else len(slices)
@@ -238,7 +240,7 @@ def cudnn_config(shape: CellShape) -> tuple | None:
     """The configuration cuDNN builds an execution plan for (the H200 records: a new one costs
     1-2 s in the first `sdpa` or `sdpa_cudnn` cell that uses it); None for other cells."""
     case = shape.case
-    if _device_type(case.device) != "cuda" or case.variant not in CUDNN_VARIANTS or case.dtype == "fp32":
+    if device_type(case.device) != "cuda" or case.variant not in CUDNN_VARIANTS or case.dtype == "fp32":
         return None
     return case.dtype, case.d_k, case.causal, shape.mask
 
@@ -267,7 +269,7 @@ def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call
 
 
 def energy_wall_s(t_fwd: float, settings: Settings) -> float:
-    """The energy window's wall time (runner._telemetry, EnergyMeter.measure)."""
+    """The energy window's wall time (measurement._telemetry, EnergyMeter.measure)."""
     w = settings.energy_window_s
     if w <= 0:
         return 0.0
@@ -282,7 +284,7 @@ def energy_wall_s(t_fwd: float, settings: Settings) -> float:
 
 def predicted_unsupported(case: Case, shape: CellShape) -> str | None:
     """Cells a forced SDPA backend refuses (design.md §5, §5b): skipped in milliseconds."""
-    v, dev = case.variant, _device_type(case.device)
+    v, dev = case.variant, device_type(case.device)
     if dev == "cpu" and v in ("sdpa_efficient", "sdpa_cudnn"):
         return "no such backend on the CPU"
     if dev == "cuda" and v == "sdpa_flash":
@@ -313,9 +315,9 @@ class CostModel:
         return base * BACKWARD_DEFAULT_FACTOR if pass_ == "fwd_bwd" else base
 
     def call_s(self, shape: CellShape, pass_: str, ceilings: Mapping[str, Any] | None) -> float:
-        dev = _device_type(shape.case.device)
+        dev = device_type(shape.case.device)
         factors = self._call_factors(dev, call_variant(shape), shape.case.dtype, pass_)
-        return float(max(1e-6, factors @ _features(shape, ceilings)))
+        return float(max(1e-6, factors @ call_features(shape, ceilings)))
 
     def _const(self, table: str, key: str, default: float) -> float:
         return float(getattr(self.params, table).get(key, default))
@@ -341,7 +343,7 @@ class CostModel:
         started: set[str] = set()
         for case in cases:
             shape = CellShape.of(case)
-            dev = _device_type(case.device)
+            dev = device_type(case.device)
             ceil = (ceilings or {}).get(case.device) or (ceilings or {}).get(dev)
             phases = dict.fromkeys(PHASES, 0.0)
             status, reason = "ok", None
@@ -416,7 +418,7 @@ class CostModel:
         return pd.DataFrame(rows, columns=columns)
 
     def _golden_s(self, shape: CellShape, settings: Settings) -> float:
-        dev = _device_type(shape.case.device)
+        dev = device_type(shape.case.device)
         _n, flops, chunks = golden_cost_inputs(shape, settings)
         return (chunks * self._const("golden_chunk_s", dev, 5e-3)
                 + flops / self._const("golden_flops_per_s", dev, 1e10))
@@ -432,213 +434,6 @@ class CostModel:
                 "shared_s": shared_s}
 
 
-# --------------------------------------------------------------------------- fitting
-
-def _nnls(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Non-negative least squares by trying every support (few features): weighted rows."""
-    best, best_err = np.zeros(X.shape[1]), math.inf
-    for support in itertools.product((0, 1), repeat=X.shape[1]):
-        idx = [i for i, on in enumerate(support) if on]
-        if not idx:
-            continue
-        coef, *_ = np.linalg.lstsq(X[:, idx] * w[:, None], y * w, rcond=None)
-        if (coef < 0).any():
-            continue
-        full = np.zeros(X.shape[1])
-        full[idx] = coef
-        err = float(np.sum(((X @ full - y) * w) ** 2))
-        if err < best_err - 1e-15:
-            best, best_err = full, err
-    return best
-
-
-@dataclass
-class RunData:
-    """One run folder's records with what is needed to explain their elapsed_s."""
-
-    name: str
-    frame: Any                      # records.load(run_dir), in file (= run) order
-    settings: Settings
-    ceilings: dict[str, Any]
-
-    @classmethod
-    def load(cls, run_dir: Path | str) -> "RunData":
-        from .records import load
-        run_dir = Path(run_dir)
-        info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
-        return cls(run_dir.name, load(run_dir), Settings.of_run(info), info.get("ceilings") or {})
-
-
-def _case_of(row: Any) -> Case:
-    return Case(variant=row["variant"], device=row["device"], dtype=row["dtype"], d_k=int(row["d_k"]),
-                seq_len=int(row["seq_len"]), batch=int(row["batch"]), heads=int(row["heads"]),
-                causal=bool(row["causal"]), scenario=row.get("scenario") or "normal")
-
-
-def _samples_wall(row: Any, prefix: str) -> float:
-    """Wall time of a record's timed samples: sum of samples × calls per sample."""
-    import re
-    timer = str(row.get("timer") or "")
-    found = re.search(r"blocks of (\d+|-)/(\d+|-) calls", timer)
-    per = 1
-    if found and found.group(1 if prefix == "fwd" else 2).isdigit():
-        per = int(found.group(1 if prefix == "fwd" else 2))
-    samples = row.get(f"{prefix}_samples_s")
-    if isinstance(samples, list) and samples:
-        total = float(np.nansum([s for s in samples if isinstance(s, (int, float))])) * per
-    else:                            # records stored without raw samples: n × median
-        n, ms = row.get(f"{prefix}_n"), row.get(f"{prefix}_ms")
-        if not (isinstance(n, (int, float)) and isinstance(ms, (int, float)) and n == n and ms == ms):
-            return 0.0
-        total = float(n) * float(ms) / 1e3 * per
-        samples = [0.0] * int(n)
-    if "spin kernel" in timer:       # device timing: each sample also waited for the spin
-        host = row.get(f"{prefix}_host_ms")
-        if isinstance(host, (int, float)) and host == host:
-            total += len(samples) * (1.5 * per * host / 1e3 + 2e-4)
-    return total
-
-
-def fit(runs: Iterable[RunData], priors: Params | None = None) -> Params:
-    """Constants fitted on the runs' records (on top of `priors` for what they do not show)."""
-    runs = list(runs)
-    fitted = Params(fitted_on=[r.name for r in runs])
-    _fit_calls(runs, fitted)
-    _fit_host(runs, fitted)
-    _fit_constants(runs, fitted)
-    return (priors or Params()).merged(fitted)
-
-
-def _fit_calls(runs: list[RunData], out: Params) -> None:
-    groups: dict[str, list[tuple[np.ndarray, float]]] = {}
-    for run in runs:
-        for _, row in run.frame.iterrows():
-            if row["status"] != "ok":
-                continue
-            case = _case_of(row)
-            dev = _device_type(case.device)
-            ceil = run.ceilings.get(case.device) or run.ceilings.get(dev)
-            shape = CellShape.of(case)
-            x = _features(shape, ceil)
-            for pass_, col in (("fwd", "fwd_ms"), ("fwd_bwd", "fwd_bwd_ms")):
-                t = row.get(col)
-                if isinstance(t, (int, float)) and t == t and t > 0:
-                    for dtype in (case.dtype, "*"):
-                        groups.setdefault(f"{dev}|{call_variant(shape)}|{dtype}|{pass_}", []).append((x, t / 1e3))
-    for key, items in groups.items():
-        X = np.stack([x for x, _ in items])
-        y = np.array([t for _, t in items])
-        if len(items) < 2:
-            continue
-        out.call[key] = [float(c) for c in _nnls(X, y, y ** -CALL_WEIGHT_POWER)]
-
-
-def _median_per_variant(runs: list[RunData], column: str, scale: float = 1.0) -> dict[str, float]:
-    """{"device|variant": median of a record column over the runs' cells that have it}."""
-    values: dict[str, list[float]] = {}
-    for run in runs:
-        frame = run.frame
-        if column not in frame.columns:
-            continue
-        for _, row in frame[frame[column].notna()].iterrows():
-            values.setdefault(f"{_device_type(row['device'])}|{row['variant']}", []).append(
-                float(row[column]) * scale)
-    return {k: float(np.median(v)) for k, v in values.items()}
-
-
-def _fit_host(runs: list[RunData], out: Params) -> None:
-    out.host_call_s.update(_median_per_variant(runs, "fwd_host_ms", 1e-3))
-
-
-def _explained(row: Any, shape: CellShape) -> float:
-    """The part of a record's elapsed_s its own measurements account for."""
-    t_f = row.get("fwd_ms")
-    t_f = t_f / 1e3 if isinstance(t_f, (int, float)) and t_f == t_f else 0.0
-    t_fb = row.get("fwd_bwd_ms")
-    t_fb = t_fb / 1e3 if isinstance(t_fb, (int, float)) and t_fb == t_fb else 0.0
-    compile_s = row.get("compile_s")
-    compile_s = compile_s if isinstance(compile_s, (int, float)) and compile_s == compile_s else 0.0
-    energy = row.get("energy_window_s")
-    energy = energy * 1.03 if isinstance(energy, (int, float)) and energy == energy else 0.0
-    return (3 * t_f + 3 * t_fb + leak_probe_count(shape.case) * t_f + compile_s + energy
-            + _samples_wall(row, "fwd") + _samples_wall(row, "fwd_bwd"))
-
-
-def _fit_constants(runs: list[RunData], out: Params) -> None:
-    """Per device: cell overhead, golden cost per chunk and per FLOP, weights cost per chunk,
-    from the residual elapsed_s of ok cells; then first-use and run-start costs; skips."""
-    by_dev: dict[str, list[tuple[np.ndarray, float, dict]]] = {}
-    for run in runs:
-        previous = None
-        seen: set[str] = set()
-        configs: set[tuple] = set()
-        compiled_seen = False
-        for i, (_, row) in enumerate(run.frame.iterrows()):
-            case = _case_of(row)
-            dev = _device_type(case.device)
-            shape = CellShape.of(case)
-            first_of_set = case.input_key != previous
-            previous = case.input_key
-            first_use = case.variant not in seen
-            seen.add(case.variant)
-            first_compiled = case.variant in COMPILED_VARIANTS and not compiled_seen and row["status"] == "ok"
-            compiled_seen = compiled_seen or first_compiled
-            config = cudnn_config(shape) if row["status"] == "ok" else None
-            new_config = config is not None and config not in configs
-            if config is not None:
-                configs.add(config)
-            if row["status"] == "skipped" and "too slow" not in str(row.get("reason")):
-                by_dev.setdefault(dev + "|skip", []).append((np.zeros(1), float(row["elapsed_s"] or 0), {}))
-                continue
-            if row["status"] != "ok" or not isinstance(row.get("elapsed_s"), (int, float)):
-                continue
-            resid = float(row["elapsed_s"]) - _explained(row, shape)
-            _n, gflops, gchunks = golden_cost_inputs(shape, run.settings)
-            weights = exposes_weights(case.variant)
-            x = np.array([1.0, gchunks * first_of_set, gflops * first_of_set,
-                          gchunks * weights, gflops / BACKWARD_FLOP_FACTOR * weights, float(new_config),
-                          masked_rows_checked(shape) * run.settings.masked_rows_loop])
-            by_dev.setdefault(dev, []).append((x, resid, {"first_use": first_use, "first": i == 0,
-                                                           "first_compiled": first_compiled,
-                                                           "variant": case.variant}))
-    for dev, items in by_dev.items():
-        if dev.endswith("|skip"):
-            out.skip_s[dev.split("|")[0]] = float(np.median([r for _, r, _ in items]))
-            continue
-        regular = [(x, r) for x, r, info in items if not info["first_use"] and not info["first"]]
-        if len(regular) < 3:
-            continue
-        X = np.stack([x for x, _ in regular])
-        y = np.array([r for _, r in regular])
-        # Golden FLOPs enter as 1/rate: fit on seconds, weight so no cell dominates.
-        coef = _nnls(X, y, 1.0 / np.maximum(np.abs(y), 0.05))
-        out.cell_s[dev] = float(coef[0])
-        out.golden_chunk_s[dev] = float(coef[1])
-        if coef[2] > 0:
-            out.golden_flops_per_s[dev] = float(1.0 / coef[2])
-        out.weights_chunk_s[dev] = float(coef[3])
-        out.cudnn_config_s[dev] = float(coef[5])
-        out.masked_row_s[dev] = float(coef[6])
-        first_use: dict[str, list[float]] = {}
-        starts: list[float] = []
-        compile_starts: list[float] = []
-        for x, r, info in items:
-            extra = r - float(x @ coef)
-            if info["first"]:
-                starts.append(extra)
-            elif info["first_compiled"]:          # importing Inductor, Triton or a C++ toolchain
-                compile_starts.append(extra)
-            elif info["first_use"]:
-                first_use.setdefault(info["variant"], []).append(extra)
-        if starts:
-            out.run_start_s[dev] = max(0.0, float(np.median(starts)))
-        if compile_starts:
-            out.compile_start_s[dev] = max(0.0, float(np.median(compile_starts)))
-        for variant, extras in first_use.items():
-            out.init_s[f"{dev}|{variant}"] = max(0.0, float(np.median(extras)))
-    out.compile_s.update(_median_per_variant(runs, "compile_s"))
-
-
 # --------------------------------------------------------------------------- reporting
 
 STARTUP_S = 5.0          # the supervisor's and the worker's start (importing torch twice)
@@ -648,7 +443,7 @@ REPORT_PER_CELL_S = 0.005  # ... growing with the measured cells (1237 of them: 
 
 def overhead_s(pred: Any, *, ceilings_measured: bool = True) -> tuple[float, float]:
     """(seconds before the first cell, seconds after the last) of a run of these cells."""
-    devices = {_device_type(d) for d in pred["device"]} if len(pred) else set()
+    devices = {device_type(d) for d in pred["device"]} if len(pred) else set()
     before = STARTUP_S + (CEILINGS_BUDGET_S * len(devices) if ceilings_measured else 0.0)
     measured = int((pred["status"] == "ok").sum()) if len(pred) else 0
     return before, REPORT_S + REPORT_PER_CELL_S * measured
@@ -656,7 +451,6 @@ def overhead_s(pred: Any, *, ceilings_measured: bool = True) -> tuple[float, flo
 
 def summary(pred: Any) -> str:
     """Predicted seconds per phase and per variant, and the total, for --dry-run."""
-    from .budget import format_duration
     before, after = overhead_s(pred)
     overhead = before + after
     total = float(pred["total_s"].sum()) + overhead
@@ -669,196 +463,3 @@ def summary(pred: Any) -> str:
     per_variant = pred.groupby("variant", sort=False)["total_s"].sum().sort_values(ascending=False)
     lines.append("  per variant: " + ", ".join(f"{v} {format_duration(float(s))}" for v, s in per_variant.items()))
     return "\n".join(lines)
-
-
-def this_machine(device_type: str) -> str | None:
-    """The name a run's env gives this machine's device (cpu model, or GPU name)."""
-    if device_type == "cpu":
-        from .telemetry import cpu_model
-        return cpu_model()
-    import torch
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-
-
-def history(device_names: Mapping[str, str | None], root: Path = Path("reports"), newest: int = 5
-            ) -> list[RunData]:
-    """Earlier run folders under `root` made on this machine (same device name), newest first."""
-    found = []
-    if not root.is_dir():
-        return found
-    folders = sorted((p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
-                      and (p / "run.json").exists() and (p / "records.jsonl").exists()),
-                     key=lambda p: p.stat().st_mtime, reverse=True)
-    for folder in folders:
-        try:
-            env = json.loads((folder / "run.json").read_text()).get("env") or {}
-        except (OSError, ValueError):
-            continue
-        names = {env.get("device_name"), env.get("cpu_model")}
-        if any(name and name in names for name in device_names.values()):
-            found.append(RunData.load(folder))
-        if len(found) >= newest:
-            break
-    return found
-
-
-def _cache_dir() -> Path:
-    import os
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "attn-audit"
-
-
-CEILINGS_CACHE_S = 24 * 3600    # a dry-run measures this machine's ceilings again after a day
-
-
-def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None) -> tuple[dict, str]:
-    """This machine's ceilings for a dry-run: measured once, then kept in ~/.cache/attn-audit
-    (keyed by device name, torch version, thread count and the CPU capability torch uses) for
-    the next dry-runs. A real run always measures its own (run.json)."""
-    import hashlib
-    import time
-
-    import torch
-
-    from .roofline import measure_ceilings
-    import os
-    key = hashlib.sha1(repr((device, name, torch.__version__, torch.get_num_threads(),
-                             torch.backends.cpu.get_cpu_capability(),
-                             os.environ.get("ONEDNN_MAX_CPU_ISA"))).encode()).hexdigest()[:16]
-    path = _cache_dir() / f"ceilings-{key}.json"
-    try:
-        cached = json.loads(path.read_text())
-        fresh = time.time() - path.stat().st_mtime < CEILINGS_CACHE_S
-        if fresh and all((cached.get("matmul_flops_per_s") or {}).get(d) for d in dtypes):
-            return cached, f"of this machine from {path} (measured {time.ctime(path.stat().st_mtime)})"
-    except (OSError, ValueError):
-        pass
-    measured = measure_ceilings(device, tuple(dtypes))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(measured))
-    except OSError:
-        pass
-    return measured, "measured now"
-
-
-@dataclass
-class Forecast:
-    """A grid's prediction on this machine and what it was made from."""
-
-    pred: Any                      # CostModel.predict's frame
-    notes: list[str]               # where the parameters, ceilings and memory came from
-    params: Params
-    ceilings: dict[str, Any]
-    free: dict[str, int | None]
-    ceilings_measured: bool        # a run of these cells would still measure ceilings
-
-
-def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
-         measure: bool = True, root: Path = Path("reports")) -> Forecast:
-    """Predict a grid on this machine, noting where the numbers came from.
-
-    Parameters: the shipped priors, refitted on the records of `run_dir` (a resumed run) and
-    of earlier run folders under `root` from this machine. Ceilings: run_dir's run.json, else
-    measured here (measure=True) for the devices this machine has, else the priors' reference
-    machine's. Free memory: this machine's, else the reference machine's.
-    """
-    from .memory_model import free_bytes
-
-    notes: list[str] = []
-    priors = load_priors()
-    devices = list(dict.fromkeys(c.device for c in cases))
-    available = {}
-    for device in devices:
-        dev = _device_type(device)
-        try:
-            available[device] = this_machine(dev)
-        except Exception:  # noqa: BLE001 - no torch/CUDA: predict for the reference machine
-            available[device] = None
-    runs = history({d: n for d, n in available.items() if n}, root)
-    if run_dir is not None and (Path(run_dir) / "records.jsonl").exists():
-        runs.insert(0, RunData.load(run_dir))
-    runs = list({r.name: r for r in runs}.values())
-    params = fit(runs, priors) if runs else priors
-    if runs:
-        notes.append("parameters refitted on " + ", ".join(r.name for r in runs))
-    info = {}
-    if run_dir is not None and (Path(run_dir) / "run.json").exists():
-        info = json.loads((Path(run_dir) / "run.json").read_text())
-    ceilings: dict[str, Any] = dict(info.get("ceilings") or {})
-    free: dict[str, int | None] = {}
-    for device in devices:
-        dev = _device_type(device)
-        ref = params.reference.get(dev) or {}
-        if available.get(device):
-            free[device] = free_bytes(device)
-            if device not in ceilings and measure:
-                dtypes = tuple(dict.fromkeys(c.dtype for c in cases if c.device == device))
-                ceilings[device], how = machine_ceilings(device, dtypes, available[device])
-                notes.append(f"{device}: ceilings {how}")
-        else:
-            free[device] = ref.get("free_bytes")
-            notes.append(f"{device}: not on this machine; predicted for the reference "
-                         f"{ref.get('device_name', 'machine')} (its ceilings and memory)")
-        if device not in ceilings and ref.get("ceilings"):
-            ceilings[device] = ref["ceilings"]
-    pred = CostModel(params).predict(cases, Settings.of_preset(preset), ceilings, free)
-    return Forecast(pred, notes, params, ceilings, free, ceilings_measured=not info.get("ceilings"))
-
-
-
-
-
-def compare(run: RunData, model: CostModel) -> Any:
-    """Predicted against recorded elapsed_s for every cell of a run folder (its own settings,
-    ceilings and order). Columns: id, status, recorded_s, predicted_s, ratio (predicted / recorded)."""
-    cases = [_case_of(row) for _, row in run.frame.iterrows()]
-    pred = model.predict(cases, run.settings, run.ceilings)
-    out = pred[["id", "variant"]].copy()
-    out["status"] = list(run.frame["status"])
-    out["recorded_s"] = list(run.frame["elapsed_s"].astype(float))
-    out["predicted_s"] = list(pred["total_s"])
-    out["ratio"] = out["predicted_s"] / out["recorded_s"]
-    return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m audit.costmodel fit DIR... [--out FILE]` | `check DIR...`."""
-    import argparse
-    parser = argparse.ArgumentParser(prog="python -m audit.costmodel")
-    parser.add_argument("command", choices=("fit", "check"))
-    parser.add_argument("runs", nargs="+", metavar="DIR")
-    parser.add_argument("--out", help="fit: write the parameters here (default: print them)")
-    parser.add_argument("--free-gib", nargs="*", default=[], metavar="DEVICE=GIB",
-                        help="fit: the reference machine's free memory per device type, e.g. cuda=139")
-    args = parser.parse_args(argv)
-    runs = [RunData.load(d) for d in args.runs]
-    if args.command == "fit":
-        params = fit(runs)
-        free = {k: float(v) * 2**30 for k, v in (item.split("=") for item in args.free_gib)}
-        for folder, run in zip(args.runs, runs):
-            info = json.loads((Path(folder) / "run.json").read_text())
-            for device, ceil in (run.ceilings or {}).items():
-                dev = _device_type(device)
-                if dev not in params.reference:
-                    env = info.get("env") or {}
-                    params.reference[dev] = {
-                        "device_name": env.get("device_name") if dev == "cuda" else env.get("cpu_model"),
-                        "ceilings": ceil, "free_bytes": int(free[dev]) if dev in free else None}
-        if args.out:
-            Path(args.out).write_text(params.to_json())
-        else:
-            print(params.to_json(), end="")
-        return 0
-    model = CostModel()
-    for run in runs:
-        table = compare(run, model)
-        ok = table[table["status"] == "ok"]
-        print(f"{run.name}: recorded {table['recorded_s'].sum():.1f} s, predicted {table['predicted_s'].sum():.1f} s; "
-              f"ok cells within 2x: {int(((ok['ratio'] <= 2) & (ok['ratio'] >= 0.5)).sum())}/{len(ok)}")
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-    sys.exit(main())

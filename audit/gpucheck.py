@@ -257,10 +257,10 @@ def _run_step(name: str, args: Sequence[str], root: Path, log: list[str], timeou
 
 
 def _predict(preset_name: str, run_dir: Path | None = None) -> "pd.DataFrame":
-    from . import grid, variants
-    from .costmodel import plan
-    preset = grid.presets()[preset_name]
-    cases = grid.preset_cases(preset, known_variant=variants.check_name)
+    from . import presets, variants
+    from .forecast import plan
+    preset = presets.presets()[preset_name]
+    cases = presets.preset_cases(preset, known_variant=variants.check_name)
     return plan(cases, preset, run_dir).pred
 
 

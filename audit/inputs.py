@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .grid import Case
+from .grid import Case, UsageError
 
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -144,6 +144,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("cross_causal", "q_len = T/2 against T keys: top-left vs bottom-right causal differ",
              lambda t: max(1, t // 2), _normal),
 ]}
+
+
+def check_scenario(name: str) -> None:
+    """Validator for grid.validate_axes: raises UsageError for an unknown scenario name."""
+    if name not in SCENARIOS:
+        raise UsageError(f"--scenario: unknown scenario {name!r}; allowed: {', '.join(SCENARIOS)}")
 
 
 def seed_for(case: Case) -> int:

@@ -108,7 +108,7 @@ def peak_during(fn: Callable[[], Any], device: str) -> tuple[Any, int | None]:
 
 def held_bytes(device: str) -> int | None:
     """Memory the process holds now: CUDA allocator bytes, or the CPU resident set after
-    handing free heap back to the OS (None where it cannot be read). The runner compares two
+    handing free heap back to the OS (None where it cannot be read). measure_cell compares two
     readings around a cell's timed calls to find memory a variant keeps (leaked_bytes)."""
     import gc
     gc.collect(0)           # the youngest generation only: a full collection costs ~70 ms here

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .grid import Case, Preset, UsageError
+from .grid import Case, UsageError
+from .presets import Preset
 
 TASK_RETRIES = 3        # Ray retries a task this many times when its worker or node dies
 POLL_S = 0.5            # how often a task looks for new records, and the driver for records
@@ -175,7 +176,7 @@ def plan_jobs(cases: Sequence[Case], preset: Preset, axis_overrides: dict[str, A
               shape: tuple[int, int, int]) -> list[Job]:
     """The shards per device kind: --shards N each, else one per GPU (CUDA cells) or per largest
     node (CPU cells), at most one per input set. Empty shards get no job."""
-    from . import grid, variants
+    from . import presets, variants
     from .shard import assign, cell_costs
 
     gpus, node_cpus, cpu_nodes = shape
@@ -183,7 +184,7 @@ def plan_jobs(cases: Sequence[Case], preset: Preset, axis_overrides: dict[str, A
     for device in dict.fromkeys(c.device for c in cases):
         mine = [c for c in cases if c.device == device]
         # a task rebuilds its grid as `--device D`: it must be exactly these cells
-        rebuilt = grid.preset_cases(preset, {**axis_overrides, "device": (device,)}, known_variant=variants.check_name)
+        rebuilt = presets.preset_cases(preset, {**axis_overrides, "device": (device,)}, known_variant=variants.check_name)
         if [c.id for c in rebuilt] != [c.id for c in mine]:
             raise UsageError(f"--executor ray: this grid's {device} cells are not the grid of --device {device}; "
                              "run one --device at a time")

@@ -1,7 +1,7 @@
 """float64 golden attention and gradients, chunked over query rows so memory stays bounded.
 
 Computed once per input set and shared by every variant of that set (the
-runner caches it per Case.input_key). The golden works from the *logical*
+run caches it per Case.input_key: cellcache.InputCache). The golden works from the *logical*
 visibility (causal alignment plus the scenario's mask), never from a float
 mask's values, so a finfo.min mask is still a mask here. Rows with no visible
 key get output 0 (SDPA's convention); error metrics leave them out.

@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .grid import Case, Preset, UsageError
+from .grid import Case, UsageError
+from .presets import Preset
 
 _SPEC = re.compile(r"(\d+)/(\d+)")
 

@@ -171,7 +171,7 @@ def _compiled_fn(fn: AttentionFn, options: dict | None) -> AttentionFn:
     """torch.compile(fn) with static shapes, compiled for real, never silently eager.
 
     One compiled callable serves every cell of one shape, dtype and mask kind (the
-    runner's BuildCache), so Dynamo is not reset per cell; each build compiles a private
+    run's cellcache.BuildCache), so Dynamo is not reset per cell; each build compiles a private
     copy of `fn` (_private_copy), so builds do not share Dynamo's per-function cache.
     Hitting Dynamo's recompile limit is an error rather than a silent eager fallback.
     dynamic=False keeps every graph specialized to its shapes, as a user's static-shape
@@ -309,7 +309,7 @@ def _flex() -> AttentionFn:
 
         block_mask = None
         if causal or bool_mask is not None:
-            # One callable serves many cells (runner.BuildCache): the block mask is rebuilt when
+            # One callable serves many cells (cellcache.BuildCache): the block mask is rebuilt when
             # the mask tensor itself changes (compared by identity while it is held, so a new
             # tensor at a recycled address is never mistaken for the old one).
             if not (block_mask_for and block_mask_for[0][0] is bool_mask and block_mask_for[0][1] == causal):

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from audit import grid, records
+from audit import grid, presets, records
 
 
-def selected_preset(config) -> grid.Preset:
+def selected_preset(config) -> presets.Preset:
     name = config.getoption("--audit-preset")
-    table = grid.presets()
+    table = presets.presets()
     if name not in table:
         raise pytest.UsageError(f"--audit-preset: unknown preset {name!r}; allowed: {', '.join(table)}")
     return table[name]
@@ -20,7 +20,7 @@ def selected_cases(config) -> list[grid.Case]:
 
     overrides = {axis: config.getoption(f"--audit-{axis.replace('_', '-')}") for axis in grid.AXES}
     overrides = {k: v for k, v in overrides.items() if v}
-    return grid.preset_cases(selected_preset(config), overrides, known_variant=variants.check_name)
+    return presets.preset_cases(selected_preset(config), overrides, known_variant=variants.check_name)
 
 
 @pytest.fixture(scope="session", autouse=True)

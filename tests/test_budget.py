@@ -4,10 +4,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from audit import grid, runner
-from audit.budget import Keeper, Plan, choose, parse_duration
+from audit import presets, runner
+from audit.budget import Keeper, Plan, choose
 from audit.grid import Case, UsageError
 from audit.records import read_records
+from audit.units import parse_duration
 
 
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("10m", 600), ("1h", 3600), ("1m30s", 90),
@@ -121,8 +122,8 @@ def test_without_a_plan_nothing_is_skipped():
 
 
 def test_run_grid_records_planned_skips_with_their_prediction(tmp_path):
-    preset = grid.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
-                         max_cell_s=60.0, energy_window_s=0.0)
+    preset = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
+                            max_cell_s=60.0, energy_window_s=0.0)
     cases = [Case(v, "cpu", "fp32", 8, 16, 1, 2, False, "normal") for v in ("eager", "sdpa")]
     plan = Plan(budget_s=30.0, deadline_unix=None, predicted={cases[0].id: 0.2, cases[1].id: 9.0},
                 skip={cases[1].id: "over the budget: the 30 s budget (--budget) ... predicted 9.0 s"})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from audit import grid
+from audit import grid, presets
 from audit.variants import BUILTIN_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def assert_usage_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
 
 def quick_ids(**override) -> list[str]:
     """Cell ids of the quick preset (every sub-grid, deduplicated), axes overridden."""
-    return [c.id for c in grid.preset_cases(grid.presets()["quick"], override)]
+    return [c.id for c in presets.preset_cases(presets.presets()["quick"], override)]
 
 
 # --------------------------------------------------------------------------- usage errors
@@ -124,7 +124,7 @@ def test_list_prints_every_builtin_variant_and_preset():
     listed = {line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ") and line.strip()}
     for name in BUILTIN_NAMES:
         assert name in listed
-    for preset in grid.presets():
+    for preset in presets.presets():
         assert preset in listed
 
 
@@ -136,7 +136,7 @@ def test_dry_run_quick_prints_every_cell():
     assert ids == expected
     assert count == f"{len(expected)} cells"
     # every cell of every sub-grid, each once
-    union = {c.id for sub in grid.presets()["quick"].grids for c in grid.expand(grid.validate_axes(sub))}
+    union = {c.id for sub in presets.presets()["quick"].grids for c in grid.expand(grid.validate_axes(sub))}
     assert len(set(expected)) == len(expected)
     assert set(expected) == union
 
@@ -156,7 +156,7 @@ def test_dry_run_restricts_variants():
 
 def test_dry_run_variant_override_applies_to_every_sub_grid():
     # sdpa_flash is only in the first quick sub-grid; --variant puts it in all of them
-    quick = grid.presets()["quick"]
+    quick = presets.presets()["quick"]
     assert any("sdpa_flash" not in sub["variant"] for sub in quick.grids)
     proc = cli("run", "--preset", "quick", "--variant", "sdpa_flash", "--dry-run")
     assert proc.returncode == 0, proc.stderr
@@ -173,7 +173,7 @@ def test_dry_run_axis_overrides_combine():
     assert proc.returncode == 0, proc.stderr
     expected = quick_ids(variant=("eager", "sdpa"), seq_len=(32,), causal=(True,), dtype=("fp32",))
     # each override replaces its axis in every sub-grid; the scenarios stay per sub-grid
-    scenarios = list(dict.fromkeys(s for sub in grid.presets()["quick"].grids for s in sub["scenario"]))
+    scenarios = list(dict.fromkeys(s for sub in presets.presets()["quick"].grids for s in sub["scenario"]))
     by_hand = {f"{v}-cpu-fp32-d32-T32-B1-H2-causal-{s}" for v in ("eager", "sdpa") for s in scenarios}
     assert set(expected) == by_hand
     assert len(expected) == 2 * len(scenarios)

@@ -1,17 +1,17 @@
 """Compiled code is built once per shapes, dtype, causal flag and mask kind, and reused."""
 from __future__ import annotations
 
-from audit import grid, runner
+from audit import cellcache, presets, runner
 from audit.grid import Case
 
-PRESET = grid.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
-                     max_cell_s=60.0, energy_window_s=0.0)
+PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
+                        max_cell_s=60.0, energy_window_s=0.0)
 
 
 def test_compiled_code_is_reused_by_cells_of_the_same_shapes_dtype_and_mask_kind():
     """normal and scaled_x4 differ only in values: the second reuses the first's compiled code;
     padding brings a mask tensor: compiled anew."""
-    cache, builds = runner.InputCache(), runner.BuildCache()
+    cache, builds = cellcache.InputCache(), cellcache.BuildCache()
     recs = [runner.run_cell(Case("compiled_unfused", "cpu", "fp32", 8, 16, 1, 2, False, s), cache, PRESET, {},
                             builds=builds) for s in ("normal", "scaled_x4", "padding")]
     assert [r["status"] for r in recs] == ["ok"] * 3, [r["reason"] for r in recs]
@@ -24,7 +24,7 @@ def test_build_cache_keys_on_shapes_dtype_causal_and_mask_kind():
     from audit.inputs import make_inputs
     from audit.variants import resolve
     variant = resolve("compiled")
-    key = runner.BuildCache.key
+    key = cellcache.BuildCache.key
     base = make_inputs(Case("compiled", "cpu", "fp32", 8, 16, 1, 2, False, "normal"))
     same = make_inputs(Case("compiled", "cpu", "fp32", 8, 16, 1, 2, False, "outliers"))
     assert key(variant, base) == key(variant, same)

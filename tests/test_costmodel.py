@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from audit import grid
-from audit.costmodel import (PRIORS_FILE, CostModel, Params, RunData, Settings, compare, fit, load_priors,
-                             predicted_unsupported, CellShape, summary, timed_wall_s)
+from audit import grid, presets
+from audit.costfit import RunData, compare, fit
+from audit.costmodel import (PRIORS_FILE, CostModel, Params, Settings, load_priors, predicted_unsupported,
+                             CellShape, summary, timed_wall_s)
 from audit.timing import measure
 from tests.helpers import H200_RUNS, h200_run
 
@@ -21,7 +22,7 @@ def h200(tmp_path_factory):
 
 
 def test_shipped_priors_are_the_fit_of_the_stored_records(h200, tmp_path):
-    """cost_priors.json is `python -m audit.costmodel fit` of tests/data/h200-2026-11-30 and
+    """cost_priors.json is `python -m audit.costfit fit` of tests/data/h200-2026-11-30 and
     tests/data/cpu-2026-11-30 (README there): refitting gives the same constants, so the file
     cannot drift from its data."""
     from tests.helpers import cpu_run
@@ -57,8 +58,8 @@ def test_the_gpu_presets_fit_their_budgets_on_the_reference_h200():
     priors = load_priors()
     ref = priors.reference["cuda"]
     for name, limit_s in (("gpu", 8 * 60), ("gpu-check", 3 * 60)):
-        preset = grid.presets()[name]
-        cases = grid.preset_cases(preset)
+        preset = presets.presets()[name]
+        cases = presets.preset_cases(preset)
         pred = CostModel(priors).predict(cases, Settings.of_preset(preset), {"cuda": ref["ceilings"]},
                                          {"cuda": ref["free_bytes"]})
         assert pred["total_s"].sum() < limit_s, summary(pred)
@@ -70,7 +71,7 @@ def test_old_runs_are_predicted_with_their_own_methods(tmp_path):
     settings = Settings.of_run(info)
     assert settings.timing == "host" and settings.energy == "window" and settings.golden == "full"
     assert settings.energy_window_s == 0.5                     # gc ran with --energy-window-s 0.5
-    new = Settings.of_preset(grid.presets()["gpu"])
+    new = Settings.of_preset(presets.presets()["gpu"])
     assert new.timing == "device" and new.energy == "edges" and new.golden == "subset"
 
 
@@ -119,7 +120,7 @@ def cpu_run(tmp_path_factory):
     """A small real run on this machine: every variant family, speed and stability cells."""
     from audit import runner
     run_dir = tmp_path_factory.mktemp("cpu-run")
-    preset = grid.Preset(name="t", description="", grids=(
+    preset = presets.Preset(name="t", description="", grids=(
         dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math", "compiled_unfused"), device=("cpu",),
              dtype=("fp32", "bf16"), d_k=(32,), seq_len=(64, 256), batch=(1,), heads=(2,), causal=(False, True),
              scenario=("normal",)),
@@ -127,7 +128,7 @@ def cpu_run(tmp_path_factory):
              seq_len=(64,), batch=(2,), heads=(2,), causal=(False,),
              scenario=("padding", "fully_masked_bool", "cross_causal")),
     ), min_samples=3, min_time_s=0.02, max_cell_s=5.0)
-    cases = grid.preset_cases(preset)
+    cases = presets.preset_cases(preset)
     from audit.roofline import measure_ceilings
     ceilings = {"cpu": measure_ceilings("cpu", ("fp32", "bf16"), budget_s=1.0)}
     runner.write_run_file(run_dir, preset, {}, [], {}, len(cases), ceilings)

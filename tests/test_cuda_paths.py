@@ -1,32 +1,32 @@
-"""The runner's CUDA-only glue (timing and energy of a cell) on the simulated GPU of
+"""The CUDA-only glue of a cell's measurement (timing and energy of a cell) on the simulated GPU of
 tests/fake_gpu.py: CI has no GPU, so this is where that code runs before an H200 does."""
 from __future__ import annotations
 
 import pytest
 
-from audit import grid, runner
+from audit import measurement, presets
 from audit.grid import Case
 from audit.telemetry import TELEMETRY_COLUMNS, EnergyMeter
 from audit.timing import Samples
 from tests.fake_gpu import FakeGPU, GpuNVML
 
-PRESET = grid.Preset(name="t", description="", grids=(), min_samples=5, min_time_s=0.01,
-                     max_cell_s=60.0, energy_window_s=0.05)
+PRESET = presets.Preset(name="t", description="", grids=(), min_samples=5, min_time_s=0.01,
+                        max_cell_s=60.0, energy_window_s=0.05)
 CUDA_CASE = Case("sdpa_cudnn", "cuda", "bf16", 128, 1024, 2, 16, False, "normal")
 
 
 @pytest.fixture
 def gpu(monkeypatch):
     gpu = FakeGPU()
-    monkeypatch.setattr(runner, "cuda_clock", lambda: gpu)
-    monkeypatch.setattr(runner, "sync_for", lambda device: gpu.synchronize)
+    monkeypatch.setattr(measurement, "cuda_clock", lambda: gpu)
+    monkeypatch.setattr(measurement, "sync_for", lambda device: gpu.synchronize)
     return gpu
 
 
 def test_a_cuda_cell_is_timed_by_the_device_and_says_it_is_host_bound(gpu):
     forward = gpu.kernel(device_s=37e-6, host_s=87e-6)
     forward_backward = gpu.kernel(device_s=150e-6, host_s=250e-6)
-    fwd, fb, timer = runner._time_cell(CUDA_CASE, PRESET, forward, forward_backward, 124e-6, 400e-6)
+    fwd, fb, timer = measurement._time_cell(CUDA_CASE, PRESET, forward, forward_backward, 124e-6, 400e-6)
     assert fwd.median_s == pytest.approx(37e-6) and fb.median_s == pytest.approx(150e-6)
     assert fwd.host_median_s == pytest.approx(87e-6)
     assert "CUDA events" in timer["timer"] and "spin kernel" in timer["timer"]
@@ -39,7 +39,7 @@ def test_a_call_that_synchronizes_falls_back_to_the_host_clock_and_says_why(gpu)
     def syncing():
         kernel()
         gpu.synchronize()
-    fwd, fb, timer = runner._time_cell(CUDA_CASE, PRESET, syncing, None, 60e-6, 0.0)
+    fwd, fb, timer = measurement._time_cell(CUDA_CASE, PRESET, syncing, None, 60e-6, 0.0)
     assert fb is None
     assert "device timing failed" in timer["timer"] and "synchronize" in timer["timer"]
     assert fwd.host_median_s is None and fwd.method == "host clock"
@@ -55,10 +55,10 @@ def test_short_calls_are_measured_over_graph_replays(gpu, monkeypatch):
     def fake_capture(fn, calls=1):
         captured.append(calls)
         return gpu.kernel(device_s=calls * 20e-6, host_s=10e-6)   # one launch for `calls` calls
-    monkeypatch.setattr(runner, "cuda_graph_replay", fake_capture)
+    monkeypatch.setattr(measurement, "cuda_graph_replay", fake_capture)
     forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
     fwd = Samples(per_call_s=[20e-6] * 5)
-    out = runner._telemetry(CUDA_CASE, forward, fwd, gpu.synchronize, _meter(gpu), PRESET)
+    out = measurement._telemetry(CUDA_CASE, forward, fwd, gpu.synchronize, _meter(gpu), PRESET)
     assert set(TELEMETRY_COLUMNS) <= set(out)
     assert captured == [100]                                        # 2 ms of device work per replay
     assert out["energy_method"] == "counter over CUDA-graph replays"
@@ -70,9 +70,9 @@ def test_short_calls_are_measured_over_graph_replays(gpu, monkeypatch):
 def test_calls_that_cannot_be_captured_run_eagerly_and_show_the_gpu_idled(gpu, monkeypatch):
     def no_capture(fn, calls=1):
         raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(runner, "cuda_graph_replay", no_capture)
+    monkeypatch.setattr(measurement, "cuda_graph_replay", no_capture)
     forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
-    out = runner._telemetry(CUDA_CASE, forward, Samples(per_call_s=[20e-6] * 5), gpu.synchronize,
+    out = measurement._telemetry(CUDA_CASE, forward, Samples(per_call_s=[20e-6] * 5), gpu.synchronize,
                             _meter(gpu), PRESET)
     assert out["energy_method"].startswith("counter over eager calls (CUDA-graph capture failed")
     assert out["energy_idle_frac"] > 0.5
@@ -80,9 +80,9 @@ def test_calls_that_cannot_be_captured_run_eagerly_and_show_the_gpu_idled(gpu, m
 
 
 def test_energy_only_on_cuda_speed_cells(gpu):
-    cpu = runner._telemetry(Case("sdpa", "cpu", "fp32", 8, 16, 1, 2, False, "normal"), None, None, None,
+    cpu = measurement._telemetry(Case("sdpa", "cpu", "fp32", 8, 16, 1, 2, False, "normal"), None, None, None,
                             None, PRESET)
     assert cpu["energy_per_call_j"] is None and "CPU" in cpu["telemetry_reason"]
-    masked = runner._telemetry(Case("sdpa", "cuda", "bf16", 8, 16, 1, 2, False, "padding"), None, None, None,
+    masked = measurement._telemetry(Case("sdpa", "cuda", "bf16", 8, 16, 1, 2, False, "padding"), None, None, None,
                                _meter(gpu), PRESET)
     assert "speed cells" in masked["telemetry_reason"]

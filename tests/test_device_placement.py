@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from audit import grid, runner
+from audit import cellcache, grid, presets, runner
 from audit.inputs import SCENARIOS
 from audit.reference import visibility
 
@@ -60,8 +60,8 @@ def test_the_h200_bug_is_caught_when_put_back():
 
 # --------------------------------------------------------------------------- the measuring code
 
-TINY = grid.Preset(name="tiny", description="device-placement sweep", grids=(),
-                   min_samples=1, min_time_s=0.0, max_cell_s=60.0, energy_window_s=0.0)
+TINY = presets.Preset(name="tiny", description="device-placement sweep", grids=(),
+                      min_samples=1, min_time_s=0.0, max_cell_s=60.0, energy_window_s=0.0)
 HAND_WRITTEN_AND_SDPA = ("eager", "eager_fp32", "sdpa", "sdpa_math", "broken.clamped",
                          "broken.mask_after_softmax", "broken.unscaled")
 
@@ -76,7 +76,7 @@ def _sweep_cases(scenarios, causal_values=(False, True)):
 def test_every_scenario_measures_without_host_tensors_meeting_device_data(scenario):
     """Inputs, golden, baseline, leak probes, numerics and timing of every hand-written and
     SDPA variant, causal and not: no factory call without a device meets device data."""
-    cache = runner.InputCache()
+    cache = cellcache.InputCache()
     with HostProvenance() as mode:
         recs = [runner.run_cell(case, cache, TINY, {}) for case in _sweep_cases((scenario,))]
     assert mode.violations == []
@@ -94,9 +94,9 @@ def test_the_sweep_fails_with_the_bug_put_back(monkeypatch):
         kwargs["device"] = None
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "visibility", without_device, raising=False)
+    monkeypatch.setattr(cellcache, "visibility", without_device, raising=False)
     monkeypatch.setattr(reference, "visibility", without_device)
-    cache = runner.InputCache()
+    cache = cellcache.InputCache()
     case = dataclasses.replace(_sweep_cases(("padding",), (True,))[0], variant="eager")
     with HostProvenance() as mode:
         rec = runner.run_cell(case, cache, TINY, {})

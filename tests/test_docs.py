@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from audit import cli, grid, inputs, records, variants
+from audit import cli, grid, inputs, presets, records, variants
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 
@@ -46,7 +46,7 @@ def test_every_variant_documented(name):
 
 def test_readme_plugin_example_runs(tmp_path, monkeypatch):
     """The complete plug-in file in README, saved as written, audits a cell correctly."""
-    from audit import runner
+    from audit import cellcache, runner
 
     code = re.search(r"```python\n(\"\"\"My attention kernels.\"\"\".*?)```", README, re.S).group(1)
     pkg = tmp_path / "mykernels"
@@ -57,8 +57,8 @@ def test_readme_plugin_example_runs(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "mykernels", raising=False)
     name = "mykernels.attn:chunked_attention"
     assert f"--variant {name}" in README
-    preset = dataclasses.replace(grid.presets()["quick"], min_samples=1, min_time_s=0.0)
-    cache = runner.InputCache()
+    preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
+    cache = cellcache.InputCache()
     for causal, scenario in ((False, "normal"), (True, "padding")):
         case = grid.Case(name, "cpu", "fp32", 16, 160, 2, 2, causal, scenario)  # 160 > one 128-row block
         rec = runner.run_cell(case, cache, preset, {})

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from audit import grid, reference, runner
+from audit import cellcache, presets, reference, runner, variants
 from audit.grid import Case
 from audit.numerics import error_vs_reference
 from audit.reference import golden_attention, golden_flops, golden_slices, take_slices
 
-PRESET = grid.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
-                     max_cell_s=60.0, energy_window_s=0.0)
+PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
+                        max_cell_s=60.0, energy_window_s=0.0)
 
 
 def test_slices_are_all_within_the_budget_and_evenly_spaced_past_it():
@@ -47,7 +47,7 @@ def test_a_cell_past_the_budget_judges_errors_on_the_subset_and_counts_nan_every
     case = Case("sdpa", "cpu", "fp32", 8, 32, 2, 3, False, "normal")
     per_slice = golden_flops(32, 32, 8, False)
     monkeypatch.setitem(reference.GOLDEN_FLOP_BUDGET, "cpu", 2.5 * per_slice)   # 2 of 6 slices
-    cache = runner.InputCache()
+    cache = cellcache.InputCache()
     rec = runner.run_cell(case, cache, PRESET, {})
     assert rec["status"] == "ok"
     assert rec["golden_subset"] == [[0, 0], [1, 0]]
@@ -58,14 +58,14 @@ def test_a_cell_past_the_budget_judges_errors_on_the_subset_and_counts_nan_every
     assert rec["rmse"] == pytest.approx(expected["rmse"], rel=1e-9)
     assert ref.golden.out.shape == (1, 2, 32, 8)
 
-    monkeypatch.setattr(runner, "resolve", lambda name: runner.Variant("nan01", "", lambda: _nan_in_slice_0_1))
+    monkeypatch.setattr(runner, "resolve", lambda name: variants.Variant("nan01", "", lambda: _nan_in_slice_0_1))
     rec = runner.run_cell(case, cache, PRESET, {})
     assert rec["out_nan"] == 32 * 8                    # counted on the whole output
     assert rec["rmse"] == pytest.approx(expected["rmse"], rel=1e-9)   # (0, 1) is not in the subset
 
 
 def test_within_the_budget_there_is_no_subset():
-    rec = runner.run_cell(Case("sdpa", "cpu", "fp32", 8, 32, 2, 3, False, "normal"), runner.InputCache(),
+    rec = runner.run_cell(Case("sdpa", "cpu", "fp32", 8, 32, 2, 3, False, "normal"), cellcache.InputCache(),
                           PRESET, {})
     assert rec["golden_subset"] is None
 

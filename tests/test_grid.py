@@ -1,4 +1,4 @@
-"""Tests of audit.grid: Case ids, expansion order, axis validation, presets."""
+"""Tests of audit.grid (Case ids, expansion order, axis validation) and audit.presets."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,9 +7,10 @@ import math
 
 import pytest
 
-from audit import grid
-from audit.grid import AXES, DEVICES, DTYPES, INT_AXES, Case, Preset, UsageError, expand, preset_cases, validate_axes
-from audit.inputs import SCENARIOS
+from audit import presets
+from audit.grid import AXES, DEVICES, DTYPES, INT_AXES, Case, UsageError, expand, validate_axes
+from audit.inputs import SCENARIOS, check_scenario
+from audit.presets import Preset, preset_cases
 from audit.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, check_name
 
 
@@ -115,11 +116,18 @@ def test_validate_rejects_unknown_device_listing_allowed(bad):
 
 def test_validate_rejects_unknown_scenario_listing_allowed():
     with pytest.raises(UsageError) as info:
-        validate_axes(base_axes(scenario=("weird",)))
+        validate_axes(base_axes(scenario=("weird",)), known_scenario=check_scenario)
     msg = str(info.value)
-    assert "'weird'" in msg
+    assert msg.startswith("--scenario: ") and "'weird'" in msg
     for allowed in SCENARIOS:
         assert allowed in msg
+
+
+def test_validate_checks_scenarios_with_the_injected_validator():
+    seen = []
+    out = validate_axes(base_axes(scenario=("padding", "normal", "padding")), known_scenario=seen.append)
+    assert seen == ["padding", "normal", "padding"] and out["scenario"] == ("padding", "normal")
+    check_scenario("normal")
 
 
 @pytest.mark.parametrize("axis", INT_AXES)
@@ -179,19 +187,19 @@ def test_validate_checks_variants_with_the_injected_validator():
 # --------------------------------------------------------------------------- presets
 
 def test_every_preset_validates():
-    table = grid.presets()
+    table = presets.presets()
     assert {"quick", "cpu", "gpu"} <= set(table)
     for name, preset in table.items():
         assert preset.name == name
         assert preset.min_samples >= 1 and preset.min_time_s > 0 and preset.max_cell_s > 0
         assert len(preset.grids) >= 1
         for sub in preset.grids:
-            axes = validate_axes(sub, known_variant=check_name)
+            axes = validate_axes(sub, known_variant=check_name, known_scenario=check_scenario)
             assert set(axes) == set(AXES)
             for axis in AXES:
                 assert axes[axis] == tuple(sub[axis]), (name, axis)
         # the union of every sub-grid's values validates too
-        axes = validate_axes(preset.axes, known_variant=check_name)
+        axes = validate_axes(preset.axes, known_variant=check_name, known_scenario=check_scenario)
         for axis in AXES:
             assert axes[axis] == tuple(preset.axes[axis]), (name, axis)
         # built-ins and negative controls only, nothing else
@@ -200,7 +208,7 @@ def test_every_preset_validates():
 
 
 def test_every_negative_control_is_in_the_cpu_and_quick_presets():
-    table = grid.presets()
+    table = presets.presets()
     for name in ("quick", "cpu"):
         variants_in_cells = {c.variant for c in preset_cases(table[name])}
         assert set(NEGATIVE_CONTROLS) <= variants_in_cells, name
@@ -208,7 +216,7 @@ def test_every_negative_control_is_in_the_cpu_and_quick_presets():
 
 
 def test_quick_preset_is_smaller_than_cpu():
-    table = grid.presets()
+    table = presets.presets()
     quick = preset_cases(table["quick"])
     cpu = preset_cases(table["cpu"])
     assert 0 < len(quick) < len(cpu)
@@ -274,10 +282,12 @@ def test_preset_cases_override_replaces_the_axis_in_every_sub_grid():
     assert {c.scenario for c in cases if c.variant == "eager"} == {"normal"}
 
 
-def test_preset_cases_validates_values_and_variants():
+def test_preset_cases_validates_values_scenarios_and_variants():
     preset = _two_grid_preset()
     with pytest.raises(UsageError, match="--dtype"):
         preset_cases(preset, {"dtype": ["fp64"]})
+    with pytest.raises(UsageError, match="--scenario: unknown scenario 'weird'; allowed: normal, "):
+        preset_cases(preset, {"scenario": ["weird"]})
     with pytest.raises(UsageError, match="'nope'"):
         preset_cases(preset, {"variant": ["nope"]}, known_variant=check_name)
     seen = []

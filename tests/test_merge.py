@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from audit import cli, grid, records, shard
+from audit import cli, grid, presets, records, shard
 from audit.merge import write_records
 from tests.helpers import cpu_run
 
@@ -22,7 +22,7 @@ def stored(tmp_path_factory) -> tuple[list[dict], dict]:
 def _shards(stored, root: Path, count: int = 2) -> list[Path]:
     """The stored run cut into `count` shard folders as `run --shard I/N` writes them."""
     recs, info = stored
-    preset = grid.presets()["quick"]
+    preset = presets.presets()["quick"]
     cases = [grid.Case.from_mapping(r) for r in recs]
     by_id = {r["id"]: r for r in recs}
     folders = []

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from audit import grid, runner
+from audit import cellcache, presets, runner
 from audit.grid import Case
 from audit.memory_model import predicted_peak_bytes, too_big
 
-PRESET = grid.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
-                     max_cell_s=60.0, energy_window_s=0.0)
+PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
+                        max_cell_s=60.0, energy_window_s=0.0)
 
 
 def _case(variant: str, **axes) -> Case:
@@ -42,7 +42,7 @@ def test_too_big_only_past_the_free_memory():
 
 def test_a_cell_predicted_not_to_fit_is_oom_without_building_inputs():
     case = _case("eager", seq_len=2**20, heads=16)                 # 16 TiB of fp32 scores
-    cache = runner.InputCache()
+    cache = cellcache.InputCache()
     rec = runner.run_cell(case, cache, PRESET, {})
     assert rec["status"] == "oom"
     assert "predicted peak" in rec["reason"] and "not run" in rec["reason"]
@@ -54,8 +54,8 @@ def test_a_real_allocation_failure_is_oom_and_the_next_cell_runs(monkeypatch):
     """The plug-in asks for 64 TiB: the CPU allocator refuses (on CUDA: OutOfMemoryError)."""
     from pathlib import Path
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugins"))
-    cache = runner.InputCache()
-    builds = runner.BuildCache()
+    cache = cellcache.InputCache()
+    builds = cellcache.BuildCache()
     first = runner.run_cell(_case("oom_plugin:allocate_too_much"), cache, PRESET, {}, builds=builds)
     assert first["status"] == "oom", first["reason"]
     assert "allocate" in first["reason"]

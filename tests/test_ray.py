@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from audit import cli, grid, records, shard, variants
+from audit import cli, grid, presets, records, shard, variants
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install attn-audit[ray] (make test installs it)")
 
@@ -25,7 +25,7 @@ def cluster():
 
 
 def _ids(preset: str, overrides: dict | None = None) -> list[str]:
-    cases = grid.preset_cases(grid.presets()[preset], overrides, known_variant=variants.check_name)
+    cases = presets.preset_cases(presets.presets()[preset], overrides, known_variant=variants.check_name)
     return [c.id for c in cases]
 
 
@@ -43,9 +43,9 @@ def test_quick_preset_as_two_ray_shards(cluster, tmp_path, capsys):
     assert sum(s["cells"] for s in info["shards"]) == info["n_cells"] == len(ids)
     assert info["ceilings"]["cpu"]["matmul_flops_per_s"] and info["shard_differences"] == []
     assert json.loads((out / "plan.json").read_text())["budget_s"] == 30.0   # the shards got the option
-    cases = grid.preset_cases(grid.presets()["quick"], known_variant=variants.check_name)
+    cases = presets.preset_cases(presets.presets()["quick"], known_variant=variants.check_name)
     status = {r["id"]: r["status"] for r in records.read_records(out)}
-    for part in shard.assign(cases, 2, shard.cell_costs(cases, grid.presets()["quick"])):
+    for part in shard.assign(cases, 2, shard.cell_costs(cases, presets.presets()["quick"])):
         assert any(status[c.id] == "ok" for c in part), "a shard measured nothing"
     assert cli.main(["report", str(out)]) == 0
     assert "Cells expected: 254; records present: 254." in (out / "index.md").read_text()

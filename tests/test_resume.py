@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from audit import grid, records
+from audit import grid, presets, records
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--preset", "quick", "--variant", "eager", "sdpa_math", "--dtype", "fp32",
@@ -17,7 +17,7 @@ ARGS = ["--preset", "quick", "--variant", "eager", "sdpa_math", "--dtype", "fp32
 
 
 def _expected_ids() -> set[str]:
-    axes = dict(grid.presets()["quick"].axes)
+    axes = dict(presets.presets()["quick"].axes)
     axes.update(variant=("eager", "sdpa_math"), dtype=("fp32",), d_k=(16, 32), seq_len=(32, 64, 128))
     return {c.id for c in grid.expand(grid.validate_axes(axes))}
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from audit import grid, records, shard, variants
+from audit import grid, presets, records, shard, variants
 from tests.helpers import h200_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _grid(name: str) -> tuple[list[grid.Case], grid.Preset]:
-    preset = grid.presets()[name]
-    return grid.preset_cases(preset, known_variant=variants.check_name), preset
+def _grid(name: str) -> tuple[list[grid.Case], presets.Preset]:
+    preset = presets.presets()[name]
+    return presets.preset_cases(preset, known_variant=variants.check_name), preset
 
 
 @pytest.mark.parametrize("text, index, count", [("0/4", 0, 4), ("3/4", 3, 4), (" 0/1 ", 0, 1)])
@@ -60,7 +60,7 @@ def test_balanced_in_measured_time_on_the_h200_run(tmp_path, count, factor):
     recs = records.read_records(h200_run("full", tmp_path))
     cases = [grid.Case.from_mapping(r) for r in recs]
     took = {r["id"]: r["elapsed_s"] or 0.0 for r in recs}
-    parts = shard.assign(cases, count, shard.cell_costs(cases, grid.presets()["gpu"]))
+    parts = shard.assign(cases, count, shard.cell_costs(cases, presets.presets()["gpu"]))
     loads = [sum(took[c.id] for c in part) for part in parts]
     assert max(loads) <= factor * sum(loads) / count
 
@@ -73,8 +73,8 @@ def test_same_assignment_in_another_process_with_local_history(tmp_path):
     history = tmp_path / "reports"
     from tests.helpers import cpu_run
     cpu_run("quick", history)
-    code = ("import json; from audit import grid, shard, variants\n"
-            "p = grid.presets()['cpu']; cs = grid.preset_cases(p, known_variant=variants.check_name)\n"
+    code = ("import json; from audit import presets, shard, variants\n"
+            "p = presets.presets()['cpu']; cs = presets.preset_cases(p, known_variant=variants.check_name)\n"
             "print(json.dumps([[c.id for c in s] for s in shard.assign(cs, 4, shard.cell_costs(cs, p))]))")
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -93,8 +93,8 @@ def test_run_shard_measures_its_cells_without_ray(tmp_path):
             "sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    preset = grid.presets()["quick"]
-    cases = grid.preset_cases(preset, {"variant": ("eager", "sdpa"), "dtype": ("fp32",), "seq_len": (64,),
+    preset = presets.presets()["quick"]
+    cases = presets.preset_cases(preset, {"variant": ("eager", "sdpa"), "dtype": ("fp32",), "seq_len": (64,),
                                        "scenario": ("normal", "padding")})
     mine = shard.shard_cases(cases, preset, shard.Shard(1, 2))
     assert 0 < len(mine) < len(cases)
@@ -116,14 +116,14 @@ def test_ray_jobs_one_gpu_per_cuda_shard_and_a_whole_node_per_cpu_shard():
     assert all(j.resources == {"num_gpus": 1, "num_cpus": 1} for j in jobs)
     assert [[c.id for c in j.cells] for j in jobs] == \
         [[c.id for c in part] for part in shard.assign(cases, 8, shard.cell_costs(cases, preset))]
-    mixed = grid.preset_cases(grid.presets()["quick"], {"device": ("cpu", "cuda"), "variant": ("sdpa",)})
-    jobs = plan_jobs(mixed, grid.presets()["quick"], {"device": ("cpu", "cuda"), "variant": ("sdpa",)}, 3,
+    mixed = presets.preset_cases(presets.presets()["quick"], {"device": ("cpu", "cuda"), "variant": ("sdpa",)})
+    jobs = plan_jobs(mixed, presets.presets()["quick"], {"device": ("cpu", "cuda"), "variant": ("sdpa",)}, 3,
                      (1, 16, 2))
     assert [j.key for j in jobs] == ["cpu 0/3", "cpu 1/3", "cpu 2/3", "cuda 0/3", "cuda 1/3", "cuda 2/3"]
     assert {j.device: (j.resources, j.threads) for j in jobs} == {
         "cpu": ({"num_cpus": 16}, 16), "cuda": ({"num_gpus": 1, "num_cpus": 1}, 1)}
     with pytest.raises(grid.UsageError, match="no GPU"):
-        plan_jobs(mixed, grid.presets()["quick"], {"device": ("cpu", "cuda"), "variant": ("sdpa",)}, None,
+        plan_jobs(mixed, presets.presets()["quick"], {"device": ("cpu", "cuda"), "variant": ("sdpa",)}, None,
                   (0, 16, 2))
 
 

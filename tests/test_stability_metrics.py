@@ -17,7 +17,7 @@ import pytest
 import torch
 from tests.helpers import random_qkv
 
-from audit import grid, inputs, memory, reference, runner
+from audit import cellcache, inputs, memory, presets, records, reference, runner
 from audit.grid import Case
 from audit.inputs import SCENARIOS, fully_masked_rows, make_inputs, torch_dtype
 from audit.numerics import (BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows,
@@ -313,7 +313,7 @@ def test_golden_at_4096_by_128_stays_under_one_gib():
 
 def test_golden_is_computed_once_per_input_set(tmp_path, monkeypatch):
     calls = {"top-left": 0, "bottom-right": 0}
-    real = runner.golden_attention
+    real = cellcache.golden_attention
 
     def counting(*args, **kwargs):
         calls[kwargs.get("alignment", "top-left")] += 1
@@ -321,25 +321,25 @@ def test_golden_is_computed_once_per_input_set(tmp_path, monkeypatch):
 
     caches = []
 
-    class RecordingCache(runner.InputCache):
+    class RecordingCache(cellcache.InputCache):
         def __init__(self):
             super().__init__()
             caches.append(self)
 
-    monkeypatch.setattr(runner, "golden_attention", counting)
+    monkeypatch.setattr(cellcache, "golden_attention", counting)
     monkeypatch.setattr(runner, "InputCache", RecordingCache)
     names = ("eager", "sdpa", "broken.unscaled")
     cases = ([Case(v, "cpu", "fp32", 8, 16, 1, 2, False, "normal") for v in names]
              + [Case(v, "cpu", "fp32", 8, 16, 1, 2, True, "cross_causal") for v in names])
     assert len({c.input_key for c in cases}) == 2
-    preset = dataclasses.replace(grid.presets()["quick"], min_samples=1, min_time_s=0.0)
+    preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
     counts = runner.run_grid(cases, tmp_path, preset, {}, progress=False)
     assert counts.get("ok") == 6
     assert len(caches) == 1
     assert caches[0].golden_calls == 2                     # not once per variant (6)
     assert calls["top-left"] == 2
     assert calls["bottom-right"] == 1                      # only the causal cross_causal set
-    recs = {r["id"]: r for r in runner.records.read_records(tmp_path)}
+    recs = {r["id"]: r for r in records.read_records(tmp_path)}
     assert len(recs) == 6 and all(r["status"] == "ok" for r in recs.values())
 
 
@@ -469,7 +469,7 @@ def test_relative_error():
 
 # =========================================================================== detectors via run_cell
 
-PRESET = dataclasses.replace(grid.presets()["quick"], min_samples=1, min_time_s=0.0)
+PRESET = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
 
 
 def measure(variant: str, scenario: str, *, causal: bool = False, dtype: str = "fp32") -> dict:

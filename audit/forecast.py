@@ -1,0 +1,152 @@
+"""A grid's prediction on this machine, for --dry-run, the budget plan and gpu-check.
+
+The cost model's parameters are the shipped priors refitted on this machine's earlier runs
+(costfit), its ceilings are measured here (kept a day in ~/.cache/attn-audit), and its free
+memory read here; a device this machine lacks is predicted for the priors' reference machine.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .costfit import RunData, fit
+from .costmodel import CostModel, Params, Settings, device_type, load_priors
+from .grid import Case
+from .presets import Preset
+
+
+def this_machine(device_type: str) -> str | None:
+    """The name a run's env gives this machine's device (cpu model, or GPU name)."""
+    if device_type == "cpu":
+        from .telemetry import cpu_model
+        return cpu_model()
+    import torch
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def history(device_names: Mapping[str, str | None], root: Path = Path("reports"), newest: int = 5
+            ) -> list[RunData]:
+    """Earlier run folders under `root` made on this machine (same device name), newest first."""
+    found = []
+    if not root.is_dir():
+        return found
+    folders = sorted((p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
+                      and (p / "run.json").exists() and (p / "records.jsonl").exists()),
+                     key=lambda p: p.stat().st_mtime, reverse=True)
+    for folder in folders:
+        try:
+            env = json.loads((folder / "run.json").read_text()).get("env") or {}
+        except (OSError, ValueError):
+            continue
+        names = {env.get("device_name"), env.get("cpu_model")}
+        if any(name and name in names for name in device_names.values()):
+            found.append(RunData.load(folder))
+        if len(found) >= newest:
+            break
+    return found
+
+
+def _cache_dir() -> Path:
+    import os
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "attn-audit"
+
+
+CEILINGS_CACHE_S = 24 * 3600    # a dry-run measures this machine's ceilings again after a day
+
+
+def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None) -> tuple[dict, str]:
+    """This machine's ceilings for a dry-run: measured once, then kept in ~/.cache/attn-audit
+    (keyed by device name, torch version, thread count and the CPU capability torch uses) for
+    the next dry-runs. A real run always measures its own (run.json)."""
+    import hashlib
+    import time
+
+    import torch
+
+    from .roofline import measure_ceilings
+    import os
+    key = hashlib.sha1(repr((device, name, torch.__version__, torch.get_num_threads(),
+                             torch.backends.cpu.get_cpu_capability(),
+                             os.environ.get("ONEDNN_MAX_CPU_ISA"))).encode()).hexdigest()[:16]
+    path = _cache_dir() / f"ceilings-{key}.json"
+    try:
+        cached = json.loads(path.read_text())
+        fresh = time.time() - path.stat().st_mtime < CEILINGS_CACHE_S
+        if fresh and all((cached.get("matmul_flops_per_s") or {}).get(d) for d in dtypes):
+            return cached, f"of this machine from {path} (measured {time.ctime(path.stat().st_mtime)})"
+    except (OSError, ValueError):
+        pass
+    measured = measure_ceilings(device, tuple(dtypes))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(measured))
+    except OSError:
+        pass
+    return measured, "measured now"
+
+
+@dataclass
+class Forecast:
+    """A grid's prediction on this machine and what it was made from."""
+
+    pred: Any                      # CostModel.predict's frame
+    notes: list[str]               # where the parameters, ceilings and memory came from
+    params: Params
+    ceilings: dict[str, Any]
+    free: dict[str, int | None]
+    ceilings_measured: bool        # a run of these cells would still measure ceilings
+
+
+def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
+         measure: bool = True, root: Path = Path("reports")) -> Forecast:
+    """Predict a grid on this machine, noting where the numbers came from.
+
+    Parameters: the shipped priors, refitted on the records of `run_dir` (a resumed run) and
+    of earlier run folders under `root` from this machine. Ceilings: run_dir's run.json, else
+    measured here (measure=True) for the devices this machine has, else the priors' reference
+    machine's. Free memory: this machine's, else the reference machine's.
+    """
+    from .memory_model import free_bytes
+
+    notes: list[str] = []
+    priors = load_priors()
+    devices = list(dict.fromkeys(c.device for c in cases))
+    available = {}
+    for device in devices:
+        dev = device_type(device)
+        try:
+            available[device] = this_machine(dev)
+        except Exception:  # noqa: BLE001 - no torch/CUDA: predict for the reference machine
+            available[device] = None
+    runs = history({d: n for d, n in available.items() if n}, root)
+    if run_dir is not None and (Path(run_dir) / "records.jsonl").exists():
+        runs.insert(0, RunData.load(run_dir))
+    runs = list({r.name: r for r in runs}.values())
+    params = fit(runs, priors) if runs else priors
+    if runs:
+        notes.append("parameters refitted on " + ", ".join(r.name for r in runs))
+    info = {}
+    if run_dir is not None and (Path(run_dir) / "run.json").exists():
+        info = json.loads((Path(run_dir) / "run.json").read_text())
+    ceilings: dict[str, Any] = dict(info.get("ceilings") or {})
+    free: dict[str, int | None] = {}
+    for device in devices:
+        dev = device_type(device)
+        ref = params.reference.get(dev) or {}
+        if available.get(device):
+            free[device] = free_bytes(device)
+            if device not in ceilings and measure:
+                dtypes = tuple(dict.fromkeys(c.dtype for c in cases if c.device == device))
+                ceilings[device], how = machine_ceilings(device, dtypes, available[device])
+                notes.append(f"{device}: ceilings {how}")
+        else:
+            free[device] = ref.get("free_bytes")
+            notes.append(f"{device}: not on this machine; predicted for the reference "
+                         f"{ref.get('device_name', 'machine')} (its ceilings and memory)")
+        if device not in ceilings and ref.get("ceilings"):
+            ceilings[device] = ref["ceilings"]
+    pred = CostModel(params).predict(cases, Settings.of_preset(preset), ceilings, free)
+    return Forecast(pred, notes, params, ceilings, free, ceilings_measured=not info.get("ceilings"))

@@ -1,0 +1,204 @@
+"""The library's shape: no module in audit/ over 600 lines, no import cycle between its modules.
+
+The import graph is read statically (ast), so an import inside a function counts as much as
+one at the top of a module: it runs, just later, and a cycle through it still ties the two
+modules together. Edges: `from .x import`, `from . import x`, `from audit.x import`,
+`import audit.x`, at any nesting level, with relative imports inside subpackages resolved
+against the importing module's own package.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+AUDIT = Path(__file__).resolve().parent.parent / "audit"
+MAX_LINES = 600
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """{dotted module name: file} of every .py under the package `root` (subpackages too)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _known(name: str, modules: dict[str, Path]) -> str | None:
+    """`name` if it is one of the modules, else its nearest enclosing module (or None)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules among `modules` that `module` imports, anywhere in its source."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    root = next(iter(modules)).split(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == root or alias.name.startswith(root + "."):
+                    found.add(_known(alias.name, modules))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                base = f"{base}.{node.module}" if node.module else base
+            elif node.module and (node.module == root or node.module.startswith(root + ".")):
+                base = node.module
+            else:
+                continue
+            for alias in node.names:             # `from pkg import submodule` imports the submodule
+                found.add(_known(f"{base}.{alias.name}", modules) if f"{base}.{alias.name}" in modules
+                          else _known(base, modules))
+    found.discard(None)
+    found.discard(module)
+    return found
+
+
+def modules_over(root: Path, limit: int) -> dict[str, int]:
+    """{module: line count} of the modules under `root` longer than `limit` lines."""
+    lengths = {name: len(path.read_text(encoding="utf-8").splitlines())
+               for name, path in module_files(root).items()}
+    return {name: n for name, n in lengths.items() if n > limit}
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    modules = module_files(root)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles (a -> b -> ... -> a): in every strongly connected component, the shortest through
+    each of its modules, so every module caught in one is named."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:              # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+
+    out: list[list[str]] = []
+    for component in components:
+        members = set(component)
+        for start in component:
+            cycle = _shortest_cycle(graph, members, start)
+            first = cycle.index(min(cycle[:-1]))
+            cycle = cycle[first:-1] + cycle[:first] + [cycle[first]]   # the same cycle starts alike
+            if cycle not in out:
+                out.append(cycle)
+    return out
+
+
+def _shortest_cycle(graph: dict[str, set[str]], members: set[str], start: str) -> list[str]:
+    """start -> ... -> start inside one strongly connected component (breadth first)."""
+    parent: dict[str, str] = {}
+    frontier = [start]
+    while start not in parent:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & members):
+                if nxt not in parent:
+                    parent[nxt] = node
+                    following.append(nxt)
+        frontier = following
+    path = [start]
+    node = parent[start]
+    while node != start:
+        path.append(node)
+        node = parent[node]
+    return [start, *reversed(path[1:]), start]
+
+
+# --------------------------------------------------------------------------- the library
+
+def test_no_module_in_audit_is_over_600_lines():
+    assert len(module_files(AUDIT)) > 10, "audit/ was not found"
+    too_long = modules_over(AUDIT, MAX_LINES)
+    assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
+
+
+def test_audit_has_no_import_cycle():
+    graph = import_graph(AUDIT)
+    assert graph["audit.cli"], "no imports found: the graph reader is broken"
+    found = cycles(graph)
+    assert not found, "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+# --------------------------------------------------------------------------- the checks themselves
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for rel, text in {"__init__.py": "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_the_graph_resolves_every_import_form(tmp_path):
+    root = _package(tmp_path, {
+        "a.py": "from .b import x\nimport pkg.c\n",
+        "b.py": "def f():\n    from . import c\n    from pkg import d\n",
+        "c.py": "from pkg.sub.e import y\n",
+        "d.py": "import os\nfrom collections import deque\n",
+        "sub/__init__.py": "",
+        "sub/e.py": "from ..d import z\nfrom . import f\n",
+        "sub/f.py": "class K:\n    def m(self):\n        from .. import a\n",
+    })
+    assert import_graph(root) == {
+        "pkg": set(), "pkg.a": {"pkg.b", "pkg.c"}, "pkg.b": {"pkg.c", "pkg.d"}, "pkg.c": {"pkg.sub.e"},
+        "pkg.d": set(), "pkg.sub": set(), "pkg.sub.e": {"pkg.d", "pkg.sub.f"}, "pkg.sub.f": {"pkg.a"},
+    }
+
+
+def test_a_cycle_through_a_function_level_import_in_a_subpackage_is_found(tmp_path):
+    root = _package(tmp_path, {
+        "a.py": "from .sub.e import y\n",
+        "b.py": "",
+        "sub/__init__.py": "",
+        "sub/e.py": "def f():\n    from ..a import x\n",
+    })
+    assert cycles(import_graph(root)) == [["pkg.a", "pkg.sub.e", "pkg.a"]]
+
+
+def test_an_acyclic_graph_has_no_cycle():
+    assert cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b", "c"}, "b": {"a"}, "c": {"a"}}) == [["a", "b", "a"], ["a", "c", "a"]]
+
+
+def test_a_long_module_in_a_subpackage_is_found(tmp_path):
+    root = _package(tmp_path, {"ok.py": "x = 1\n" * MAX_LINES, "sub/__init__.py": "",
+                               "sub/long.py": "x = 1\n" * (MAX_LINES + 1)})
+    assert modules_over(root, MAX_LINES) == {"pkg.sub.long": MAX_LINES + 1}
