@@ -1781,3 +1781,23 @@ def build_report(run_dir: str | Path) -> dict[str, Path | list[Path]]:
     index_html.write_text(render_html(blocks), encoding="utf-8")
     return {"index_md": index_md, "index_html": index_html,
             "figures": [run_dir / f.filename for f in figures]}
+
+
+# --------------------------------------------------------------------------- TEMP shim for compare (drop at merge)
+# The report package (another branch) exports these names; compare is written against them.
+
+def write_page(out_dir: Path, blocks: list[Block], title: str) -> dict[str, Path]:
+    """out_dir/index.md and out_dir/index.html from one list of blocks."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index_md, index_html = out_dir / "index.md", out_dir / "index.html"
+    index_md.write_text(render_markdown(blocks), encoding="utf-8")
+    index_html.write_text(render_html(blocks).replace(
+        "<title>attn-audit report</title>", f"<title>{html.escape(title)}</title>", 1), encoding="utf-8")
+    return {"index_md": index_md, "index_html": index_html}
+
+
+save_figure = _save
+legend_below = _legend_below
+suptitle = _suptitle
+variant_colors = _variant_colors
