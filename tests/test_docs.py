@@ -20,16 +20,23 @@ def test_every_record_column_documented(column):
     assert f"| `{column}` |" in README
 
 
-def _run_options() -> list[str]:
+def _options(command: str) -> list[str]:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    return [opt for action in sub.choices["run"]._actions for opt in action.option_strings
+    return [opt for action in sub.choices[command]._actions for opt in action.option_strings
             if opt.startswith("--") and opt != "--help" and action.help != argparse.SUPPRESS]
 
 
-@pytest.mark.parametrize("option", _run_options())
+@pytest.mark.parametrize("option", _options("run"))
 def test_every_run_option_documented(option):
     assert f"`{option}" in README
+
+
+@pytest.mark.parametrize("option", _options("compare"))
+def test_every_compare_option_documented(option):
+    """In the compare options table of README's Compare two runs."""
+    section = README.split("## Compare two runs", 1)[1].split("\n## ", 1)[0]
+    assert f"| `{option}" in section
 
 
 @pytest.mark.parametrize("scenario", list(inputs.SCENARIOS))
