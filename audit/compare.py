@@ -117,8 +117,9 @@ def compare_cells(a: pd.DataFrame, b: pd.DataFrame, noise_sd: float | None = Non
     run-to-run noise {phase: {"used": sd, "measured": sd or None, "cells": n}}.
 
     Latency columns: {phase}_ratio, {phase}_low, {phase}_high (the interval widened by the
-    run-to-run term), {phase}_method. memory_{phase} and error: floored ratios
-    (compare_stats.floored_ratio). status_a, status_b, nonfinite (what changed)."""
+    run-to-run term), {phase}_method. memory_peak_bytes, memory_peak_fwd_bwd_bytes and error:
+    floored ratios (compare_stats.floored_ratio); energy; status_a, status_b; nonfinite (what
+    changed)."""
     a_rows = a.set_index("id", drop=False)
     b_rows = b.set_index("id", drop=False)
     matched = [i for i in a["id"] if i in b_rows.index]
@@ -132,7 +133,7 @@ def compare_cells(a: pd.DataFrame, b: pd.DataFrame, noise_sd: float | None = Non
             row.update({f"{phase}_ratio": ci.ratio, f"{phase}_low": ci.low, f"{phase}_high": ci.high,
                         f"{phase}_method": ci.method})
         both_ok = ra["status"] == "ok" and rb["status"] == "ok"
-        for column, phase in MEMORY_COLUMNS:
+        for column, _label in MEMORY_COLUMNS:
             row[f"memory_{column}"] = (stats.floored_ratio(_value(ra, column), _value(rb, column),
                                                            stats.MEMORY_FLOOR_BYTES) if both_ok else math.nan)
         row["error"] = (stats.floored_ratio(_value(ra, ERROR_COLUMN), _value(rb, ERROR_COLUMN),
