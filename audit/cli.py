@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmp = sub.add_parser("compare", help="compare run A (before) with run B (after), cell by cell",
                          description="Compare run A (before) with run B (after): per matched cell the latency "
-                                     "ratio B/A with a 95%% interval, peak-memory and error ratios, status and "
+                                     "ratio B/A with a 95% interval, peak-memory and error ratios, status and "
                                      "NaN/inf changes; findings and cells present in only one run; the two "
                                      "environments. Writes index.md, index.html, latency_ratios.png and "
                                      "cells.csv (README: Compare two runs).")
