@@ -1,4 +1,4 @@
-"""`python -m audit ...` / `attn-audit ...`: list, run, report.
+"""`python -m audit ...` / `attn-audit ...`: list, run, report, compare.
 
 Usage errors print one line naming the bad value and what is allowed, and exit
 with code 2 (no traceback).
@@ -46,7 +46,7 @@ AXIS_HELP = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attn-audit", description="Benchmark and numerically audit attention implementations.")
-    sub = parser.add_subparsers(dest="command", metavar="{list,run,report,merge}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{list,run,report,compare,merge}", parser_class=_Parser)
     sub.required = True
 
     sub.add_parser("list", help="print the built-in variants and the presets")
@@ -112,6 +112,21 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", metavar="DIR",
                      help="for a JSON file: the run folder to write (default: FILE-report/ beside it)")
 
+    cmp = sub.add_parser("compare", help="compare run A (before) with run B (after), cell by cell",
+                         description="Compare run A (before) with run B (after): per matched cell the latency "
+                                     "ratio B/A with a 95% interval, peak-memory and error ratios, status and "
+                                     "NaN/inf changes; findings and cells present in only one run; the two "
+                                     "environments. Writes index.md, index.html, latency_ratios.png and "
+                                     "cells.csv (README: Compare two runs).")
+    cmp.add_argument("a", metavar="A", help="before: run folder, or pytest-benchmark JSON file")
+    cmp.add_argument("b", metavar="B", help="after: run folder, or pytest-benchmark JSON file")
+    cmp.add_argument("--out", metavar="DIR", help="folder to write (default reports/compare-<timestamp>/)")
+    cmp.add_argument("--fail-on", action="append", default=[], metavar="SPEC",
+                     help="exit 1 when a cell regresses significantly beyond KIND:+N%%, KIND latency, memory "
+                          "or error (e.g. latency:+20%%); repeatable or comma-separated")
+    cmp.add_argument("--noise", type=float, metavar="SD",
+                     help="run-to-run noise to assume, as the standard deviation of log(B/A) (e.g. 0.1 for "
+                          "about 10%%), instead of measuring it from the matched cells")
     mrg = sub.add_parser("merge", help="combine the run folders of a grid's shards into one run folder",
                          description="Combine shard run folders (run --shard I/N) into one run folder that "
                                      "report reads like any other, then build its report. Refuses folders "
@@ -499,6 +514,37 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return _write_report(run_dir)
 
 
+def _cmd_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Exit 1 when a cell regresses significantly beyond a --fail-on threshold, else 0."""
+    from . import compare, compare_page
+    from .compare_stats import parse_fail_on
+
+    try:
+        thresholds = parse_fail_on(args.fail_on)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.noise is not None and not args.noise >= 0:
+        raise UsageError(f"--noise: {args.noise!r} is not a standard deviation >= 0 (e.g. 0.1)")
+    out = Path(args.out) if args.out else Path("reports") / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
+    result = compare.compare_runs(args.a, args.b, out, thresholds, args.noise)
+    paths = compare_page.write(result, out, list(argv))
+    for warning in result.warnings:
+        print(f"attn-audit: warning: {warning}", file=sys.stderr)
+    for line in compare_page.summary_lines(result):
+        print(line)
+    print(f"comparison: {paths['index_md']} (also {paths['index_html'].name}, {paths['cells_csv'].name}"
+          + (f", {paths['figure'].name})" if "figure" in paths else ")"))
+    if result.failed.empty:
+        if thresholds:
+            print(f"no cell regressed significantly beyond {', '.join(str(t) for t in thresholds)}")
+        return 0
+    print(f"FAILED: {result.failed['id'].nunique()} cells regressed significantly beyond a --fail-on threshold:")
+    for row in result.failed.itertuples(index=False):
+        interval = f" 95% CI [{row.low:.3g}, {row.high:.3g}]" if row.low == row.low else ""
+        print(f"  {row.id}  {row.metric} B/A {row.ratio:.3g}{interval}  ({row.rule})")
+    return 1
+
+
 def _cmd_merge(args: argparse.Namespace) -> int:
     from .merge import describe, merge
 
@@ -518,6 +564,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_list()
         if args.command == "run":
             return _cmd_run(args, ["attn-audit", *argv], started)
+        if args.command == "compare":
+            return _cmd_compare(args, ["attn-audit", *argv])
         if args.command == "merge":
             return _cmd_merge(args)
         return _cmd_report(args)

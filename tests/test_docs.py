@@ -34,6 +34,13 @@ def test_every_option_documented(command, option):
     assert f"`{option}" in README
 
 
+@pytest.mark.parametrize("option", [opt for command, opt in _options() if command == "compare"])
+def test_every_compare_option_documented(option):
+    """In the compare options table of README's Compare two runs."""
+    section = README.split("## Compare two runs", 1)[1].split("\n## ", 1)[0]
+    assert f"| `{option}" in section
+
+
 @pytest.mark.parametrize("scenario", list(inputs.SCENARIOS))
 def test_every_scenario_documented(scenario):
     assert f"`{scenario}`" in README
