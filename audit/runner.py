@@ -17,15 +17,17 @@ from typing import Any, Callable, Iterable
 
 from . import records
 from .grid import Case, Preset
-from .inputs import Inputs, make_inputs
+from .inputs import TORCH_DTYPES, Inputs, make_inputs
 from .memory import held_bytes, peak_during, pin_malloc_threshold
-from .numerics import (BACKWARD_FLOP_FACTOR, attention_flops, changed_max, classify_masked_rows,
-                       error_vs_reference, nonfinite_counts, relative_error, within_budget)
-from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices
+from .numerics import (BACKWARD_FLOP_FACTOR, SaturationAccumulator, attention_flops, changed_max,
+                       classify_masked_rows, error_vs_reference, nonfinite_counts, relative_error,
+                       within_budget)
+from .reference import (Golden, golden_attention, golden_prob_chunks, golden_slices, row_visibility,
+                        take_slices, visibility)
 from .timing import (DeviceTimingFailed, Samples, cache_flusher, cuda_graph_replay, measure, measure_device,
                      sync_for, time_call)
-from .variants import (BackwardUnsupported, Unsupported, Variant, compiled_graph_count, fused_attention_count,
-                       resolve)
+from .variants import (BackwardUnsupported, Unsupported, Variant, compiled_graph_count, eager_attention,
+                       fused_attention_count, resolve)
 
 RUN_FILE = "run.json"
 
@@ -70,7 +72,6 @@ def check_output(out: Any, q: Any, v: Any) -> None:
 
 
 def _dtype_name(dtype: Any) -> str:
-    from .inputs import TORCH_DTYPES
     name = str(dtype).replace("torch.", "")
     return next((short for short, long in TORCH_DTYPES.items() if long == name), name)
 
@@ -118,7 +119,6 @@ def _leak_checks(inputs: Inputs, tq: int, tk: int) -> list[tuple[Any, Any]]:
     None of the pairs exists when the scenario masks nothing.
     """
     import torch
-    from .reference import visibility
     vis = visibility(tq, tk, 0, tq, causal=inputs.causal, visible=inputs.visible,
                      device=inputs.q.device)
     if vis is None:
@@ -169,8 +169,6 @@ def _variant_weight_metrics(variant: Variant, inputs: Inputs, ref: "Reference", 
     """Saturation, underflow and leaked mass from the variant's own attention weights, on the
     golden's (batch, head) slices (all of them unless golden_subset says otherwise)."""
     import torch
-    from .numerics import SaturationAccumulator
-    from .reference import golden_prob_chunks
 
     q, k = ref.take(q), ref.take(k)                                              # (B|1, H|k, Tq, d)
     mask, visible = ref.take(inputs.mask), ref.take(inputs.visible)
@@ -502,30 +500,34 @@ class InputCache:
         if case.input_key != self.key:
             self.inputs = self.ref = None  # free the previous set first
             self.key = None
-            inputs = make_inputs(case)
-            tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
-            slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device)
-            q, k, v, grad_out = (take_slices(t, slices) for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out))
-            visible = take_slices(inputs.visible, slices)
-            golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible)
+            self.inputs = make_inputs(case)
+            self.ref = build_reference(case, self.inputs)
             self.golden_calls += 1
-            bottom_right = None
-            if inputs.causal and tq != tk:
-                bottom_right = golden_attention(q, k, v, causal=True, visible=visible, alignment="bottom-right")
-            rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible)
-            self.inputs = inputs
-            self.ref = Reference(golden, bottom_right,
-                                 _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden),
-                                 leak_probes(inputs), slices, rows)
             self.key = case.input_key
         return self.inputs, self.ref
+
+
+def build_reference(case: Case, inputs: Inputs) -> Reference:
+    """Float64 golden(s), same-dtype baseline and leak probes of one input set
+    (audit.repro copies this into reproduction scripts: keep its imports at module level)."""
+    tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
+    slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device)
+    q, k, v, grad_out = (take_slices(t, slices) for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out))
+    visible = take_slices(inputs.visible, slices)
+    golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible)
+    bottom_right = None
+    if inputs.causal and tq != tk:
+        bottom_right = golden_attention(q, k, v, causal=True, visible=visible, alignment="bottom-right")
+    rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible)
+    return Reference(golden, bottom_right,
+                     _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden),
+                     leak_probes(inputs), slices, rows)
 
 
 def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden) -> float | None:
     """RMSE of hand-written attention in the input dtype: the error budget's yardstick
     (on the golden's slices)."""
     import torch
-    from .variants import eager_attention
     try:
         with torch.no_grad():
             out = eager_attention(q, k, v, mask=mask, causal=causal)
@@ -685,6 +687,8 @@ def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: 
                    env: dict[str, Any], n_cells: int, ceilings: dict | None = None) -> None:
     info = {"schema": records.SCHEMA_VERSION, "preset": preset.name,
             "axes": {k: list(v) for k, v in axes.items()}, "argv": argv,
+            # where plug-ins were imported from (cwd and PYTHONPATH): reproduction scripts import them so
+            "cwd": os.getcwd(), "pythonpath": os.environ.get("PYTHONPATH", ""),
             "started_at": _utc_now(), "env": env, "n_cells": n_cells, "ceilings": ceilings,
             "timing": {"min_samples": preset.min_samples, "min_time_s": preset.min_time_s,
                        "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s,
