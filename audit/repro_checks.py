@@ -34,6 +34,7 @@ from .variants import BackwardUnsupported, fused_attention_count
 CHILD_FLAG = "--child"
 CHILD_READY = "repro-child: inputs built, calling the variant"
 CHILD_OK = "repro-child: the variant ran forward and backward and returned a valid output"
+CHILD_AUDIT_FAILED = "repro-child: attn-audit's own measuring code (the float64 reference) failed"
 EXIT_DEFECT, EXIT_GONE, EXIT_CANNOT_CHECK = 1, 0, 2
 
 
@@ -353,16 +354,23 @@ def verify_cell_failed(case: Any, inputs: Any, load_variant: Callable, recorded:
     else:
         tail = [line for line in text.splitlines() if line.strip() and not line.startswith("repro-child:")]
         how = f"exit code {done.returncode}" + (f": {tail[-1].strip()}" if tail else "")
-    lines.append(f"now: the call {how}")
+    who = "attn-audit's measuring code (not the variant)" if CHILD_AUDIT_FAILED in text else "the call"
+    lines.append(f"now: {who}: {how}")
     lines += ["  " + line for line in text.splitlines()[-12:] if not line.startswith("repro-child:")]
     return True, lines, {"status": "error"}
 
 
 def cell_failed_child(case: Any, inputs: Any, load_variant: Callable) -> int:
-    """The child of verify_cell_failed: forward, the output contract, backward."""
+    """The child of verify_cell_failed: the audit's reference for the cell (a cell can fail
+    there too), then the variant's forward, its output contract, backward."""
     import torch
     attention, _ = load_variant()
     print(CHILD_READY, flush=True)
+    try:
+        build_reference(case, inputs)
+    except Exception:
+        print(CHILD_AUDIT_FAILED, flush=True)
+        raise
     q, k, v, out = call_variant(attention, inputs)
     check_output(out, q, v)
     if q.requires_grad:
