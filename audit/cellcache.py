@@ -10,8 +10,8 @@ from typing import Any, Callable
 from .grid import Case
 from .inputs import Inputs, make_inputs
 from .numerics import error_vs_reference
-from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices
-from .variants import Variant
+from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices, visibility
+from .variants import Variant, eager_attention
 
 
 def _leak_checks(inputs: Inputs, tq: int, tk: int) -> list[tuple[Any, Any]]:
@@ -22,7 +22,6 @@ def _leak_checks(inputs: Inputs, tq: int, tk: int) -> list[tuple[Any, Any]]:
     None of the pairs exists when the scenario masks nothing.
     """
     import torch
-    from .reference import visibility
     vis = visibility(tq, tk, 0, tq, causal=inputs.causal, visible=inputs.visible,
                      device=inputs.q.device)
     if vis is None:
@@ -96,30 +95,34 @@ class InputCache:
         if case.input_key != self.key:
             self.inputs = self.ref = None  # free the previous set first
             self.key = None
-            inputs = make_inputs(case)
-            tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
-            slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device)
-            q, k, v, grad_out = (take_slices(t, slices) for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out))
-            visible = take_slices(inputs.visible, slices)
-            golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible)
+            self.inputs = make_inputs(case)
+            self.ref = build_reference(case, self.inputs)
             self.golden_calls += 1
-            bottom_right = None
-            if inputs.causal and tq != tk:
-                bottom_right = golden_attention(q, k, v, causal=True, visible=visible, alignment="bottom-right")
-            rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible)
-            self.inputs = inputs
-            self.ref = Reference(golden, bottom_right,
-                                 _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden),
-                                 leak_probes(inputs), slices, rows)
             self.key = case.input_key
         return self.inputs, self.ref
+
+
+def build_reference(case: Case, inputs: Inputs) -> Reference:
+    """Float64 golden(s), same-dtype baseline and leak probes of one input set
+    (audit.repro copies this into reproduction scripts: keep its imports at module level)."""
+    tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
+    slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device)
+    q, k, v, grad_out = (take_slices(t, slices) for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out))
+    visible = take_slices(inputs.visible, slices)
+    golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible)
+    bottom_right = None
+    if inputs.causal and tq != tk:
+        bottom_right = golden_attention(q, k, v, causal=True, visible=visible, alignment="bottom-right")
+    rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible)
+    return Reference(golden, bottom_right,
+                     _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden),
+                     leak_probes(inputs), slices, rows)
 
 
 def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden) -> float | None:
     """RMSE of hand-written attention in the input dtype: the error budget's yardstick
     (on the golden's slices)."""
     import torch
-    from .variants import eager_attention
     try:
         with torch.no_grad():
             out = eager_attention(q, k, v, mask=mask, causal=causal)

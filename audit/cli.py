@@ -475,9 +475,10 @@ def _describe_exit(code: int) -> str:
 def _write_report(run_dir: Path) -> int:
     """Findings from the records, then figures and index: no torch computation."""
     from .findings import write_findings
+    from .repro import write_repro_scripts
     from .report import build_report
 
-    found = write_findings(run_dir)
+    found = write_repro_scripts(run_dir, write_findings(run_dir))   # DIR/repro/: a script per finding
     paths = build_report(run_dir)
     by_severity = {s: sum(f["severity"] == s for f in found) for s in ("error", "warning", "info")}
     print(f"findings: {by_severity['error']} error, {by_severity['warning']} warning, "

@@ -17,6 +17,9 @@ FINDINGS_FILE = "findings.json"
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 FINFO_MIN_SCENARIO = "fully_masked_finfo_min"
 FP16_RANGE_SCENARIO = "fp16_range"
+SATURATION_EXCESS = 0.25     # a variant's one-hot row fraction above the golden's by more: `saturation`
+INPUT_SATURATION = 0.5       # the golden's one-hot row fraction above which inputs saturate softmax
+UNDERFLOW_FRAC = 0.01        # probabilities exactly 0 where float64 is positive, above which: `underflow`
 
 
 def _finding(check: str, severity: str, variant: str, message: str, cells: Iterable[str]) -> dict:
@@ -147,7 +150,7 @@ def check_saturation(frame: pd.DataFrame) -> list[dict]:
     ok = _ok(frame)
     found = []
     own = ok[(ok.get("saturation_source") == "variant")
-             & (_num(ok, "onehot_frac") - _num(ok, "golden_onehot_frac") > 0.25)]
+             & (_num(ok, "onehot_frac") - _num(ok, "golden_onehot_frac") > SATURATION_EXCESS)]
 
     def make(variant: str, g: pd.DataFrame) -> dict:
         return _finding("saturation", "warning", variant,
@@ -156,7 +159,7 @@ def check_saturation(frame: pd.DataFrame) -> list[dict]:
                         f"float64 golden has at most {_num(g, 'golden_onehot_frac').max():.0%} "
                         f"({len(g)} cell(s); {_where(g)}). Gradients through such rows vanish.", g["id"])
     found += _per_variant(own, make)
-    inputs = ok[_num(ok, "golden_onehot_frac") > 0.5]
+    inputs = ok[_num(ok, "golden_onehot_frac") > INPUT_SATURATION]
     for scenario, g in inputs.groupby("scenario"):
         found.append(_finding("input_saturation", "info", "*",
                               f"Inputs of scenario {scenario} saturate softmax: up to "
@@ -211,7 +214,7 @@ def check_alignment(frame: pd.DataFrame) -> list[dict]:
 
 def check_underflow(frame: pd.DataFrame) -> list[dict]:
     ok = _ok(frame)
-    rows = ok[_num(ok, "underflow_frac") > 0.01]
+    rows = ok[_num(ok, "underflow_frac") > UNDERFLOW_FRAC]
 
     def make(variant: str, g: pd.DataFrame) -> dict:
         return _finding("underflow", "info", variant,

@@ -173,14 +173,23 @@ def mask_shape(case: Case) -> tuple[str, tuple[int, ...]] | None:
 
 
 def make_inputs(case: Case) -> Inputs:
-    import torch
-
     if case.scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {case.scenario!r}")
     scenario = SCENARIOS[case.scenario]
+    return draw_inputs(case, scenario.draw, scenario.q_len(case.seq_len))
+
+
+def draw_inputs(case: Case, draw: Callable[..., dict], tq: int) -> Inputs:
+    """The input set of `case` from its scenario's draw function and query length.
+
+    Uses no registry: audit.repro copies it, with the draw function, into standalone
+    reproduction scripts (keep what it calls at module level, imports included).
+    """
+    import torch
+
     gen = torch.Generator().manual_seed(seed_for(case))
-    tq, tk = scenario.q_len(case.seq_len), case.seq_len
-    drawn = scenario.draw(case, gen, tq, tk)
+    tk = case.seq_len
+    drawn = draw(case, gen, tq, tk)
     dtype = torch_dtype(case.dtype)
 
     def to_cell(t):

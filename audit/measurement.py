@@ -14,12 +14,12 @@ from typing import Any, Callable
 
 from .cellcache import BuildCache, Reference
 from .grid import Case
-from .inputs import Inputs
+from .inputs import TORCH_DTYPES, Inputs
 from .memory import held_bytes, peak_during
-from .numerics import (BACKWARD_FLOP_FACTOR, attention_flops, changed_max, classify_masked_rows,
+from .numerics import (BACKWARD_FLOP_FACTOR, SaturationAccumulator, attention_flops, changed_max, classify_masked_rows,
                        error_vs_reference, nonfinite_counts, relative_error, within_budget)
 from .presets import Preset
-from .reference import Golden
+from .reference import Golden, golden_prob_chunks
 from .timing import (DeviceTimingFailed, Samples, cache_flusher, cuda_graph_replay, measure, measure_device,
                      sync_for, time_call)
 from .variants import BackwardUnsupported, Variant, compiled_graph_count, fused_attention_count
@@ -57,7 +57,6 @@ def check_output(out: Any, q: Any, v: Any) -> None:
 
 
 def _dtype_name(dtype: Any) -> str:
-    from .inputs import TORCH_DTYPES
     name = str(dtype).replace("torch.", "")
     return next((short for short, long in TORCH_DTYPES.items() if long == name), name)
 
@@ -95,8 +94,6 @@ def _variant_weight_metrics(variant: Variant, inputs: Inputs, ref: "Reference", 
     """Saturation, underflow and leaked mass from the variant's own attention weights, on the
     golden's (batch, head) slices (all of them unless golden_subset says otherwise)."""
     import torch
-    from .numerics import SaturationAccumulator
-    from .reference import golden_prob_chunks
 
     q, k = ref.take(q), ref.take(k)                                              # (B|1, H|k, Tq, d)
     mask, visible = ref.take(inputs.mask), ref.take(inputs.visible)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from .numerics import SaturationAccumulator
+from .numerics import BACKWARD_FLOP_FACTOR, SaturationAccumulator, attention_flops
 
 CHUNK_BYTES = 32 * 2**20        # float64 score block per chunk on the CPU; backward holds a few
 CUDA_CHUNK_BYTES = 256 * 2**20  # on a GPU: fewer, larger chunks (each chunk costs launches and syncs)
@@ -162,7 +162,6 @@ def row_visibility(tq: int, tk: int, *, causal: bool, device: Any, visible: Any 
 
 def golden_flops(tq: int, tk: int, d: int, causal: bool) -> float:
     """Float64 FLOPs of one (batch, head) slice's golden, forward and backward."""
-    from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
     return float(attention_flops(1, 1, tq, tk, d, causal)) * (1 + BACKWARD_FLOP_FACTOR)
 
 

@@ -165,6 +165,8 @@ def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: 
     from . import code_version
     info = {"schema": records.SCHEMA_VERSION, "code_version": code_version(), "preset": preset.name,
             "axes": {k: list(v) for k, v in axes.items()}, "argv": argv,
+            # where plug-ins were imported from (cwd and PYTHONPATH): reproduction scripts import them so
+            "cwd": os.getcwd(), "pythonpath": os.environ.get("PYTHONPATH", ""),
             "started_at": _utc_now(), "env": env, "n_cells": n_cells, "ceilings": ceilings,
             "timing": {"min_samples": preset.min_samples, "min_time_s": preset.min_time_s,
                        "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s,

@@ -12,6 +12,7 @@ j <= i), as `scaled_dot_product_attention(is_causal=True)`. scale: None means
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -334,9 +335,9 @@ def _builtins() -> dict[str, Variant]:
         Variant("eager_fp32", "hand-written; scores and softmax upcast to fp32, cast back for P·V",
                 lambda: eager_fp32_attention, probs=eager_fp32_probs),
         Variant("compiled", "torch.compile(eager), default settings (Inductor may rewrite it into SDPA)",
-                lambda: _compiled(None), compiled=True, family="compiled"),
+                functools.partial(_compiled, None), compiled=True, family="compiled"),
         Variant("compiled_unfused", "torch.compile(eager) with pattern matching off: the hand-written math compiled",
-                lambda: _compiled({"pattern_matcher": False}), compiled=True, family="compiled"),
+                functools.partial(_compiled, {"pattern_matcher": False}), compiled=True, family="compiled"),
         Variant("sdpa", "F.scaled_dot_product_attention, the dispatcher's choice of backend",
                 lambda: _sdpa(None), family="sdpa", backend=sdpa_dispatch_choice),
         Variant("sdpa_math", "SDPA forced to the MATH backend (reference C++ composite)",
