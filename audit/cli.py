@@ -475,14 +475,19 @@ def _describe_exit(code: int) -> str:
 def _write_report(run_dir: Path) -> int:
     """Findings from the records, then figures and index: no torch computation."""
     from .findings import write_findings
+    from .records import read_records, to_frame
     from .repro import write_repro_scripts
-    from .report import build_report
+    from .report import build_report, is_control_finding, negative_control_check
 
     found = write_repro_scripts(run_dir, write_findings(run_dir))   # DIR/repro/: a script per finding
     paths = build_report(run_dir)
-    by_severity = {s: sum(f["severity"] == s for f in found) for s in ("error", "warning", "info")}
-    print(f"findings: {by_severity['error']} error, {by_severity['warning']} warning, "
-          f"{by_severity['info']} info ({run_dir / 'findings.json'})")
+    real = [f for f in found if not is_control_finding(f)]
+    by_severity = {s: sum(f["severity"] == s for f in real) for s in ("error", "warning", "info")}
+    controls = negative_control_check(to_frame(read_records(run_dir)), found)
+    missed = ", ".join(controls.loc[~controls["flagged"], "control"])
+    print(f"findings about real code: {by_severity['error']} error, {by_severity['warning']} warning, "
+          f"{by_severity['info']} info ({run_dir / 'findings.json'}); negative controls flagged: "
+          f"{int(controls['flagged'].sum())}/{len(controls)}" + (f" (NOT flagged: {missed})" if missed else ""))
     print(f"report: {paths['index_md']} (also {paths['index_html'].name}, {len(paths['figures'])} figures)")
     return 0
 

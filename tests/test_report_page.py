@@ -187,6 +187,15 @@ def test_repro_links_only_when_findings_have_them(built: dict, tmp_path: Path) -
     assert "repro" not in md and "| severity | check | variant | message | cells |" in md
 
 
+def test_a_finding_without_a_script_shows_why() -> None:
+    """repro_reason stands in the repro column, as text, where there is no script."""
+    findings = [dict(FINDINGS[0]), {k: v for k, v in FINDINGS[1].items() if k != "repro"}]
+    findings[1]["repro_reason"] = "nothing overflowed: nothing to reproduce"
+    md = render_markdown(findings_section(findings, pd.DataFrame({"status": [], "variant": []})))
+    assert "| nothing overflowed: nothing to reproduce |" in md
+    assert "[nonfinite_sdpa.py](repro/nonfinite_sdpa.py)" in md
+
+
 def test_write_page_writes_both_files_with_the_same_template(tmp_path: Path) -> None:
     blocks = [Heading(1, "compare"), Contents(), Heading(2, "Delta"), para("one table"),
               Table(pd.DataFrame({"variant": ["sdpa"], "ratio": [1.5]}))]

@@ -65,7 +65,7 @@ def _findings_display(table: pd.DataFrame) -> pd.DataFrame:
     """findings_table for reading: severity as a badge, repro as a link."""
     shown = severity_badges(table)
     if "repro" in shown.columns:
-        shown["repro"] = [Link(Path(p).name, p) if isinstance(p, str) and p else None
+        shown["repro"] = [Link(Path(p).name, p) if isinstance(p, str) and p.endswith(".py") else p
                           for p in shown["repro"]]
     return shown
 
