@@ -39,6 +39,8 @@ AXIS_HELP = {
     "seq_len": "sequence lengths (positive integers)",
     "batch": "batch sizes (positive integers)",
     "heads": "numbers of heads (positive integers)",
+    "kv_heads": "numbers of key/value heads (positive integers dividing --heads; default: = heads, "
+                "multi-head; fewer: GQA, 1: MQA)",
     "causal": "causal masking: true, false or both (true false)",
     "scenario": "input scenarios: " + ", ".join(SCENARIOS) + " (README: Input scenarios)",
 }
@@ -174,7 +176,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
 
     overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}
     cases = grid.preset_cases(preset, overrides, known_variant=variants.check_name)
-    axes = {a: tuple(dict.fromkeys(getattr(c, a) for c in cases)) for a in AXES}
+    axes = {a: tuple(dict.fromkeys(c.axes()[a] for c in cases)) for a in AXES}
     if args.dry_run:
         return _dry_run(cases, preset, Path(args.out) if args.out else None, started)
     for flag, on in (("--cuda-graph", preset.cuda_graph), ("--l2-flush", preset.l2_flush)):

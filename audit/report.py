@@ -54,7 +54,7 @@ SEED_CLAIMS_FILE = "seed_claims.csv"
 GOLDEN_SOURCE_PREFERENCE = ("sdpa", "sdpa_math", "compiled")
 # Axes along which a per-cell label (masked_rows, causal_alignment) may differ; the first
 # axis that explains the difference is named, e.g. "nan (fp32), other (fp16)".
-DESCRIBE_AXES = ("dtype", "causal", "device", "d_k", "seq_len", "batch", "heads")
+DESCRIBE_AXES = ("dtype", "causal", "device", "d_k", "seq_len", "batch", "heads", "kv_heads")
 
 
 # --------------------------------------------------------------------------- blocks
@@ -312,7 +312,7 @@ def _representative_slice(rows: pd.DataFrame,
                           vary: tuple[str, ...] = ()) -> tuple[pd.DataFrame, str]:
     """Fix the axes a plot does not show, so its lines compare like with like.
 
-    causal=False is preferred; device, heads and scenario take their most common value.
+    causal=False is preferred; device, heads, kv_heads and scenario take their most common value.
     The batch is fixed in one of two ways, whichever keeps more sequence lengths: at its
     most common value (a sweep at fixed B), or at a fixed number of tokens B·T per cell
     (a sweep like the gpu preset's, where B shrinks as T grows). Returns the rows and a
@@ -323,8 +323,8 @@ def _representative_slice(rows: pd.DataFrame,
         causal = chosen["causal"].astype(bool)
         chosen = chosen[~causal] if (~causal).any() else chosen
     labels: list[str] = []
-    for axis in ("device", "batch", "heads", "causal", "scenario"):
-        if axis in vary or not len(chosen):
+    for axis in ("device", "batch", "heads", "kv_heads", "causal", "scenario"):
+        if axis in vary or not len(chosen) or axis not in chosen.columns:
             continue
         if axis == "batch":
             chosen, label = _fix_batch(chosen)
@@ -332,7 +332,8 @@ def _representative_slice(rows: pd.DataFrame,
             continue
         value = chosen[axis].mode().iloc[0]
         chosen = chosen[chosen[axis] == value]
-        labels.append(_axis_label(axis, value))
+        if axis != "kv_heads" or (chosen["kv_heads"] != chosen["heads"]).any():   # MHA: no KV label
+            labels.append(_axis_label(axis, value))
     return chosen, " ".join(labels)
 
 
@@ -352,6 +353,8 @@ def _axis_label(axis: str, value: Any) -> str:
         return f"B{value}"
     if axis == "heads":
         return f"H{value}"
+    if axis == "kv_heads":
+        return f"KV{value}"
     if axis == "causal":
         return "causal" if value else "full"
     if axis == "d_k":

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 from . import records
 from .grid import Case, Preset
-from .inputs import Inputs, make_inputs
+from .inputs import Inputs, cell_needs, make_inputs
 from .memory import held_bytes, peak_during, pin_malloc_threshold
 from .numerics import (BACKWARD_FLOP_FACTOR, attention_flops, changed_max, classify_masked_rows,
                        error_vs_reference, nonfinite_counts, relative_error, within_budget)
@@ -172,14 +172,16 @@ def _variant_weight_metrics(variant: Variant, inputs: Inputs, ref: "Reference", 
     from .numerics import SaturationAccumulator
     from .reference import golden_prob_chunks
 
-    q, k = ref.take(q), ref.take(k)                                              # (B|1, H|k, Tq, d)
+    q, k = ref.take(q), ref.take_kv(k)                                           # (B|1, H|k, Tq, d)
     mask, visible = ref.take(inputs.mask), ref.take(inputs.visible)
     with torch.no_grad():
-        probs = variant.probs(q, k, mask=mask, causal=inputs.causal)             # (B, H, Tq, Tk)
+        probs = variant.probs(q, k, mask=mask, causal=inputs.causal,
+                              score_mod=inputs.score_mod)                         # (B, H, Tq, Tk)
     sat = SaturationAccumulator()
     zero_where_golden_positive = golden_positive = 0
     leaked = None
-    for r0, r1, gold, vis in golden_prob_chunks(q, k, causal=inputs.causal, visible=visible):
+    for r0, r1, gold, vis in golden_prob_chunks(q, k, causal=inputs.causal, visible=visible,
+                                                score_mod=inputs.score_mod):
         p = probs[:, :, r0:r1].double()                                          # (B, H, rows, Tk)
         visx = None if vis is None else vis.expand_as(p)
         sat.add(p, visx)
@@ -213,7 +215,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     graphs_before = compiled_graph_count() if variant.compiled else 0
     fused_before = fused_attention_count() if variant.compiled else 0
     q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
-    kwargs = dict(mask=inputs.mask, causal=inputs.causal)
+    kwargs = inputs.call_kwargs()
     tq, tk = q.shape[-2], k.shape[-2]
 
     def forward():
@@ -261,7 +263,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}",
                          "golden_subset": None if ref.slices is None else [list(p) for p in ref.slices]}
     if variant.backend is not None:
-        m["sdpa_backend"] = variant.backend(q, k, v, **kwargs)
+        m["sdpa_backend"] = variant.backend(q, k, v, mask=inputs.mask, causal=inputs.causal)
     golden = ref.golden
     out, m["peak_bytes"] = peak_during(forward, case.device)
     out = out.detach()
@@ -285,8 +287,9 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     if backward_reason is None:
         grads, m["peak_fwd_bwd_bytes"] = peak_during(forward_backward, case.device)
         m["grad_nan"], m["grad_inf"] = nonfinite_counts(grads)
-        for name, got, want in zip(("dq_err", "dk_err", "dv_err"), grads, (golden.dq, golden.dk, golden.dv)):
-            m[name] = relative_error(ref.take(got), want)
+        for name, got, want, take in zip(("dq_err", "dk_err", "dv_err"), grads, (golden.dq, golden.dk, golden.dv),
+                                         (ref.take, ref.take_kv, ref.take_kv)):
+            m[name] = relative_error(take(got), want)
         del grads
 
     fwd, fb, timer = _time_cell(case, preset, forward, forward_backward if backward_reason is None else None,
@@ -305,7 +308,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     if timed_on_device:
         m["host_bound"] = any(s.host_median_s > s.median_s for s in timed_on_device)
 
-    flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal)
+    flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal)   # per query head
     m["flops"] = flops
     m["gflops_per_s"] = flops / fwd.median_s / 1e9
     if fb is not None:
@@ -470,8 +473,9 @@ class Reference:
     """Everything computed once per input set: float64 golden(s) and the same-dtype baseline.
 
     The goldens cover `slices` (golden_subset: None means every (batch, head) slice);
-    take() cuts a variant's output or gradients down to the same slices before comparing.
-    `row_visible` covers the whole output, for the NaN/inf and masked-row checks.
+    take() cuts a variant's output or dq down to the same slices before comparing, take_kv()
+    k, v, dk or dv (Hkv heads: each slice's group once). `row_visible` covers the whole
+    output, for the NaN/inf and masked-row checks.
     """
 
     golden: Golden
@@ -480,9 +484,13 @@ class Reference:
     leak_probes: list = field(default_factory=list)  # leak_probes(inputs)
     slices: list[tuple[int, int]] | None = None
     row_visible: Any = None              # (B|1, 1, Tq) bool: rows that see a key
+    heads: int | None = None             # query heads (take_kv maps them to kv heads)
 
     def take(self, t: Any) -> Any:
         return take_slices(t, self.slices)
+
+    def take_kv(self, t: Any) -> Any:
+        return take_slices(t, self.slices, heads=self.heads)
 
 
 class InputCache:
@@ -504,31 +512,38 @@ class InputCache:
             self.key = None
             inputs = make_inputs(case)
             tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
-            slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device)
-            q, k, v, grad_out = (take_slices(t, slices) for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out))
+            slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device,
+                                   kv_heads=case.effective_kv_heads)
+            q, grad_out = (take_slices(t, slices) for t in (inputs.q, inputs.grad_out))
+            k, v = (take_slices(t, slices, heads=case.heads) for t in (inputs.k, inputs.v))
             visible = take_slices(inputs.visible, slices)
-            golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible)
+            mod = inputs.score_mod
+            golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible,
+                                      score_mod=mod)
             self.golden_calls += 1
             bottom_right = None
             if inputs.causal and tq != tk:
-                bottom_right = golden_attention(q, k, v, causal=True, visible=visible, alignment="bottom-right")
+                bottom_right = golden_attention(q, k, v, causal=True, visible=visible, alignment="bottom-right",
+                                                score_mod=mod)
             rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible)
             self.inputs = inputs
             self.ref = Reference(golden, bottom_right,
-                                 _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden),
-                                 leak_probes(inputs), slices, rows)
+                                 _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden,
+                                                mod),
+                                 leak_probes(inputs), slices, rows, case.heads)
             self.key = case.input_key
         return self.inputs, self.ref
 
 
-def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden) -> float | None:
+def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden,
+                   score_mod: Any = None) -> float | None:
     """RMSE of hand-written attention in the input dtype: the error budget's yardstick
     (on the golden's slices)."""
     import torch
     from .variants import eager_attention
     try:
         with torch.no_grad():
-            out = eager_attention(q, k, v, mask=mask, causal=causal)
+            out = eager_attention(q, k, v, mask=mask, causal=causal, score_mod=score_mod)
     except Exception:  # noqa: BLE001 - no baseline: budgets become null, not fake
         return None
     return error_vs_reference(out, golden.out, golden.row_visible)["rmse"]
@@ -559,7 +574,7 @@ class BuildCache:
         mask = inputs.mask
         mask_kind = None if mask is None else (str(mask.dtype), tuple(mask.shape))
         return (variant.name, str(inputs.q.device), str(inputs.q.dtype), tuple(inputs.q.shape),
-                tuple(inputs.k.shape), inputs.causal, mask_kind)
+                tuple(inputs.k.shape), inputs.causal, mask_kind, str(inputs.score_mod))
 
     def get(self, variant: Variant, inputs: Inputs) -> tuple[Callable[..., Any], Build]:
         if not variant.compiled:
@@ -583,6 +598,9 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
     oom = False
     try:
         variant = resolve(case.variant)
+        refusal = variant.refusal(cell_needs(case))
+        if refusal is not None:
+            raise Unsupported(refusal)
         _check_memory(case)
         inputs, ref = cache.get(case)
         rec.update(measure_cell(case, variant, inputs, ref, preset,
