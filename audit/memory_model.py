@@ -8,7 +8,10 @@ said): a lower bound, so a cell predicted not to fit cannot fit. Variants whose
 memory does not grow with the score matrix (fused SDPA kernels, flex, plug-ins)
 have no prediction here; a real out-of-memory still becomes `oom`. Under GQA the
 variants that copy k and v once per query head (repeat_interleave, as SDPA's MATH
-backend also does) hold those copies too (kv_copy_elements).
+backend also does) hold those copies too (kv_copy_elements). Whatever the variant,
+the call returns dq (B·H·Tq·d) and dk, dv (B·kv_heads·Tk·d each), all alive at its
+end: a second lower bound, which is the larger one when decoding (q_len 1) against a
+long key/value cache, and which shrinks with kv_heads.
 """
 from __future__ import annotations
 
@@ -47,9 +50,15 @@ def kv_copy_elements(case: Case) -> int:
     return 2 * case.batch * case.heads * case.seq_len * case.d_k
 
 
+def gradient_elements(case: Case, q_len: int) -> int:
+    """dq, dk and dv of one forward+backward: B·H·Tq·d + 2·B·kv_heads·Tk·d."""
+    return case.batch * case.d_k * (case.heads * q_len + 2 * case.effective_kv_heads * case.seq_len)
+
+
 def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
     """(lower bound of one forward+backward's peak bytes, how it was computed), or None
-    when this variant's memory is not predicted."""
+    when this variant's memory is not predicted: the larger of the score-matrix bound (with
+    GQA's k and v copies) and the gradients' bytes."""
     per_element = SCORE_BYTES.get(case.variant)
     if per_element is None and case.variant.startswith("broken."):
         per_element = NEGATIVE_CONTROL_SCORE_BYTES
@@ -62,6 +71,10 @@ def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
     copies = kv_copy_elements(case) * size
     if copies:
         how += f", plus k and v repeated per query head ({copies:.3g} bytes)"
+    grads = gradient_elements(case, q_len) * size
+    if grads > n * per + copies:
+        return grads, (f"the gradients dq, dk, dv: B·d·(H·Tq + 2·kv_heads·Tk) = "
+                       f"{gradient_elements(case, q_len):.3g} elements of {size} bytes (more than {how})")
     return n * per + copies, how
 
 
