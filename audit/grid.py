@@ -173,7 +173,7 @@ def presets() -> dict[str, Preset]:
                                "fully_masked_neginf", "sliding_window", "softcap")),
                 dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash") + GQA_CONTROLS, device=("cpu",),
                      dtype=("fp32",), d_k=(32,), seq_len=(64,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1),
-                     causal=(False, True), scenario=("normal", "sliding_window", "softcap")),
+                     causal=(True,), scenario=("normal", "sliding_window", "softcap")),
             ),
             min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0,
         ),
