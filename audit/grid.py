@@ -126,7 +126,14 @@ def preset_cases(preset: Preset, overrides: Mapping[str, Iterable[Any]] | None =
     cases: dict[str, Case] = {}
     for sub in preset.grids:
         axes = {a: (overrides or {}).get(a) or sub_grid_values(sub, a) for a in AXES}
-        for case in expand(validate_axes(axes, known_variant=known_variant)):
+        try:
+            expanded = expand(validate_axes(axes, known_variant=known_variant))
+        except UsageError as exc:
+            if "kv_heads" in sub and not (overrides or {}).get("kv_heads") and "--kv-heads" in str(exc):
+                raise UsageError(f"{exc}; preset {preset.name} has GQA cells with kv_heads "
+                                 f"{', '.join(map(str, sub['kv_heads']))}: give --kv-heads with --heads") from None
+            raise
+        for case in expanded:
             cases.setdefault(case.id, case)
     return list(cases.values())
 

@@ -82,6 +82,9 @@ def test_cli_kv_heads_not_dividing_heads_is_exit_2_naming_both():
         "(1 <= kv_heads <= heads)"]
     done = _cli("--kv-heads", "0")
     assert done.returncode == 2 and "--kv-heads: '0' is not a positive integer" in done.stderr
+    done = _cli("--heads", "6")                     # the preset's GQA cells have kv_heads 4, 2, 1
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "--kv-heads: 4 does not divide --heads 6" in done.stderr and "give --kv-heads" in done.stderr
 
 
 def test_cli_kv_heads_selects_gqa_cells():
