@@ -225,7 +225,8 @@ def _v3_to_v4(record: dict[str, Any]) -> dict[str, Any]:
     """v4 added kv_heads (GQA/MQA); every earlier cell was multi-head: kv_heads = heads."""
     out = {col: record.get(col) for col in COLUMNS}
     out.update({k: v for k, v in record.items() if k not in out})
-    out["kv_heads"] = record.get("kv_heads", record.get("heads"))
+    if out.get("kv_heads") is None:          # absent, or null from an earlier step's column list
+        out["kv_heads"] = record.get("heads")
     out["schema"] = 4
     return out
 

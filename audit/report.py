@@ -221,9 +221,12 @@ def is_negative_control(variants: pd.Series) -> pd.Series:
 
 
 def _prepare(frame: pd.DataFrame) -> pd.DataFrame:
-    """Measurement columns as floats (null -> NaN) so pandas can aggregate them."""
+    """Measurement columns as floats (null -> NaN) so pandas can aggregate them; a frame without
+    kv_heads (made before the axis) is multi-head."""
     numeric = {col: pd.to_numeric(frame[col], errors="coerce").astype(float)
                for col in METRIC_COLUMNS if col in frame.columns}
+    if "kv_heads" not in frame.columns and "heads" in frame.columns:
+        numeric["kv_heads"] = frame["heads"]
     return frame.assign(**numeric)
 
 

@@ -160,6 +160,7 @@ def test_reading_the_v1_golden_file_gives_current_records(tmp_path):
         assert rec["schema"] == SCHEMA_VERSION
         assert set(COLUMNS) <= set(rec)
         assert rec["q_len"] == rec["seq_len"] == old["seq_len"]
+        assert rec["kv_heads"] == rec["heads"] == old["heads"]
         assert rec["id"] == old["id"] and rec["status"] == old["status"]
         assert same(rec["fwd_ms"], old["fwd_ms"])
     assert [r["status"] for r in back] == ["ok", "ok", "skipped"]
@@ -189,6 +190,7 @@ def test_reading_schema_2_records_of_the_h200_run(tmp_path):
                 assert same(rec[col], _restore(value)), col
         for col in ("golden_subset", "fwd_host_ms", "host_bound", "compile_reused", "energy_idle_frac"):
             assert rec[col] is None, col                # not measured in v2
+        assert rec["kv_heads"] == rec["heads"] == 16    # multi-head, like every cell before schema 4
 
 
 def test_reading_schema_3_records_of_a_cpu_run(tmp_path):
