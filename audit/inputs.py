@@ -49,12 +49,6 @@ class ScoreMod:
         return f"{self.kind}({self.cap:g})"
 
 
-# Capabilities a cell may need beyond plain multi-head attention (runner: a variant lacking one
-# is skipped with its reason): "gqa" (k, v with fewer heads than q, MQA included), "score_mod"
-# (a ScoreMod). A cell's needs() may also name "mqa" (one key/value head), a kind of "gqa".
-FEATURES: tuple[str, ...] = ("gqa", "score_mod")
-
-
 @dataclass
 class Inputs:
     """Tensors of one input set. q, k, v are leaves; `mask` may be None."""
@@ -78,12 +72,13 @@ class Inputs:
         return kwargs
 
     def needs(self) -> set[str]:
-        """The FEATURES this input set asks of a variant."""
+        """The features (variants.FEATURES, and "mqa") this input set asks of a variant."""
         return needs(self.q.shape[1], self.k.shape[1], self.score_mod)
 
 
 def needs(heads: int, kv_heads: int, score_mod: Any) -> set[str]:
-    """The FEATURES a cell with these heads and score modification asks of a variant."""
+    """What a cell with these heads and score modification asks of a variant: "gqa" (k, v with
+    fewer heads than q), also "mqa" when they have one, "score_mod" (a ScoreMod)."""
     out = set()
     if kv_heads != heads:
         out.add("gqa")
@@ -250,7 +245,7 @@ def mask_shape(case: Case) -> tuple[str, tuple[int, ...]] | None:
 
 
 def cell_needs(case: Case) -> set[str]:
-    """The FEATURES a cell asks of a variant, known without building its tensors."""
+    """What a cell asks of a variant (needs()), known without building its tensors."""
     return needs(case.heads, case.effective_kv_heads, SCENARIOS[case.scenario].score_mod)
 
 

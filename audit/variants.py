@@ -48,7 +48,7 @@ class Variant:
     family: str = "eager"           # eager | compiled | sdpa | plugin | broken
     probs: Callable[..., Any] | None = None  # exposes attention weights (B, H, Tq, Tk), if it can
     backend: Callable[..., str] | None = None  # SDPA: which kernel runs for these inputs
-    # inputs.FEATURES this variant cannot take -> why (its cells needing one are skipped) ...
+    # FEATURES this variant cannot take -> why (its cells needing one are skipped) ...
     unsupported: Mapping[str, str] = field(default_factory=dict)
     # ... and those it needs a cell to have -> why (a GQA negative control has nothing to show on MHA)
     requires: Mapping[str, str] = field(default_factory=dict)
@@ -67,6 +67,10 @@ class Variant:
         return None
 
 
+# Capabilities a cell may need beyond plain multi-head attention (inputs.needs): "gqa" (k, v with
+# fewer heads than q, MQA included) and "score_mod" (inputs.ScoreMod). A plug-in declares those it
+# has; a cell's needs may also name "mqa" (one key/value head), which "gqa" covers.
+FEATURES: tuple[str, ...] = ("gqa", "score_mod")
 FEATURE_NAMES = {"gqa": "GQA/MQA (kv_heads < heads)", "mqa": "MQA (kv_heads = 1)",
                  "score_mod": "a score modification (soft-capping)"}
 
@@ -496,7 +500,6 @@ def _undeclared(spec: str, fn: Any) -> dict[str, str]:
     an MQA cell's single key/value head and look right by accident, or ignore a score_mod
     keyword it swallows with **kwargs, so the audit never guesses.
     """
-    from .inputs import FEATURES
     declared = getattr(fn, SUPPORTS_ATTRIBUTE, ())
     if isinstance(declared, str) or not isinstance(declared, Iterable):
         raise UsageError(f"--variant: {spec}.{SUPPORTS_ATTRIBUTE} is {declared!r}; expected a tuple of "
