@@ -5,7 +5,8 @@
 """
 from __future__ import annotations
 
-AXIS_OPTIONS = ("variant", "device", "dtype", "d_k", "seq_len", "batch", "heads", "causal", "scenario")
+AXIS_OPTIONS = ("variant", "device", "dtype", "d_k", "seq_len", "batch", "heads", "kv_heads", "causal",
+                "scenario")
 
 
 def pytest_addoption(parser):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import records
-from .grid import AXES
+from .grid import AXES, OPTIONAL_AXES
 
 
 def records_from_benchmarks(data: dict[str, Any]) -> tuple[list[dict], int]:
@@ -20,12 +20,15 @@ def records_from_benchmarks(data: dict[str, Any]) -> tuple[list[dict], int]:
     ignored = 0
     for bench in data.get("benchmarks", []):
         info = bench.get("extra_info") or {}
-        if "id" not in info or info.get("phase") not in ("fwd", "fwd_bwd") or any(a not in info for a in AXES):
+        if "id" not in info or info.get("phase") not in ("fwd", "fwd_bwd") \
+                or any(a not in info for a in AXES if a not in OPTIONAL_AXES):
             ignored += 1
             continue
         rec = by_id.get(info["id"])
         if rec is None:
-            rec = records.new_record({a: info[a] for a in AXES}, info["id"])
+            axes = {a: info.get(a) for a in AXES}
+            axes["kv_heads"] = axes["kv_heads"] or axes["heads"]   # files from before the axis: multi-head
+            rec = records.new_record(axes, info["id"])
             rec.update(status="ok", env=env, started_at=data.get("datetime"),
                        timer="pytest-benchmark: " + str((bench.get("options") or {}).get("timer")))
             by_id[info["id"]] = rec

@@ -63,8 +63,9 @@ class Reference:
     """Everything computed once per input set: float64 golden(s) and the same-dtype baseline.
 
     The goldens cover `slices` (golden_subset: None means every (batch, head) slice);
-    take() cuts a variant's output or gradients down to the same slices before comparing.
-    `row_visible` covers the whole output, for the NaN/inf and masked-row checks.
+    take() cuts a variant's output or dq down to the same slices before comparing, take_kv()
+    k, v, dk or dv (Hkv heads: each slice's group once). `row_visible` covers the whole
+    output, for the NaN/inf and masked-row checks.
     """
 
     golden: Golden
@@ -73,9 +74,13 @@ class Reference:
     leak_probes: list = field(default_factory=list)  # leak_probes(inputs)
     slices: list[tuple[int, int]] | None = None
     row_visible: Any = None              # (B|1, 1, Tq) bool: rows that see a key
+    heads: int | None = None             # query heads (take_kv maps them to kv heads)
 
     def take(self, t: Any) -> Any:
         return take_slices(t, self.slices)
+
+    def take_kv(self, t: Any) -> Any:
+        return take_slices(t, self.slices, heads=self.heads)
 
 
 class InputCache:
@@ -106,26 +111,32 @@ def build_reference(case: Case, inputs: Inputs) -> Reference:
     """Float64 golden(s), same-dtype baseline and leak probes of one input set
     (audit.repro copies this into reproduction scripts: keep its imports at module level)."""
     tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
-    slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device)
-    q, k, v, grad_out = (take_slices(t, slices) for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out))
+    slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device,
+                           kv_heads=case.effective_kv_heads)
+    q, grad_out = (take_slices(t, slices) for t in (inputs.q, inputs.grad_out))
+    k, v = (take_slices(t, slices, heads=case.heads) for t in (inputs.k, inputs.v))
     visible = take_slices(inputs.visible, slices)
-    golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible)
+    mod = inputs.score_mod
+    golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible,
+                              score_mod=mod)
     bottom_right = None
     if inputs.causal and tq != tk:
-        bottom_right = golden_attention(q, k, v, causal=True, visible=visible, alignment="bottom-right")
+        bottom_right = golden_attention(q, k, v, causal=True, visible=visible, alignment="bottom-right",
+                                        score_mod=mod)
     rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible)
     return Reference(golden, bottom_right,
-                     _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden),
-                     leak_probes(inputs), slices, rows)
+                     _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden, mod),
+                     leak_probes(inputs), slices, rows, case.heads)
 
 
-def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden) -> float | None:
+def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden,
+                   score_mod: Any = None) -> float | None:
     """RMSE of hand-written attention in the input dtype: the error budget's yardstick
     (on the golden's slices)."""
     import torch
     try:
         with torch.no_grad():
-            out = eager_attention(q, k, v, mask=mask, causal=causal)
+            out = eager_attention(q, k, v, mask=mask, causal=causal, score_mod=score_mod)
     except Exception:  # noqa: BLE001 - no baseline: budgets become null, not fake
         return None
     return error_vs_reference(out, golden.out, golden.row_visible)["rmse"]
@@ -156,7 +167,7 @@ class BuildCache:
         mask = inputs.mask
         mask_kind = None if mask is None else (str(mask.dtype), tuple(mask.shape))
         return (variant.name, str(inputs.q.device), str(inputs.q.dtype), tuple(inputs.q.shape),
-                tuple(inputs.k.shape), inputs.causal, mask_kind)
+                tuple(inputs.k.shape), inputs.causal, mask_kind, str(inputs.score_mod))
 
     def get(self, variant: Variant, inputs: Inputs) -> tuple[Callable[..., Any], Build]:
         if not variant.compiled:

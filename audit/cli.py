@@ -39,6 +39,8 @@ AXIS_HELP = {
     "seq_len": "sequence lengths (positive integers)",
     "batch": "batch sizes (positive integers)",
     "heads": "numbers of heads (positive integers)",
+    "kv_heads": "numbers of key/value heads (positive integers dividing --heads; default: = heads, "
+                "multi-head; fewer: GQA, 1: MQA)",
     "causal": "causal masking: true, false or both (true false)",
     "scenario": "input scenarios: " + ", ".join(SCENARIOS) + " (README: Input scenarios)",
 }
@@ -214,7 +216,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
 
     overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}
     cases = presets.preset_cases(preset, overrides, known_variant=variants.check_name)
-    axes = {a: tuple(dict.fromkeys(getattr(c, a) for c in cases)) for a in AXES}
+    axes = {a: tuple(dict.fromkeys(c.axes()[a] for c in cases)) for a in AXES}
     cases, extra = _shard(args, cases, preset)
     if args.dry_run:
         return _dry_run(cases, preset, Path(args.out) if args.out else None, started)

@@ -61,9 +61,11 @@ class RunData:
 
 
 def _case_of(row: Any) -> Case:
+    kv = row.get("kv_heads")
     return Case(variant=row["variant"], device=row["device"], dtype=row["dtype"], d_k=int(row["d_k"]),
                 seq_len=int(row["seq_len"]), batch=int(row["batch"]), heads=int(row["heads"]),
-                causal=bool(row["causal"]), scenario=row.get("scenario") or "normal")
+                causal=bool(row["causal"]), scenario=row.get("scenario") or "normal",
+                kv_heads=int(kv) if isinstance(kv, (int, float)) and kv == kv else None)
 
 
 def _samples_wall(row: Any, prefix: str) -> float:

@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .grid import Case
+from .grid import AXES, Case
 from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .presets import Preset
 from .roofline import CEILINGS_BUDGET_S, DTYPE_BYTES
@@ -170,17 +170,19 @@ class CellShape:
 
     case: Case
     q_len: int
-    flops: float          # forward FLOPs
-    score_elems: float    # B·H·Tq·Tk
+    flops: float          # forward FLOPs (per query head: GQA does not change them)
+    score_elems: float    # B·H·Tq·Tk, plus GQA's copies of k and v per query head where made
     mask: tuple | None    # (kind, shape) of the mask tensor, or None
 
     @classmethod
     def of(cls, case: Case) -> "CellShape":
         from .inputs import mask_shape, q_len
+        from .memory_model import kv_copy_elements
         tq = q_len(case)
         return cls(case, tq, float(attention_flops(case.batch, case.heads, tq, case.seq_len, case.d_k,
                                                    case.causal)),
-                   float(case.batch * case.heads * tq * case.seq_len), mask_shape(case))
+                   float(case.batch * case.heads * tq * case.seq_len + kv_copy_elements(case)),
+                   mask_shape(case))
 
 
 def call_variant(shape: CellShape) -> str:
@@ -212,13 +214,21 @@ def golden_cost_inputs(shape: CellShape, settings: Settings) -> tuple[float, flo
     from .reference import golden_flops, golden_slices
     case = shape.case
     dev = device_type(case.device)
-    slices = (golden_slices(case.batch, case.heads, shape.q_len, case.seq_len, case.d_k, case.causal, dev)
+    slices = (golden_slices(case.batch, case.heads, shape.q_len, case.seq_len, case.d_k, case.causal, dev,
+                            kv_heads=case.effective_kv_heads)
               if settings.golden == "subset" else None)
     n = case.batch * case.heads if slices is None else len(slices)
     flops = n * golden_flops(shape.q_len, case.seq_len, case.d_k, case.causal)
     chunk_bytes = settings.cuda_chunk_bytes if dev == "cuda" else settings.cpu_chunk_bytes
     rows = max(1, chunk_bytes // max(1, n * case.seq_len * 8))
     return float(n), flops, float(math.ceil(shape.q_len / rows))
+
+
+def score_mod_of(case: Case) -> str:
+    """The cell's score modification by name ("None" without one): compiled code is built per
+    score modification too (cellcache.BuildCache)."""
+    from .inputs import SCENARIOS
+    return str(SCENARIOS[case.scenario].score_mod)
 
 
 def exposes_weights(variant: str) -> bool:
@@ -283,7 +293,15 @@ def energy_wall_s(t_fwd: float, settings: Settings) -> float:
 # --------------------------------------------------------------------------- prediction
 
 def predicted_unsupported(case: Case, shape: CellShape) -> str | None:
-    """Cells a forced SDPA backend refuses (design.md §5, §5b): skipped in milliseconds."""
+    """Cells a forced SDPA backend refuses (design.md §5, §5b), and those a built-in variant
+    declares it cannot run (variants.Variant.refusal: soft-capping on SDPA, the GQA control on
+    multi-head cells): skipped in milliseconds."""
+    from .inputs import cell_needs
+    from .variants import builtin_variants
+    builtin = builtin_variants().get(case.variant)
+    refusal = builtin.refusal(cell_needs(case)) if builtin is not None else None
+    if refusal:
+        return refusal
     v, dev = case.variant, device_type(case.device)
     if dev == "cpu" and v in ("sdpa_efficient", "sdpa_cudnn"):
         return "no such backend on the CPU"
@@ -374,7 +392,7 @@ class CostModel:
             t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
             if case.variant in COMPILED_VARIANTS:
                 key = (case.variant, case.device, case.dtype, shape.q_len, case.seq_len, case.batch,
-                       case.heads, case.d_k, case.causal, shape.mask)
+                       case.heads, case.kv_heads, case.d_k, case.causal, shape.mask, score_mod_of(case))
                 if key not in compiled_keys:
                     compiled_keys.add(key)
                     phases["compile"] = self._const("compile_s", f"{dev}|{case.variant}", 3.0)
@@ -413,7 +431,7 @@ class CostModel:
             if dev == "cuda" and case.scenario == "normal":
                 phases["energy"] = energy_wall_s(t_f, settings)
             rows.append(self._row(case, status, reason, phases, t_f, t_fb, shared_s=shared + phases["golden"]))
-        columns = ["id", *Case.__dataclass_fields__, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s",
+        columns = ["id", *AXES, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s",
                    "shared_s"]
         return pd.DataFrame(rows, columns=columns)
 
@@ -428,7 +446,7 @@ class CostModel:
              t_f: float | None = None, t_fb: float | None = None, shared_s: float = 0.0) -> dict[str, Any]:
         """shared_s: the part of total_s that the cell pays for others too (start-up, a
         backend's first use, its input set's golden, compiled code it shares)."""
-        axes = {f: getattr(case, f) for f in Case.__dataclass_fields__}
+        axes = case.axes()
         return {"id": case.id, **axes, "status": status, "reason": reason,
                 "fwd_s": t_f, "fwd_bwd_s": t_fb, **phases, "total_s": sum(phases.values()),
                 "shared_s": shared_s}

@@ -7,7 +7,11 @@ and every device sees bit-identical inputs for the same input set.
 Besides the tensors a variant receives, each input set carries the *logical*
 visibility (which key each query may see): the float64 golden, the leak check
 and the fully-masked-row check use it, whatever form the mask takes (bool,
--inf float, finfo.min float).
+-inf float, finfo.min float). A scenario may also carry a score modification
+(ScoreMod, e.g. Gemma 2's logit soft-capping): every variant applies it or
+declares it cannot (the cell is then skipped), and the golden applies it too.
+
+K and V have the cell's kv_heads heads (GQA/MQA when fewer than the query heads).
 """
 from __future__ import annotations
 
@@ -25,18 +29,64 @@ def torch_dtype(name: str):
     return getattr(torch, TORCH_DTYPES[name])
 
 
+@dataclass(frozen=True)
+class ScoreMod:
+    """An elementwise change of the scaled scores s = q·k·scale, applied before masking.
+
+    kind "softcap": s -> cap · tanh(s / cap), Gemma 2's logit soft-capping. Callable on a
+    score tensor of any shape (the eager (B, H, Tq, Tk) scores, FlexAttention's per-element
+    score, the float64 golden's), so every implementation applies the same function.
+    """
+
+    kind: str
+    cap: float
+
+    def __call__(self, scores: Any) -> Any:
+        import torch
+        return torch.tanh(scores / self.cap) * self.cap
+
+    def __str__(self) -> str:
+        return f"{self.kind}({self.cap:g})"
+
+
 @dataclass
 class Inputs:
     """Tensors of one input set. q, k, v are leaves; `mask` may be None."""
 
     q: Any                    # (B, H, Tq, d)
-    k: Any                    # (B, H, Tk, d)
-    v: Any                    # (B, H, Tk, d)
+    k: Any                    # (B, Hkv, Tk, d): Hkv = kv_heads, H a multiple of it
+    v: Any                    # (B, Hkv, Tk, d)
     grad_out: Any             # (B, H, Tq, d): upstream gradient for the backward pass
     mask: Any = None          # what the variant gets: None, bool or additive float, (B|1, 1, Tq|1, Tk)
     causal: bool = False      # top-left causal flag passed to the variant
     visible: Any = None       # logical (B|1, 1, Tq|1, Tk) bool from the mask alone (causal applied separately), or None
     mask_form: str = "none"   # none | bool | neginf | finfo_min
+    score_mod: ScoreMod | None = None  # applied to the scaled scores before masking, or None
+
+    def call_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of a variant call: mask and causal, and score_mod only when the
+        cell has one (a variant without the capability is never handed it)."""
+        kwargs: dict[str, Any] = dict(mask=self.mask, causal=self.causal)
+        if self.score_mod is not None:
+            kwargs["score_mod"] = self.score_mod
+        return kwargs
+
+    def needs(self) -> set[str]:
+        """The features (variants.FEATURES, and "mqa") this input set asks of a variant."""
+        return needs(self.q.shape[1], self.k.shape[1], self.score_mod)
+
+
+def needs(heads: int, kv_heads: int, score_mod: Any) -> set[str]:
+    """What a cell with these heads and score modification asks of a variant: "gqa" (k, v with
+    fewer heads than q), also "mqa" when they have one, "score_mod" (a ScoreMod)."""
+    out = set()
+    if kv_heads != heads:
+        out.add("gqa")
+        if kv_heads == 1:
+            out.add("mqa")
+    if score_mod is not None:
+        out.add("score_mod")
+    return out
 
 
 @dataclass(frozen=True)
@@ -46,6 +96,7 @@ class Scenario:
     q_len: Callable[[int], int]          # seq_len (kv length) -> query length
     draw: Callable[..., dict]            # (case, gen, tq, tk) -> overrides for Inputs fields
     mask: tuple[str, str] | None = None  # (bool | float, per-batch | per-row) of the mask tensor, if any
+    score_mod: ScoreMod | None = None    # a score modification every variant must apply
 
 
 def _randn(gen, shape):
@@ -54,9 +105,9 @@ def _randn(gen, shape):
 
 
 def _normal(case: Case, gen, tq: int, tk: int, alpha: float = 1.0) -> dict:
-    B, H, d = case.batch, case.heads, case.d_k
-    return dict(q=_randn(gen, (B, H, tq, d)) * alpha, k=_randn(gen, (B, H, tk, d)),
-                v=_randn(gen, (B, H, tk, d)))
+    B, H, Hkv, d = case.batch, case.heads, case.effective_kv_heads, case.d_k
+    return dict(q=_randn(gen, (B, H, tq, d)) * alpha, k=_randn(gen, (B, Hkv, tk, d)),
+                v=_randn(gen, (B, Hkv, tk, d)))
 
 
 def _scaled(alpha: float):
@@ -78,14 +129,14 @@ def _outliers(case, gen, tq, tk) -> dict:
 
 def _fp16_range(case, gen, tq, tk) -> dict:
     """|q| ≈ 576, |k| ≈ 383 along a shared direction: q·k ≈ 2.2e5 > 65504 (pytorch#119131)."""
-    B, H, d = case.batch, case.heads, case.d_k
+    B, H, Hkv, d = case.batch, case.heads, case.effective_kv_heads, case.d_k
     u = _randn(gen, (d,))
     u = u / u.norm()
 
-    def along(n, norm):
-        x = u + 0.1 * _randn(gen, (B, H, n, d)) / d ** 0.5        # (B, H, n, d)
+    def along(heads, n, norm):
+        x = u + 0.1 * _randn(gen, (B, heads, n, d)) / d ** 0.5    # (B, heads, n, d)
         return x / x.norm(dim=-1, keepdim=True) * norm
-    return dict(q=along(tq, 576.0), k=along(tk, 383.0), v=_randn(gen, (B, H, tk, d)))
+    return dict(q=along(H, tq, 576.0), k=along(Hkv, tk, 383.0), v=_randn(gen, (B, Hkv, tk, d)))
 
 
 def _valid_lengths(batch: int, tk: int) -> list[int]:
@@ -125,6 +176,28 @@ def _fully_masked(form: str):
     return draw
 
 
+def window_size(tk: int) -> int:
+    """sliding_window's width w: a quarter of the keys, at least 1."""
+    return max(1, tk // 4)
+
+
+def _sliding_window(case, gen, tq, tk) -> dict:
+    """Local attention: query i sees keys j with |i - j| < w (with causal: i - w < j <= i,
+    Mistral's and Gemma 2's local layers), w = T/4. A bool (1, 1, Tq, Tk) mask: SDPA takes it
+    as attn_mask, FlexAttention as a block mask, the hand-written variants as masked_fill."""
+    import torch
+    out = _normal(case, gen, tq, tk)
+    i = torch.arange(tq)[:, None]                                 # (Tq, 1)
+    j = torch.arange(tk)[None, :]                                 # (1, Tk)
+    keep = ((i - j).abs() < window_size(tk))[None, None]          # (1, 1, Tq, Tk)
+    out.update(mask=keep, visible=keep, mask_form="bool")
+    return out
+
+
+SOFTCAP = ScoreMod("softcap", 50.0)   # Gemma 2's attn_logit_softcapping
+SOFTCAP_Q_SCALE = 16.0                # q × 16: logits of std ~16 reach the cap's curved range
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("normal", "q, k, v ~ N(0, 1)", lambda t: t, _normal),
     *[Scenario(f"scaled_x{a}", f"q multiplied by {a}: logit-saturation sweep", lambda t: t, _scaled(a))
@@ -143,6 +216,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("decode", "one query against T keys (q_len = 1)", lambda t: 1, _normal),
     Scenario("cross_causal", "q_len = T/2 against T keys: top-left vs bottom-right causal differ",
              lambda t: max(1, t // 2), _normal),
+    Scenario("sliding_window", "local attention: |i - j| < T/4 (causal: i - T/4 < j <= i), a bool mask",
+             lambda t: t, _sliding_window, ("bool", "per-row")),
+    Scenario("softcap", f"Gemma 2's logit soft-capping s -> {SOFTCAP.cap:g}·tanh(s/{SOFTCAP.cap:g}) "
+             f"on q × {SOFTCAP_Q_SCALE:g} (a score modification)", lambda t: t, _scaled(SOFTCAP_Q_SCALE),
+             score_mod=SOFTCAP),
 ]}
 
 
@@ -170,6 +248,11 @@ def mask_shape(case: Case) -> tuple[str, tuple[int, ...]] | None:
     kind, layout = mask
     tq = q_len(case)
     return kind, ((case.batch, 1, 1, case.seq_len) if layout == "per-batch" else (1, 1, tq, case.seq_len))
+
+
+def cell_needs(case: Case) -> set[str]:
+    """What a cell asks of a variant (needs()), known without building its tensors."""
+    return needs(case.heads, case.effective_kv_heads, SCENARIOS[case.scenario].score_mod)
 
 
 def make_inputs(case: Case) -> Inputs:
@@ -203,4 +286,4 @@ def draw_inputs(case: Case, draw: Callable[..., dict], tq: int) -> Inputs:
                   grad_out=to_cell(_randn(gen, (case.batch, case.heads, tq, case.d_k))),
                   mask=mask, causal=case.causal,
                   visible=None if visible is None else visible.to(case.device),
-                  mask_form=drawn.get("mask_form", "none"))
+                  mask_form=drawn.get("mask_form", "none"), score_mod=scenario.score_mod)

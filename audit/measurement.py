@@ -95,14 +95,16 @@ def _variant_weight_metrics(variant: Variant, inputs: Inputs, ref: "Reference", 
     golden's (batch, head) slices (all of them unless golden_subset says otherwise)."""
     import torch
 
-    q, k = ref.take(q), ref.take(k)                                              # (B|1, H|k, Tq, d)
+    q, k = ref.take(q), ref.take_kv(k)                                           # (B|1, H|k, Tq, d)
     mask, visible = ref.take(inputs.mask), ref.take(inputs.visible)
     with torch.no_grad():
-        probs = variant.probs(q, k, mask=mask, causal=inputs.causal)             # (B, H, Tq, Tk)
+        probs = variant.probs(q, k, mask=mask, causal=inputs.causal,
+                              score_mod=inputs.score_mod)                         # (B, H, Tq, Tk)
     sat = SaturationAccumulator()
     zero_where_golden_positive = golden_positive = 0
     leaked = None
-    for r0, r1, gold, vis in golden_prob_chunks(q, k, causal=inputs.causal, visible=visible):
+    for r0, r1, gold, vis in golden_prob_chunks(q, k, causal=inputs.causal, visible=visible,
+                                                score_mod=inputs.score_mod):
         p = probs[:, :, r0:r1].double()                                          # (B, H, rows, Tk)
         visx = None if vis is None else vis.expand_as(p)
         sat.add(p, visx)
@@ -136,7 +138,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     graphs_before = compiled_graph_count() if variant.compiled else 0
     fused_before = fused_attention_count() if variant.compiled else 0
     q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
-    kwargs = dict(mask=inputs.mask, causal=inputs.causal)
+    kwargs = inputs.call_kwargs()
     tq, tk = q.shape[-2], k.shape[-2]
 
     def forward():
@@ -184,7 +186,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}",
                          "golden_subset": None if ref.slices is None else [list(p) for p in ref.slices]}
     if variant.backend is not None:
-        m["sdpa_backend"] = variant.backend(q, k, v, **kwargs)
+        m["sdpa_backend"] = variant.backend(q, k, v, mask=inputs.mask, causal=inputs.causal)
     golden = ref.golden
     out, m["peak_bytes"] = peak_during(forward, case.device)
     out = out.detach()
@@ -208,8 +210,9 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     if backward_reason is None:
         grads, m["peak_fwd_bwd_bytes"] = peak_during(forward_backward, case.device)
         m["grad_nan"], m["grad_inf"] = nonfinite_counts(grads)
-        for name, got, want in zip(("dq_err", "dk_err", "dv_err"), grads, (golden.dq, golden.dk, golden.dv)):
-            m[name] = relative_error(ref.take(got), want)
+        for name, got, want, take in zip(("dq_err", "dk_err", "dv_err"), grads, (golden.dq, golden.dk, golden.dv),
+                                         (ref.take, ref.take_kv, ref.take_kv)):
+            m[name] = relative_error(take(got), want)
         del grads
 
     fwd, fb, timer = _time_cell(case, preset, forward, forward_backward if backward_reason is None else None,
@@ -228,7 +231,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     if timed_on_device:
         m["host_bound"] = any(s.host_median_s > s.median_s for s in timed_on_device)
 
-    flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal)
+    flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal)   # per query head
     m["flops"] = flops
     m["gflops_per_s"] = flops / fwd.median_s / 1e9
     if fb is not None:

@@ -6,7 +6,12 @@ The bytes per score element below are the lowest the shared H200 records show fo
 one forward+backward (peak_fwd_bwd_bytes / score elements; bf16 inputs unless
 said): a lower bound, so a cell predicted not to fit cannot fit. Variants whose
 memory does not grow with the score matrix (fused SDPA kernels, flex, plug-ins)
-have no prediction here; a real out-of-memory still becomes `oom`.
+have no prediction here; a real out-of-memory still becomes `oom`. Under GQA the
+variants that copy k and v once per query head (repeat_interleave, as SDPA's MATH
+backend also does) hold those copies too (kv_copy_elements). Whatever the variant,
+the call returns dq (B·H·Tq·d) and dk, dv (B·kv_heads·Tk·d each), all alive at its
+end: a second lower bound, which is the larger one when decoding (q_len 1) against a
+long key/value cache, and which shrinks with kv_heads.
 """
 from __future__ import annotations
 
@@ -26,16 +31,34 @@ SCORE_BYTES: dict[str, Callable[[int], int]] = {
     "compiled_unfused": lambda size: 2 * size,
 }
 NEGATIVE_CONTROL_SCORE_BYTES: Callable[[int], int] = lambda size: 4 * size  # noqa: E731
+# Variants whose GQA form repeats k and v per query head in memory: the hand-written ones
+# (eager's repeat_interleave) and SDPA's MATH backend. Compiled code may fuse the repeat away.
+KV_EXPANDING: tuple[str, ...] = ("eager", "eager_fp32", "sdpa_math")
 FREE_FRACTION = 0.95   # leave the allocator some room
 
 
 def score_elements(case: Case, q_len: int) -> int:
+    """B·H·Tq·Tk: one per query head and (query, key) pair, whatever kv_heads is."""
     return case.batch * case.heads * q_len * case.seq_len
+
+
+def kv_copy_elements(case: Case) -> int:
+    """Elements of k and v repeated per query head (2·B·H·Tk·d) for a GQA cell of a variant
+    that materializes them (KV_EXPANDING, the negative controls); 0 otherwise."""
+    if not case.gqa or not (case.variant in KV_EXPANDING or case.variant.startswith("broken.")):
+        return 0
+    return 2 * case.batch * case.heads * case.seq_len * case.d_k
+
+
+def gradient_elements(case: Case, q_len: int) -> int:
+    """dq, dk and dv of one forward+backward: B·H·Tq·d + 2·B·kv_heads·Tk·d."""
+    return case.batch * case.d_k * (case.heads * q_len + 2 * case.effective_kv_heads * case.seq_len)
 
 
 def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
     """(lower bound of one forward+backward's peak bytes, how it was computed), or None
-    when this variant's memory is not predicted."""
+    when this variant's memory is not predicted: the larger of the score-matrix bound (with
+    GQA's k and v copies) and the gradients' bytes."""
     per_element = SCORE_BYTES.get(case.variant)
     if per_element is None and case.variant.startswith("broken."):
         per_element = NEGATIVE_CONTROL_SCORE_BYTES
@@ -44,7 +67,15 @@ def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
     size = DTYPE_BYTES[case.dtype]
     n = score_elements(case, q_len)
     per = per_element(size)
-    return n * per, f"{per} bytes per score element × B·H·Tq·Tk = {n:.3g} elements"
+    how = f"{per} bytes per score element × B·H·Tq·Tk = {n:.3g} elements"
+    copies = kv_copy_elements(case) * size
+    if copies:
+        how += f", plus k and v repeated per query head ({copies:.3g} bytes)"
+    grads = gradient_elements(case, q_len) * size
+    if grads > n * per + copies:
+        return grads, (f"the gradients dq, dk, dv: B·d·(H·Tq + 2·kv_heads·Tk) = "
+                       f"{gradient_elements(case, q_len):.3g} elements of {size} bytes (more than {how})")
+    return n * per + copies, how
 
 
 def free_bytes(device: str) -> int | None:

@@ -74,7 +74,8 @@ def within_budget(err: float, baseline_err: float | None, dtype: str) -> bool | 
 def classify_masked_rows(out: Any, rows: Any, v: Any) -> str | None:
     """What a variant returns on fully masked query rows: nan, zero, uniform, other or mixed.
 
-    out: (B, H, Tq, d); rows: (…, Tq) bool of fully masked rows; v: (B, H, Tk, d).
+    out: (B, H, Tq, d); rows: (…, Tq) bool of fully masked rows; v: (B, Hkv, Tk, d), query
+    head h reading v's head h // (H / Hkv) (GQA).
     `uniform` means the mean of v over all keys (equal weight on every key), within 1%
     of (1 + |mean|) per element. Vectorized: a handful of device syncs, not one per row.
     """
@@ -83,7 +84,8 @@ def classify_masked_rows(out: Any, rows: Any, v: Any) -> str | None:
     if not bool(sel.any()):
         return None
     o = out.double()
-    mean_v = v.double().mean(dim=-2, keepdim=True).expand_as(o)               # (B, H, Tq, d)
+    mean_v = v.double().mean(dim=-2, keepdim=True)                            # (B, Hkv, 1, d)
+    mean_v = mean_v.repeat_interleave(o.shape[1] // mean_v.shape[1], dim=1).expand_as(o)  # (B, H, Tq, d)
     o, mean_v = o[sel], mean_v[sel]                                           # (n, d)
     nan = torch.isnan(o).any(-1)                                              # (n,)
     zero = (o == 0).all(-1) & ~nan

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from .grid import AXES, DTYPES, Case, expand, validate_axes
+from .grid import AXES, DTYPES, Case, UsageError, expand, sub_grid_values, validate_axes
 from .inputs import check_scenario
 
 
@@ -35,7 +35,7 @@ class Preset:
     @property
     def axes(self) -> dict[str, tuple]:
         """Every value each axis takes in any sub-grid (for display and run.json)."""
-        return {a: tuple(dict.fromkeys(v for g in self.grids for v in g[a])) for a in AXES}
+        return {a: tuple(dict.fromkeys(v for g in self.grids for v in sub_grid_values(g, a))) for a in AXES}
 
 
 def preset_cases(preset: Preset, overrides: Mapping[str, Iterable[Any]] | None = None, *,
@@ -43,8 +43,15 @@ def preset_cases(preset: Preset, overrides: Mapping[str, Iterable[Any]] | None =
     """Validated, de-duplicated cells of a preset; an override replaces that axis in every sub-grid."""
     cases: dict[str, Case] = {}
     for sub in preset.grids:
-        axes = {a: (overrides or {}).get(a) or sub[a] for a in AXES}
-        for case in expand(validate_axes(axes, known_variant=known_variant, known_scenario=check_scenario)):
+        axes = {a: (overrides or {}).get(a) or sub_grid_values(sub, a) for a in AXES}
+        try:
+            expanded = expand(validate_axes(axes, known_variant=known_variant, known_scenario=check_scenario))
+        except UsageError as exc:
+            if "kv_heads" in sub and not (overrides or {}).get("kv_heads") and "--kv-heads" in str(exc):
+                raise UsageError(f"{exc}; preset {preset.name} has GQA cells with kv_heads "
+                                 f"{', '.join(map(str, sub['kv_heads']))}: give --kv-heads with --heads") from None
+            raise
+        for case in expanded:
             cases.setdefault(case.id, case)
     return list(cases.values())
 
@@ -66,11 +73,13 @@ COMPILED = ("compiled", "compiled_unfused", "flex")
 
 
 def presets() -> dict[str, Preset]:
-    from .variants import BUILTIN_NAMES, NEGATIVE_CONTROLS  # no torch import at module level
+    from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS  # no torch import at module level
     # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
     variants = tuple(v for v in BUILTIN_NAMES if v != "flex")
-    every = variants + NEGATIVE_CONTROLS
+    controls = tuple(c for c in NEGATIVE_CONTROLS if c not in GQA_CONTROLS)   # GQA's: on GQA cells only
+    every = variants + controls
     uncompiled = tuple(v for v in variants if not v.startswith("compiled"))
+    gqa_gpu = ("eager", "sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")   # GQA speed cells on CUDA
     return {
         "quick": Preset(
             name="quick",
@@ -81,12 +90,15 @@ def presets() -> dict[str, Preset]:
                      seq_len=(64, 128), batch=(1,), heads=(2,), causal=(False, True),
                      scenario=("normal",)),
                 dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(32,), seq_len=(64,),
-                     batch=(1,), heads=(2,), causal=(False, True), scenario=("normal",)),
-                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math") + NEGATIVE_CONTROLS,
+                     batch=(1,), heads=(2,), causal=(False, True), scenario=("normal", "softcap")),
+                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math") + controls,
                      device=("cpu",), dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,),
                      heads=(2,), causal=(False, True),
                      scenario=("scaled_x64", "fp16_range", "padding", "fully_masked_bool",
-                               "fully_masked_neginf")),
+                               "fully_masked_neginf", "sliding_window", "softcap")),
+                dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash") + GQA_CONTROLS, device=("cpu",),
+                     dtype=("fp32",), d_k=(32,), seq_len=(64,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1),
+                     causal=(True,), scenario=("normal", "sliding_window", "softcap")),
             ),
             min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0,
         ),
@@ -105,7 +117,14 @@ def presets() -> dict[str, Preset]:
                      batch=(2,), heads=(2,), causal=(False, True), scenario=STABILITY_SCENARIOS),
                 dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,),
                      batch=(2,), heads=(2,), causal=(False, True),
-                     scenario=("padding", "cross_causal", "decode")),
+                     scenario=("padding", "cross_causal", "decode", "sliding_window", "softcap")),
+                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash") + GQA_CONTROLS,
+                     device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,), seq_len=(256,), batch=(2,), heads=(4,),
+                     kv_heads=(4, 2, 1), causal=(False, True),
+                     scenario=("normal", "padding", "decode", "sliding_window", "softcap")),
+                dict(variant=("compiled", "sdpa", "sdpa_flash", "flex"), device=("cpu",), dtype=("fp32",), d_k=(64,),
+                     seq_len=(1024,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1), causal=(False, True),
+                     scenario=("normal",)),
             ),
             min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0,
         ),
@@ -138,6 +157,16 @@ def presets() -> dict[str, Preset]:
                 dict(variant=("compiled_unfused",), device=("cuda",), dtype=("fp16",), d_k=(128,),
                      seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
                      scenario=GPU_STABILITY_SCENARIOS),
+                # GQA/MQA (the H16 KV16 cells above are their multi-head baseline), the serving case
+                # (one query against a KV cache of up to 128k), and flex on the new scenarios.
+                dict(variant=gqa_gpu, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(8192,),
+                     batch=(GPU_TOKENS // 8192,), heads=(16,), kv_heads=(4, 1), causal=(False, True),
+                     scenario=("normal",)),
+                dict(variant=gqa_gpu, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(8192, 32768, 131072),
+                     batch=(1,), heads=(16,), kv_heads=(16, 4, 1), causal=(False,), scenario=("decode",)),
+                dict(variant=gqa_gpu + ("flex",) + GQA_CONTROLS,
+                     device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
+                     kv_heads=(16, 4), causal=(True,), scenario=("normal", "padding", "sliding_window", "softcap")),
             ),
             min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=480.0,
         ),

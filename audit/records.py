@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 RECORDS_FILE = "records.jsonl"
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 QUARANTINE_FILE = "records.quarantine.jsonl"
@@ -22,14 +22,15 @@ QUARANTINE_FILE = "records.quarantine.jsonl"
 # that computes it, one entry here.
 COLUMNS: dict[str, str] = {
     "schema": "record schema version (integer)",
-    "id": "cell id: variant-device-dtype-d{d_k}-T{seq_len}-B{batch}-H{heads}-{causal|full}-{scenario}",
+    "id": "cell id: variant-device-dtype-d{d_k}-T{seq_len}-B{batch}-H{heads}-{causal|full}-{scenario}; a GQA/MQA cell adds -KV{kv_heads} after H",
     "variant": "attention implementation (`python -m audit list`), broken.* for negative controls, or the plug-in spec",
     "device": "cpu or cuda",
     "dtype": "input dtype: fp32, fp16 or bf16",
     "d_k": "head dimension",
     "seq_len": "key length T (also the query length, except in the decode and cross_causal scenarios)",
     "batch": "batch size B",
-    "heads": "number of heads H",
+    "heads": "number of heads H (query heads)",
+    "kv_heads": "number of key/value heads: heads for multi-head attention, fewer for GQA (heads a multiple of it), 1 for MQA; k and v are (B, kv_heads, T, d_k)",
     "causal": "true: causal (top-left aligned) masking",
     "scenario": "input scenario (README: Input scenarios); normal: q, k, v ~ N(0, 1)",
     "status": "ok, skipped, error, oom (out of memory, or predicted not to fit in the free memory: then not run) or timeout (over the per-cell time limit: its worker was killed)",
@@ -220,7 +221,17 @@ def _v2_to_v3(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(record: dict[str, Any]) -> dict[str, Any]:
+    """v4 added kv_heads (GQA/MQA); every earlier cell was multi-head: kv_heads = heads."""
+    out = {col: record.get(col) for col in COLUMNS}
+    out.update({k: v for k, v in record.items() if k not in out})
+    if out.get("kv_heads") is None:          # absent, or null from an earlier step's column list
+        out["kv_heads"] = record.get("heads")
+    out["schema"] = 4
+    return out
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 class NewerSchema(ValueError):

@@ -5,6 +5,12 @@ run caches it per Case.input_key: cellcache.InputCache). The golden works from t
 visibility (causal alignment plus the scenario's mask), never from a float
 mask's values, so a finfo.min mask is still a mask here. Rows with no visible
 key get output 0 (SDPA's convention); error metrics leave them out.
+
+GQA/MQA: k and v have Hkv <= H heads; query head h meets key/value head
+h // (H / Hkv). The golden computes it per group (a view, never a copy of k and v
+per query head), so dk and dv are sums over each group's query heads, as autograd
+gives them for any implementation. A score modification (inputs.ScoreMod) is
+applied to the float64 scaled scores before masking.
 """
 from __future__ import annotations
 
@@ -26,8 +32,8 @@ GOLDEN_FLOP_BUDGET = {"cpu": 3e10, "cuda": 4e12}
 class Golden:
     out: Any                      # (B, H, Tq, d) float64
     dq: Any                       # (B, H, Tq, d) float64
-    dk: Any                       # (B, H, Tk, d) float64
-    dv: Any                       # (B, H, Tk, d) float64
+    dk: Any                       # (B, Hkv, Tk, d) float64
+    dv: Any                       # (B, Hkv, Tk, d) float64
     row_visible: Any              # (B|1, H|1, Tq) bool: row sees at least one key
     saturation: dict[str, Any]    # max_prob, entropy, min_entropy, onehot_frac, max_logit, max_qk
     alignment: str = "top-left"
@@ -61,6 +67,17 @@ def visibility(tq: int, tk: int, r0: int, r1: int, *, causal: bool, device: Any,
     return vis
 
 
+def grouped_matmul(a: Any, b: Any) -> Any:
+    """a (B, H, n, x) @ b (B, Hkv, x, m) -> (B, H, n, m), query head h using b's head
+    h // (H / Hkv): a view per group, so b is never copied per query head."""
+    B, H = a.shape[0], a.shape[1]
+    kv = b.shape[1]
+    if kv == H:
+        return a @ b
+    grouped = a.reshape(B, kv, H // kv, *a.shape[2:]) @ b.unsqueeze(2)        # (B, Hkv, G, n, m)
+    return grouped.reshape(B, H, *grouped.shape[3:])
+
+
 def _chunk_bytes(device: Any) -> int:
     return CUDA_CHUNK_BYTES if str(device).startswith("cuda") else CHUNK_BYTES
 
@@ -72,7 +89,7 @@ def _chunks(tq: int, per_row_bytes: int, device: Any = "cpu") -> Iterator[tuple[
 
 
 def golden_prob_chunks(q: Any, k: Any, *, causal: bool, visible: Any = None, scale: float | None = None,
-                       alignment: str = "top-left") -> Iterator[tuple[int, int, Any, Any]]:
+                       alignment: str = "top-left", score_mod: Any = None) -> Iterator[tuple[int, int, Any, Any]]:
     """Yield (r0, r1, probs (B, H, rows, Tk) float64, vis or None); fully masked rows are 0."""
     import torch
     q64, k64 = q.detach().double(), k.detach().double()
@@ -80,7 +97,9 @@ def golden_prob_chunks(q: Any, k: Any, *, causal: bool, visible: Any = None, sca
     Tk = k64.shape[-2]
     scale = d ** -0.5 if scale is None else scale
     for r0, r1 in _chunks(Tq, B * H * Tk * 8, q.device):
-        scores = (q64[:, :, r0:r1] @ k64.transpose(-2, -1)) * scale            # (B, H, rows, Tk)
+        scores = grouped_matmul(q64[:, :, r0:r1], k64.transpose(-2, -1)) * scale   # (B, H, rows, Tk)
+        if score_mod is not None:
+            scores = score_mod(scores)
         vis = visibility(Tq, Tk, r0, r1, causal=causal, alignment=alignment, visible=visible,
                          device=q.device)
         if vis is not None:
@@ -91,7 +110,7 @@ def golden_prob_chunks(q: Any, k: Any, *, causal: bool, visible: Any = None, sca
 
 def golden_attention(q: Any, k: Any, v: Any, *, grad_out: Any = None, causal: bool = False,
                      visible: Any = None, scale: float | None = None,
-                     alignment: str = "top-left") -> Golden:
+                     alignment: str = "top-left", score_mod: Any = None) -> Golden:
     """Attention and (when grad_out is given) its gradients in float64 on the rounded inputs."""
     import torch
 
@@ -105,22 +124,24 @@ def golden_attention(q: Any, k: Any, v: Any, *, grad_out: Any = None, causal: bo
     sat = SaturationAccumulator()
     max_qk = torch.zeros((), dtype=torch.float64, device=q.device)            # stays on the device
     needs_grad = grad_out is not None
-    kl = k64.detach().requires_grad_(needs_grad)                               # (B, H, Tk, d)
+    kl = k64.detach().requires_grad_(needs_grad)                               # (B, Hkv, Tk, d)
     vl = v64.detach().requires_grad_(needs_grad)
     for r0, r1 in _chunks(Tq, B * H * Tk * 8, q.device):
         vis = visibility(Tq, Tk, r0, r1, causal=causal, alignment=alignment, visible=visible,
                          device=q.device)
         with torch.enable_grad():
             qc = q64[:, :, r0:r1].detach().requires_grad_(needs_grad)          # (B, H, rows, d)
-            raw = qc @ kl.transpose(-2, -1)                                    # (B, H, rows, Tk)
+            raw = grouped_matmul(qc, kl.transpose(-2, -1))                     # (B, H, rows, Tk)
             scores = raw * scale
+            if score_mod is not None:
+                scores = score_mod(scores)
             if vis is not None:
                 scores = scores.masked_fill(~vis, float("-inf"))
             probs = torch.softmax(scores, dim=-1)
             any_vis = torch.ones_like(probs[..., 0], dtype=torch.bool) if vis is None \
                 else vis.any(-1).expand(probs.shape[:-1])                      # (B, H, rows)
             probs = torch.where(any_vis[..., None], probs, torch.zeros_like(probs))
-            oc = probs @ vl                                                    # (B, H, rows, d)
+            oc = grouped_matmul(probs, vl)                                     # (B, H, rows, d)
             if needs_grad:
                 gq, gk, gv = torch.autograd.grad(oc, (qc, kl, vl), grad_out[:, :, r0:r1].double())
                 dq[:, :, r0:r1] = gq
@@ -166,26 +187,36 @@ def golden_flops(tq: int, tk: int, d: int, causal: bool) -> float:
 
 
 def golden_slices(batch: int, heads: int, tq: int, tk: int, d: int, causal: bool,
-                  device: str) -> list[tuple[int, int]] | None:
-    """The (batch, head) slices the golden covers: None for all of them, else k slices evenly
-    spaced over b·H + h (the first always included), k = budget // one slice's FLOPs, >= 1.
+                  device: str, kv_heads: int | None = None) -> list[tuple[int, int]] | None:
+    """The (batch, query head) slices the golden covers: None for all of them, else k groups
+    evenly spaced over b·Hkv + g (the first always included), k = budget // one group's FLOPs,
+    >= 1, each group with all its H / Hkv query heads (so the kv heads' gradients are whole).
+    With kv_heads == heads a group is one slice.
 
     Deterministic in the shapes and device type alone, so a cell gets the same subset in
     every run and runs stay comparable.
     """
     budget = GOLDEN_FLOP_BUDGET["cuda" if str(device).startswith("cuda") else "cpu"]
-    n = batch * heads
-    k = max(1, int(budget // max(1.0, golden_flops(tq, tk, d, causal))))
+    kv = heads if kv_heads is None else kv_heads
+    group = heads // kv
+    n = batch * kv
+    k = max(1, int(budget // max(1.0, group * golden_flops(tq, tk, d, causal))))
     if k >= n:
         return None
-    return [((i * n // k) // heads, (i * n // k) % heads) for i in range(k)]
+    picked = ((i * n // k) for i in range(k))
+    return [(g // kv, (g % kv) * group + j) for g in picked for j in range(group)]
 
 
-def take_slices(t: Any, slices: list[tuple[int, int]] | None) -> Any:
+def take_slices(t: Any, slices: list[tuple[int, int]] | None, heads: int | None = None) -> Any:
     """(B|1, H|1, ...) -> (1, k, ...): the given (batch, head) slices (broadcast dims read 0).
-    None (every slice) returns `t` itself."""
+    heads: the query heads, when t is k- or v-shaped with Hkv < heads: slice (b, h) reads kv
+    head h·Hkv // heads, once per group -> (1, k / group, ...). None (every slice) returns `t`."""
     import torch
     if slices is None or t is None:
         return t
     B, H = t.shape[0], t.shape[1]
-    return torch.stack([t[b if B > 1 else 0, h if H > 1 else 0] for b, h in slices])[None]
+    if heads is not None and H != heads:
+        picks = list(dict.fromkeys((b if B > 1 else 0, h * H // heads) for b, h in slices))
+    else:
+        picks = [(b if B > 1 else 0, h if H > 1 else 0) for b, h in slices]
+    return torch.stack([t[b, h] for b, h in picks])[None]

@@ -20,6 +20,7 @@ from .grid import Case
 from .measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason, measure_cell
 from .memory import pin_malloc_threshold
 from .presets import Preset
+from .inputs import cell_needs
 from .variants import Unsupported, resolve
 
 RUN_FILE = "run.json"
@@ -60,6 +61,9 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
     oom = False
     try:
         variant = resolve(case.variant)
+        refusal = variant.refusal(cell_needs(case))
+        if refusal is not None:
+            raise Unsupported(refusal)
         _check_memory(case)
         inputs, ref = cache.get(case)
         rec.update(measure_cell(case, variant, inputs, ref, preset,

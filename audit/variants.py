@@ -2,20 +2,27 @@
 
 Every variant is a callable with the SDPA-like signature
 
-    fn(q, k, v, *, mask=None, causal=False, scale=None) -> out
+    fn(q, k, v, *, mask=None, causal=False, scale=None[, score_mod]) -> out
 
-q: (B, H, Tq, d); k, v: (B, H, Tk, d); out: (B, H, Tq, d), same dtype as q.
+q: (B, H, Tq, d); k, v: (B, Hkv, Tk, d); out: (B, H, Tq, d), same dtype as q.
+Hkv = H is multi-head attention; fewer (GQA, MQA at 1) pairs query head h with
+key/value head h // (H / Hkv), as `repeat_interleave` of k and v over the head dim.
 mask: None, a bool tensor (True = may attend) or an additive float tensor,
 broadcastable to (B, H, Tq, Tk). causal: top-left aligned (query i sees keys
 j <= i), as `scaled_dot_product_attention(is_causal=True)`. scale: None means
-1/sqrt(d).
+1/sqrt(d). score_mod (only passed in cells that have one, inputs.ScoreMod): an
+elementwise function of the scaled scores, applied before masking.
+
+A variant that cannot take Hkv < H or a score_mod says so in `Variant.unsupported`
+(a plug-in: by declaring what it supports); such cells are skipped with that reason
+rather than computed some other way.
 """
 from __future__ import annotations
 
 import functools
 import importlib
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
 
 from .grid import UsageError
 
@@ -42,10 +49,31 @@ class Variant:
     family: str = "eager"           # eager | compiled | sdpa | plugin | broken
     probs: Callable[..., Any] | None = None  # exposes attention weights (B, H, Tq, Tk), if it can
     backend: Callable[..., str] | None = None  # SDPA: which kernel runs for these inputs
+    # FEATURES this variant cannot take -> why (its cells needing one are skipped) ...
+    unsupported: Mapping[str, str] = field(default_factory=dict)
+    # ... and those it needs a cell to have -> why (a GQA negative control has nothing to show on MHA)
+    requires: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def negative_control(self) -> bool:
         return self.family == "broken"
+
+    def refusal(self, needs: Iterable[str]) -> str | None:
+        """Why this variant does not run a cell needing these features, or None when it does."""
+        needs = set(needs)
+        for feature in sorted(needs & set(self.unsupported)):
+            return f"{self.name} cannot take {FEATURE_NAMES[feature]}: {self.unsupported[feature]}"
+        for feature in sorted(set(self.requires) - needs):
+            return f"{self.name} runs on {FEATURE_NAMES[feature]} cells only: {self.requires[feature]}"
+        return None
+
+
+# Capabilities a cell may need beyond plain multi-head attention (inputs.needs): "gqa" (k, v with
+# fewer heads than q, MQA included) and "score_mod" (inputs.ScoreMod). A plug-in declares those it
+# has; a cell's needs may also name "mqa" (one key/value head), which "gqa" covers.
+FEATURES: tuple[str, ...] = ("gqa", "score_mod")
+FEATURE_NAMES = {"gqa": "GQA/MQA (kv_heads < heads)", "mqa": "MQA (kv_heads = 1)",
+                 "score_mod": "a score modification (soft-capping)"}
 
 
 # --------------------------------------------------------------------------- eager
@@ -56,13 +84,23 @@ def _causal_keep(tq: int, tk: int, device) -> Any:
     return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
 
 
-def _masked_scores(q, k, mask, causal, scale, upcast: bool):
-    """Q Kᵀ · scale with causal and mask applied as -inf / additive: (B, H, Tq, Tk)."""
+def kv_for_queries(q, t):
+    """k or v (B, Hkv, Tk, d) with each head repeated for its H / Hkv query heads: (B, H, Tk, d).
+    Query head h meets key/value head h // (H / Hkv), the hand-written form of GQA."""
+    group = q.shape[-3] // t.shape[-3]
+    return t if group == 1 else t.repeat_interleave(group, dim=-3)
+
+
+def _masked_scores(q, k, mask, causal, scale, upcast: bool, score_mod=None):
+    """Q Kᵀ · scale, score_mod applied, then causal and mask as -inf / additive: (B, H, Tq, Tk)."""
     import torch
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    k = kv_for_queries(q, k)                                       # (B, H, Tk, d)
     if upcast:
         q, k = q.float(), k.float()
     scores = (q @ k.transpose(-2, -1)) * scale                     # (B, H, Tq, Tk)
+    if score_mod is not None:
+        scores = score_mod(scores)
     if causal:
         keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)    # (Tq, Tk)
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -74,22 +112,25 @@ def _masked_scores(q, k, mask, causal, scale, upcast: bool):
     return scores
 
 
-def eager_probs(q, k, *, mask=None, causal=False, scale=None):
+def eager_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
     """softmax(Q Kᵀ · scale, masked) in the input dtype: (B, H, Tq, Tk)."""
     import torch
-    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=False), dim=-1)
+    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=False, score_mod=score_mod), dim=-1)
 
 
-def eager_fp32_probs(q, k, *, mask=None, causal=False, scale=None):
+def eager_fp32_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
     """Scores and softmax in fp32, cast back to the input dtype: (B, H, Tq, Tk)."""
     import torch
-    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=True), dim=-1).to(q.dtype)
+    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=True, score_mod=score_mod),
+                         dim=-1).to(q.dtype)
 
 
-def _from_probs(probs_fn):
-    """Attention from a probability function: probs(q, k) @ v."""
-    def attention(q, k, v, *, mask=None, causal=False, scale=None):
-        return probs_fn(q, k, mask=mask, causal=causal, scale=scale) @ v   # (B, H, Tq, d)
+def _from_probs(probs_fn, pair_kv=kv_for_queries):
+    """Attention from a probability function: probs(q, k) @ v, v's heads paired with the
+    query heads as `pair_kv` pairs them."""
+    def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+        probs = probs_fn(q, k, mask=mask, causal=causal, scale=scale, score_mod=score_mod)
+        return probs @ pair_kv(q, v)                               # (B, H, Tq, d)
     attention.__doc__ = probs_fn.__doc__
     return attention
 
@@ -112,16 +153,16 @@ def _keep_mask(q, k, mask, causal):
     return keep
 
 
-def broken_unscaled_probs(q, k, *, mask=None, causal=False, scale=None):
+def broken_unscaled_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
     """Forgets 1/sqrt(d_k): scores have std sqrt(d_k) and softmax saturates."""
     import torch
-    return torch.softmax(_masked_scores(q, k, mask, causal, 1.0, upcast=False), dim=-1)
+    return torch.softmax(_masked_scores(q, k, mask, causal, 1.0, upcast=False, score_mod=score_mod), dim=-1)
 
 
-def broken_mask_after_softmax_probs(q, k, *, mask=None, causal=False, scale=None):
+def broken_mask_after_softmax_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
     """The seed's wrong way: softmax over every key, then zero the masked ones and renormalize."""
     import torch
-    probs = torch.softmax(_masked_scores(q, k, None, False, scale, upcast=False), dim=-1)
+    probs = torch.softmax(_masked_scores(q, k, None, False, scale, upcast=False, score_mod=score_mod), dim=-1)
     keep = _keep_mask(q, k, mask, causal)
     if keep is not None:
         probs = probs * keep
@@ -129,22 +170,34 @@ def broken_mask_after_softmax_probs(q, k, *, mask=None, causal=False, scale=None
     return probs
 
 
-def broken_clamped_probs(q, k, *, mask=None, causal=False, scale=None):
+def broken_clamped_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
     """The seed's `clamp(min=1e-6)` after softmax: weight returns to masked positions."""
     import torch
-    return torch.clamp(eager_probs(q, k, mask=mask, causal=causal, scale=scale), min=1e-6)
+    return torch.clamp(eager_probs(q, k, mask=mask, causal=causal, scale=scale, score_mod=score_mod), min=1e-6)
 
 
-def broken_no_max_subtraction_probs(q, k, *, mask=None, causal=False, scale=None):
+def broken_no_max_subtraction_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
     """exp(scores) / sum without subtracting the row max: overflows on large logits."""
-    e = _masked_scores(q, k, mask, causal, scale, upcast=False).exp()
+    e = _masked_scores(q, k, mask, causal, scale, upcast=False, score_mod=score_mod).exp()
     return e / e.sum(dim=-1, keepdim=True)
 
 
-def broken_softmax_wrong_dim_probs(q, k, *, mask=None, causal=False, scale=None):
+def broken_softmax_wrong_dim_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
     """softmax over the query axis (dim=-2) instead of the key axis."""
     import torch
-    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=False), dim=-2)
+    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=False, score_mod=score_mod), dim=-2)
+
+
+def kv_tiled(q, t):
+    """The GQA pairing bug: k or v tiled over the query heads (B, H, Tk, d), so query head h
+    meets key/value head h % Hkv instead of h // (H / Hkv)."""
+    group = q.shape[-3] // t.shape[-3]
+    return t if group == 1 else t.repeat(1, group, 1, 1)
+
+
+def broken_gqa_wrong_head_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
+    """GQA with the wrong pairing: query head h attends with key/value head h % kv_heads."""
+    return eager_probs(q, kv_tiled(q, k), mask=mask, causal=causal, scale=scale, score_mod=score_mod)
 
 
 # --------------------------------------------------------------------------- compiled
@@ -236,6 +289,8 @@ def _sdpa(backend_name: str | None) -> AttentionFn:
     def call(q, k, v, *, mask=None, causal=False, scale=None):
         mask, causal = _fold_causal(q, k, mask, causal)
         kwargs = dict(attn_mask=mask, is_causal=causal, scale=scale)
+        if k.shape[-3] != q.shape[-3]:
+            kwargs["enable_gqa"] = True        # only then: multi-head calls stay exactly as they were
         if backend is None:
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
         from torch.nn.attention import sdpa_kernel
@@ -268,7 +323,8 @@ def sdpa_dispatch_choice(q, k, v, *, mask=None, causal=False, scale=None) -> str
     import torch
     from torch.nn.attention import SDPBackend
     mask, causal = _fold_causal(q, k, mask, causal)
-    return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, scale=scale)).name
+    gqa = {"enable_gqa": True} if k.shape[-3] != q.shape[-3] else {}
+    return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, scale=scale, **gqa)).name
 
 
 def _forced(name: str) -> Callable[..., str]:
@@ -278,14 +334,15 @@ def _forced(name: str) -> Callable[..., str]:
 # --------------------------------------------------------------------------- FlexAttention
 
 def _flex() -> AttentionFn:
-    """torch.compile(flex_attention); causal and bool masks as block masks, float masks as score_mod."""
+    """torch.compile(flex_attention); causal and bool masks as block masks, float masks and the
+    cell's ScoreMod as score_mod, GQA with enable_gqa."""
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     compiled = _compiled_fn(flex_attention, None)
     block_mask_for: list = []     # [(mask tensor, causal, BlockMask)]: the last one built
 
-    def call(q, k, v, *, mask=None, causal=False, scale=None):
+    def call(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
         if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise BackwardUnsupported("FlexAttention has no backward on CPU in this torch "
                                       "(NotImplementedError); forward measured without grad")
@@ -293,20 +350,26 @@ def _flex() -> AttentionFn:
         bool_mask = mask if mask is not None and mask.dtype == torch.bool else None
         float_mask = mask if mask is not None and mask.dtype != torch.bool else None
 
-        def pick(m, b, qi):
-            # m: (B|1, 1, Tq|1, Tk) -> the entry for batch b, query qi (broadcast dims read index 0)
-            return m[b if m.shape[0] > 1 else 0, 0, qi if m.shape[-2] > 1 else 0]
+        def pick(m, b, qi, ki):
+            # m: (B|1, 1, Tq|1, Tk) -> the entry for batch b, query qi, key ki (broadcast dims read
+            # index 0). One index expression: the chained m[b, 0, qi][ki] compiled for the CPU
+            # reads out of bounds for a (1, 1, Tq, Tk) mask (heap corruption, SIGSEGV/SIGABRT).
+            return m[b if m.shape[0] > 1 else 0, 0, qi if m.shape[-2] > 1 else 0, ki]
 
         def mask_mod(b, h, qi, ki):
             keep = (qi >= ki) if causal else (qi >= 0)
             if bool_mask is not None:
-                keep = keep & pick(bool_mask, b, qi)[ki]
+                keep = keep & pick(bool_mask, b, qi, ki)
             return keep
 
-        score_mod = None
-        if float_mask is not None:
-            def score_mod(score, b, h, qi, ki):
-                return score + pick(float_mask, b, qi)[ki].to(score.dtype)
+        modify = score_mod
+
+        def flex_score_mod(score, b, h, qi, ki):
+            if modify is not None:
+                score = modify(score)                  # before masking, as in the golden
+            if float_mask is not None:
+                score = score + pick(float_mask, b, qi, ki).to(score.dtype)
+            return score
 
         block_mask = None
         if causal or bool_mask is not None:
@@ -318,7 +381,9 @@ def _flex() -> AttentionFn:
                 block_mask_for[:] = [(bool_mask, causal,
                                       create_block_mask(mask_mod, batch, None, tq, tk, device=q.device.type))]
             block_mask = block_mask_for[0][2]
-        return compiled(q, k, v, block_mask=block_mask, score_mod=score_mod, scale=scale)
+        gqa = {"enable_gqa": True} if k.shape[-3] != q.shape[-3] else {}
+        return compiled(q, k, v, block_mask=block_mask, scale=scale, **gqa,
+                        score_mod=flex_score_mod if (modify is not None or float_mask is not None) else None)
 
     return call
 
@@ -326,9 +391,12 @@ def _flex() -> AttentionFn:
 # --------------------------------------------------------------------------- registry
 
 BROKEN_PREFIX = "broken."
+SDPA_NO_SCORE_MOD = ("scaled_dot_product_attention has no score modification argument; "
+                     "soft-capping would need the scores it never materializes")
 
 
 def _builtins() -> dict[str, Variant]:
+    sdpa_limits = {"score_mod": SDPA_NO_SCORE_MOD}
     specs = [
         Variant("eager", "hand-written softmax(QKᵀ·scale)V, every step in the input dtype",
                 lambda: eager_attention, probs=eager_probs),
@@ -339,16 +407,22 @@ def _builtins() -> dict[str, Variant]:
         Variant("compiled_unfused", "torch.compile(eager) with pattern matching off: the hand-written math compiled",
                 functools.partial(_compiled, {"pattern_matcher": False}), compiled=True, family="compiled"),
         Variant("sdpa", "F.scaled_dot_product_attention, the dispatcher's choice of backend",
-                lambda: _sdpa(None), family="sdpa", backend=sdpa_dispatch_choice),
+                lambda: _sdpa(None), family="sdpa", backend=sdpa_dispatch_choice,
+                unsupported=sdpa_limits),
         Variant("sdpa_math", "SDPA forced to the MATH backend (reference C++ composite)",
-                lambda: _sdpa("MATH"), family="sdpa", backend=_forced("MATH")),
+                lambda: _sdpa("MATH"), family="sdpa", backend=_forced("MATH"),
+                unsupported=sdpa_limits),
         Variant("sdpa_flash", "SDPA forced to the FLASH_ATTENTION backend",
-                lambda: _sdpa("FLASH_ATTENTION"), family="sdpa", backend=_forced("FLASH_ATTENTION")),
+                lambda: _sdpa("FLASH_ATTENTION"), family="sdpa", backend=_forced("FLASH_ATTENTION"),
+                unsupported=sdpa_limits),
         Variant("sdpa_efficient", "SDPA forced to the EFFICIENT_ATTENTION (memory-efficient) backend",
-                lambda: _sdpa("EFFICIENT_ATTENTION"), family="sdpa", backend=_forced("EFFICIENT_ATTENTION")),
+                lambda: _sdpa("EFFICIENT_ATTENTION"), family="sdpa", backend=_forced("EFFICIENT_ATTENTION"),
+                unsupported=sdpa_limits),
         Variant("sdpa_cudnn", "SDPA forced to the CUDNN_ATTENTION backend",
-                lambda: _sdpa("CUDNN_ATTENTION"), family="sdpa", backend=_forced("CUDNN_ATTENTION")),
-        Variant("flex", "torch.compile(flex_attention): causal/padding as block masks, float masks as score_mod",
+                lambda: _sdpa("CUDNN_ATTENTION"), family="sdpa", backend=_forced("CUDNN_ATTENTION"),
+                unsupported=sdpa_limits),
+        Variant("flex", "torch.compile(flex_attention): causal/padding/window as block masks, float masks "
+                "and soft-capping as score_mod, GQA with enable_gqa",
                 _flex, compiled=True, family="compiled"),
     ]
     for probs_fn in (broken_unscaled_probs, broken_mask_after_softmax_probs, broken_clamped_probs,
@@ -357,6 +431,12 @@ def _builtins() -> dict[str, Variant]:
         doc = (probs_fn.__doc__ or "").strip().splitlines()[0]
         specs.append(Variant(name, "NEGATIVE CONTROL: " + doc,
                              (lambda f=probs_fn: _from_probs(f)), family="broken", probs=probs_fn))
+    specs.append(Variant(
+        "broken.gqa_wrong_head", "NEGATIVE CONTROL: " + broken_gqa_wrong_head_probs.__doc__.strip(),
+        lambda: _from_probs(broken_gqa_wrong_head_probs, pair_kv=kv_tiled), family="broken",
+        probs=broken_gqa_wrong_head_probs,
+        requires={"gqa": "with kv_heads == heads, h % kv_heads is h, the right pairing: nothing to detect"},
+        unsupported={"mqa": "with one key/value head every pairing is the same: nothing to detect"}))
     return {v.name: v for v in specs}
 
 
@@ -366,8 +446,9 @@ BUILTIN_NAMES: tuple[str, ...] = (
 )
 NEGATIVE_CONTROLS: tuple[str, ...] = (
     "broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
-    "broken.no_max_subtraction", "broken.softmax_wrong_dim",
+    "broken.no_max_subtraction", "broken.softmax_wrong_dim", "broken.gqa_wrong_head",
 )
+GQA_CONTROLS: tuple[str, ...] = ("broken.gqa_wrong_head",)   # run (and flagged) on GQA cells only
 
 
 def builtin_variants() -> dict[str, Variant]:
@@ -407,7 +488,29 @@ def load_plugin(spec: str) -> Variant:
         raise UsageError(f"--variant: {spec!r} is a {type(fn).__name__}, not a callable")
     doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
     description = doc[0] if doc else f"user plug-in {spec}"
-    return Variant(spec, description, lambda: fn, family="plugin")
+    return Variant(spec, description, lambda: fn, family="plugin", unsupported=_undeclared(spec, fn))
+
+
+SUPPORTS_ATTRIBUTE = "audit_supports"
+
+
+def _undeclared(spec: str, fn: Any) -> dict[str, str]:
+    """A plug-in's unsupported features: those its `audit_supports` attribute does not name.
+
+    Undeclared means unsupported: a plug-in written for k and v of H heads could broadcast
+    an MQA cell's single key/value head and look right by accident, or ignore a score_mod
+    keyword it swallows with **kwargs, so the audit never guesses.
+    """
+    declared = getattr(fn, SUPPORTS_ATTRIBUTE, ())
+    if isinstance(declared, str) or not isinstance(declared, Iterable):
+        raise UsageError(f"--variant: {spec}.{SUPPORTS_ATTRIBUTE} is {declared!r}; expected a tuple of "
+                         f"feature names from: {', '.join(FEATURES)}")
+    unknown = [f for f in declared if f not in FEATURES]
+    if unknown:
+        raise UsageError(f"--variant: {spec}.{SUPPORTS_ATTRIBUTE} names unknown feature(s) "
+                         f"{', '.join(map(repr, unknown))}; allowed: {', '.join(FEATURES)}")
+    return {f: f"the plug-in does not declare it (add {f!r} to {spec}.{SUPPORTS_ATTRIBUTE}; "
+               "README: Your own variant)" for f in FEATURES if f not in declared}
 
 
 def resolve(name: str) -> Variant:

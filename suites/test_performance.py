@@ -25,9 +25,8 @@ def speed_cases(config):
 
 
 def bench_id(case, phase: str) -> str:
-    mask = "causal" if case.causal else "full"
-    return (f"{case.variant}-{case.device}-{case.dtype}-d{case.d_k}-T{case.seq_len}"
-            f"-B{case.batch}-H{case.heads}-{mask}-{phase}")
+    """The cell's id with the phase in place of the scenario (speed cells are all `normal`)."""
+    return case.id.removesuffix(f"-{case.scenario}") + f"-{phase}"
 
 
 def pytest_generate_tests(metafunc):
@@ -46,7 +45,7 @@ def _prepare(case, phase):
     fn = variant.build()
     inputs = make_inputs(case)
     q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
-    kwargs = dict(mask=inputs.mask, causal=inputs.causal)
+    kwargs = inputs.call_kwargs()
     sync = torch.cuda.synchronize if case.device == "cuda" else (lambda: None)
 
     def forward():
@@ -62,6 +61,9 @@ def _prepare(case, phase):
         sync()
         return result
 
+    refusal = variant.refusal(inputs.needs())
+    if refusal is not None:
+        pytest.skip(refusal)
     try:
         timed()
         timed()
@@ -84,7 +86,8 @@ def test_speed(benchmark, speed_case, phase):
     if phase == "fwd_bwd":
         flops = int(flops * (1 + BACKWARD_FLOP_FACTOR))
     out, peak = peak_during(timed, case.device)
-    golden = golden_attention(inputs.q, inputs.k, inputs.v, causal=inputs.causal, visible=inputs.visible)
+    golden = golden_attention(inputs.q, inputs.k, inputs.v, causal=inputs.causal, visible=inputs.visible,
+                              score_mod=inputs.score_mod)
     error = error_vs_reference(forward().detach(), golden.out, golden.row_visible)
     del out
 

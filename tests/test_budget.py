@@ -28,8 +28,8 @@ def _pred(rows):
     out = []
     for cell_id, key, status, total, shared in rows:
         out.append({"id": cell_id, "device": "cpu", "dtype": "fp32", "d_k": 8, "seq_len": key, "batch": 1,
-                    "heads": 2, "causal": False, "scenario": "normal", "status": status, "total_s": total,
-                    "shared_s": shared})
+                    "heads": 2, "kv_heads": 2, "causal": False, "scenario": "normal", "status": status,
+                    "total_s": total, "shared_s": shared})
     return pd.DataFrame(out)
 
 

@@ -84,6 +84,21 @@ def test_every_scenario_measures_without_host_tensors_meeting_device_data(scenar
     assert bad == {}
 
 
+def test_gqa_cells_measure_without_host_tensors_meeting_device_data():
+    """The GQA paths (k and v repeated per query head, the golden per kv group, masked-row
+    classification against a kv-head v, soft-capping), with the GQA negative control."""
+    axes = dict(variant=HAND_WRITTEN_AND_SDPA + ("broken.gqa_wrong_head",), device=("cpu",), dtype=("fp32",),
+                d_k=(8,), seq_len=(16,), batch=(2,), heads=(4,), kv_heads=(2,), causal=(True,),
+                scenario=("fully_masked_bool", "sliding_window", "softcap", "cross_causal"))
+    cache = runner.InputCache()
+    with HostProvenance() as mode:
+        recs = [runner.run_cell(case, cache, TINY, {}) for case in grid.expand(grid.validate_axes(axes))]
+    assert mode.violations == []
+    assert {r["status"] for r in recs} == {"ok", "skipped"}           # skipped: SDPA on softcap
+    bad = {r["id"]: r["reason"] for r in recs if r["status"] not in ("ok", "skipped")}
+    assert bad == {}
+
+
 def test_the_sweep_fails_with_the_bug_put_back(monkeypatch):
     """The sweep above is able to fail: re-introduce the H200 bug (visibility without device)."""
     import audit.reference as reference

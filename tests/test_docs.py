@@ -66,9 +66,10 @@ def test_readme_plugin_example_runs(tmp_path, monkeypatch):
     assert f"--variant {name}" in README
     preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
     cache = cellcache.InputCache()
-    for causal, scenario in ((False, "normal"), (True, "padding")):
-        case = grid.Case(name, "cpu", "fp32", 16, 160, 2, 2, causal, scenario)  # 160 > one 128-row block
+    for causal, scenario, heads, kv in ((False, "normal", 2, 2), (True, "padding", 2, 2),
+                                        (True, "softcap", 4, 2)):           # declared: GQA and score_mod
+        case = grid.Case(name, "cpu", "fp32", 16, 160, 2, heads, causal, scenario, kv)  # 160 > one 128-row block
         rec = runner.run_cell(case, cache, preset, {})
         assert rec["status"] == "ok", rec["reason"]
         assert rec["within_budget"] is True and rec["rel_err"] < 1e-5
-        assert rec["leak_max_change"] == (0.0 if causal else None)  # None: nothing is masked
+        assert rec["leak_max_change"] == (None if scenario == "normal" else 0.0)  # None: nothing is masked

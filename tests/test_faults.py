@@ -25,7 +25,7 @@ FAULTS = ("raises", "returns_nan", "segfaults", "exits", "wrong_last_dim", "retu
           "allocates_64_tib", "hangs", "hangs_in_backward", "leaks")
 CORRECT = ("eager", "sdpa")
 GRID = ["--preset", "quick", "--dtype", "fp32", "--d-k", "32", "--seq-len", "64", "--batch", "1",
-        "--heads", "2", "--causal", "false", "--scenario", "normal", "--budget", "none",
+        "--heads", "2", "--kv-heads", "2", "--causal", "false", "--scenario", "normal", "--budget", "none",
         "--no-progress", "--no-report"]
 CELL_TIMEOUT_S = "4"
 # Numerics of the correct variants that a faulty neighbour must not change.

@@ -16,7 +16,7 @@ from audit.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, check_name
 
 def base_axes(**override):
     axes = dict(variant=("eager",), device=("cpu",), dtype=("fp32",), d_k=(16,), seq_len=(8,),
-                batch=(1,), heads=(2,), causal=(False,), scenario=("normal",))
+                batch=(1,), heads=(2,), kv_heads=(2,), causal=(False,), scenario=("normal",))
     axes.update(override)
     return axes
 
@@ -31,7 +31,7 @@ def test_case_id_examples():
 def test_case_id_changes_with_every_axis():
     case = Case("sdpa", "cpu", "bf16", 64, 1024, 1, 8, True)
     changed = dict(variant="eager", device="cuda", dtype="fp16", d_k=32, seq_len=512, batch=2,
-                   heads=4, causal=False, scenario="other")
+                   heads=4, kv_heads=2, causal=False, scenario="other")
     assert set(changed) == set(AXES)
     ids = {case.id}
     for axis, value in changed.items():
@@ -197,7 +197,7 @@ def test_every_preset_validates():
             axes = validate_axes(sub, known_variant=check_name, known_scenario=check_scenario)
             assert set(axes) == set(AXES)
             for axis in AXES:
-                assert axes[axis] == tuple(sub[axis]), (name, axis)
+                assert axes[axis] == grid.sub_grid_values(sub, axis), (name, axis)
         # the union of every sub-grid's values validates too
         axes = validate_axes(preset.axes, known_variant=check_name, known_scenario=check_scenario)
         for axis in AXES:

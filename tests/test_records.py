@@ -78,7 +78,8 @@ def test_new_record_has_every_column_and_nothing_else():
     assert rec["schema"] == SCHEMA_VERSION
     assert rec["id"] == CASE.id
     for axis in AXES:
-        assert rec[axis] == getattr(CASE, axis)
+        assert rec[axis] == CASE.axes()[axis]
+    assert rec["kv_heads"] == rec["heads"] == 8         # multi-head: kv_heads is heads, a number
     measured = set(COLUMNS) - set(AXES) - {"schema", "id"}
     assert all(rec[c] is None for c in measured)
 
@@ -100,9 +101,9 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_3_with_migrations_from_1_and_2():
-    assert SCHEMA_VERSION == 3
-    assert set(MIGRATIONS) == {1, 2}
+def test_schema_is_4_with_migrations_from_1_2_and_3():
+    assert SCHEMA_VERSION == 4
+    assert set(MIGRATIONS) == {1, 2, 3}
 
 
 def _v1_record(**values):
@@ -159,6 +160,7 @@ def test_reading_the_v1_golden_file_gives_current_records(tmp_path):
         assert rec["schema"] == SCHEMA_VERSION
         assert set(COLUMNS) <= set(rec)
         assert rec["q_len"] == rec["seq_len"] == old["seq_len"]
+        assert rec["kv_heads"] == rec["heads"] == old["heads"]
         assert rec["id"] == old["id"] and rec["status"] == old["status"]
         assert same(rec["fwd_ms"], old["fwd_ms"])
     assert [r["status"] for r in back] == ["ok", "ok", "skipped"]
@@ -188,6 +190,26 @@ def test_reading_schema_2_records_of_the_h200_run(tmp_path):
                 assert same(rec[col], _restore(value)), col
         for col in ("golden_subset", "fwd_host_ms", "host_bound", "compile_reused", "energy_idle_frac"):
             assert rec[col] is None, col                # not measured in v2
+        assert rec["kv_heads"] == rec["heads"] == 16    # multi-head, like every cell before schema 4
+
+
+def test_reading_schema_3_records_of_a_cpu_run(tmp_path):
+    """The stored CPU run (schema 3) is the golden file of schema 3: every cell was multi-head,
+    so kv_heads reads as heads, and the cell ids, which have no KV part, stay as they were."""
+    from tests.helpers import cpu_run
+
+    run = cpu_run("quick", tmp_path)
+    raw = [json.loads(line) for line in (run / RECORDS_FILE).read_text().splitlines()]
+    assert {r["schema"] for r in raw} == {3} and all("kv_heads" not in r for r in raw)
+    back = read_records(run)
+    assert len(back) == len(raw) > 100
+    for old, rec in zip(raw, back):
+        assert rec["schema"] == SCHEMA_VERSION
+        assert rec["kv_heads"] == rec["heads"]
+        for col, value in old.items():                 # nothing of v3 is lost or changed
+            if col != "schema":
+                assert same(rec[col], _restore(value)), col
+        assert Case.from_mapping(rec).id == rec["id"]
 
 
 # --------------------------------------------------------------------------- round trip

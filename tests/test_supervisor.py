@@ -16,6 +16,7 @@ def test_segfault_in_one_cell_is_recorded_and_the_run_goes_on(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGINS), str(ROOT)]))
     cmd = [sys.executable, "-m", "audit", "run", "--preset", "quick", "--variant", "crash_plugin:attention",
            "eager", "--scenario", "normal", "--dtype", "fp32", "--d-k", "16", "--seq-len", "32", "48", "64",
+           "--heads", "2", "--kv-heads", "2",
            "--causal", "false", "--out", str(out), "--no-progress", "--no-report", "--min-samples", "1"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -54,9 +54,11 @@ def test_builtin_registry_matches_names():
 
 
 def test_negative_controls_are_a_separate_name_space():
-    assert len(NEGATIVE_CONTROLS) == 5
+    assert len(NEGATIVE_CONTROLS) == 6
     assert set(NEGATIVE_CONTROLS) == {"broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
-                                      "broken.no_max_subtraction", "broken.softmax_wrong_dim"}
+                                      "broken.no_max_subtraction", "broken.softmax_wrong_dim",
+                                      "broken.gqa_wrong_head"}
+    assert set(variants.GQA_CONTROLS) <= set(NEGATIVE_CONTROLS)
     assert not set(NEGATIVE_CONTROLS) & set(BUILTIN_NAMES)
     for name in NEGATIVE_CONTROLS:
         v = resolve(name)

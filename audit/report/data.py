@@ -45,7 +45,7 @@ SEED_CLAIMS_FILE = "seed_claims.csv"
 GOLDEN_SOURCE_PREFERENCE = ("sdpa", "sdpa_math", "compiled")
 # Axes along which a per-cell label (masked_rows, causal_alignment) may differ; the first
 # axis that explains the difference is named, e.g. "nan (fp32), other (fp16)".
-DESCRIBE_AXES = ("dtype", "causal", "device", "d_k", "seq_len", "batch", "heads")
+DESCRIBE_AXES = ("dtype", "causal", "device", "d_k", "seq_len", "batch", "heads", "kv_heads")
 
 
 def is_negative_control(variants: pd.Series) -> pd.Series:
@@ -54,9 +54,12 @@ def is_negative_control(variants: pd.Series) -> pd.Series:
 
 
 def prepare(frame: pd.DataFrame) -> pd.DataFrame:
-    """Measurement columns as floats (null -> NaN) so pandas can aggregate them."""
+    """Measurement columns as floats (null -> NaN) so pandas can aggregate them; a frame without
+    kv_heads (made before the axis) is multi-head."""
     as_float = {col: pd.to_numeric(frame[col], errors="coerce").astype(float)
                 for col in METRIC_COLUMNS if col in frame.columns}
+    if "kv_heads" not in frame.columns and "heads" in frame.columns:
+        as_float["kv_heads"] = frame["heads"]
     return frame.assign(**as_float)
 
 
@@ -146,7 +149,7 @@ def representative_slice(rows: pd.DataFrame,
                          vary: tuple[str, ...] = ()) -> tuple[pd.DataFrame, str]:
     """Fix the axes a plot does not show, so its lines compare like with like.
 
-    causal=False is preferred; device, heads and scenario take their most common value.
+    causal=False is preferred; device, heads, kv_heads and scenario take their most common value.
     The batch is fixed in one of two ways, whichever keeps more sequence lengths: at its
     most common value (a sweep at fixed B), or at a fixed number of tokens B·T per cell
     (a sweep like the gpu preset's, where B shrinks as T grows). Returns the rows and a
@@ -157,8 +160,8 @@ def representative_slice(rows: pd.DataFrame,
         causal = chosen["causal"].astype(bool)
         chosen = chosen[~causal] if (~causal).any() else chosen
     labels: list[str] = []
-    for axis in ("device", "batch", "heads", "causal", "scenario"):
-        if axis in vary or not len(chosen):
+    for axis in ("device", "batch", "heads", "kv_heads", "causal", "scenario"):
+        if axis in vary or not len(chosen) or axis not in chosen.columns:
             continue
         if axis == "batch":
             chosen, label = _fix_batch(chosen)
@@ -166,7 +169,8 @@ def representative_slice(rows: pd.DataFrame,
             continue
         value = chosen[axis].mode().iloc[0]
         chosen = chosen[chosen[axis] == value]
-        labels.append(axis_label(axis, value))
+        if axis != "kv_heads" or (chosen["kv_heads"] != chosen["heads"]).any():   # MHA: no KV label
+            labels.append(axis_label(axis, value))
     return chosen, " ".join(labels)
 
 
@@ -186,6 +190,8 @@ def axis_label(axis: str, value: Any) -> str:
         return f"B{value}"
     if axis == "heads":
         return f"H{value}"
+    if axis == "kv_heads":
+        return f"KV{value}"
     if axis == "causal":
         return "causal" if value else "full"
     if axis == "d_k":
