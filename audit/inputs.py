@@ -259,11 +259,12 @@ def make_inputs(case: Case) -> Inputs:
     if case.scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {case.scenario!r}")
     scenario = SCENARIOS[case.scenario]
-    return draw_inputs(case, scenario.draw, scenario.q_len(case.seq_len))
+    return draw_inputs(case, scenario.draw, scenario.q_len(case.seq_len), scenario.score_mod)
 
 
-def draw_inputs(case: Case, draw: Callable[..., dict], tq: int) -> Inputs:
-    """The input set of `case` from its scenario's draw function and query length.
+def draw_inputs(case: Case, draw: Callable[..., dict], tq: int, score_mod: ScoreMod | None = None) -> Inputs:
+    """The input set of `case` from its scenario's draw function, query length and score
+    modification.
 
     Uses no registry: audit.repro copies it, with the draw function, into standalone
     reproduction scripts (keep what it calls at module level, imports included).
@@ -286,4 +287,4 @@ def draw_inputs(case: Case, draw: Callable[..., dict], tq: int) -> Inputs:
                   grad_out=to_cell(_randn(gen, (case.batch, case.heads, tq, case.d_k))),
                   mask=mask, causal=case.causal,
                   visible=None if visible is None else visible.to(case.device),
-                  mask_form=drawn.get("mask_form", "none"), score_mod=scenario.score_mod)
+                  mask_form=drawn.get("mask_form", "none"), score_mod=score_mod)

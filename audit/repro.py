@@ -166,6 +166,8 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     emb.bind("Case", Case)
     emb.bind("seed_for", seed_for)
     emb.bind("scenario_draw", SCENARIOS[case.scenario].draw)
+    score_mod = SCENARIOS[case.scenario].score_mod
+    score_mod_name = emb.bind("scenario_score_mod", score_mod) if score_mod is not None else "None"
     emb.bind("draw_inputs", draw_inputs)
     inputs_end = emb.mark()
     emb.bind("verify", VERIFIERS[check])
@@ -194,7 +196,7 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
         doc,
         "from __future__ import annotations",
         "\n".join(imports),
-        f"TITLE = {title!r}\nAXES = {axes!r}\nSEED = {seed_for(case)}   # crc32 of repr(Case.input_key)\n"
+        f"TITLE = {title!r}\nCELL_AXES = {axes!r}\nSEED = {seed_for(case)}   # crc32 of repr(Case.input_key)\n"
         f"TQ = {q_len(case)}   # query length of scenario {case.scenario}\n"
         f"RECORDED = {_py(recorded)}   # what the audit measured in this cell\nENV = {_py(env)}",
         "# " + "-" * 70 + " the variant under test"
@@ -205,8 +207,8 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
         emb.section(variant_end, inputs_end),
         "# " + "-" * 70 + f" the check: {check} (attn-audit's measuring code, copied verbatim)",
         emb.section(inputs_end),
-        "if __name__ == \"__main__\":\n    sys.exit(run_repro(TITLE, AXES, SEED, TQ, scenario_draw, load_variant, "
-        f"verify, RECORDED, ENV, child={child}))",
+        "if __name__ == \"__main__\":\n    sys.exit(run_repro(TITLE, CELL_AXES, SEED, TQ, scenario_draw, load_variant, "
+        f"verify, RECORDED, ENV, child={child}, score_mod={score_mod_name}))",
     ]
     text = "\n\n\n".join(p for p in parts if p) + "\n"
     compile(text, "<repro>", "exec")

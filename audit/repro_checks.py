@@ -46,7 +46,7 @@ def call_variant(attention: Callable[..., Any], inputs: Any, grad: bool = True) 
     (a variant with no backward here gets inputs that do not require grad)."""
     q, k, v = (t.detach().requires_grad_(grad) for t in (inputs.q, inputs.k, inputs.v))
     try:
-        out = attention(q, k, v, mask=inputs.mask, causal=inputs.causal)      # (B, H, Tq, d)
+        out = attention(q, k, v, **inputs.call_kwargs())                       # (B, H, Tq, d)
     except BackwardUnsupported:
         if not grad:
             raise
@@ -78,7 +78,7 @@ def _probe_rows(attention: Any, inputs: Any, ref: Any, q: Any, out: Any) -> list
     found = []
     for k2, v2, rows in ref.leak_probes:
         k2, v2 = (t.detach().requires_grad_(q.requires_grad) for t in (k2, v2))
-        after = attention(q, k2, v2, mask=inputs.mask, causal=inputs.causal).detach()  # (B, H, Tq, d)
+        after = attention(q, k2, v2, **inputs.call_kwargs()).detach()            # (B, H, Tq, d)
         change = changed_max(out, after, rows)
         sel = rows.expand(out.shape[:-1])                                              # (B, H, Tq)
         both_nan = torch.isnan(out) & torch.isnan(after)
@@ -383,7 +383,8 @@ def cell_failed_child(case: Any, inputs: Any, load_variant: Callable) -> int:
 # --------------------------------------------------------------------------- the script's main
 
 def run_repro(title: str, axes: dict, seed: int, tq: int, draw: Callable, load_variant: Callable,
-              verify: Callable, recorded: dict, env: dict, child: Callable | None = None) -> int:
+              verify: Callable, recorded: dict, env: dict, child: Callable | None = None,
+              score_mod: Any = None) -> int:
     """Rebuild the cell's inputs, run the verifier, print the verdict; the exit status."""
     import torch
     case = Case(**axes)
@@ -395,7 +396,7 @@ def run_repro(title: str, axes: dict, seed: int, tq: int, draw: Callable, load_v
         return EXIT_CANNOT_CHECK
     if env.get("float32_matmul_precision"):
         torch.set_float32_matmul_precision(env["float32_matmul_precision"])
-    inputs = draw_inputs(case, draw, tq)
+    inputs = draw_inputs(case, draw, tq, score_mod)
     if child is not None and sys.argv[1:] == [CHILD_FLAG]:
         return child(case, inputs, load_variant)
     print(title)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from audit import presets
+from audit import grid, presets
 from audit.grid import AXES, DEVICES, DTYPES, INT_AXES, Case, UsageError, expand, validate_axes
 from audit.inputs import SCENARIOS, check_scenario
 from audit.presets import Preset, preset_cases

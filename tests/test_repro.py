@@ -35,7 +35,7 @@ PLUGINS = Path(__file__).resolve().parent / "plugins"
 QUICK = ["--preset", "quick", "--seq-len", "64", "--causal", "false", "--budget", "none"]
 FAULTS = ["--preset", "quick", "--variant", "faults:raises", "faults:leaks", "faults:returns_nan", "broken.unscaled",
           "eager", "--scenario", "fully_masked_finfo_min", "cross_causal", "--dtype", "fp32", "--d-k", "64",
-          "--seq-len", "64", "--batch", "1", "--heads", "2", "--causal", "true", "--budget", "none", "--no-report"]
+          "--seq-len", "64", "--batch", "1", "--heads", "2", "--kv-heads", "2", "--causal", "true", "--budget", "none", "--no-report"]
 EVERY_CHECK = {"nonfinite", "error_budget", "masked_leakage", "fully_masked_rows", "finfo_min_mask", "fp16_overflow",
                "saturation", "input_saturation", "compiled_rewritten", "causal_alignment", "underflow",
                "memory_leak", "cell_failed"}
@@ -160,10 +160,11 @@ def test_a_script_alone_exits_1_and_with_the_control_corrected_0(quick_run, tmp_
     assert done.returncode == 1, done.stdout + done.stderr
     assert "changes by up to" in done.stdout and "REPRODUCED" in done.stdout
     text = script.read_text()
-    defect = "return torch.clamp(eager_probs(q, k, mask=mask, causal=causal, scale=scale), min=1e-6)"
+    defect = ("return torch.clamp(eager_probs(q, k, mask=mask, causal=causal, scale=scale, score_mod=score_mod), "
+              "min=1e-6)")
     assert defect in text                            # the control's own source, copied
     fixed = tmp_path / "fixed.py"
-    fixed.write_text(text.replace(defect, "return eager_probs(q, k, mask=mask, causal=causal, scale=scale)"))
+    fixed.write_text(text.replace(defect, "return eager_probs(q, k, mask=mask, causal=causal, scale=scale, score_mod=score_mod)"))
     done = run_alone(fixed, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "NOT REPRODUCED" in done.stdout and "changes by up to 0 " in done.stdout
@@ -195,7 +196,7 @@ def test_a_corrected_plugin_exits_0_and_a_crashing_one_exits_1(fault_run, tmp_pa
 def _assert_same_inputs(namespace: dict, case: Case) -> None:
     import torch
     ns = namespace
-    got = ns["draw_inputs"](ns["Case"](**ns["AXES"]), ns["scenario_draw"], ns["TQ"])
+    got = ns["draw_inputs"](ns["Case"](**ns["CELL_AXES"]), ns["scenario_draw"], ns["TQ"])
     want = make_inputs(case)
     for name in ("q", "k", "v", "grad_out", "mask", "visible"):
         a, b = getattr(got, name), getattr(want, name)
@@ -209,12 +210,12 @@ def test_the_scripts_rebuild_the_audits_inputs(quick_run):
     seen = set()
     for finding in findings_of(quick_run):
         text = (quick_run / finding["repro"]).read_text()
-        axes = ast.literal_eval(re.search(r"^AXES = (.*)$", text, re.MULTILINE).group(1))
+        axes = ast.literal_eval(re.search(r"^CELL_AXES = (.*)$", text, re.MULTILINE).group(1))
         if axes["variant"].startswith("compiled") or (axes["scenario"], axes["dtype"]) in seen:
             continue                                    # one script per input kind; none that compiles on load
         seen.add((axes["scenario"], axes["dtype"]))
         namespace = runpy.run_path(str(quick_run / finding["repro"]), run_name="repro_inputs_only")
-        case = Case(**namespace["AXES"])
+        case = Case(**namespace["CELL_AXES"])
         assert case.id in finding["cells"]
         _assert_same_inputs(namespace, case)
     assert len(seen) >= 5
