@@ -12,9 +12,9 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from ..findings import NEGATIVE_CONTROL_PREFIX
 from ..grid import INPUT_AXES
 
-NEGATIVE_CONTROL_PREFIX = "broken."
 BASELINE_VARIANT = "eager"
 SEVERITY_ORDER = ("error", "warning", "info")
 MIB = 2 ** 20
