@@ -83,6 +83,9 @@ def _literal(obj: Any) -> str | None:
     return None
 
 
+_SCRIPT_OWN = object()   # what a reserved name is bound to (Embedder.reserve)
+
+
 class Embedder:
     """Collects the source that binds chosen names to copies of live objects."""
 
@@ -94,6 +97,12 @@ class Embedder:
         self._in_progress: set[int] = set()
 
     # ------------------------------------------------------------------ public
+    def reserve(self, *names: str) -> None:
+        """Keep names the script defines itself (its constants): copied code that needs one of
+        them raises NotSelfContained instead of silently replacing the script's value."""
+        for name in names:
+            self._claim(name, _SCRIPT_OWN)
+
     def bind(self, name: str, obj: Any) -> str:
         """Make `name` a script-level name for a copy of `obj`; return the name."""
         if name in self._bound:

@@ -131,6 +131,10 @@ def load_variant():
 '''
 
 
+# The script's own constants (written below): copied audit code must not define these names.
+SCRIPT_CONSTANTS = ("TITLE", "CELL_AXES", "SEED", "TQ", "RECORDED", "ENV")
+
+
 def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_note: str) -> str:
     """The source of one reproduction script. Raises embed.NotSelfContained when some piece
     cannot be copied into a standalone script."""
@@ -145,6 +149,7 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     if case.scenario not in SCENARIOS:
         raise NotSelfContained(f"scenario {case.scenario!r} is unknown to this version of the audit")
     emb = Embedder()
+    emb.reserve(*SCRIPT_CONSTANTS)
     needs_variant = check != "input_saturation"
     plugin = needs_variant and is_plugin_name(case.variant)
     if needs_variant and not plugin:

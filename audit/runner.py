@@ -19,8 +19,8 @@ from .cellcache import BuildCache, InputCache
 from .grid import Case
 from .measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason, measure_cell
 from .memory import pin_malloc_threshold
-from .presets import Preset
 from .inputs import cell_needs
+from .presets import Preset
 from .variants import Unsupported, resolve
 
 RUN_FILE = "run.json"

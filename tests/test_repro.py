@@ -316,3 +316,16 @@ def test_a_verifier_finds_nothing_on_correct_code(check, variant, scenario, dtyp
     defect, lines, measured = verify(case, make_inputs(case), load_variant, recorded)
     assert defect is False, lines
     assert lines and measured
+
+
+def test_copied_code_cannot_take_a_name_the_script_defines():
+    """A copied global named like one of the script's constants is refused, not shadowed."""
+    from audit import grid
+    from audit.embed import Embedder, NotSelfContained
+    emb = Embedder()
+    emb.reserve("AXES")
+    with pytest.raises(NotSelfContained, match="AXES"):
+        emb.bind("Case", grid.Case)                 # Case.axes() reads grid.AXES
+    emb = Embedder()
+    emb.reserve("CELL_AXES")
+    assert emb.bind("Case", grid.Case) == "Case"
