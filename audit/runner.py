@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable
 from . import records
 from .cellcache import BuildCache, InputCache
 from .grid import Case
+from .inputs import cell_needs
 from .measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason, measure_cell
 from .memory import pin_malloc_threshold
-from .inputs import cell_needs
 from .presets import Preset
 from .variants import Unsupported, resolve
 
