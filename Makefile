@@ -20,7 +20,7 @@ test-deps:  ## install what is missing, the optional extras the tests exercise (
 audit: deps  ## run the default preset and write the report under reports/
 	$(PYTHON) -m audit run $(AUDIT_ARGS)
 
-quick: deps  ## the quick preset (60 s budget; about 35 s on 2 cores)
+quick: deps  ## the quick preset (60 s budget; about 44 s on a 2-core AMD EPYC)
 	$(PYTHON) -m audit run --preset quick $(AUDIT_ARGS)
 
 test: test-deps  ## unit tests and quick suites
