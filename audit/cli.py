@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .grid import AXES, UsageError
+from .interrupt import stop_on_signals
 from .inputs import SCENARIOS
 from .records import NewerSchema
 
@@ -428,8 +429,10 @@ def _supervise(cases, run_dir: Path, argv: list[str], cell_timeout_s: float | No
                     code = proc.wait()
                     break
         except KeyboardInterrupt:
+            if proc.poll() is None:          # a signal to this process alone reaches the worker too
+                proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(timeout=10)        # the worker got the same SIGINT: let it stop cleanly
+                proc.wait(timeout=10)        # let the worker stop cleanly (audit.interrupt)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -571,7 +574,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "list":
             return _cmd_list()
         if args.command == "run":
-            return _cmd_run(args, ["attn-audit", *argv], started)
+            with stop_on_signals():
+                try:
+                    return _cmd_run(args, ["attn-audit", *argv], started)
+                except KeyboardInterrupt:     # before the first cell or in the report
+                    print("\nattn-audit: interrupted", file=sys.stderr)
+                    return EXIT_INTERRUPTED
         if args.command == "compare":
             return _cmd_compare(args, ["attn-audit", *argv])
         if args.command == "merge":

@@ -7,6 +7,7 @@ subprocess, as a user runs it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -178,17 +179,35 @@ def test_a_second_writer_is_refused_and_a_stale_lock_never_blocks(tmp_path):
     assert third.returncode == 0, third.stderr                           # the stale lock is gone
 
 
-def test_ctrl_c_ends_a_run_stuck_in_a_hung_cell(tmp_path):
+def _ignore_sigint() -> None:
+    """In the child before exec: SIGINT ignored, as for `cmd &` in a script (inherited by exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "ctrl-c, started with SIGINT ignored", "sigterm to the supervisor"])
+def test_a_signal_ends_a_run_stuck_in_a_hung_cell(tmp_path, how):
+    """Ctrl-C (SIGINT to the process group) ends the run with its "interrupted" line and exit 130,
+    also when the run was started with SIGINT ignored (a background job of a script: before
+    audit.interrupt such a run ignored Ctrl-C and hung); so does SIGTERM to the supervisor alone."""
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGINS), str(ROOT)]))
     proc = subprocess.Popen([sys.executable, "-m", "audit", "run", *GRID, "--variant", "faults:hangs",
                              "--cell-timeout", "600", "--out", str(out)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not (out / "inflight").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGINT)                                   # Ctrl-C: the whole process group
-    _, err = proc.communicate(timeout=60)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_ignore_sigint if "ignored" in how else None)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "inflight").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert (out / "inflight").exists(), "the run never reached its hung cell"
+        time.sleep(0.5)
+        if how.startswith("sigterm"):
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)                           # Ctrl-C: the whole process group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)                          # nothing outlives a failed test
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
