@@ -56,7 +56,7 @@ def cell_cost(row: Any) -> float:
     return float(row["total_s"]) - float(row.get("shared_s", 0.0) or 0.0)
 
 
-def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: float,
+def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: float | None,
            repredict: Callable[[list[str]], Any] | None = None) -> dict[str, str]:
     """{id: reason} of the cells to skip so the predicted total fits `budget_s - reserve_s`.
 
@@ -71,7 +71,7 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     """
     skip: dict[str, str] = {}
     for _, row in pred[pred["status"] == "ok"].iterrows():
-        if cell_cost(row) > max_cell_s:
+        if max_cell_s is not None and cell_cost(row) > max_cell_s:
             skip[row["id"]] = (f"predicted {cell_cost(row):.1f} s for this cell, over the per-cell limit "
                                f"{max_cell_s:g} s (--max-cell-s)")
     if budget_s is None:
@@ -104,9 +104,10 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
         else:
             hi = mid
     keep = set(kept_under(levels[lo])) if lo >= 0 else set()
+    measured_sets = {keys[i] for i in candidates if i in costs}
     for i in candidates:
-        if i in keep:
-            continue
+        if i in keep or (i not in costs and keys[i] not in measured_sets):
+            continue                  # a cell predicted not to run, alone in its set: its own reason
         skip[i] = (f"over the budget: the {format_duration(budget_s)} budget (--budget) leaves {max(room, 0):.0f} s "
                    f"for cells, given to the cheaper ones; this one was predicted {costs[i]:.1f} s"
                    if i in costs else "over the budget: every cell of its input set that would be measured was cut")

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "least 30 s)")
     run.add_argument("--max-cell-s", type=float, metavar="S",
                      help="skip a cell (status skipped) when its warm-up predicts it would take more "
-                          "than S seconds (default: the preset's)")
+                          "than S seconds (default: the preset's; none with --budget none)")
     run.add_argument("--min-samples", type=int, metavar="N",
                      help="timed samples per measurement, at least (default: the preset's)")
     run.add_argument("--energy-window-s", type=float, metavar="S",
@@ -213,6 +213,8 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
     if args.budget is not None:
         from .units import parse_duration
         overrides["budget_s"] = parse_duration(args.budget)
+        if overrides["budget_s"] is None and args.max_cell_s is None:
+            overrides["max_cell_s"] = None     # --budget none measures every cell asked for
     preset = dataclasses.replace(preset, **overrides)
 
     overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}

@@ -66,7 +66,7 @@ class Settings:
 
     min_samples: int = 5
     min_time_s: float = 0.2
-    max_cell_s: float = 30.0
+    max_cell_s: float | None = 30.0   # None: no per-cell limit (--budget none)
     energy_window_s: float = 0.1
     timing: str = "device"        # CUDA: "device" (events behind a spin) or "host" (schema 2)
     energy: str = "edges"         # "edges": between counter updates; "window": schema 2's fixed window
@@ -84,9 +84,10 @@ class Settings:
     def of_run(cls, run_info: Mapping[str, Any]) -> "Settings":
         """The settings a run folder's records were made with (run.json)."""
         timing = run_info.get("timing") or {}
+        max_cell_s = timing.get("max_cell_s", 30.0)
         base = cls(min_samples=int(timing.get("min_samples", 5)),
                    min_time_s=float(timing.get("min_time_s", 0.2)),
-                   max_cell_s=float(timing.get("max_cell_s", 30.0)),
+                   max_cell_s=None if max_cell_s is None else float(max_cell_s),
                    energy_window_s=float(timing.get("energy_window_s", 0.1)))
         argv = list(run_info.get("argv") or [])
         if "--energy-window-s" in argv:
@@ -401,10 +402,10 @@ class CostModel:
                         phases["compile"] += self._const("compile_start_s", dev, 2.0)
                     shared += phases["compile"]
             n_timed = settings.min_samples + 1
-            if t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > settings.max_cell_s or \
-                    (t_f + t_fb) * n_timed > settings.max_cell_s:
+            limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s
+            if t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s or (t_f + t_fb) * n_timed > limit_s:
                 status, reason = "skipped", "too slow for this device (--max-cell-s)"
-                phases["warmup"] = 2 * t_f + (2 * t_fb if t_f * 3.5 * n_timed <= settings.max_cell_s else 0)
+                phases["warmup"] = 2 * t_f + (2 * t_fb if t_f * 3.5 * n_timed <= limit_s else 0)
                 phases["setup"] += shared - phases["compile"]
                 rows.append(self._row(case, status, reason, phases, t_f, t_fb,
                                       shared_s=shared + phases["golden"]))

@@ -166,14 +166,15 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     check_output(first_out[-1], q, v)
     first_out.clear()
     warm_fwd = time_call(forward, sync=sync)
-    if warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed > preset.max_cell_s:
+    limit_s = math.inf if preset.max_cell_s is None else preset.max_cell_s
+    if warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s:
         raise CellSkipped(
             f"too slow for this device: one forward took {warm_fwd:.3g} s, so this cell would "
             f"take about {warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed:.0f} s "
             f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
     first_fb = time_call(forward_backward, sync=sync) if backward_reason is None else 0.0
     warm_fb = time_call(forward_backward, sync=sync) if backward_reason is None else 0.0
-    if (warm_fwd + warm_fb) * n_timed > preset.max_cell_s:
+    if (warm_fwd + warm_fb) * n_timed > limit_s:
         raise CellSkipped(
             f"too slow for this device: one forward+backward took {warm_fb:.3g} s, so this cell "
             f"would take about {(warm_fwd + warm_fb) * n_timed:.0f} s "

@@ -26,7 +26,7 @@ class Preset:
     grids: tuple[Mapping[str, tuple], ...]
     min_samples: int = 5          # timed samples per measurement, at least
     min_time_s: float = 0.2       # and at least this much timed time
-    max_cell_s: float = 30.0      # estimated cell time above which the cell is skipped
+    max_cell_s: float | None = 30.0  # estimated cell time above which the cell is skipped (None: no limit)
     energy_window_s: float = 0.1  # CUDA: least time between the two energy-counter updates that bound the window
     budget_s: float | None = None  # wall-time budget of a run (None: measure every cell)
     l2_flush: bool = False        # overwrite a cache-sized buffer before every timed sample

@@ -140,3 +140,19 @@ def test_run_grid_records_planned_skips_with_their_prediction(tmp_path):
     (tmp_path / "run.json").write_text('{"timing": {"budget_s": 30.0}}')
     text = build_report(tmp_path)["index_md"].read_text()
     assert "## Time budget" in text and cases[1].id in text
+
+
+def test_a_cell_limit_skips_only_where_it_applies(tmp_path):
+    """max_cell_s None (what --budget none gives without --max-cell-s) measures the cell; a
+    limit below its warm-up's prediction skips it as too slow."""
+    case = Case("eager", "cpu", "fp32", 8, 16, 1, 2, False, "normal")
+    for limit, status in ((None, "ok"), (1e-9, "skipped")):
+        preset = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
+                                max_cell_s=limit, energy_window_s=0.0)
+        out = tmp_path / str(limit)
+        out.mkdir()
+        runner.run_grid([case], out, preset, {}, progress=False)
+        (rec,) = read_records(out)
+        assert rec["status"] == status, rec["reason"]
+        if status == "skipped":
+            assert rec["reason"].startswith("too slow for this device") and "--max-cell-s" in rec["reason"]

@@ -217,3 +217,21 @@ def test_dry_run_shows_what_a_budget_cuts():
     assert last.startswith("plan: ") and "budget 30 s" in last and f"{len(cut)}" in last
     unlimited = cli("run", "--preset", "quick", "--budget", "none", "--dry-run")
     assert "no budget" in unlimited.stdout.strip().splitlines()[-1]
+
+
+def test_budget_none_measures_a_cell_over_the_presets_cell_limit():
+    """A cell predicted over the quick preset's 5 s per-cell limit on any of these CPUs (eager
+    fp32 at T 16384: about 20 s) is skipped under the preset's budget; --budget none plans to
+    measure it, unless --max-cell-s is given too."""
+    cell = ["--variant", "eager", "--dtype", "fp32", "--seq-len", "16384", "--d-k", "128", "--batch", "1",
+            "--heads", "2", "--kv-heads", "2", "--causal", "false", "--scenario", "normal"]
+
+    def planned(*extra: str) -> str:
+        proc = cli("run", "--preset", "quick", *cell, *extra, "--dry-run")
+        assert proc.returncode == 0, proc.stderr
+        (line,) = [x for x in proc.stdout.splitlines() if x.startswith("eager-cpu-fp32-d128-T16384")]
+        return line
+
+    assert "skipped" in planned() and "--max-cell-s" in planned()
+    assert "skipped" not in planned("--budget", "none")
+    assert "skipped" in planned("--budget", "none", "--max-cell-s", "5")
