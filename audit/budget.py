@@ -169,20 +169,27 @@ class Keeper:
 
 
 def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_s: float | None,
-             started_unix: float, measure: bool = True) -> tuple[Plan, Any, list[str]]:
+             started_unix: float, measure: bool = True, ceilings_measured: bool | None = None
+             ) -> tuple[Plan, Any, list[str]]:
     """The plan for `cases` (those not yet recorded): prediction, skips and deadline; also the
-    prediction itself and the cost model's notes, for printing."""
+    prediction itself and the cost model's notes, for printing.
+
+    A dry-run and the run it previews plan alike: the same ceilings (forecast.machine_ceilings)
+    and the same reserve for start-up, ceilings and report. `ceilings_measured`: the run
+    measured its ceilings at its start (default: run_dir's run.json has none yet, as before
+    a run that will)."""
     from .costmodel import CostModel, Settings, overhead_s
     from .forecast import plan as predict
 
     forecast = predict(cases, preset, run_dir, measure=measure)
-    before, after = overhead_s(forecast.pred, ceilings_measured=forecast.ceilings_measured)
+    measured = forecast.ceilings_measured if ceilings_measured is None else ceilings_measured
+    before, after = overhead_s(forecast.pred, ceilings_measured=measured)
     by_id = {c.id: c for c in cases}
     model = CostModel(forecast.params)
 
     def repredict(ids: list[str]) -> Any:
         return model.predict([by_id[i] for i in ids], Settings.of_preset(preset), forecast.ceilings,
-                             forecast.free)
+                             forecast.free, forecast.warm_compiles)
 
     skip = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after, max_cell_s=preset.max_cell_s,
                   repredict=repredict)

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from .grid import AXES, UsageError
 from .interrupt import stop_on_signals
+from .paths import reports_root
 from .inputs import SCENARIOS
 from .records import NewerSchema
 
@@ -162,12 +163,12 @@ def _resolve_out(out: str | None) -> Path:
     if out:
         return Path(out)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("reports") / stamp
+    return reports_root() / stamp
 
 
 def _point_latest(run_dir: Path) -> None:
-    """reports/latest -> the newest run folder under reports/."""
-    reports = Path("reports")
+    """reports/latest -> the newest run folder under reports/ (audit.paths)."""
+    reports = reports_root()
     try:
         if run_dir.resolve().parent != reports.resolve():
             return
@@ -251,10 +252,10 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
         if args.executor == "ray":
             code = _measure_on_ray(args, argv, cases, preset, overrides, axes, extra, run_dir)
         else:
-            ceilings = runner.ceilings_for(cases, run_dir)
+            ceilings, measured = runner.ceilings_for(cases, run_dir)
             runner.write_run_file(run_dir, preset, axes, list(argv), environment(), len(cases), ceilings, extra)
             print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
-            _plan(cases, preset, run_dir, started)
+            _plan(cases, preset, run_dir, started, ceilings_measured=measured)
             code = _supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"], args.cell_timeout)
         if code != 0:
             return code
@@ -322,13 +323,14 @@ def _not_recorded(cases, run_dir: Path | None) -> list:
     return [c for c in cases if c.id not in done]
 
 
-def _plan(cases, preset, run_dir: Path, started: float) -> None:
-    """Predict the cells not yet recorded, choose what fits the budget, write DIR/plan.json."""
+def _plan(cases, preset, run_dir: Path, started: float, ceilings_measured: bool) -> None:
+    """Predict the cells not yet recorded, choose what fits the budget, write DIR/plan.json:
+    the plan a dry-run shows (budget.plan_run)."""
     from .budget import describe, plan_run
 
     todo = _not_recorded(cases, run_dir)
     plan, _pred, _notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started,
-                                   measure=False)
+                                   measure=False, ceilings_measured=ceilings_measured)
     plan.write(run_dir)
     print(f"attn-audit: {describe(plan, len(todo))}", file=sys.stderr)
 
@@ -538,7 +540,7 @@ def _cmd_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise UsageError(str(exc)) from None
     if args.noise is not None and not args.noise >= 0:
         raise UsageError(f"--noise: {args.noise!r} is not a standard deviation >= 0 (e.g. 0.1)")
-    out = Path(args.out) if args.out else Path("reports") / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
+    out = Path(args.out) if args.out else reports_root() / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
     result = compare.compare_runs(args.a, args.b, out, thresholds, args.noise)
     paths = compare_page.write(result, out, list(argv))
     for warning in result.warnings:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .costmodel import (CALL_WEIGHT_POWER, COMPILED_VARIANTS, CellShape, CostModel, Params, Settings,
                         call_features, call_variant, cudnn_config, device_type, exposes_weights,
-                        golden_cost_inputs, leak_probe_count, masked_rows_checked)
+                        golden_cost_inputs, kernel_key, leak_probe_count, masked_rows_checked)
 from .grid import Case
 from .numerics import BACKWARD_FLOP_FACTOR
 
@@ -51,13 +51,27 @@ class RunData:
     frame: Any                      # records.load(run_dir), in file (= run) order
     settings: Settings
     ceilings: dict[str, Any]
+    compile_cache_dir: str | None = None   # Inductor's cache folder the run compiled into (run.json)
+    torch: str | None = None               # the run's torch version (the cache's entries are per version)
 
     @classmethod
     def load(cls, run_dir: Path | str) -> "RunData":
         from .records import load
         run_dir = Path(run_dir)
         info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
-        return cls(run_dir.name, load(run_dir), Settings.of_run(info), info.get("ceilings") or {})
+        return cls(run_dir.name, load(run_dir), Settings.of_run(info), info.get("ceilings") or {},
+                   info.get("compile_cache_dir"), (info.get("env") or {}).get("torch"))
+
+    def compiled_keys(self, outcomes: Sequence[str] | None = None) -> set[tuple]:
+        """kernel_key()s of the cells that compiled in this run (their kernels are in its cache
+        folder since), or only those whose compile_cache is one of `outcomes`."""
+        frame = self.frame
+        if "compile_s" not in frame.columns:
+            return set()
+        compiled = frame["compile_s"].notna()
+        if outcomes is not None:
+            compiled &= frame["compile_cache"].isin(list(outcomes)) if "compile_cache" in frame.columns else False
+        return {kernel_key(CellShape.of(_case_of(row))) for _, row in frame[compiled].iterrows()}
 
 
 def _case_of(row: Any) -> Case:
@@ -139,6 +153,33 @@ def _median_per_variant(runs: list[RunData], column: str, scale: float = 1.0) ->
     return {k: float(np.median(v)) for k, v in values.items()}
 
 
+def _first_compiled(frame: Any) -> Any:
+    """The label of a run's first measured compiled cell (None without one): its compile also
+    starts the compiler (imports, the C++ toolchain's checks, precompiled headers)."""
+    compiled = frame[frame["variant"].isin(COMPILED_VARIANTS) & (frame["status"] == "ok")]
+    return compiled.index[0] if len(compiled) else None
+
+
+def _compile_medians(runs: list[RunData]) -> dict[str, float]:
+    """Median compile_s per "device|variant" (call_variant: compiled[fused] apart) and, where
+    records say, per "device|variant|hit" and "|miss" (compile_cache), leaving out each run's
+    first compiled cell (compile_start_s)."""
+    values: dict[str, list[float]] = {}
+    for run in runs:
+        frame = run.frame
+        if "compile_s" not in frame.columns:
+            continue
+        first = _first_compiled(frame)
+        for label, row in frame[frame["compile_s"].notna()].iterrows():
+            if label == first:
+                continue
+            base = f"{device_type(row['device'])}|{call_variant(CellShape.of(_case_of(row)))}"
+            cache = row.get("compile_cache")
+            for key in (base, f"{base}|{cache}") if isinstance(cache, str) else (base,):
+                values.setdefault(key, []).append(float(row["compile_s"]))
+    return {k: float(np.median(v)) for k, v in values.items()}
+
+
 def _fit_host(runs: list[RunData], out: Params) -> None:
     out.host_call_s.update(_median_per_variant(runs, "fwd_host_ms", 1e-3))
 
@@ -161,12 +202,13 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
     """Per device: cell overhead, golden cost per chunk and per FLOP, weights cost per chunk,
     from the residual elapsed_s of ok cells; then first-use and run-start costs; skips."""
     by_dev: dict[str, list[tuple[np.ndarray, float, dict]]] = {}
+    compile_s = _compile_medians(runs)
     for run in runs:
         previous = None
         seen: set[str] = set()
         configs: set[tuple] = set()
-        compiled_seen = False
-        for i, (_, row) in enumerate(run.frame.iterrows()):
+        first = _first_compiled(run.frame)
+        for i, (label, row) in enumerate(run.frame.iterrows()):
             case = _case_of(row)
             dev = device_type(case.device)
             shape = CellShape.of(case)
@@ -174,8 +216,8 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
             previous = case.input_key
             first_use = case.variant not in seen
             seen.add(case.variant)
-            first_compiled = case.variant in COMPILED_VARIANTS and not compiled_seen and row["status"] == "ok"
-            compiled_seen = compiled_seen or first_compiled
+            first_compiled = label == first
+            cache = row.get("compile_cache") if first_compiled else None
             config = cudnn_config(shape) if row["status"] == "ok" else None
             new_config = config is not None and config not in configs
             if config is not None:
@@ -186,6 +228,10 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
             if row["status"] != "ok" or not isinstance(row.get("elapsed_s"), (int, float)):
                 continue
             resid = float(row["elapsed_s"]) - _explained(row, shape)
+            if first_compiled and isinstance(row.get("compile_s"), float) and row["compile_s"] == row["compile_s"]:
+                # what this compile took beyond a compile of its kind is the compiler's start-up
+                typical = f"{dev}|{call_variant(shape)}"
+                resid += row["compile_s"] - compile_s.get(f"{typical}|{cache}", compile_s.get(typical, row["compile_s"]))
             _n, gflops, gchunks = golden_cost_inputs(shape, run.settings)
             weights = exposes_weights(case.variant)
             x = np.array([1.0, gchunks * first_of_set, gflops * first_of_set,
@@ -193,6 +239,7 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
                           masked_rows_checked(shape) * run.settings.masked_rows_loop])
             by_dev.setdefault(dev, []).append((x, resid, {"first_use": first_use, "first": i == 0,
                                                            "first_compiled": first_compiled,
+                                                           "cache": cache if isinstance(cache, str) else None,
                                                            "variant": case.variant}))
     for dev, items in by_dev.items():
         if dev.endswith("|skip"):
@@ -214,29 +261,31 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
         out.masked_row_s[dev] = float(coef[6])
         first_use: dict[str, list[float]] = {}
         starts: list[float] = []
-        compile_starts: list[float] = []
+        compile_starts: dict[str, list[float]] = {}
         for x, r, info in items:
             extra = r - float(x @ coef)
             if info["first"]:
                 starts.append(extra)
             elif info["first_compiled"]:          # importing Inductor, Triton or a C++ toolchain
-                compile_starts.append(extra)
+                for key in (dev, f"{dev}|{info['cache'] or 'unknown'}"):
+                    compile_starts.setdefault(key, []).append(extra)
             elif info["first_use"]:
                 first_use.setdefault(info["variant"], []).append(extra)
         if starts:
             out.run_start_s[dev] = max(0.0, float(np.median(starts)))
-        if compile_starts:
-            out.compile_start_s[dev] = max(0.0, float(np.median(compile_starts)))
+        for key, extras in compile_starts.items():
+            if not key.endswith("|unknown"):
+                out.compile_start_s[key] = max(0.0, float(np.median(extras)))
         for variant, extras in first_use.items():
             out.init_s[f"{dev}|{variant}"] = max(0.0, float(np.median(extras)))
-    out.compile_s.update(_median_per_variant(runs, "compile_s"))
+    out.compile_s.update(compile_s)
 
 
 def compare(run: RunData, model: CostModel) -> Any:
     """Predicted against recorded elapsed_s for every cell of a run folder (its own settings,
     ceilings and order). Columns: id, status, recorded_s, predicted_s, ratio (predicted / recorded)."""
     cases = [_case_of(row) for _, row in run.frame.iterrows()]
-    pred = model.predict(cases, run.settings, run.ceilings)
+    pred = model.predict(cases, run.settings, run.ceilings, warm_compiles=run.compiled_keys(["hit"]))
     out = pred[["id", "variant"]].copy()
     out["status"] = list(run.frame["status"])
     out["recorded_s"] = list(run.frame["elapsed_s"].astype(float))

@@ -8,7 +8,8 @@ A cell's time is made of phases the runner goes through (measurement.measure_cel
 - golden:   once per input set: the float64 golden (chunks of query rows over the
             golden's slices), the same-dtype baseline; plus, for variants that expose
             their weights, the float64 probabilities their saturation is checked against;
-- compile:  compiled variants, once per shapes, dtype, causal flag and mask kind;
+- compile:  compiled variants, once per shapes, dtype, causal flag and mask kind; a cache
+            hit (Inductor's on-disk cache holds the code) costs a fraction of a miss;
 - warmup:   two forward and two forward+backward calls;
 - numerics: one call of each for memory and numerics, and the leak-probe forwards;
 - timed:    the timed samples, as timing.measure / measure_device take them;
@@ -33,7 +34,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -133,10 +134,11 @@ class Params:
     golden_chunk_s: dict[str, float] = field(default_factory=dict)
     golden_flops_per_s: dict[str, float] = field(default_factory=dict)
     weights_chunk_s: dict[str, float] = field(default_factory=dict)
-    compile_s: dict[str, float] = field(default_factory=dict)     # "cuda|flex" -> s per compile
+    # s per compile: "cpu|flex|hit" / "cpu|flex|miss" by Inductor's cache, "cpu|flex" outcome unknown
+    compile_s: dict[str, float] = field(default_factory=dict)
     init_s: dict[str, float] = field(default_factory=dict)        # "cuda|sdpa" -> first cell of a run
     run_start_s: dict[str, float] = field(default_factory=dict)
-    compile_start_s: dict[str, float] = field(default_factory=dict)  # the run's first compiled cell
+    compile_start_s: dict[str, float] = field(default_factory=dict)  # the run's first compiled cell ("cpu|miss")
     skip_s: dict[str, float] = field(default_factory=dict)
     fitted_on: list[str] = field(default_factory=list)
     # The machine the priors were fitted on, per device type: its ceilings, free memory and
@@ -223,6 +225,22 @@ def golden_cost_inputs(shape: CellShape, settings: Settings) -> tuple[float, flo
     chunk_bytes = settings.cuda_chunk_bytes if dev == "cuda" else settings.cpu_chunk_bytes
     rows = max(1, chunk_bytes // max(1, n * case.seq_len * 8))
     return float(n), flops, float(math.ceil(shape.q_len / rows))
+
+
+def compile_key(shape: "CellShape", variant: str | None = None) -> tuple:
+    """What a compiled variant's code is built for (cellcache.BuildCache's key, without torch):
+    one compile per key in a run."""
+    case = shape.case
+    return (variant or case.variant, case.device, case.dtype, shape.q_len, case.seq_len, case.batch,
+            case.heads, case.kv_heads, case.d_k, case.causal, shape.mask, score_mod_of(case))
+
+
+def kernel_key(shape: "CellShape") -> tuple:
+    """What Inductor's on-disk cache holds a compile's kernels under: compile_key, with
+    `compiled` where Inductor leaves the hand-written math (call_variant) the same as
+    `compiled_unfused`, whose kernels it builds (seen: the second of the two is a cache hit)."""
+    variant = call_variant(shape)
+    return compile_key(shape, "compiled_unfused" if variant == "compiled" else variant)
 
 
 def score_mod_of(case: Case) -> str:
@@ -341,13 +359,21 @@ class CostModel:
     def _const(self, table: str, key: str, default: float) -> float:
         return float(getattr(self.params, table).get(key, default))
 
+    def _by_cache(self, table: str, key: str, cache: str, default: float) -> float:
+        """A compile constant fitted for this cache outcome ("key|hit", "key|miss"), else for
+        compiles of unknown outcome (records before schema 5), else the default."""
+        return self._const(table, f"{key}|{cache}", self._const(table, key, default))
+
     def predict(self, cases: Sequence[Case], settings: Settings,
                 ceilings: Mapping[str, Any] | None = None,
-                free_bytes: Mapping[str, int | None] | None = None) -> "Any":
+                free_bytes: Mapping[str, int | None] | None = None,
+                warm_compiles: Collection[tuple] = ()) -> "Any":
         """One row per cell, in the given (run) order: predicted status and seconds per phase.
 
         ceilings: {device: measure_ceilings(...)} (run.json), used for per-call times;
-        free_bytes: {device: bytes free}, for the cells memory_model predicts cannot fit.
+        free_bytes: {device: bytes free}, for the cells memory_model predicts cannot fit;
+        warm_compiles: kernel_key()s whose kernels Inductor's on-disk cache holds (a compile
+        there is a cache hit, much cheaper than building them: audit.compile_cache).
         """
         import pandas as pd
 
@@ -357,6 +383,7 @@ class CostModel:
         previous_key = None
         seen_variants: set[tuple[str, str]] = set()
         compiled_keys: set[tuple] = set()
+        kernels = set(warm_compiles)         # kernel_key()s in Inductor's cache, growing as the run compiles
         compiling_started: set[str] = set()
         cudnn_configs: set[tuple] = set()
         started: set[str] = set()
@@ -392,14 +419,15 @@ class CostModel:
             backward = not (case.variant == "flex" and dev == "cpu")
             t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
             if case.variant in COMPILED_VARIANTS:
-                key = (case.variant, case.device, case.dtype, shape.q_len, case.seq_len, case.batch,
-                       case.heads, case.kv_heads, case.d_k, case.causal, shape.mask, score_mod_of(case))
+                key = compile_key(shape)
                 if key not in compiled_keys:
                     compiled_keys.add(key)
-                    phases["compile"] = self._const("compile_s", f"{dev}|{case.variant}", 3.0)
+                    cache = "hit" if kernel_key(shape) in kernels else "miss"
+                    kernels.add(kernel_key(shape))
+                    phases["compile"] = self._by_cache("compile_s", f"{dev}|{call_variant(shape)}", cache, 3.0)
                     if dev not in compiling_started:
                         compiling_started.add(dev)
-                        phases["compile"] += self._const("compile_start_s", dev, 2.0)
+                        phases["compile"] += self._by_cache("compile_start_s", dev, cache, 2.0)
                     shared += phases["compile"]
             n_timed = settings.min_samples + 1
             limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 from .costfit import RunData, fit
 from .costmodel import CostModel, Params, Settings, device_type, load_priors
 from .grid import Case
+from .paths import cache_dir, reports_root
 from .presets import Preset
 
 
@@ -26,10 +27,12 @@ def this_machine(device_type: str) -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
-def history(device_names: Mapping[str, str | None], root: Path = Path("reports"), newest: int = 5
+def history(device_names: Mapping[str, str | None], root: Path | None = None, newest: int = 5
             ) -> list[RunData]:
-    """Earlier run folders under `root` made on this machine (same device name), newest first."""
+    """Earlier run folders under `root` (default: the reports folder, audit.paths) made on this
+    machine (same device name), newest first."""
     found = []
+    root = reports_root() if root is None else root
     if not root.is_dir():
         return found
     folders = sorted((p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
@@ -48,30 +51,27 @@ def history(device_names: Mapping[str, str | None], root: Path = Path("reports")
     return found
 
 
-def _cache_dir() -> Path:
-    import os
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "attn-audit"
-
-
 CEILINGS_CACHE_S = 24 * 3600    # a dry-run measures this machine's ceilings again after a day
 
 
-def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None) -> tuple[dict, str]:
-    """This machine's ceilings for a dry-run: measured once, then kept in ~/.cache/attn-audit
-    (keyed by device name, torch version, thread count and the CPU capability torch uses) for
-    the next dry-runs. A real run always measures its own (run.json)."""
+def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None,
+                     measured: dict | None = None) -> tuple[dict, str]:
+    """This machine's ceilings for planning, the same for a dry-run and a run so that both make
+    one plan: kept a day in the cache (audit.paths; keyed by device name, torch version, thread
+    count and the CPU capability torch uses). Where the cache has none fresh: `measured` (what
+    a run just measured for its records), else a measurement now; the cache keeps either.
+    A real run's records always use its own measurement (run.json)."""
     import hashlib
+    import os
     import time
 
     import torch
 
     from .roofline import measure_ceilings
-    import os
     key = hashlib.sha1(repr((device, name, torch.__version__, torch.get_num_threads(),
                              torch.backends.cpu.get_cpu_capability(),
                              os.environ.get("ONEDNN_MAX_CPU_ISA"))).encode()).hexdigest()[:16]
-    path = _cache_dir() / f"ceilings-{key}.json"
+    path = cache_dir() / f"ceilings-{key}.json"
     try:
         cached = json.loads(path.read_text())
         fresh = time.time() - path.stat().st_mtime < CEILINGS_CACHE_S
@@ -79,13 +79,35 @@ def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None) -> tu
             return cached, f"of this machine from {path} (measured {time.ctime(path.stat().st_mtime)})"
     except (OSError, ValueError):
         pass
-    measured = measure_ceilings(device, tuple(dtypes))
+    if measured and all((measured.get("matmul_flops_per_s") or {}).get(d) for d in dtypes):
+        how = "measured by this run"
+    else:
+        measured, how = measure_ceilings(device, tuple(dtypes)), "measured now"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(measured))
     except OSError:
         pass
-    return measured, "measured now"
+    return measured, how
+
+
+def warm_compiles(runs: Sequence[RunData], cases: Sequence[Case]) -> set[tuple]:
+    """The kernel keys (costmodel.kernel_key) Inductor's on-disk cache holds now, as far as
+    earlier runs tell: those compiled by a run with this torch into the cache folder this
+    process uses, while that folder still holds compiled graphs (a wiped /tmp empties it)."""
+    from . import compile_cache
+    from .costmodel import COMPILED_VARIANTS
+    if not any(c.variant in COMPILED_VARIANTS for c in cases):
+        return set()
+    folder = compile_cache.cache_dir()
+    if folder is None or not compile_cache.warm(folder):
+        return set()
+    import torch
+    keys: set[tuple] = set()
+    for run in runs:
+        if run.compile_cache_dir == folder and run.torch == torch.__version__:
+            keys |= run.compiled_keys()
+    return keys
 
 
 @dataclass
@@ -98,16 +120,19 @@ class Forecast:
     ceilings: dict[str, Any]
     free: dict[str, int | None]
     ceilings_measured: bool        # a run of these cells would still measure ceilings
+    warm_compiles: set[tuple]      # compiles predicted to hit Inductor's cache (warm_compiles)
 
 
 def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
-         measure: bool = True, root: Path = Path("reports")) -> Forecast:
+         measure: bool = True, root: Path | None = None) -> Forecast:
     """Predict a grid on this machine, noting where the numbers came from.
 
     Parameters: the shipped priors, refitted on the records of `run_dir` (a resumed run) and
-    of earlier run folders under `root` from this machine. Ceilings: run_dir's run.json, else
-    measured here (measure=True) for the devices this machine has, else the priors' reference
-    machine's. Free memory: this machine's, else the reference machine's.
+    of earlier run folders under `root` from this machine. Ceilings, for the devices this
+    machine has: machine_ceilings (the cache, else run_dir's run.json, else measured here when
+    measure=True); for others run_dir's, else the priors' reference machine's. Free memory:
+    this machine's, else the reference machine's. Compiles: a hit in Inductor's cache where
+    an earlier run compiled the same code into it (warm_compiles), else a miss.
     """
     from .memory_model import free_bytes
 
@@ -131,22 +156,26 @@ def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
     info = {}
     if run_dir is not None and (Path(run_dir) / "run.json").exists():
         info = json.loads((Path(run_dir) / "run.json").read_text())
-    ceilings: dict[str, Any] = dict(info.get("ceilings") or {})
+    recorded: dict[str, Any] = dict(info.get("ceilings") or {})
+    ceilings: dict[str, Any] = {}
     free: dict[str, int | None] = {}
     for device in devices:
         dev = device_type(device)
         ref = params.reference.get(dev) or {}
         if available.get(device):
             free[device] = free_bytes(device)
-            if device not in ceilings and measure:
+            if measure or device in recorded:
                 dtypes = tuple(dict.fromkeys(c.dtype for c in cases if c.device == device))
-                ceilings[device], how = machine_ceilings(device, dtypes, available[device])
+                ceilings[device], how = machine_ceilings(device, dtypes, available[device], recorded.get(device))
                 notes.append(f"{device}: ceilings {how}")
         else:
             free[device] = ref.get("free_bytes")
             notes.append(f"{device}: not on this machine; predicted for the reference "
                          f"{ref.get('device_name', 'machine')} (its ceilings and memory)")
-        if device not in ceilings and ref.get("ceilings"):
-            ceilings[device] = ref["ceilings"]
-    pred = CostModel(params).predict(cases, Settings.of_preset(preset), ceilings, free)
-    return Forecast(pred, notes, params, ceilings, free, ceilings_measured=not info.get("ceilings"))
+        if device not in ceilings and (recorded.get(device) or ref.get("ceilings")):
+            ceilings[device] = recorded.get(device) or ref["ceilings"]
+    warm = warm_compiles(runs, cases)
+    if warm:
+        notes.append(f"{len(warm)} compiled shapes predicted from Inductor's cache (compiled there by earlier runs)")
+    pred = CostModel(params).predict(cases, Settings.of_preset(preset), ceilings, free, warm)
+    return Forecast(pred, notes, params, ceilings, free, not info.get("ceilings"), warm)

@@ -26,6 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .paths import reports_root
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
@@ -277,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("gpu-check: no CUDA device here (torch.cuda.is_available() is False); "
               "run it on a GPU machine", file=sys.stderr)
         return 2
-    root = Path("reports") / f"gpu-check-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    root = reports_root() / f"gpu-check-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     root.mkdir(parents=True, exist_ok=True)
     log: list[str] = []
     predicted_main = _predict("gpu-check")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .cellcache import BuildCache, Reference
+from . import compile_cache
 from .grid import Case
 from .inputs import TORCH_DTYPES, Inputs
 from .memory import held_bytes, peak_during
@@ -137,6 +138,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     fn, build = (builds or BuildCache()).get(variant, inputs)
     graphs_before = compiled_graph_count() if variant.compiled else 0
     fused_before = fused_attention_count() if variant.compiled else 0
+    cache_before = compile_cache.snapshot() if variant.compiled else None
     q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
     kwargs = inputs.call_kwargs()
     tq, tk = q.shape[-2], k.shape[-2]
@@ -180,6 +182,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
             f"would take about {(warm_fwd + warm_fb) * n_timed:.0f} s "
             f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
     compiled_here = variant.compiled and compiled_graph_count() > graphs_before
+    cache_use = compile_cache.outcome(cache_before) if compiled_here and cache_before else None
     if variant.compiled and build.fused is None:
         build.fused = fused_attention_count() > fused_before
     held_after_warmup = held_bytes(case.device)
@@ -242,6 +245,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
         if compiled_here:
             m["compile_s"] = (max(0.0, first_fwd - fwd.median_s)
                               + (max(0.0, first_fb - fb.median_s) if fb else 0.0))
+            m["compile_cache"] = cache_use
         m["fused_sdpa"] = build.fused
 
     for key in ("max_logit", "max_qk"):

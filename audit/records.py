@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 RECORDS_FILE = "records.jsonl"
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 QUARANTINE_FILE = "records.quarantine.jsonl"
@@ -51,6 +51,7 @@ COLUMNS: dict[str, str] = {
     "cuda_graph": "true when CUDA-graph replays were timed (--cuda-graph); never compare timings across these methods",
     "compile_s": "compiled variants: first-call time minus steady-state time, forward plus forward+backward, in the cell that compiled (null for eager variants and reused code)",
     "compile_reused": "compiled variants: true when the cell reused code compiled by an earlier cell of the same shapes, dtype, causal flag and mask kind (no compile here)",
+    "compile_cache": "compiled variants, in the cell that compiled: hit (every kernel was already built in Inductor's on-disk cache, TORCHINDUCTOR_CACHE_DIR) or miss (the compile built some: it wrote new files there); null without a compile here, or before schema 5",
     "fused_sdpa": "compiled variants: true when Inductor rewrote the code into fused SDPA (its numerics are then SDPA's)",
     "sdpa_backend": "SDPA variants: the backend that ran (the forced one, or the dispatcher's choice for `sdpa`)",
     "peak_bytes": "peak memory of one forward call above the baseline, bytes (cpu: VmHWM; cuda: allocator peak)",
@@ -212,26 +213,34 @@ def _v1_to_v2(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _with_columns(record: dict[str, Any], schema: int) -> dict[str, Any]:
+    """The record with every current column (those it lacks null) and its other keys kept."""
+    out = {col: record.get(col) for col in COLUMNS}
+    out.update({k: v for k, v in record.items() if k not in out})
+    out["schema"] = schema
+    return out
+
+
 def _v2_to_v3(record: dict[str, Any]) -> dict[str, Any]:
     """v3 added golden_subset (v2 goldens covered every slice), host-side timing, compile reuse
     and the energy window's idle fraction and sampled power (absent before: null)."""
-    out = {col: record.get(col) for col in COLUMNS}
-    out.update({k: v for k, v in record.items() if k not in out})
-    out["schema"] = 3
-    return out
+    return _with_columns(record, 3)
 
 
 def _v3_to_v4(record: dict[str, Any]) -> dict[str, Any]:
     """v4 added kv_heads (GQA/MQA); every earlier cell was multi-head: kv_heads = heads."""
-    out = {col: record.get(col) for col in COLUMNS}
-    out.update({k: v for k, v in record.items() if k not in out})
+    out = _with_columns(record, 4)
     if out.get("kv_heads") is None:          # absent, or null from an earlier step's column list
         out["kv_heads"] = record.get("heads")
-    out["schema"] = 4
     return out
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+def _v4_to_v5(record: dict[str, Any]) -> dict[str, Any]:
+    """v5 added compile_cache (whether a compile came from Inductor's cache: unknown before, null)."""
+    return _with_columns(record, 5)
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
 
 
 class NewerSchema(ValueError):

@@ -14,14 +14,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from . import records
+from . import compile_cache, records
 from .cellcache import BuildCache, InputCache
 from .grid import Case
 from .inputs import cell_needs
 from .measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason, measure_cell
 from .memory import pin_malloc_threshold
 from .presets import Preset
-from .variants import Unsupported, resolve
+from .variants import Unsupported, builtin_variants, resolve
 
 RUN_FILE = "run.json"
 
@@ -172,6 +172,9 @@ def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: 
             # where plug-ins were imported from (cwd and PYTHONPATH): reproduction scripts import them so
             "cwd": os.getcwd(), "pythonpath": os.environ.get("PYTHONPATH", ""),
             "started_at": _utc_now(), "env": env, "n_cells": n_cells, "ceilings": ceilings,
+            # Inductor's cache the compiled variants use (a later plan predicts their compiles from it)
+            "compile_cache_dir": compile_cache.cache_dir() if any(
+                getattr(builtin_variants().get(v), "compiled", False) for v in axes.get("variant", ())) else None,
             "timing": {"min_samples": preset.min_samples, "min_time_s": preset.min_time_s,
                        "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s,
                        "budget_s": preset.budget_s}, **(extra or {})}
@@ -245,19 +248,18 @@ def _energy_meter(cases: list[Case]) -> Any:
     return EnergyMeter(device_index=torch.cuda.current_device())
 
 
-def ceilings_for(cases: Iterable[Case], run_dir: Path) -> dict[str, dict]:
-    """The machine's measured limits per device, once per run folder (reused on resume)."""
+def ceilings_for(cases: Iterable[Case], run_dir: Path) -> tuple[dict[str, dict], bool]:
+    """The machine's measured limits per device, once per run folder (reused on resume), and
+    whether any were measured now."""
     from .roofline import measure_ceilings
     path = Path(run_dir) / RUN_FILE
-    known = {}
-    if path.exists():
-        known = json.loads(path.read_text()).get("ceilings") or {}
-    out = {}
+    known = (json.loads(path.read_text()).get("ceilings") or {}) if path.exists() else {}
+    out, measured = {}, False
     for device in dict.fromkeys(c.device for c in cases):
         dtypes = tuple(dict.fromkeys(c.dtype for c in cases if c.device == device))
         have = known.get(device)
         if have and all(d in (have.get("matmul_flops_per_s") or {}) for d in dtypes):
             out[device] = have
         else:
-            out[device] = measure_ceilings(device, dtypes)
-    return out
+            out[device], measured = measure_ceilings(device, dtypes), True
+    return out, measured

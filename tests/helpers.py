@@ -15,6 +15,7 @@ def random_qkv(b: int = 1, h: int = 2, tq: int = 16, tk: int = 16, d: int = 8,
 DATA = __import__("pathlib").Path(__file__).resolve().parent / "data"
 H200_RUNS = DATA / "h200-2026-11-30"
 CPU_RUNS = DATA / "cpu-2026-11-30"
+CPU_COMPILE_RUNS = DATA / "cpu-2026-12-01"      # the quick preset with Inductor's cache cold, then warm
 
 
 def unpack_run(src, dest):
@@ -38,5 +39,5 @@ def h200_run(name: str, dest):
 
 
 def cpu_run(name: str, dest):
-    """Unpack the stored CPU run folder `name` (cpu, quick) under `dest`; its path."""
-    return unpack_run(CPU_RUNS / name, dest)
+    """Unpack the stored CPU run folder `name` (cpu, quick; quick-cold, quick-warm) under `dest`; its path."""
+    return unpack_run((CPU_COMPILE_RUNS if name.startswith("quick-") else CPU_RUNS) / name, dest)

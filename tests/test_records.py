@@ -31,6 +31,7 @@ from audit.records import (
 
 CASE = Case("sdpa", "cpu", "bf16", 64, 1024, 1, 8, True)
 V1_GOLDEN = Path(__file__).resolve().parent / "data" / "records_v1.jsonl"
+V4_GOLDEN = Path(__file__).resolve().parent / "data" / "records_v4.jsonl"
 
 
 def same(a, b) -> bool:
@@ -101,9 +102,9 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_4_with_migrations_from_1_2_and_3():
-    assert SCHEMA_VERSION == 4
-    assert set(MIGRATIONS) == {1, 2, 3}
+def test_schema_is_5_with_migrations_from_1_to_4():
+    assert SCHEMA_VERSION == 5
+    assert set(MIGRATIONS) == {1, 2, 3, 4}
 
 
 def _v1_record(**values):
@@ -207,6 +208,25 @@ def test_reading_schema_3_records_of_a_cpu_run(tmp_path):
         assert rec["schema"] == SCHEMA_VERSION
         assert rec["kv_heads"] == rec["heads"]
         for col, value in old.items():                 # nothing of v3 is lost or changed
+            if col != "schema":
+                assert same(rec[col], _restore(value)), col
+        assert Case.from_mapping(rec).id == rec["id"]
+
+
+def test_reading_the_v4_golden_file_gives_current_records(tmp_path):
+    """tests/data/records_v4.jsonl (schema 4, written by c18218a: GQA cells, compiled ones
+    among them; env left out) reads with compile_cache null, unknown then, and nothing else
+    lost or changed."""
+    shutil.copy(V4_GOLDEN, tmp_path / RECORDS_FILE)
+    raw = [json.loads(line) for line in V4_GOLDEN.read_text(encoding="utf-8").splitlines()]
+    assert {r["schema"] for r in raw} == {4} and all("compile_cache" not in r for r in raw)
+    assert any(r["compile_s"] for r in raw) and any(r["kv_heads"] != r["heads"] for r in raw)
+    back = read_records(tmp_path)
+    assert len(back) == len(raw) == 12
+    for old, rec in zip(raw, back):
+        assert rec["schema"] == SCHEMA_VERSION and set(COLUMNS) <= set(rec)
+        assert rec["compile_cache"] is None
+        for col, value in old.items():
             if col != "schema":
                 assert same(rec[col], _restore(value)), col
         assert Case.from_mapping(rec).id == rec["id"]

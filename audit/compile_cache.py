@@ -1,0 +1,79 @@
+"""Whether a compile found its kernels in Inductor's on-disk cache, and where that cache is.
+
+A compiled cell's cost is mostly its compile, and that depends on the cache more than on the
+machine: on 2 CPU cores a compile whose C++ kernels are already built in the cache
+(TORCHINDUCTOR_CACHE_DIR; Triton's kernels live there too unless TRITON_CACHE_DIR moves them)
+takes 0.3-0.7 s, one that must build them 2-3 s. The audit compiles with Inductor's FX-graph
+cache off (variants._compiled_fn: a cached graph would skip the pattern matcher), so the
+graph is always lowered again; what the cache saves is the kernels' compilation, which writes
+new files into the cache. A compile is therefore a miss when it wrote a new compiled binary into the cache (a kernel's
+shared library, a cubin, a precompiled header), else a hit. Each compiled cell records which
+(`compile_cache`), run.json records the cache folder, and the cost model predicts a hit where
+an earlier run compiled the same code into the same cache.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+LOCKS = "locks"        # Inductor's lock files: touched by hits too
+
+
+def cache_dir() -> str | None:
+    """Inductor's cache folder as this process resolves it (None without Inductor)."""
+    try:
+        from torch._inductor.runtime.runtime_utils import cache_dir as inductor_cache_dir
+    except ImportError:
+        return None
+    return str(inductor_cache_dir())
+
+
+def _roots() -> list[str]:
+    roots = [d for d in (cache_dir(), os.environ.get("TRITON_CACHE_DIR")) if d]
+    return list(dict.fromkeys(roots))
+
+
+BINARIES = (".so", ".cubin", ".hsaco", ".gch", ".pch")   # what building a kernel writes
+Snapshot = tuple[int, dict[str, int]]
+
+
+def snapshot() -> Snapshot:
+    """(now in ns, {folder: mtime ns}) of the cache's folders: a folder's mtime moves when an
+    entry is created in it. Folders only are stat'ed (a few hundred), not files."""
+    now, folders = time.time_ns(), {}
+    for root in _roots():
+        for folder, subfolders, _files in os.walk(root):
+            subfolders[:] = [s for s in subfolders if s != LOCKS]
+            try:
+                folders[folder] = os.stat(folder).st_mtime_ns
+            except OSError:
+                continue
+    return now, folders
+
+
+def built_since(before: Snapshot) -> int:
+    """Compiled binaries written into the cache since `before` (only changed folders are read)."""
+    taken, folders = before
+    built = 0
+    for folder, mtime in snapshot()[1].items():
+        if folders.get(folder) == mtime:
+            continue
+        try:
+            with os.scandir(folder) as entries:
+                built += sum(1 for e in entries if e.name.endswith(BINARIES) and e.is_file()
+                             and e.stat().st_mtime_ns >= taken)
+        except OSError:
+            continue
+    return built
+
+
+def outcome(before: Snapshot) -> str:
+    """miss when the compile since `before` built a kernel into the cache, else hit."""
+    return "miss" if built_since(before) else "hit"
+
+
+def warm(folder: str | Path) -> bool:
+    """Whether a cache folder still holds compiled code (a wiped /tmp empties it)."""
+    path = Path(folder)
+    return path.is_dir() and any(p.name != LOCKS for p in path.iterdir())
