@@ -51,8 +51,11 @@ class Plan:
 
 
 def cell_cost(row: Any) -> float:
-    """A cell's own predicted seconds: without what it pays for other cells too (start-up, its
-    input set's golden, compiled code), which moves to the next cell when it is skipped."""
+    """A cell's predicted seconds as the budget weighs it: its own, plus its share of what it
+    pays for together with other cells (start-up, its input set's golden, compiled code:
+    costmodel's amortized_s), so a cell whose compile nobody else uses carries that compile."""
+    if "amortized_s" in row and row["amortized_s"] == row["amortized_s"]:
+        return float(row["amortized_s"])
     return float(row["total_s"]) - float(row.get("shared_s", 0.0) or 0.0)
 
 
@@ -194,11 +197,14 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     skip = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after, max_cell_s=preset.max_cell_s,
                   repredict=repredict)
     _, after = overhead_s(forecast.pred[~forecast.pred["id"].isin(skip)])   # the report of what is kept
+    predicted = {r["id"]: float(r["total_s"]) for _, r in forecast.pred.iterrows()}
+    kept = [i for i in predicted if i not in skip]
+    if skip and kept:                  # what the kept cells cost without the cut ones (shared costs move)
+        predicted.update({r["id"]: float(r["total_s"]) for _, r in repredict(kept).iterrows()})
     plan = Plan(budget_s=budget_s,
                 deadline_unix=None if budget_s is None else
                 started_unix + budget_s - after - max(2.0, SAFETY_FRACTION * budget_s),
-                reserve_s=before + after,
-                predicted={r["id"]: float(r["total_s"]) for _, r in forecast.pred.iterrows()}, skip=skip)
+                reserve_s=before + after, predicted=predicted, skip=skip)
     return plan, forecast.pred, forecast.notes
 
 

@@ -349,7 +349,7 @@ def _dry_run(cases, preset, run_dir: Path | None, started: float) -> int:
         status, reason = (("skipped", plan.skip[row.id]) if row.id in plan.skip
                           else (row.status, row.reason))
         extra = f"  {status}: {reason}" if status != "ok" else ""
-        print(f"{row.id}  {row.total_s:.2f} s{extra}")
+        print(f"{row.id}  {plan.predicted.get(row.id, row.total_s):.2f} s{extra}")
     print(f"{len(cases)} cells")
     for note in notes:
         print(f"cost model: {note}")

@@ -387,6 +387,8 @@ class CostModel:
         compiling_started: set[str] = set()
         cudnn_configs: set[tuple] = set()
         started: set[str] = set()
+        paid: dict[tuple, float] = {}           # shared costs by what shares them (for amortized_s)
+        memberships: list[list[tuple]] = []     # per row: the groups it shares costs with
         for case in cases:
             shape = CellShape.of(case)
             dev = device_type(case.device)
@@ -395,9 +397,11 @@ class CostModel:
             status, reason = "ok", None
             phases["setup"] = self._const("cell_s", dev, 0.05)
             shared = 0.0    # paid once for many cells, by whichever comes first (start-up, golden, compile)
+            groups = [("device", dev), ("variant", dev, case.variant), ("inputs", case.input_key)]
+            memberships.append(groups)
             if dev not in started:
                 started.add(dev)
-                shared += self._const("run_start_s", dev, 0.0)
+                shared += paid.setdefault(groups[0], self._const("run_start_s", dev, 0.0))
             oom = too_big(case, shape.q_len, (free_bytes or {}).get(case.device))
             if oom:
                 phases["setup"] += shared
@@ -405,10 +409,11 @@ class CostModel:
                 continue
             if (dev, case.variant) not in seen_variants:
                 seen_variants.add((dev, case.variant))
-                shared += self._const("init_s", f"{dev}|{case.variant}", 0.0)
+                shared += paid.setdefault(groups[1], self._const("init_s", f"{dev}|{case.variant}", 0.0))
             if case.input_key != previous_key:
                 previous_key = case.input_key
                 phases["golden"] += self._golden_s(shape, settings)
+                paid[groups[2]] = paid.get(groups[2], 0.0) + phases["golden"]
             unsupported = predicted_unsupported(case, shape)
             if unsupported:
                 status, reason = "skipped", unsupported
@@ -420,14 +425,17 @@ class CostModel:
             t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
             if case.variant in COMPILED_VARIANTS:
                 key = compile_key(shape)
+                groups += [("compiler", dev), ("compile", key)]
                 if key not in compiled_keys:
                     compiled_keys.add(key)
                     cache = "hit" if kernel_key(shape) in kernels else "miss"
                     kernels.add(kernel_key(shape))
-                    phases["compile"] = self._by_cache("compile_s", f"{dev}|{call_variant(shape)}", cache, 3.0)
-                    if dev not in compiling_started:
+                    phases["compile"] = paid.setdefault(groups[-1], self._by_cache(
+                        "compile_s", f"{dev}|{call_variant(shape)}", cache, 3.0))
+                    if dev not in compiling_started:      # the run's first compile also starts the compiler
                         compiling_started.add(dev)
-                        phases["compile"] += self._by_cache("compile_start_s", dev, cache, 2.0)
+                        phases["compile"] += paid.setdefault(groups[-2], self._by_cache(
+                            "compile_start_s", dev, cache, 2.0))
                     shared += phases["compile"]
             n_timed = settings.min_samples + 1
             limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s
@@ -439,9 +447,11 @@ class CostModel:
                                       shared_s=shared + phases["golden"]))
                 continue
             config = cudnn_config(shape)
+            if config is not None:
+                groups.append(("cudnn", config))
             if config is not None and config not in cudnn_configs:
                 cudnn_configs.add(config)
-                shared += self._const("cudnn_config_s", dev, 0.0)
+                shared += paid.setdefault(groups[-1], self._const("cudnn_config_s", dev, 0.0))
             phases["setup"] += shared - phases["compile"]
             phases["warmup"] = 2 * t_f + 2 * t_fb
             phases["numerics"] = t_f * (1 + leak_probe_count(case)) + t_fb
@@ -461,7 +471,14 @@ class CostModel:
                 phases["energy"] = energy_wall_s(t_f, settings)
             rows.append(self._row(case, status, reason, phases, t_f, t_fb, shared_s=shared + phases["golden"]))
         columns = ["id", *AXES, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s",
-                   "shared_s"]
+                   "shared_s", "amortized_s"]
+        members: dict[tuple, int] = {}
+        for row, groups in zip(rows, memberships):
+            for group in groups:
+                members[group] = members.get(group, 0) + (row["status"] == "ok")
+        for row, groups in zip(rows, memberships):
+            row["amortized_s"] = row["total_s"] - row["shared_s"] + sum(
+                paid.get(g, 0.0) / max(1, members[g]) for g in groups)
         return pd.DataFrame(rows, columns=columns)
 
     def _golden_s(self, shape: CellShape, settings: Settings) -> float:
@@ -474,7 +491,9 @@ class CostModel:
     def _row(case: Case, status: str, reason: str | None, phases: dict[str, float],
              t_f: float | None = None, t_fb: float | None = None, shared_s: float = 0.0) -> dict[str, Any]:
         """shared_s: the part of total_s that the cell pays for others too (start-up, a
-        backend's first use, its input set's golden, compiled code it shares)."""
+        backend's first use, its input set's golden, compiled code it shares); amortized_s,
+        set after the walk: its own seconds plus its share of every shared cost it takes part
+        in (what the budget ranks cells by: a cell alone with its compile carries it all)."""
         axes = case.axes()
         return {"id": case.id, **axes, "status": status, "reason": reason,
                 "fwd_s": t_f, "fwd_bwd_s": t_fb, **phases, "total_s": sum(phases.values()),
