@@ -74,6 +74,9 @@ def outcome(before: Snapshot) -> str:
 
 
 def warm(folder: str | Path) -> bool:
-    """Whether a cache folder still holds compiled code (a wiped /tmp empties it)."""
-    path = Path(folder)
-    return path.is_dir() and any(p.name != LOCKS for p in path.iterdir())
+    """Whether a cache folder still holds a compiled binary (a wiped /tmp leaves none)."""
+    for _folder, subfolders, files in os.walk(folder):
+        subfolders[:] = [s for s in subfolders if s != LOCKS]
+        if any(f.endswith(BINARIES) for f in files):
+            return True
+    return False

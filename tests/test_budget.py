@@ -156,3 +156,46 @@ def test_a_cell_limit_skips_only_where_it_applies(tmp_path):
         assert rec["status"] == status, rec["reason"]
         if status == "skipped":
             assert rec["reason"].startswith("too slow for this device") and "--max-cell-s" in rec["reason"]
+
+
+def test_a_cell_alone_with_its_compile_is_cut_before_cheap_cells():
+    """Ranked by amortized cost: a compiled cell whose compile (2 s, cold) no other cell shares
+    goes first, not the ten cheap cells whose costs it would otherwise outrank."""
+    from audit.costmodel import CostModel, Settings, load_priors
+    cheap = [Case("eager", "cpu", "fp32", 32, 256, 1, 2, False, s)
+             for s in ("normal", "scaled_x4", "scaled_x16", "outliers", "padding")]
+    cheap += [Case("sdpa", "cpu", "fp32", 32, 256, 1, 2, False, c.scenario) for c in cheap]
+    compiled = Case("compiled_unfused", "cpu", "fp32", 8, 16, 1, 2, False, "normal")
+    pred = CostModel(load_priors()).predict([*cheap, compiled], Settings(), {}, {})
+    own = pred["total_s"] - pred["shared_s"]
+    assert own.iloc[-1] < own.iloc[:-1].min()           # by own seconds the compiled cell is the cheapest
+    room = float(pred["total_s"].sum() - pred["total_s"].iloc[-1]) + 0.01
+    assert set(choose(pred, budget_s=room, reserve_s=0.0, max_cell_s=None)) == {compiled.id}
+    by_own = choose(pred.drop(columns="amortized_s"), budget_s=room, reserve_s=0.0, max_cell_s=None)
+    assert len(by_own) == len(pred)    # ranked by own seconds, its compile made every level overrun
+
+
+def test_a_dry_run_and_the_run_make_one_plan(tmp_path):
+    """The plan a dry-run prints is the plan the run then makes and keeps (plan.json), with a
+    budget that cuts: the same ceilings (this machine's, kept in the cache) and reserve."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    args = ["run", "--preset", "quick", "--variant", "eager", "sdpa", "--dtype", "fp32", "--seq-len", "64", "128",
+            "--heads", "2", "--kv-heads", "2", "--budget", "13s", "--no-report", "--no-progress",
+            "--out", str(tmp_path / "run")]
+
+    def audit(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "audit", *args, *extra], cwd=root, capture_output=True,
+                              text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)))
+    dry = audit("--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    planned = dry.stdout.strip().splitlines()[-1]
+    assert planned.startswith("plan: ") and "cells skipped" in planned, planned
+    done = audit()
+    assert done.returncode == 0, done.stderr
+    assert f"attn-audit: {planned}" in done.stderr.splitlines(), (planned, done.stderr)
+    cut = {line.split()[0] for line in dry.stdout.splitlines() if "  skipped: over the budget" in line}
+    assert cut and cut == set(Plan.read(tmp_path / "run").skip)

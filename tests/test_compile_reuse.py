@@ -34,3 +34,37 @@ def test_build_cache_keys_on_shapes_dtype_causal_and_mask_kind():
                   Case("compiled", "cpu", "fp32", 8, 16, 1, 2, False, "fully_masked_bool"),
                   Case("compiled", "cpu", "fp32", 8, 16, 1, 2, False, "fully_masked_neginf")):
         assert key(variant, make_inputs(other)) != key(variant, base), other
+
+
+def test_a_compile_that_builds_kernels_is_a_miss_and_one_that_finds_them_a_hit(tmp_path, monkeypatch):
+    """In an empty Inductor cache, a shape no other test compiles (d_k 24, T 40) builds its
+    kernels: miss. A new build of the same (a fresh BuildCache) finds them: hit. A cell that
+    reuses compiled code compiles nothing: null."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    cells = [Case("compiled_unfused", "cpu", "fp32", 24, 40, 1, 2, False, s) for s in ("normal", "scaled_x4")]
+    outcomes = []
+    for _ in range(2):
+        cache, builds = cellcache.InputCache(), cellcache.BuildCache()
+        recs = [runner.run_cell(c, cache, PRESET, {}, builds=builds) for c in cells]
+        assert [r["status"] for r in recs] == ["ok", "ok"], [r["reason"] for r in recs]
+        outcomes.append([r["compile_cache"] for r in recs])
+    assert outcomes == [["miss", None], ["hit", None]]
+    assert any(tmp_path.joinpath("inductor").rglob("*.so"))
+
+
+def test_only_new_compiled_binaries_make_a_miss(tmp_path, monkeypatch):
+    from audit import compile_cache
+    root = tmp_path / "inductor"
+    (root / "ab").mkdir(parents=True)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root))
+    assert not compile_cache.warm(root)
+    before = compile_cache.snapshot()
+    (root / "ab" / "wrapper.py").write_text("# a Python wrapper: written by hits too\n")
+    (root / "locks").mkdir()
+    (root / "locks" / "k.lock").write_text("")
+    assert compile_cache.outcome(before) == "hit"
+    (root / "cd").mkdir()
+    (root / "cd" / "kernel.main.so").write_bytes(b"\x7fELF")
+    assert compile_cache.outcome(before) == "miss"
+    assert compile_cache.outcome(compile_cache.snapshot()) == "hit"     # nothing new since
+    assert compile_cache.warm(root)

@@ -156,3 +156,46 @@ def test_a_cpu_run_refitted_on_itself_is_predicted_closely(cpu_run):
     assert 0.75 <= table["predicted_s"].sum() / table["recorded_s"].sum() <= 1.25
     ok = table[table["status"] == "ok"]
     assert ((ok["ratio"] >= 0.5) & (ok["ratio"] <= 2)).mean() >= 0.9
+
+
+# --------------------------------------------------------------------------- Inductor's cache
+
+def _compiled_cells():
+    return [grid.Case(v, "cpu", "fp32", 32, 64, 1, 2, causal, "normal")
+            for causal in (False, True) for v in ("compiled", "compiled_unfused")]
+
+
+def test_a_compile_predicted_from_the_cache_costs_less_than_one_that_builds():
+    from audit.costmodel import CellShape, kernel_key
+    cells, model, settings = _compiled_cells(), CostModel(load_priors()), Settings()
+    cold = model.predict(cells, settings)
+    warm = model.predict(cells, settings, warm_compiles={kernel_key(CellShape.of(c)) for c in cells})
+    assert (warm["compile"] <= cold["compile"]).all() and (warm["compile"] > 0).all()
+    assert (warm["compile"][:3] < cold["compile"][:3] / 2).all()
+    # compiled with a causal mask is not rewritten into SDPA: its kernels are compiled_unfused's,
+    # so in a cold run the second of the two finds them (seen in tests/data/cpu-2026-12-01)
+    by_id = cold.set_index("id")["compile"]
+    assert by_id[cells[3].id] == pytest.approx(warm.set_index("id")["compile"][cells[3].id])
+    assert by_id[cells[1].id] > 3 * by_id[cells[3].id]
+
+
+def test_warm_compiles_come_from_runs_that_compiled_into_this_cache(tmp_path, monkeypatch):
+    import pandas as pd
+    import torch
+
+    from audit.costmodel import CellShape, kernel_key
+    from audit.forecast import warm_compiles
+    cells = _compiled_cells()
+    frame = pd.DataFrame([{**c.axes(), "status": "ok", "compile_s": 1.5, "compile_cache": "miss"} for c in cells])
+    folder = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder))
+
+    def run(cache_dir, version=torch.__version__):
+        return RunData("r", frame, Settings(), {}, str(cache_dir), version)
+    assert warm_compiles([run(folder)], cells) == set()                # the folder holds nothing
+    (folder / "ab").mkdir(parents=True)
+    (folder / "ab" / "k.main.so").write_bytes(b"\x7fELF")
+    assert warm_compiles([run(folder)], cells) == {kernel_key(CellShape.of(c)) for c in cells}
+    assert warm_compiles([run(tmp_path / "another")], cells) == set()  # compiled into another cache
+    assert warm_compiles([run(folder, "2.0.0")], cells) == set()       # by another torch
+    assert warm_compiles([run(folder)], [grid.Case("eager", "cpu", "fp32", 32, 64, 1, 2, False, "normal")]) == set()
