@@ -186,7 +186,7 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
 
     forecast = predict(cases, preset, run_dir, measure=measure)
     measured = forecast.ceilings_measured if ceilings_measured is None else ceilings_measured
-    before, after = overhead_s(forecast.pred, ceilings_measured=measured)
+    before, after = overhead_s(forecast.pred, ceilings_measured=measured, ceilings_s=preset.ceilings_s)
     by_id = {c.id: c for c in cases}
     model = CostModel(forecast.params)
 

@@ -252,7 +252,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
         if args.executor == "ray":
             code = _measure_on_ray(args, argv, cases, preset, overrides, axes, extra, run_dir)
         else:
-            ceilings, measured = runner.ceilings_for(cases, run_dir)
+            ceilings, measured = runner.ceilings_for(cases, run_dir, preset.ceilings_s)
             runner.write_run_file(run_dir, preset, axes, list(argv), environment(), len(cases), ceilings, extra)
             print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
             _plan(cases, preset, run_dir, started, ceilings_measured=measured)

@@ -15,6 +15,7 @@ from .costfit import RunData, fit
 from .costmodel import CostModel, Params, Settings, device_type, load_priors
 from .grid import Case
 from .paths import cache_dir, reports_root
+from .roofline import CEILINGS_BUDGET_S
 from .presets import Preset
 
 
@@ -55,7 +56,7 @@ CEILINGS_CACHE_S = 24 * 3600    # a dry-run measures this machine's ceilings aga
 
 
 def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None,
-                     measured: dict | None = None) -> tuple[dict, str]:
+                     measured: dict | None = None, budget_s: float = CEILINGS_BUDGET_S) -> tuple[dict, str]:
     """This machine's ceilings for planning, the same for a dry-run and a run so that both make
     one plan: kept a day in the cache (audit.paths; keyed by device name, torch version, thread
     count and the CPU capability torch uses). Where the cache has none fresh: `measured` (what
@@ -82,7 +83,7 @@ def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None,
     if measured and all((measured.get("matmul_flops_per_s") or {}).get(d) for d in dtypes):
         how = "measured by this run"
     else:
-        measured, how = measure_ceilings(device, tuple(dtypes)), "measured now"
+        measured, how = measure_ceilings(device, tuple(dtypes), budget_s=budget_s), "measured now"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(measured))
@@ -93,8 +94,9 @@ def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None,
 
 def warm_compiles(runs: Sequence[RunData], cases: Sequence[Case]) -> set[tuple]:
     """The kernel keys (costmodel.kernel_key) Inductor's on-disk cache holds now, as far as
-    earlier runs tell: those compiled by a run with this torch into the cache folder this
-    process uses, while that folder still holds compiled graphs (a wiped /tmp empties it)."""
+    earlier runs tell: those compiled by a run with this torch and thread count (a CPU kernel is
+    built for one: another count builds anew) into the cache folder this process uses, while
+    that folder still holds compiled binaries (a wiped /tmp empties it)."""
     from . import compile_cache
     from .costmodel import COMPILED_VARIANTS
     if not any(c.variant in COMPILED_VARIANTS for c in cases):
@@ -105,7 +107,8 @@ def warm_compiles(runs: Sequence[RunData], cases: Sequence[Case]) -> set[tuple]:
     import torch
     keys: set[tuple] = set()
     for run in runs:
-        if run.compile_cache_dir == folder and run.torch == torch.__version__:
+        if (run.compile_cache_dir == folder and run.torch == torch.__version__
+                and run.threads in (None, torch.get_num_threads())):
             keys |= run.compiled_keys()
     return keys
 
@@ -166,7 +169,8 @@ def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
             free[device] = free_bytes(device)
             if measure or device in recorded:
                 dtypes = tuple(dict.fromkeys(c.dtype for c in cases if c.device == device))
-                ceilings[device], how = machine_ceilings(device, dtypes, available[device], recorded.get(device))
+                ceilings[device], how = machine_ceilings(device, dtypes, available[device], recorded.get(device),
+                                                         preset.ceilings_s)
                 notes.append(f"{device}: ceilings {how}")
         else:
             free[device] = ref.get("free_bytes")

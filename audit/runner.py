@@ -177,6 +177,7 @@ def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: 
                 getattr(builtin_variants().get(v), "compiled", False) for v in axes.get("variant", ())) else None,
             "timing": {"min_samples": preset.min_samples, "min_time_s": preset.min_time_s,
                        "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s,
+                       "ceilings_s": preset.ceilings_s,
                        "budget_s": preset.budget_s}, **(extra or {})}
     (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
 
@@ -248,9 +249,9 @@ def _energy_meter(cases: list[Case]) -> Any:
     return EnergyMeter(device_index=torch.cuda.current_device())
 
 
-def ceilings_for(cases: Iterable[Case], run_dir: Path) -> tuple[dict[str, dict], bool]:
-    """The machine's measured limits per device, once per run folder (reused on resume), and
-    whether any were measured now."""
+def ceilings_for(cases: Iterable[Case], run_dir: Path, budget_s: float) -> tuple[dict[str, dict], bool]:
+    """The machine's measured limits per device, once per run folder (reused on resume), each
+    measured in about budget_s seconds (the preset's ceilings_s), and whether any were measured now."""
     from .roofline import measure_ceilings
     path = Path(run_dir) / RUN_FILE
     known = (json.loads(path.read_text()).get("ceilings") or {}) if path.exists() else {}
@@ -261,5 +262,5 @@ def ceilings_for(cases: Iterable[Case], run_dir: Path) -> tuple[dict[str, dict],
         if have and all(d in (have.get("matmul_flops_per_s") or {}) for d in dtypes):
             out[device] = have
         else:
-            out[device], measured = measure_ceilings(device, dtypes), True
+            out[device], measured = measure_ceilings(device, dtypes, budget_s=budget_s), True
     return out, measured
