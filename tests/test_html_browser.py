@@ -1,12 +1,17 @@
-"""The HTML report in a real browser: no sideways page scrolling at 1400 px.
+"""The HTML report in a real browser at 1400 px: no sideways page scrolling, a working table of
+contents, and the findings' severity badges drawn.
 
-Headless Chromium opens a copy of a built report folder with a probe script appended that
-writes document.documentElement.scrollWidth and clientWidth into the page; the dumped DOM
-carries them back. Skipped when no Chromium binary is installed (Debian: apt-get install
-chromium).
+Headless Chromium opens a copy of a built report folder with a probe script appended, which
+writes what it measured (the page's scrollWidth and clientWidth, the contents' links and their
+targets, the badges and their colours) into the page as JSON; the dumped DOM carries it back.
+The browser runs with the flags a closed network needs (no background connections, no
+component updates, a new empty profile). `make test` installs Debian's chromium where it is
+missing (audit.bootstrap); the tests skip, saying why, only where no browser could be installed.
 """
 from __future__ import annotations
 
+import html
+import json
 import re
 import shutil
 import subprocess
@@ -14,48 +19,91 @@ from pathlib import Path
 
 import pytest
 
+from audit.bootstrap import BROWSERS, browser
 from audit.findings import write_findings
 from audit.report import build_report
 from tests.helpers import cpu_run, h200_run
 
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 WINDOW = "1400,1000"
-PROBE = ("<script>window.addEventListener('load', function () {"
-         "var probe = document.createElement('pre'); probe.id = 'scroll-probe';"
-         "probe.textContent = document.documentElement.scrollWidth + ' ' +"
-         " document.documentElement.clientWidth; document.body.appendChild(probe);});</script>")
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-default-apps", "--disable-extensions", f"--window-size={WINDOW}")
+PROBE = """<script>window.addEventListener('load', function () {
+  var doc = document.documentElement, links = document.querySelectorAll('nav.toc a');
+  var badges = Array.prototype.map.call(document.querySelectorAll('.badge'), function (b) {
+    var box = b.getBoundingClientRect();
+    return {cls: b.className, text: b.textContent, bg: getComputedStyle(b).backgroundColor,
+            width: box.width, height: box.height};});
+  var probe = document.createElement('pre'); probe.id = 'probe';
+  probe.textContent = JSON.stringify({scroll: doc.scrollWidth, client: doc.clientWidth,
+    toc: links.length, toc_width: document.querySelector('nav.toc') ?
+      document.querySelector('nav.toc').getBoundingClientRect().width : 0,
+    toc_dangling: Array.prototype.filter.call(links, function (a) {
+      return !document.getElementById(decodeURIComponent(a.hash.slice(1)));}).length,
+    badges: badges, page_bg: getComputedStyle(document.body).backgroundColor});
+  document.body.appendChild(probe);});</script>"""
+
+pytestmark = pytest.mark.skipif(browser() is None, reason=(
+    f"no browser ({', '.join(BROWSERS)}) on PATH, and `make test` could not install Debian's chromium "
+    "(not Debian, or not root): install one to run these"))
 
 
-def _browser() -> str | None:
-    return next((path for path in map(shutil.which, BROWSERS) if path), None)
-
-
-pytestmark = pytest.mark.skipif(_browser() is None,
-                                reason="no chromium binary found (apt-get install chromium)")
-
-
-def page_widths(report_dir: Path, work: Path) -> tuple[int, int]:
-    """(scrollWidth, clientWidth) of report_dir/index.html in a 1400-px-wide window, read
-    from a copy of the folder (figures included) with the probe appended."""
+def probe_page(report_dir: Path, work: Path, extra_html: str = "") -> dict:
+    """What the probe measured in report_dir/index.html at 1400 px, from a copy of the folder
+    (figures included) with the probe, and `extra_html`, appended to the body."""
     copy = work / report_dir.name
-    shutil.copytree(report_dir, copy, ignore=shutil.ignore_patterns("records.jsonl*"))
+    shutil.copytree(report_dir, copy, ignore=shutil.ignore_patterns("records.jsonl*", "repro"))
     page = copy / "index.html"
-    page.write_text(page.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"),
+    page.write_text(page.read_text(encoding="utf-8").replace("</body>", extra_html + PROBE + "</body>"),
                     encoding="utf-8")
-    done = subprocess.run(
-        [_browser(), "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={WINDOW}",
-         f"--user-data-dir={work / 'profile'}", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120)
-    found = re.search(r'id="scroll-probe">(\d+) (\d+)<', done.stdout)
+    done = subprocess.run([browser(), *FLAGS, f"--user-data-dir={work / 'profile'}", "--dump-dom", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S)
     assert found, f"probe not found in the dumped page: {done.stderr[-2000:]}"
-    return int(found.group(1)), int(found.group(2))
+    return json.loads(html.unescape(found.group(1)))
 
 
-@pytest.mark.parametrize("name, unpack", [("cpu", cpu_run), ("full", h200_run)])
-def test_report_does_not_scroll_sideways_at_1400px(name, unpack, tmp_path: Path) -> None:
-    run_dir = unpack(name, tmp_path / "runs")
+def _report(run_dir: Path) -> Path:
     write_findings(run_dir)
     build_report(run_dir)
-    scroll_width, client_width = page_widths(run_dir, tmp_path / "browser")
-    assert client_width > 1000
-    assert scroll_width <= client_width, f"page is {scroll_width} px wide in a {client_width} px window"
+    return run_dir
+
+
+def test_the_quick_runs_report_at_1400px(quick_run, tmp_path):
+    """The session's quick run: today's code, every section, findings of all three severities."""
+    check_page(quick_run, tmp_path)
+    assert {f["severity"] for f in json.loads((quick_run / "findings.json").read_text())} == {"error", "warning",
+                                                                                              "info"}
+
+
+@pytest.mark.parametrize("unpack, name", [(cpu_run, "cpu"), (h200_run, "full")])
+def test_a_stored_runs_report_at_1400px(unpack, name, tmp_path):
+    """The stored CPU and H200 runs (wide real tables), rebuilt by today's report code."""
+    check_page(_report(unpack(name, tmp_path / "runs")), tmp_path)
+
+
+def check_page(report_dir: Path, tmp_path: Path) -> None:
+    """No sideways scroll, a contents link per section landing on its section, and a drawn,
+    coloured badge for every severity among the findings."""
+    seen = probe_page(report_dir, tmp_path / "browser")
+    assert seen["client"] > 1000
+    assert seen["scroll"] <= seen["client"], f"page is {seen['scroll']} px wide in a {seen['client']} px window"
+    sections = len(re.findall(r"^## ", (report_dir / "index.md").read_text(), re.M))
+    assert seen["toc"] >= sections > 3 and seen["toc_dangling"] == 0        # a link per section, each lands
+    assert 0 < seen["toc_width"] <= seen["client"]
+    findings = json.loads((report_dir / "findings.json").read_text())
+    severities = {f["severity"] for f in findings}
+    drawn = {b["cls"].split("sev-")[1] for b in seen["badges"] if "sev-" in b["cls"]}
+    assert severities <= drawn, (severities, drawn)                        # every severity has its badge
+    for badge in seen["badges"]:
+        assert badge["width"] > 0 and badge["height"] > 0, badge             # drawn, not collapsed
+        assert badge["bg"] not in (seen["page_bg"], "rgba(0, 0, 0, 0)"), badge   # coloured by its CSS
+    colours = {b["cls"]: b["bg"] for b in seen["badges"]}
+    assert len({colours[c] for c in colours if "sev-" in c}) == len(drawn)   # one colour per severity
+
+
+def test_the_probe_sees_a_page_that_scrolls_sideways(tmp_path):
+    """The check above can fail: the same report with one 3000-px-wide element scrolls sideways."""
+    report = _report(cpu_run("quick", tmp_path / "runs"))
+    seen = probe_page(report, tmp_path / "browser", '<div style="width: 3000px">a wide table</div>')
+    assert seen["scroll"] > seen["client"] > 1000
