@@ -8,13 +8,22 @@ BENCH_OPTS ?= --benchmark-only --benchmark-min-rounds=15 --benchmark-max-time=0.
 BENCH_FAIL ?= min:50%
 BENCH_STORAGE ?= .benchmarks
 BENCH_SUITE ?= suites/test_performance.py --audit-preset quick --audit-seq-len 512 1024
+# make test: the tests that time nothing on TEST_WORKERS pytest-xdist workers, then those that
+# time things (marked serial) alone; TEST_BENCH_OPTS keeps the speed suite's rounds short there;
+# TEST_OPTS goes to both pytest calls (e.g. TEST_OPTS=--durations=25). TEST_THREADS: torch
+# threads of every test process (one each: what the workers run shares the cores; and one
+# count for the whole session, so Inductor's CPU kernels, built per thread count, are shared).
+TEST_WORKERS ?= 2
+TEST_THREADS ?= 1
+TEST_BENCH_OPTS ?= --benchmark-min-rounds=3 --benchmark-max-time=0.05
+TEST_OPTS ?=
 
 .PHONY: deps test-deps audit quick test report bench-save bench-check gpu-check clean
 
 deps:  ## install whatever is missing (nothing when all is importable)
 	$(PYTHON) -m audit.bootstrap
 
-test-deps:  ## install what is missing, the optional extras the tests exercise (ray) included
+test-deps:  ## install what is missing: also what the tests use (ray, pytest-xdist, a Chromium: Debian's, as root)
 	$(PYTHON) -m audit.bootstrap --test
 
 audit: deps  ## run the default preset and write the report under reports/
@@ -23,8 +32,11 @@ audit: deps  ## run the default preset and write the report under reports/
 quick: deps  ## the quick preset (60 s budget; about 44 s on a 2-core AMD EPYC)
 	$(PYTHON) -m audit run --preset quick $(AUDIT_ARGS)
 
-test: test-deps  ## unit tests and quick suites
-	$(PYTHON) -m pytest -q tests suites
+test: test-deps  ## unit tests and quick suites: in parallel what times nothing, then alone what times things
+	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS); \
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(TEST_OPTS) tests suites; parallel=$$?; \
+	$(PYTHON) -m pytest -q -p no:xdist -m serial $(TEST_BENCH_OPTS) $(TEST_OPTS) tests suites; serial=$$?; \
+	exit $$(( parallel != 0 || serial != 0 ))
 
 report:  ## rebuild the report of DIR (default reports/latest)
 	$(PYTHON) -m audit report $(DIR)

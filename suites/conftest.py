@@ -1,6 +1,8 @@
 """Fixtures shared by the suites: the selected preset's cells, audited once per session."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from audit import grid, presets, records
@@ -41,18 +43,24 @@ def _cli_overrides(config) -> list[str]:
 
 @pytest.fixture(scope="session")
 def audited_run(request, tmp_path_factory):
-    """Audit the selected cells once, through the CLI in a subprocess (so a native crash
-    in one cell is isolated as that cell's error record): (run_dir, {id: record}, findings)."""
+    """The selected cells, audited once: (run_dir, {id: record}, findings). The default
+    selection (the quick preset, no --audit-* filter) is the session's shared quick run
+    (conftest.py: quick_run); any other is run here the same way, through the CLI in a
+    subprocess (a native crash in one cell is isolated as that cell's error record), with no
+    time budget, so no cell of the contract is skipped for time."""
     import subprocess
     import sys
     from pathlib import Path
 
-    from audit.findings import write_findings
-
-    run_dir = tmp_path_factory.mktemp("audit-run")
-    cmd = [sys.executable, "-m", "audit", "run", "--preset", selected_preset(request.config).name,
-           *_cli_overrides(request.config), "--out", str(run_dir), "--no-progress", "--no-report"]
-    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-4000:]
-    found = write_findings(run_dir)
+    overrides = _cli_overrides(request.config)
+    preset = selected_preset(request.config).name
+    if preset == "quick" and not overrides:
+        run_dir = request.getfixturevalue("quick_run")
+    else:
+        run_dir = tmp_path_factory.mktemp("audit-run")
+        cmd = [sys.executable, "-m", "audit", "run", "--preset", preset, *overrides, "--budget", "none",
+               "--out", str(run_dir), "--no-progress"]
+        done = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-4000:]
+    found = json.loads((run_dir / "findings.json").read_text())
     return run_dir, {r["id"]: r for r in records.read_records(run_dir)}, found

@@ -15,6 +15,8 @@ from audit import variants
 
 from .conftest import selected_cases
 
+pytestmark = pytest.mark.serial           # benchmarks: alone, not beside other tests (pytest-xdist turns them off)
+
 PHASES = ("fwd", "fwd_bwd")
 
 
@@ -35,15 +37,22 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("speed_case,phase", params, ids=[bench_id(c, p) for c, p in params])
 
 
-def _prepare(case, phase):
+@pytest.fixture(scope="module")
+def builds():
+    """Compiled code built once per cell, as a run does: a cell's fwd and fwd_bwd share it."""
+    from audit.cellcache import BuildCache
+    return BuildCache()
+
+
+def _prepare(case, phase, builds):
     """Build the variant, its inputs and the timed callable; warm up (and compile) twice."""
     import torch
 
     from audit.inputs import make_inputs
 
     variant = variants.resolve(case.variant)
-    fn = variant.build()
     inputs = make_inputs(case)
+    fn, _build = builds.get(variant, inputs)
     q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
     kwargs = inputs.call_kwargs()
     sync = torch.cuda.synchronize if case.device == "cuda" else (lambda: None)
@@ -72,7 +81,7 @@ def _prepare(case, phase):
     return timed, forward, inputs
 
 
-def test_speed(benchmark, speed_case, phase):
+def test_speed(benchmark, speed_case, phase, builds):
     if benchmark.disabled:
         pytest.skip("pytest-benchmark is disabled (--benchmark-disable, or pytest-xdist -n is active, "
                     "which turns it off): run without -n to benchmark")
@@ -81,7 +90,7 @@ def test_speed(benchmark, speed_case, phase):
     from audit.reference import golden_attention
 
     case = speed_case
-    timed, forward, inputs = _prepare(case, phase)
+    timed, forward, inputs = _prepare(case, phase, builds)
     flops = attention_flops(case.batch, case.heads, inputs.q.shape[-2], case.seq_len, case.d_k, case.causal)
     if phase == "fwd_bwd":
         flops = int(flops * (1 + BACKWARD_FLOP_FACTOR))

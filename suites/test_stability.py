@@ -97,10 +97,13 @@ def test_correct_variants_clean_on_normal_inputs(audited_run):
     assert wrong == []
 
 
-def test_report_renders(audited_run):
+def test_report_renders(audited_run, tmp_path):
+    import shutil
+
     from audit.report import build_report
 
-    run_dir, _, _ = audited_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(audited_run[0], run_dir)       # the shared run stays as it was made
     paths = build_report(run_dir)
     assert len(paths["figures"]) >= 6
     text = paths["index_md"].read_text()

@@ -177,25 +177,34 @@ def test_a_cell_alone_with_its_compile_is_cut_before_cheap_cells():
 
 def test_a_dry_run_and_the_run_make_one_plan(tmp_path):
     """The plan a dry-run prints is the plan the run then makes and keeps (plan.json), with a
-    budget that cuts: the same ceilings (this machine's, kept in the cache) and reserve."""
+    budget that cuts: the same ceilings (this machine's, kept in the cache) and reserve. The
+    run is stopped once it has planned (Ctrl-C), which keeps its plan."""
     import os
+    import signal
     import subprocess
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
-    args = ["run", "--preset", "quick", "--variant", "eager", "sdpa", "--dtype", "fp32", "--seq-len", "64", "128",
-            "--heads", "2", "--kv-heads", "2", "--budget", "13s", "--no-report", "--no-progress",
-            "--out", str(tmp_path / "run")]
-
-    def audit(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "audit", *args, *extra], cwd=root, capture_output=True,
-                              text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)))
-    dry = audit("--dry-run")
+    args = [sys.executable, "-m", "audit", "run", "--preset", "quick", "--variant", "eager", "sdpa", "--dtype",
+            "fp32", "--seq-len", "64", "128", "--heads", "2", "--kv-heads", "2", "--budget", "13s",
+            "--no-report", "--no-progress", "--out", str(tmp_path / "run")]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    dry = subprocess.run([*args, "--dry-run"], cwd=root, capture_output=True, text=True, timeout=300, env=env)
     assert dry.returncode == 0, dry.stderr
     planned = dry.stdout.strip().splitlines()[-1]
     assert planned.startswith("plan: ") and "cells skipped" in planned, planned
-    done = audit()
-    assert done.returncode == 0, done.stderr
-    assert f"attn-audit: {planned}" in done.stderr.splitlines(), (planned, done.stderr)
+    run = subprocess.Popen(args, cwd=root, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    said = []
+    try:
+        for line in run.stderr:
+            said.append(line.rstrip("\n"))
+            if line.startswith("attn-audit: plan: "):
+                os.killpg(run.pid, signal.SIGINT)                 # planned: stop it (Ctrl-C)
+                break
+        run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert f"attn-audit: {planned}" in said, (planned, said)
     cut = {line.split()[0] for line in dry.stdout.splitlines() if "  skipped: over the budget" in line}
     assert cut and cut == set(Plan.read(tmp_path / "run").skip)

@@ -219,17 +219,17 @@ def test_dry_run_shows_what_a_budget_cuts():
     assert "no budget" in unlimited.stdout.strip().splitlines()[-1]
 
 
-def test_budget_none_measures_a_cell_over_the_presets_cell_limit():
+def test_budget_none_measures_a_cell_over_the_presets_cell_limit(capsys):
     """A cell predicted over the quick preset's 5 s per-cell limit on any of these CPUs (eager
     fp32 at T 16384: about 20 s) is skipped under the preset's budget; --budget none plans to
-    measure it, unless --max-cell-s is given too."""
+    measure it, unless --max-cell-s is given too. (Dry-runs in this process: parsing included.)"""
+    from audit import cli as audit_cli
     cell = ["--variant", "eager", "--dtype", "fp32", "--seq-len", "16384", "--d-k", "128", "--batch", "1",
             "--heads", "2", "--kv-heads", "2", "--causal", "false", "--scenario", "normal"]
 
     def planned(*extra: str) -> str:
-        proc = cli("run", "--preset", "quick", *cell, *extra, "--dry-run")
-        assert proc.returncode == 0, proc.stderr
-        (line,) = [x for x in proc.stdout.splitlines() if x.startswith("eager-cpu-fp32-d128-T16384")]
+        assert audit_cli.main(["run", "--preset", "quick", *cell, *extra, "--dry-run"]) == 0
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("eager-cpu-fp32-d128-T16384")]
         return line
 
     assert "skipped" in planned() and "--max-cell-s" in planned()

@@ -399,6 +399,7 @@ def _compare(a: Path, b: Path, out: Path) -> subprocess.CompletedProcess:
                            "--fail-on", THRESHOLD], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.serial
 def test_unchanged_rerun_exits_0(runs, tmp_path):
     proc = _compare(runs["a"], runs["same"], tmp_path / "c")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -409,6 +410,7 @@ def test_unchanged_rerun_exits_0(runs, tmp_path):
     assert (tmp_path / "c" / compare_page.FIGURE_FILE).is_file()
 
 
+@pytest.mark.serial
 def test_a_3x_slower_plugin_exits_1_and_names_its_cells(runs, tmp_path):
     proc = _compare(runs["a"], runs["slow"], tmp_path / "c")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -417,3 +419,14 @@ def test_a_3x_slower_plugin_exits_1_and_names_its_cells(runs, tmp_path):
     assert len(named) >= 3, proc.stdout          # of its 12 cells (6-12 seen in four tries)
     assert "FAILED" in proc.stdout
     assert "gate_plugin:attention-cpu-fp32-d32-T64" in (tmp_path / "c" / "index.md").read_text()
+
+
+def test_the_quick_run_compared_with_itself_matches_every_cell(quick_run, tmp_path, capsys):
+    """The session's quick run (every cell, findings, a real environment) against itself: every
+    cell matched, nothing only in one run, no regression, the figure drawn."""
+    code, out, _ = run_main(str(quick_run), str(quick_run), "--out", str(tmp_path / "c"), "--fail-on",
+                            THRESHOLD, capsys=capsys)
+    assert code == 0, out
+    n = len(records.read_records(quick_run))
+    assert f"{n} matched cells, 0 only in A, 0 only in B." in out
+    assert (tmp_path / "c" / compare_page.FIGURE_FILE).is_file()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.serial           # it times: alone, not beside other tests
+
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 
@@ -22,11 +24,13 @@ def _makefile_var(name: str) -> str:
 
 
 def _bench(storage: Path, *extra: str, slowdown: int = 1) -> subprocess.CompletedProcess:
+    # one torch thread: two OpenMP threads on 2 shared cores stall each other whenever one is
+    # descheduled, which once read an unchanged rerun 1.87x slower than its baseline
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGINS), str(ROOT)]),
-               ATTN_AUDIT_SLOWDOWN=str(slowdown))
+               ATTN_AUDIT_SLOWDOWN=str(slowdown), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/test_performance.py",
            "--audit-variant", "gate_plugin:attention", "--audit-dtype", "fp32", "--audit-seq-len", "1024",
-           "--audit-d-k", "64", "--audit-causal", "false",
+           "--audit-d-k", "64", "--audit-causal", "false", "--audit-heads", "2", "--audit-kv-heads", "2",
            *_makefile_var("BENCH_OPTS").split(), f"--benchmark-storage=file://{storage}", *extra]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 

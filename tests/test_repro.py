@@ -1,14 +1,12 @@
 """Reproduction scripts (audit.repro): one per finding, standalone, exit 1 while the finding holds.
 
-Two audit runs, once per module: the quick preset on CPU, narrowed to `--seq-len 64
---causal false` (109 of its 254 cells) and without a time budget, so that no cell is
-skipped for time on a busy machine: every check that fires on the whole preset fires,
-with 29 of its 30 findings (error_budget of broken.mask_after_softmax needs causal cells);
-and a small run of faulty plug-ins beside a negative control
-and eager, which fires the checks the quick preset does not (cell_failed, memory_leak,
-finfo_min_mask, saturation, causal_alignment). Every script of both runs is executed
-with torch alone: in one clean process (cwd elsewhere, no PYTHONPATH, `audit` not
-importable), each in a fresh namespace as `__main__`; a sample also as `python script.py`.
+Two audit runs: the session's quick run (conftest.py: quick_run, the whole quick preset
+without a time budget, so that no cell is skipped for time on a busy machine), and a small
+run of faulty plug-ins beside a negative control and eager, made here, which fires the checks
+the quick preset does not (cell_failed, memory_leak, finfo_min_mask, saturation,
+causal_alignment). Every script of both runs is executed with torch alone: in one clean
+process (cwd elsewhere, no PYTHONPATH, `audit` not importable), each in a fresh namespace as
+`__main__`; a sample also as `python script.py`.
 """
 from __future__ import annotations
 
@@ -32,7 +30,6 @@ from audit.repro import WORST, build_script, write_repro_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"
-QUICK = ["--preset", "quick", "--seq-len", "64", "--causal", "false", "--budget", "none"]
 FAULTS = ["--preset", "quick", "--variant", "faults:raises", "faults:leaks", "faults:returns_nan", "broken.unscaled",
           "eager", "--scenario", "fully_masked_finfo_min", "cross_causal", "--dtype", "fp32", "--d-k", "64",
           "--seq-len", "64", "--batch", "1", "--heads", "2", "--kv-heads", "2", "--causal", "true", "--budget", "none", "--no-report"]
@@ -70,11 +67,6 @@ def audit_run(out: Path, args: list[str], pythonpath: str) -> Path:
                           cwd=ROOT, env=clean_env(pythonpath), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
-
-
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory) -> Path:
-    return audit_run(tmp_path_factory.mktemp("quick") / "run", QUICK, str(ROOT))
 
 
 @pytest.fixture(scope="module")

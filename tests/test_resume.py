@@ -14,12 +14,12 @@ from audit import grid, presets, records
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--preset", "quick", "--variant", "eager", "sdpa_math", "--dtype", "fp32",
         "--d-k", "16", "32", "--seq-len", "32", "64", "128", "--heads", "2", "--kv-heads", "2",
-        "--no-progress", "--no-report"]
+        "--scenario", "normal", "padding", "--no-progress", "--no-report"]
 
 
 def _expected_ids() -> set[str]:
     overrides = dict(variant=("eager", "sdpa_math"), dtype=("fp32",), d_k=(16, 32), seq_len=(32, 64, 128),
-                     heads=(2,), kv_heads=(2,))
+                     heads=(2,), kv_heads=(2,), scenario=("normal", "padding"))
     return {c.id for c in presets.preset_cases(presets.presets()["quick"], overrides)}
 
 
