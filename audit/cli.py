@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .grid import AXES, UsageError
+from .inputs import SCENARIOS
 from .interrupt import stop_on_signals
 from .paths import reports_root
-from .inputs import SCENARIOS
 from .records import NewerSchema
 
 EXIT_USAGE = 2

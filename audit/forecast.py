@@ -15,8 +15,8 @@ from .costfit import RunData, fit
 from .costmodel import CostModel, Params, Settings, device_type, load_priors
 from .grid import Case
 from .paths import cache_dir, reports_root
-from .roofline import CEILINGS_BUDGET_S
 from .presets import Preset
+from .roofline import CEILINGS_BUDGET_S
 
 
 def this_machine(device_type: str) -> str | None:
