@@ -178,21 +178,36 @@ def test_a_cell_alone_with_its_compile_is_cut_before_cheap_cells():
 def test_a_dry_run_and_the_run_make_one_plan(tmp_path):
     """The plan a dry-run prints is the plan the run then makes and keeps (plan.json), with a
     budget that cuts: the same ceilings (this machine's, kept in the cache) and reserve. The
-    run is stopped once it has planned (Ctrl-C), which keeps its plan."""
+    budget is set from this machine's own prediction (half the cells' time), so it cuts on any
+    CPU. The run is stopped once it has planned (Ctrl-C), which keeps its plan."""
     import os
+    import re
     import signal
     import subprocess
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
-    args = [sys.executable, "-m", "audit", "run", "--preset", "quick", "--variant", "eager", "sdpa", "--dtype",
-            "fp32", "--seq-len", "64", "128", "--heads", "2", "--kv-heads", "2", "--budget", "13s",
-            "--no-report", "--no-progress", "--out", str(tmp_path / "run")]
+    grid = [sys.executable, "-m", "audit", "run", "--preset", "quick", "--variant", "eager", "sdpa", "--dtype",
+            "fp32", "--seq-len", "64", "128", "--heads", "2", "--kv-heads", "2", "--no-report", "--no-progress",
+            "--out", str(tmp_path / "run")]
     env = dict(os.environ, PYTHONPATH=str(root))
-    dry = subprocess.run([*args, "--dry-run"], cwd=root, capture_output=True, text=True, timeout=300, env=env)
-    assert dry.returncode == 0, dry.stderr
+
+    def dry_run(budget: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([*grid, "--budget", budget, "--dry-run"], cwd=root, capture_output=True, text=True,
+                              timeout=300, env=env)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    def seconds(text: str) -> float:
+        value, unit = re.fullmatch(r"([\d.]+) (s|min)", text).groups()
+        return float(value) * (60 if unit == "min" else 1)
+    unlimited = dry_run("none").stdout.strip().splitlines()[-1]
+    cells, reserve = re.search(r"predicted (.+?) \(\+ (.+?) start-up", unlimited).groups()
+    budget = f"{seconds(reserve) + seconds(cells) / 2:.1f}s"
+    dry = dry_run(budget)
     planned = dry.stdout.strip().splitlines()[-1]
-    assert planned.startswith("plan: ") and "cells skipped" in planned, planned
+    assert planned.startswith("plan: ") and "cells skipped" in planned, (budget, planned)
+    args = [*grid, "--budget", budget]
     run = subprocess.Popen(args, cwd=root, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     said = []
     try:
