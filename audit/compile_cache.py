@@ -73,6 +73,31 @@ def outcome(before: Snapshot) -> str:
     return "miss" if built_since(before) else "hit"
 
 
+ID_FILE = ".attn-audit-cache-id"   # in the cache folder: which folder it is, across wipes
+
+
+def identity(folder: str | Path | None, *, create: bool = False) -> str | None:
+    """The cache folder's identity: a random id kept in it (made when `create`), so that a
+    folder wiped and made again (a /tmp cleared at boot) is another folder though its name is
+    the same (a new inode is no proof: a folder made again at once may get the old one).
+    None where the folder has none."""
+    if not folder:
+        return None
+    path = Path(folder) / ID_FILE
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        if not create:
+            return None
+    import uuid
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(uuid.uuid4().hex + "\n")
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
 def warm(folder: str | Path) -> bool:
     """Whether a cache folder still holds a compiled binary (a wiped /tmp leaves none)."""
     for _folder, subfolders, files in os.walk(folder):

@@ -52,6 +52,7 @@ class RunData:
     settings: Settings
     ceilings: dict[str, Any]
     compile_cache_dir: str | None = None   # Inductor's cache folder the run compiled into (run.json)
+    compile_cache_id: str | None = None    # that folder's identity then (compile_cache.identity)
     torch: str | None = None               # the run's torch version (the cache's entries are per version)
     threads: int | None = None             # its torch threads (Inductor's CPU kernels are built for a count)
 
@@ -62,7 +63,8 @@ class RunData:
         info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
         env = info.get("env") or {}
         return cls(run_dir.name, load(run_dir), Settings.of_run(info), info.get("ceilings") or {},
-                   info.get("compile_cache_dir"), env.get("torch"), env.get("threads"))
+                   info.get("compile_cache_dir"), info.get("compile_cache_id"), env.get("torch"),
+                   env.get("threads"))
 
     def compiled_keys(self, outcomes: Sequence[str] | None = None) -> set[tuple]:
         """kernel_key()s of the cells that compiled in this run (their kernels are in its cache

@@ -95,8 +95,8 @@ def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None,
 def warm_compiles(runs: Sequence[RunData], cases: Sequence[Case]) -> set[tuple]:
     """The kernel keys (costmodel.kernel_key) Inductor's on-disk cache holds now, as far as
     earlier runs tell: those compiled by a run with this torch and thread count (a CPU kernel is
-    built for one: another count builds anew) into the cache folder this process uses, while
-    that folder still holds compiled binaries (a wiped /tmp empties it)."""
+    built for one: another count builds anew) into the cache folder this process uses, the
+    same folder still (not one wiped and made again since) and holding compiled binaries."""
     from . import compile_cache
     from .costmodel import COMPILED_VARIANTS
     if not any(c.variant in COMPILED_VARIANTS for c in cases):
@@ -106,8 +106,9 @@ def warm_compiles(runs: Sequence[RunData], cases: Sequence[Case]) -> set[tuple]:
         return set()
     import torch
     keys: set[tuple] = set()
+    here = (folder, compile_cache.identity(folder), torch.__version__)
     for run in runs:
-        if (run.compile_cache_dir == folder and run.torch == torch.__version__
+        if ((run.compile_cache_dir, run.compile_cache_id, run.torch) == here
                 and run.threads in (None, torch.get_num_threads())):
             keys |= run.compiled_keys()
     return keys

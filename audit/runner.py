@@ -173,13 +173,20 @@ def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: 
             "cwd": os.getcwd(), "pythonpath": os.environ.get("PYTHONPATH", ""),
             "started_at": _utc_now(), "env": env, "n_cells": n_cells, "ceilings": ceilings,
             # Inductor's cache the compiled variants use (a later plan predicts their compiles from it)
-            "compile_cache_dir": compile_cache.cache_dir() if any(
-                getattr(builtin_variants().get(v), "compiled", False) for v in axes.get("variant", ())) else None,
+            **_compile_cache_info(axes.get("variant", ())),
             "timing": {"min_samples": preset.min_samples, "min_time_s": preset.min_time_s,
                        "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s,
                        "ceilings_s": preset.ceilings_s,
                        "budget_s": preset.budget_s}, **(extra or {})}
     (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
+
+
+def _compile_cache_info(variants: Iterable[str]) -> dict[str, str | None]:
+    """run.json's compile_cache_dir and compile_cache_id, for a grid with compiled variants."""
+    if not any(getattr(builtin_variants().get(v), "compiled", False) for v in variants):
+        return {"compile_cache_dir": None, "compile_cache_id": None}
+    folder = compile_cache.cache_dir()
+    return {"compile_cache_dir": folder, "compile_cache_id": compile_cache.identity(folder, create=True)}
 
 
 def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str, Any], *,

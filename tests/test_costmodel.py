@@ -192,12 +192,22 @@ def test_warm_compiles_come_from_runs_that_compiled_into_this_cache(tmp_path, mo
     folder = tmp_path / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder))
 
+    from audit.compile_cache import identity
+
     def run(cache_dir, version=torch.__version__, threads=torch.get_num_threads()):
-        return RunData("r", frame, Settings(), {}, str(cache_dir), version, threads)
+        return RunData("r", frame, Settings(), {}, str(cache_dir), identity(cache_dir, create=True), version,
+                       threads)
+    folder.mkdir()
     assert warm_compiles([run(folder)], cells) == set()                # the folder holds nothing
     (folder / "ab").mkdir(parents=True)
     (folder / "ab" / "k.main.so").write_bytes(b"\x7fELF")
     assert warm_compiles([run(folder)], cells) == {kernel_key(CellShape.of(c)) for c in cells}
+    before = run(folder)
+    import shutil
+    shutil.rmtree(folder)                                               # wiped, then filled by another run
+    (folder / "cd").mkdir(parents=True)
+    (folder / "cd" / "other.main.so").write_bytes(b"\x7fELF")
+    assert warm_compiles([before], cells) == set()
     assert warm_compiles([run(tmp_path / "another")], cells) == set()  # compiled into another cache
     assert warm_compiles([run(folder, "2.0.0")], cells) == set()       # by another torch
     assert warm_compiles([run(folder, threads=torch.get_num_threads() + 1)], cells) == set()  # other threads
