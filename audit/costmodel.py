@@ -503,8 +503,9 @@ class CostModel:
 # --------------------------------------------------------------------------- reporting
 
 STARTUP_S = 5.0          # the supervisor's and the worker's start (importing torch twice)
-REPORT_S = 3.0           # seed claims, findings, figures and index ...
-REPORT_PER_CELL_S = 0.005  # ... growing with the measured cells (1237 of them: 8.3 s)
+REPORT_S = 5.0           # seed claims, findings, reproduction scripts, figures and index ...
+REPORT_PER_CELL_S = 0.005  # ... growing with the measured cells (2-core AMD EPYC: 6.6 s for the
+                           # quick preset's 334 and 31 findings, 11.9 s for the cpu preset's 1465)
 
 
 def overhead_s(pred: Any, *, ceilings_measured: bool = True, ceilings_s: float = CEILINGS_BUDGET_S
