@@ -34,7 +34,7 @@ quick: deps  ## the quick preset (60 s budget; about 44 s on a 2-core AMD EPYC)
 
 test: test-deps  ## unit tests and quick suites: in parallel what times nothing, then alone what times things
 	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS); \
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(TEST_OPTS) tests suites; parallel=$$?; \
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) -m "not serial" $(TEST_OPTS) tests suites; parallel=$$?; \
 	$(PYTHON) -m pytest -q -p no:xdist -m serial $(TEST_BENCH_OPTS) $(TEST_OPTS) tests suites; serial=$$?; \
 	exit $$(( parallel != 0 || serial != 0 ))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,33 +75,95 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):   # the session's own process, after its workers
+        _shared_run_stop()
     home = config.stash.get(_MADE_HOME, None)
     if home:
         shutil.rmtree(home, ignore_errors=True)
 
 
-SHARED_RUN_GROUP = "quick_run"
-SHARED_RUN_FIXTURES = ("quick_run", "audited_run")   # audited_run reads quick_run for the default grid
+QUICK_RUN_ARGS = ("--preset", "quick", "--budget", "none", "--no-progress")
+QUICK_RUN_WAIT_S = 1200
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`--dist loadgroup`, as `make test` runs it) the tests that read the
-    shared quick run go to one worker, so the run is made once."""
-    for item in items:
-        if any(name in getattr(item, "fixturenames", ()) for name in SHARED_RUN_FIXTURES):
-            item.add_marker(pytest.mark.xdist_group(SHARED_RUN_GROUP))
+def default_suite_selection(config) -> bool:
+    """The suites' grid is the quick preset, unnarrowed: then they read the shared quick run."""
+    return config.getoption("--audit-preset") == "quick" and not any(
+        config.getoption("--audit-" + axis.replace("_", "-")) for axis in AXIS_OPTIONS)
 
 
 @pytest.fixture(scope="session")
-def quick_run(tmp_path_factory) -> Path:
+def default_suite_grid(request) -> bool:
+    """Whether the suites run over the unnarrowed quick preset (and so read the quick run)."""
+    return default_suite_selection(request.config)
+
+
+def _uses_shared_run(item) -> bool:
+    names = getattr(item, "fixturenames", ())
+    return "quick_run" in names or ("audited_run" in names and default_suite_selection(item.config))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests that read the shared quick run go last (in collection order, which every
+    pytest-xdist worker keeps alike): by the time one is reached the run, started in the
+    background when collection ends, is made, and no worker waits for it."""
+    items.sort(key=_uses_shared_run)
+
+
+def pytest_collection_finish(session):
+    if not session.config.option.collectonly and any(_uses_shared_run(i) for i in session.items):
+        _shared_run_start()
+
+
+def _shared_run_folder() -> Path:
+    return Path(os.environ[TEST_HOME_ENV]) / "quick-run"
+
+
+def _shared_run_start() -> None:
+    """Start the quick run in the background, once per session: the first process to get here
+    (the only one without pytest-xdist, the first worker with it) makes the `started` file."""
+    folder = _shared_run_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(folder / "started", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = '"$@" > "$0/console.log" 2>&1; echo $? > "$0/rc.part" && mv "$0/rc.part" "$0/rc"'
+    proc = subprocess.Popen(["sh", "-c", script, str(folder), sys.executable, "-m", "audit", "run", *QUICK_RUN_ARGS,
+                             "--out", str(folder / "run")], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    os.write(fd, str(proc.pid).encode())
+    os.close(fd)
+
+
+def _shared_run_stop() -> None:
+    """At the end of the session: a quick run still going (the session was cut short) is killed."""
+    folder = _shared_run_folder()
+    try:
+        pid = int((folder / "started").read_text())
+    except (OSError, ValueError):
+        return
+    if not (folder / "rc").exists():
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.fixture(scope="session")
+def quick_run() -> Path:
     """The quick preset, every cell (`--budget none`: nothing skipped for time, whatever the
     machine), with its findings, report and reproduction scripts: one run per test session,
-    through the CLI in a subprocess as a user makes it. Read it; copy it before changing it."""
-    out = tmp_path_factory.mktemp("quick-run") / "run"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-m", "audit", "run", "--preset", "quick", "--budget", "none",
-                           "--no-progress", "--out", str(out)], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
-                          capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return out
+    through the CLI in a subprocess as a user makes it, started when collection ends (shared by
+    every pytest-xdist worker). Read it; copy it before changing it."""
+    import time
+    _shared_run_start()                      # started already, unless collected without it
+    folder = _shared_run_folder()
+    deadline = time.monotonic() + QUICK_RUN_WAIT_S
+    while not (folder / "rc").exists():
+        assert time.monotonic() < deadline, f"the shared quick run took over {QUICK_RUN_WAIT_S} s"
+        time.sleep(0.2)
+    log = (folder / "console.log").read_text(errors="replace")
+    assert (folder / "rc").read_text().strip() == "0", log[-4000:]
+    return folder / "run"

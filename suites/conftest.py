@@ -42,7 +42,7 @@ def _cli_overrides(config) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def audited_run(request, tmp_path_factory):
+def audited_run(request, default_suite_grid, tmp_path_factory):
     """The selected cells, audited once: (run_dir, {id: record}, findings). The default
     selection (the quick preset, no --audit-* filter) is the session's shared quick run
     (conftest.py: quick_run); any other is run here the same way, through the CLI in a
@@ -54,7 +54,7 @@ def audited_run(request, tmp_path_factory):
 
     overrides = _cli_overrides(request.config)
     preset = selected_preset(request.config).name
-    if preset == "quick" and not overrides:
+    if default_suite_grid:
         run_dir = request.getfixturevalue("quick_run")
     else:
         run_dir = tmp_path_factory.mktemp("audit-run")
