@@ -3,13 +3,13 @@
 A compiled cell's cost is mostly its compile, and that depends on the cache more than on the
 machine: on 2 CPU cores a compile whose C++ kernels are already built in the cache
 (TORCHINDUCTOR_CACHE_DIR; Triton's kernels live there too unless TRITON_CACHE_DIR moves them)
-takes 0.3-0.7 s, one that must build them 2-3 s. The audit compiles with Inductor's FX-graph
-cache off (variants._compiled_fn: a cached graph would skip the pattern matcher), so the
-graph is always lowered again; what the cache saves is the kernels' compilation, which writes
-new files into the cache. A compile is therefore a miss when it wrote a new compiled binary into the cache (a kernel's
-shared library, a cubin, a precompiled header), else a hit. Each compiled cell records which
-(`compile_cache`), run.json records the cache folder, and the cost model predicts a hit where
-an earlier run compiled the same code into the same cache.
+takes 0.3-0.4 s, one that must build them 1.8-2 s. The audit compiles with Inductor's FX-graph
+cache off (variants._compiled_fn: a cached graph would skip the pattern matcher), so the graph
+is always lowered again; what the cache saves is building the kernels, which writes new files
+into it. A compile is therefore a miss when it wrote a new compiled binary into the cache (a
+kernel's shared library, a cubin, a precompiled header), else a hit. Each compiled cell
+records which (`compile_cache`), run.json the cache folder and its identity, and the cost
+model predicts a hit where an earlier run built the same kernels into the same cache.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 - The reports folder: new run folders (`reports/<timestamp>/`), `reports/latest`, and the
   earlier runs whose records the cost model refits itself on. `ATTN_AUDIT_REPORTS` moves it
   (default `reports`, relative to the working directory).
-- The cache: this machine's measured ceilings for dry-runs. `ATTN_AUDIT_CACHE` moves it
+- The cache: this machine's measured ceilings, which dry-runs and runs plan with (kept a day).
+  `ATTN_AUDIT_CACHE` moves it
   (default `$XDG_CACHE_HOME/attn-audit`, else `~/.cache/attn-audit`).
 
 The tests point both, and Inductor's cache, at a folder of their own (conftest.py), so what
