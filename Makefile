@@ -21,10 +21,10 @@ TEST_OPTS ?=
 .PHONY: deps test-deps audit quick test report bench-save bench-check gpu-check clean
 
 deps:  ## install whatever is missing (nothing when all is importable)
-	$(PYTHON) -m audit.bootstrap
+	$(PYTHON) -m audit.commands.deps
 
 test-deps:  ## install what is missing: also what the tests use (ray, pytest-xdist, a Chromium: Debian's, as root)
-	$(PYTHON) -m audit.bootstrap --test
+	$(PYTHON) -m audit.commands.deps --test
 
 audit: deps  ## run the default preset and write the report under reports/
 	$(PYTHON) -m audit run $(AUDIT_ARGS)
@@ -48,7 +48,7 @@ bench-check: deps  ## rerun and fail (non-zero exit) on a regression against the
 	$(PYTHON) -m pytest -q $(BENCH_SUITE) $(BENCH_OPTS) --benchmark-storage=file://$(BENCH_STORAGE) --benchmark-compare --benchmark-compare-fail=$(BENCH_FAIL)
 
 gpu-check:  ## every GPU acceptance check in one call (README: On a GPU machine); copies results to $$OUT when set
-	$(PYTHON) -m audit.gpucheck
+	$(PYTHON) -m audit.commands.gpu_check
 
 clean:
 	rm -rf .pytest_cache .benchmarks

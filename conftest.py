@@ -40,7 +40,8 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     """Saved benchmark runs carry the torch/CUDA stack and the device they ran on."""
     import torch
 
-    from audit.telemetry import cpu_model, nvml_info
+    from audit.measure.environment import cpu_model
+    from audit.measure.nvml import nvml_info
 
     machine_info["torch"] = torch.__version__
     machine_info["cuda"] = torch.version.cuda
@@ -58,7 +59,7 @@ def pytest_configure(config):
     made here unless given, e.g. by `make test` for both of its pytest calls), so what the
     tests check never depends on `reports/` or caches earlier runs left on the machine. A test
     about history makes its own folder."""
-    from audit.paths import CACHE_ENV, REPORTS_ENV
+    from audit.core.paths import CACHE_ENV, REPORTS_ENV
 
     home = os.environ.get(TEST_HOME_ENV)
     if not home:

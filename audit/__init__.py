@@ -11,18 +11,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
 __all__ = ["code_version", "load"]
-__version__ = "0.1.0"
+from .core.version import __version__
 
 
 def load(run_dir: "str | Path") -> "pd.DataFrame":
     """A run folder's records as a tidy pandas DataFrame (one row per cell)."""
-    from .records import load as _load
+    from .core.records import load as _load
     return _load(run_dir)
 
 
 def code_version() -> str:
-    """The package version, plus the git commit when run from a checkout (run.json's
-    `code_version`): the shards of one run must come from the same code (merge checks it)."""
-    from .telemetry import git_commit
-    commit = git_commit()
-    return f"{__version__}+git.{commit}" if commit else __version__
+    """The package version, plus the git commit when run from a checkout (core.version)."""
+    from .core.version import code_version as _code_version
+    return _code_version()

@@ -12,11 +12,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .grid import AXES, UsageError
-from .inputs import SCENARIOS
-from .interrupt import stop_on_signals
-from .paths import reports_root
-from .records import NewerSchema
+from .core.grid import AXES
+from .core.errors import UsageError
+from .workload.inputs import SCENARIOS
+from .execute.interrupt import stop_on_signals
+from .core.paths import reports_root
+from .core.records import NewerSchema
+from .core.runfolder import LATEST_LINK, QUARANTINE_FILE, RECORDS_FILE, RUN_FILE
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -146,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_list() -> int:
-    from .presets import presets
-    from .variants import builtin_variants
+    from .workload.presets import presets
+    from .workload.variants import builtin_variants
 
     print("variants:")
     for v in builtin_variants().values():
@@ -167,12 +169,12 @@ def _resolve_out(out: str | None) -> Path:
 
 
 def _point_latest(run_dir: Path) -> None:
-    """reports/latest -> the newest run folder under reports/ (audit.paths)."""
+    """reports/latest -> the newest run folder under reports/ (audit.core.paths)."""
     reports = reports_root()
     try:
         if run_dir.resolve().parent != reports.resolve():
             return
-        latest = reports / "latest"
+        latest = reports / LATEST_LINK
         if latest.is_symlink() or latest.exists():
             latest.unlink()
         latest.symlink_to(run_dir.name)
@@ -186,7 +188,8 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
 
     started = started or time.time()
 
-    from . import presets, runner, variants
+    from .workload import presets, variants
+    from .execute import runner
 
     table = presets.presets()
     if args.preset is not None and args.preset not in table:
@@ -212,7 +215,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
     if args.cell_timeout is not None and not args.cell_timeout > 0:
         raise UsageError(f"--cell-timeout: {args.cell_timeout!r} is not a positive number of seconds")
     if args.budget is not None:
-        from .units import parse_duration
+        from .core.units import parse_duration
         overrides["budget_s"] = parse_duration(args.budget)
         if overrides["budget_s"] is None and args.max_cell_s is None:
             overrides["max_cell_s"] = None     # --budget none measures every cell asked for
@@ -237,9 +240,9 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
     if args.worker:
         return _work(cases, run_dir, preset, args)
 
-    from .telemetry import environment
+    from .measure.environment import environment
 
-    from .lock import FolderBusy, RunLock
+    from .execute.lock import FolderBusy, RunLock
 
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -259,7 +262,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
             code = _supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"], args.cell_timeout)
         if code != 0:
             return code
-        from .seed import write_claims
+        from .measure.seed import write_claims
         write_claims(run_dir)
         if args.no_report:
             print(f"records: {run_dir / 'records.jsonl'}")
@@ -271,7 +274,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str], started: float | Non
 
 def _shard(args: argparse.Namespace, cases: list, preset) -> tuple[list, dict]:
     """--shard I/N: this shard's cells; and run.json's `grid` (and `shard`) fields."""
-    from .shard import grid_info, parse_shard, shard_cases, shard_info
+    from .plan.shard import grid_info, parse_shard, shard_cases, shard_info
 
     extra = {"grid": grid_info(cases, preset)}
     if args.executor == "ray":
@@ -291,7 +294,7 @@ def _shard(args: argparse.Namespace, cases: list, preset) -> tuple[list, dict]:
 
 def _measure_on_ray(args, argv, cases, preset, axis_overrides, axes, extra, run_dir: Path) -> int:
     """--executor ray: the shards as Ray tasks, their records gathered into run_dir."""
-    from .ray_executor import measure
+    from .execute.ray_executor import measure
 
     run_parser = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
     try:
@@ -305,7 +308,7 @@ def _measure_on_ray(args, argv, cases, preset, axis_overrides, axes, extra, run_
 def _quarantine(run_dir: Path) -> None:
     """Move damaged record lines aside (their cells are measured again); say so in one line.
     Records of a newer schema stop the run: exit 2, naming both versions."""
-    from .records import QUARANTINE_FILE, NewerSchema, quarantine_damaged
+    from .core.records import NewerSchema, quarantine_damaged
     try:
         moved = quarantine_damaged(run_dir)
     except NewerSchema as exc:
@@ -318,7 +321,7 @@ def _quarantine(run_dir: Path) -> None:
 
 def _not_recorded(cases, run_dir: Path | None) -> list:
     """The cells a run in run_dir still has to measure."""
-    from .records import completed_ids
+    from .core.records import completed_ids
     done = completed_ids(run_dir) if run_dir is not None else set()
     return [c for c in cases if c.id not in done]
 
@@ -326,7 +329,7 @@ def _not_recorded(cases, run_dir: Path | None) -> list:
 def _plan(cases, preset, run_dir: Path, started: float, ceilings_measured: bool) -> None:
     """Predict the cells not yet recorded, choose what fits the budget, write DIR/plan.json:
     the plan a dry-run shows (budget.plan_run)."""
-    from .budget import describe, plan_run
+    from .plan.budget import describe, plan_run
 
     todo = _not_recorded(cases, run_dir)
     plan, _pred, _notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started,
@@ -338,8 +341,8 @@ def _plan(cases, preset, run_dir: Path, started: float, ceilings_measured: bool)
 def _dry_run(cases, preset, run_dir: Path | None, started: float) -> int:
     """Every cell with its predicted status and seconds, then the totals per phase and variant,
     and what the budget would skip."""
-    from .budget import describe, plan_run
-    from .costmodel import summary
+    from .plan.budget import describe, plan_run
+    from .plan.costmodel import summary
 
     todo = _not_recorded(cases, run_dir)
     plan, pred, notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started)
@@ -363,12 +366,12 @@ MAX_CRASHES = 100
 
 def _work(cases, run_dir: Path, preset, args: argparse.Namespace) -> int:
     """The measuring process: every cell not yet recorded, one record each."""
-    from . import runner
-    from .telemetry import environment
+    from .execute import runner
+    from .measure.environment import environment
 
     try:
-        ceilings = json.loads((run_dir / runner.RUN_FILE).read_text()).get("ceilings")
-        from .budget import Plan
+        ceilings = json.loads((run_dir / RUN_FILE).read_text()).get("ceilings")
+        from .plan.budget import Plan
         counts = runner.run_grid(cases, run_dir, preset, environment(), progress=not args.no_progress,
                                  ceilings=ceilings, plan=Plan.read(run_dir))
     except KeyboardInterrupt:
@@ -390,7 +393,7 @@ POLL_S = 0.25
 def cell_limits(run_dir: Path, fixed_s: float | None) -> "Callable[[str], float]":
     """The per-cell time limit: --cell-timeout, else max(30 s, 10 × the cell's predicted time
     from DIR/plan.json), so the budget's plan and the limit agree."""
-    from .budget import Plan
+    from .plan.budget import Plan
     plan = Plan.read(run_dir)
     predicted = plan.predicted if plan else {}
 
@@ -409,9 +412,10 @@ def _supervise(cases, run_dir: Path, argv: list[str], cell_timeout_s: float | No
     import subprocess
     import time
 
-    from . import records, runner
+    from .core import records
+    from .execute import runner
 
-    from .memory import die_with_parent, libc
+    from .measure.memory import die_with_parent, libc
     libc()  # look it up here: die_with_parent runs in the forked child, where spawning ldconfig is unwise
     cmd = [sys.executable, "-m", "audit", *argv, "--out", str(run_dir), "--worker"]
     by_id = {c.id: c for c in cases}
@@ -436,7 +440,7 @@ def _supervise(cases, run_dir: Path, argv: list[str], cell_timeout_s: float | No
             if proc.poll() is None:          # a signal to this process alone reaches the worker too
                 proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(timeout=10)        # let the worker stop cleanly (audit.interrupt)
+                proc.wait(timeout=10)        # let the worker stop cleanly (audit.execute.interrupt)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -455,7 +459,7 @@ def _supervise(cases, run_dir: Path, argv: list[str], cell_timeout_s: float | No
         if code == EXIT_RESTART:
             continue
         if code in (EXIT_INTERRUPTED, -signal.SIGINT, -signal.SIGTERM):
-            print(f"\nattn-audit: interrupted; finished cells are saved in {run_dir / records.RECORDS_FILE}. "
+            print(f"\nattn-audit: interrupted; finished cells are saved in {run_dir / RECORDS_FILE}. "
                   f"Rerun with --out {run_dir} to measure the rest.", file=sys.stderr)
             return EXIT_INTERRUPTED
         cell = runner.read_inflight(run_dir)
@@ -483,10 +487,10 @@ def _describe_exit(code: int) -> str:
 
 def _write_report(run_dir: Path) -> int:
     """Findings from the records, then figures and index: no torch computation."""
-    from .findings import write_findings
-    from .records import read_records, to_frame
-    from .repro import write_repro_scripts
-    from .report import build_report, is_control_finding, negative_control_check
+    from .analysis.findings import write_findings
+    from .core.records import read_records, to_frame
+    from .repro.scripts.scripts import write_repro_scripts
+    from .render import build_report, is_control_finding, negative_control_check
 
     found = write_repro_scripts(run_dir, write_findings(run_dir))   # DIR/repro/: a script per finding
     paths = build_report(run_dir)
@@ -502,11 +506,11 @@ def _write_report(run_dir: Path) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .records import RECORDS_FILE
+
 
     run_dir = Path(args.run_dir)
     if run_dir.is_file():
-        from .benchjson import convert
+        from .analysis.benchjson import convert
         target = Path(args.out) if args.out else run_dir.with_name(run_dir.stem + "-report")
         try:
             run_dir, n_records, ignored = convert(run_dir, target)
@@ -520,7 +524,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise UsageError("report: --out applies to a pytest-benchmark JSON file, not a run folder")
     if not (run_dir / RECORDS_FILE).is_file():
         raise UsageError(f"report: {str(run_dir)!r} has no {RECORDS_FILE}; give a run folder written by `run`")
-    from .lock import FolderBusy, RunLock
+    from .execute.lock import FolderBusy, RunLock
     try:
         with RunLock(run_dir):           # quarantine only while no run is writing the folder
             _quarantine(run_dir)
@@ -531,8 +535,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Exit 1 when a cell regresses significantly beyond a --fail-on threshold, else 0."""
-    from . import compare, compare_page
-    from .compare_stats import parse_fail_on
+    from .analysis import compare
+    from .render import compare_page
+    from .analysis.compare_stats import parse_fail_on
 
     try:
         thresholds = parse_fail_on(args.fail_on)
@@ -561,7 +566,7 @@ def _cmd_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from .merge import describe, merge
+    from .execute.merge import describe, merge
 
     info = merge(Path(args.out), [Path(d) for d in args.shard_dirs], force=args.force)
     for line in describe(info):

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from audit import grid, presets, records
+from audit.core import grid, records
+from audit.workload import presets
 
 
 def selected_preset(config) -> presets.Preset:
@@ -18,7 +19,7 @@ def selected_preset(config) -> presets.Preset:
 
 def selected_cases(config) -> list[grid.Case]:
     """The preset's cells, narrowed by the --audit-* axis filters."""
-    from audit import variants
+    from audit.workload import variants
 
     overrides = {axis: config.getoption(f"--audit-{axis.replace('_', '-')}") for axis in grid.AXES}
     overrides = {k: v for k, v in overrides.items() if v}
@@ -28,7 +29,7 @@ def selected_cases(config) -> list[grid.Case]:
 @pytest.fixture(scope="session", autouse=True)
 def pinned_allocator():
     """Benchmarks in this process see the same allocator behaviour as `audit run` (memory.py)."""
-    from audit.memory import pin_malloc_threshold
+    from audit.measure.memory import pin_malloc_threshold
     return pin_malloc_threshold()
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from audit import variants
+from audit.workload import variants
 
 from .conftest import selected_cases
 
@@ -40,7 +40,7 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture(scope="module")
 def builds():
     """Compiled code built once per cell, as a run does: a cell's fwd and fwd_bwd share it."""
-    from audit.cellcache import BuildCache
+    from audit.measure.cellcache import BuildCache
     return BuildCache()
 
 
@@ -48,7 +48,7 @@ def _prepare(case, phase, builds):
     """Build the variant, its inputs and the timed callable; warm up (and compile) twice."""
     import torch
 
-    from audit.inputs import make_inputs
+    from audit.workload.inputs import make_inputs
 
     variant = variants.resolve(case.variant)
     inputs = make_inputs(case)
@@ -85,9 +85,9 @@ def test_speed(benchmark, speed_case, phase, builds):
     if benchmark.disabled:
         pytest.skip("pytest-benchmark is disabled (--benchmark-disable, or pytest-xdist -n is active, "
                     "which turns it off): run without -n to benchmark")
-    from audit.memory import peak_during
-    from audit.numerics import BACKWARD_FLOP_FACTOR, attention_flops, error_vs_reference
-    from audit.reference import golden_attention
+    from audit.measure.memory import peak_during
+    from audit.measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops, error_vs_reference
+    from audit.measure.reference import golden_attention
 
     case = speed_case
     timed, forward, inputs = _prepare(case, phase, builds)

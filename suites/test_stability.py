@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from audit import variants
+from audit.workload import variants
 
 from .conftest import selected_cases
 
@@ -74,7 +74,7 @@ def test_cell(audited_run, cell_id, request):
 
 def test_every_cell_recorded_once(audited_run, request):
     run_dir, by_id, _ = audited_run
-    from audit import records
+    from audit.core import records
     lines = (run_dir / records.RECORDS_FILE).read_text().splitlines()
     assert len(lines) == len(by_id) == len(_cell_ids(request.config))
 
@@ -100,7 +100,7 @@ def test_correct_variants_clean_on_normal_inputs(audited_run):
 def test_report_renders(audited_run, tmp_path):
     import shutil
 
-    from audit.report import build_report
+    from audit.render import build_report
 
     run_dir = tmp_path / "run"
     shutil.copytree(audited_run[0], run_dir)       # the shared run stays as it was made

@@ -4,11 +4,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from audit import presets, runner
-from audit.budget import Keeper, Plan, choose
-from audit.grid import Case, UsageError
-from audit.records import read_records
-from audit.units import parse_duration
+from audit.workload import presets
+from audit.execute import runner
+from audit.plan.budget import Keeper, Plan, choose
+from audit.core.grid import Case
+from audit.core.errors import UsageError
+from audit.core.records import read_records
+from audit.core.units import parse_duration
 
 
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("10m", 600), ("1h", 3600), ("1m30s", 90),
@@ -134,7 +136,7 @@ def test_run_grid_records_planned_skips_with_their_prediction(tmp_path):
     assert recs["sdpa"]["status"] == "skipped" and recs["sdpa"]["predicted_s"] == 9.0
     assert recs["sdpa"]["reason"].startswith("over the budget") and recs["sdpa"]["fwd_ms"] is None
 
-    from audit.report import budget_cuts_table, build_report
+    from audit.render import budget_cuts_table, build_report
     cuts = budget_cuts_table(pd.DataFrame(list(recs.values())))
     assert list(cuts["id"]) == [cases[1].id] and cuts["predicted_s"].iloc[0] == 9.0
     (tmp_path / "run.json").write_text('{"timing": {"budget_s": 30.0}}')
@@ -161,7 +163,7 @@ def test_a_cell_limit_skips_only_where_it_applies(tmp_path):
 def test_a_cell_alone_with_its_compile_is_cut_before_cheap_cells():
     """Ranked by amortized cost: a compiled cell whose compile (2 s, cold) no other cell shares
     goes first, not the ten cheap cells whose costs it would otherwise outrank."""
-    from audit.costmodel import CostModel, Settings, load_priors
+    from audit.plan.costmodel import CostModel, Settings, load_priors
     cheap = [Case("eager", "cpu", "fp32", 32, 256, 1, 2, False, s)
              for s in ("normal", "scaled_x4", "scaled_x16", "outliers", "padding")]
     cheap += [Case("sdpa", "cpu", "fp32", 32, 256, 1, 2, False, c.scenario) for c in cheap]

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from audit import grid, presets
-from audit.variants import BUILTIN_NAMES
+from audit.core import grid
+from audit.workload import presets
+from audit.workload.variants import BUILTIN_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "plugins"

@@ -13,10 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from audit import cli, compare, compare_page, presets, records
-from audit import compare_stats as stats
-from audit.grid import Case
-from audit.report import overflowing_artists
+from audit import cli
+from audit.analysis import compare
+from audit.render import compare_page
+from audit.workload import presets
+from audit.core import records
+from audit.analysis import compare_stats as stats
+from audit.core.grid import Case
+from audit.render import overflowing_artists
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"

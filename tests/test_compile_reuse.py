@@ -1,8 +1,10 @@
 """Compiled code is built once per shapes, dtype, causal flag and mask kind, and reused."""
 from __future__ import annotations
 
-from audit import cellcache, presets, runner
-from audit.grid import Case
+from audit.measure import cellcache
+from audit.workload import presets
+from audit.execute import runner
+from audit.core.grid import Case
 
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
                         max_cell_s=60.0, energy_window_s=0.0)
@@ -21,8 +23,8 @@ def test_compiled_code_is_reused_by_cells_of_the_same_shapes_dtype_and_mask_kind
 
 
 def test_build_cache_keys_on_shapes_dtype_causal_and_mask_kind():
-    from audit.inputs import make_inputs
-    from audit.variants import resolve
+    from audit.workload.inputs import make_inputs
+    from audit.workload.variants import resolve
     variant = resolve("compiled")
     key = cellcache.BuildCache.key
     base = make_inputs(Case("compiled", "cpu", "fp32", 8, 16, 1, 2, False, "normal"))
@@ -53,7 +55,7 @@ def test_a_compile_that_builds_kernels_is_a_miss_and_one_that_finds_them_a_hit(t
 
 
 def test_only_new_compiled_binaries_make_a_miss(tmp_path, monkeypatch):
-    from audit import compile_cache
+    from audit.measure import compile_cache
     root = tmp_path / "inductor"
     (root / "ab").mkdir(parents=True)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root))

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from audit import grid, presets
-from audit.costfit import RunData, compare, fit
-from audit.costmodel import (PRIORS_FILE, CostModel, Params, Settings, load_priors, predicted_unsupported,
-                             CellShape, summary, timed_wall_s)
-from audit.timing import measure
+from audit.core import grid
+from audit.workload import presets
+from audit.plan.costfit import RunData, compare, fit
+from audit.plan.costmodel import PRIORS_FILE, CostModel, Params, Settings, load_priors, predicted_unsupported, CellShape, summary, timed_wall_s
+from audit.measure.timing import measure
 from tests.helpers import H200_RUNS, h200_run
 
 H200_FOLDERS = ("full", "gc", "stab", "comp")
@@ -22,7 +22,7 @@ def h200(tmp_path_factory):
 
 
 def test_shipped_priors_are_the_fit_of_the_stored_records(h200, tmp_path):
-    """cost_priors.json is `python -m audit.costfit fit` of tests/data/h200-2026-11-30,
+    """cost_priors.json is `python -m audit.plan.costfit fit` of tests/data/h200-2026-11-30,
     tests/data/cpu-2026-11-30 and tests/data/cpu-2026-12-01 (README there): refitting gives the
     same constants, so the file cannot drift from its data."""
     from tests.helpers import cpu_run
@@ -118,7 +118,7 @@ def test_priors_round_trip_through_json():
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     """A small real run on this machine: every variant family, speed and stability cells."""
-    from audit import runner
+    from audit.execute import runner
     run_dir = tmp_path_factory.mktemp("cpu-run")
     preset = presets.Preset(name="t", description="", grids=(
         dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math", "compiled_unfused"), device=("cpu",),
@@ -129,7 +129,7 @@ def cpu_run(tmp_path_factory):
              scenario=("padding", "fully_masked_bool", "cross_causal")),
     ), min_samples=3, min_time_s=0.02, max_cell_s=5.0)
     cases = presets.preset_cases(preset)
-    from audit.roofline import measure_ceilings
+    from audit.measure.roofline import measure_ceilings
     ceilings = {"cpu": measure_ceilings("cpu", ("fp32", "bf16"), budget_s=1.0)}
     runner.write_run_file(run_dir, preset, {}, [], {}, len(cases), ceilings)
     runner.run_grid(cases, run_dir, preset, {}, progress=False, ceilings=ceilings)
@@ -168,7 +168,7 @@ def _compiled_cells():
 
 
 def test_a_compile_predicted_from_the_cache_costs_less_than_one_that_builds():
-    from audit.costmodel import CellShape, kernel_key
+    from audit.plan.costmodel import CellShape, kernel_key
     cells, model, settings = _compiled_cells(), CostModel(load_priors()), Settings()
     cold = model.predict(cells, settings)
     warm = model.predict(cells, settings, warm_compiles={kernel_key(CellShape.of(c)) for c in cells})
@@ -185,14 +185,14 @@ def test_warm_compiles_come_from_runs_that_compiled_into_this_cache(tmp_path, mo
     import pandas as pd
     import torch
 
-    from audit.costmodel import CellShape, kernel_key
-    from audit.forecast import warm_compiles
+    from audit.plan.costmodel import CellShape, kernel_key
+    from audit.plan.forecast import warm_compiles
     cells = _compiled_cells()
     frame = pd.DataFrame([{**c.axes(), "status": "ok", "compile_s": 1.5, "compile_cache": "miss"} for c in cells])
     folder = tmp_path / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder))
 
-    from audit.compile_cache import identity
+    from audit.measure.compile_cache import identity
 
     def run(cache_dir, version=torch.__version__, threads=torch.get_num_threads()):
         return RunData("r", frame, Settings(), {}, str(cache_dir), identity(cache_dir, create=True), version,

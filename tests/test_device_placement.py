@@ -12,9 +12,12 @@ import dataclasses
 import pytest
 import torch
 
-from audit import cellcache, grid, presets, runner
-from audit.inputs import SCENARIOS
-from audit.reference import visibility
+from audit.measure import cellcache
+from audit.core import grid
+from audit.workload import presets
+from audit.execute import runner
+from audit.workload.inputs import SCENARIOS
+from audit.measure.reference import visibility
 
 from tests.device_provenance import HostMeetsDevice, HostProvenance
 
@@ -101,7 +104,7 @@ def test_gqa_cells_measure_without_host_tensors_meeting_device_data():
 
 def test_the_sweep_fails_with_the_bug_put_back(monkeypatch):
     """The sweep above is able to fail: re-introduce the H200 bug (visibility without device)."""
-    import audit.reference as reference
+    import audit.measure.reference as reference
 
     real = reference.visibility
 

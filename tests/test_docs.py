@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from audit import cli, grid, inputs, presets, records, variants
+from audit import cli
+from audit.core import grid, records
+from audit.workload import inputs, presets, variants
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 
@@ -53,7 +55,8 @@ def test_every_variant_documented(name):
 
 def test_readme_plugin_example_runs(tmp_path, monkeypatch):
     """The complete plug-in file in README, saved as written, audits a cell correctly."""
-    from audit import cellcache, runner
+    from audit.measure import cellcache
+    from audit.execute import runner
 
     code = re.search(r"```python\n(\"\"\"My attention kernels.\"\"\".*?)```", README, re.S).group(1)
     pkg = tmp_path / "mykernels"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from audit import records
+from audit.core import records
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"
@@ -102,7 +102,7 @@ def test_a_leak_is_measured_reported_and_isolated(faulty):
     rec = recs["faults:leaks"]
     assert rec["status"] == "ok" and rec["leaked_bytes"] > 64 * 2**20
     assert "kept" in done.stderr and "fresh process" in done.stderr   # the next cell got a new worker
-    from audit.findings import compute_findings
+    from audit.analysis.findings import compute_findings
     found = compute_findings(records.load(out))
     assert any(f["check"] == "memory_leak" and f["variant"] == "faults:leaks" for f in found)
     assert not any(f["check"] == "memory_leak" and f["variant"] in CORRECT for f in found)
@@ -191,7 +191,7 @@ def _ignore_sigint() -> None:
 def test_a_signal_ends_a_run_stuck_in_a_hung_cell(tmp_path, how):
     """Ctrl-C (SIGINT to the process group) ends the run with its "interrupted" line and exit 130,
     also when the run was started with SIGINT ignored (a background job of a script: before
-    audit.interrupt such a run ignored Ctrl-C and hung); so does SIGTERM to the supervisor alone."""
+    audit.execute.interrupt such a run ignored Ctrl-C and hung); so does SIGTERM to the supervisor alone."""
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PLUGINS), str(ROOT)]))
     proc = subprocess.Popen([sys.executable, "-m", "audit", "run", *GRID, "--variant", "faults:hangs",

@@ -10,8 +10,8 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from audit import report  # noqa: E402
-from audit.report import figures  # noqa: E402
+from audit import render as report  # noqa: E402
+from audit.render import figures  # noqa: E402
 from tests.helpers import h200_run  # noqa: E402
 
 H200_FOLDERS = ("full", "gc", "stab", "comp")

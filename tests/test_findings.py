@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from audit.findings import check_alignment, check_finfo_min_masks, check_fp16_range, compute_findings
+from audit.analysis.findings import check_alignment, check_finfo_min_masks, check_fp16_range, compute_findings
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:

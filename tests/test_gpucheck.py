@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from audit import gpucheck
-from audit.records import load
+from audit.commands import gpu_check as gpucheck
+from audit.core.records import load
 from tests.helpers import h200_run
 
 
@@ -160,7 +160,7 @@ def test_main_runs_every_step_prints_every_check_and_copies_to_out(tmp_path, mon
 
     import torch
 
-    from audit.records import RecordWriter, new_record
+    from audit.core.records import RecordWriter, new_record
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OUT", str(tmp_path / "out"))

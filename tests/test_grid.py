@@ -1,4 +1,4 @@
-"""Tests of audit.grid (Case ids, expansion order, axis validation) and audit.presets."""
+"""Tests of audit.core.grid (Case ids, expansion order, axis validation) and audit.workload.presets."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,11 +7,13 @@ import math
 
 import pytest
 
-from audit import grid, presets
-from audit.grid import AXES, DEVICES, DTYPES, INT_AXES, Case, UsageError, expand, validate_axes
-from audit.inputs import SCENARIOS, check_scenario
-from audit.presets import Preset, preset_cases
-from audit.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, check_name
+from audit.core import grid
+from audit.workload import presets
+from audit.core.grid import AXES, DEVICES, DTYPES, INT_AXES, Case, expand, validate_axes
+from audit.core.errors import UsageError
+from audit.workload.inputs import SCENARIOS, check_scenario
+from audit.workload.presets import Preset, preset_cases
+from audit.workload.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, check_name
 
 
 def base_axes(**override):

@@ -6,7 +6,7 @@ writes what it measured (the page's scrollWidth and clientWidth, the contents' l
 targets, the badges and their colours) into the page as JSON; the dumped DOM carries it back.
 The browser runs with the flags a closed network needs (no background connections, no
 component updates, a new empty profile). `make test` installs Debian's chromium where it is
-missing (audit.bootstrap); the tests skip, saying why, only where no browser could be installed.
+missing (audit.commands.deps); the tests skip, saying why, only where no browser could be installed.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from audit.bootstrap import BROWSERS, browser
-from audit.findings import write_findings
-from audit.report import build_report
+from audit.commands.deps import BROWSERS, browser
+from audit.analysis.findings import write_findings
+from audit.render import build_report
 from tests.helpers import cpu_run, h200_run
 
 WINDOW = "1400,1000"

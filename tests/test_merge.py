@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from audit import cli, grid, presets, records, shard
-from audit.merge import write_records
+from audit import cli
+from audit.core import grid, records
+from audit.workload import presets
+from audit.plan import shard
+from audit.execute.merge import write_records
 from tests.helpers import cpu_run
 
 

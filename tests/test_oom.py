@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from audit import cellcache, presets, runner
-from audit.grid import Case
-from audit.memory_model import predicted_peak_bytes, too_big
+from audit.measure import cellcache
+from audit.workload import presets
+from audit.execute import runner
+from audit.core.grid import Case
+from audit.plan.memory_model import predicted_peak_bytes, too_big
 
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
                         max_cell_s=60.0, energy_window_s=0.0)

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from audit import cli, presets, records, variants
+from audit import cli
+from audit.workload import presets, variants
+from audit.core import records
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install attn-audit[ray] (make test installs it)")
 
@@ -64,7 +66,7 @@ def test_part_of_the_quick_preset_as_two_ray_shards(cluster, quick_run, tmp_path
 def test_killed_worker_is_retried_and_keeps_its_cells(cluster, tmp_path):
     """SIGKILL of the Ray worker running the shard (the pid it reports) once it has delivered a
     record: Ray retries the task, which starts from the records already delivered."""
-    from audit.ray_executor import collector_name, shard_folder
+    from audit.execute.ray_executor import collector_name, shard_folder
 
     out = tmp_path / "run"
     narrow = {"variant": ("eager", "sdpa"), "dtype": ("fp32",), "scenario": ("normal", "padding")}

@@ -1,4 +1,4 @@
-"""Tests of audit.records: schema, JSONL store, partial lines, DataFrame view."""
+"""Tests of audit.core.records: schema, JSONL store, partial lines, DataFrame view."""
 from __future__ import annotations
 
 import json
@@ -11,23 +11,8 @@ import pandas as pd
 import pytest
 
 import audit
-from audit.grid import AXES, Case
-from audit.records import (
-    COLUMNS,
-    ENV_COLUMNS,
-    MIGRATIONS,
-    RECORDS_FILE,
-    _restore,
-    SCHEMA_VERSION,
-    RecordWriter,
-    completed_ids,
-    dumps,
-    load,
-    migrate,
-    new_record,
-    read_records,
-    to_frame,
-)
+from audit.core.grid import AXES, Case
+from audit.core.records import COLUMNS, ENV_COLUMNS, MIGRATIONS, RECORDS_FILE, _restore, SCHEMA_VERSION, RecordWriter, completed_ids, dumps, load, migrate, new_record, read_records, to_frame
 
 CASE = Case("sdpa", "cpu", "bf16", 64, 1024, 1, 8, True)
 V1_GOLDEN = Path(__file__).resolve().parent / "data" / "records_v1.jsonl"
@@ -408,7 +393,7 @@ def test_load_reads_the_store(tmp_path):
 # --------------------------------------------------------------------------- damaged lines
 
 def test_damaged_lines_are_moved_aside_with_their_line_numbers(tmp_path):
-    from audit.records import QUARANTINE_FILE, quarantine_damaged
+    from audit.core.records import QUARANTINE_FILE, quarantine_damaged
     good = [make_record(c, status="ok") for c in _ids(3)]
     path = tmp_path / RECORDS_FILE
     path.write_text(dumps(good[0]) + "\n" + dumps(good[1])[:40] + "\n" + "[1, 2]\n"
@@ -426,7 +411,7 @@ def test_damaged_lines_are_moved_aside_with_their_line_numbers(tmp_path):
 
 
 def test_newer_schema_is_refused_not_quarantined(tmp_path):
-    from audit.records import NewerSchema, quarantine_damaged
+    from audit.core.records import NewerSchema, quarantine_damaged
     path = tmp_path / RECORDS_FILE
     path.write_text(dumps({**make_record(status="ok"), "schema": SCHEMA_VERSION + 1}) + "\n")
     with pytest.raises(NewerSchema, match=f"schema {SCHEMA_VERSION + 1} is newer"):

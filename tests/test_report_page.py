@@ -10,15 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from audit.findings import compute_findings
-from audit.records import load
-from audit.report import (
-    Contents, Heading, Table, build_report, findings_table, negative_control_check,
-    numeric_columns, para, render_html, render_markdown, write_page,
-)
-from audit.report.data import prepare
-from audit.report.sections import findings_section, overview_section
-from audit.variants import NEGATIVE_CONTROLS
+from audit.analysis.findings import compute_findings
+from audit.core.records import load
+from audit.render import Contents, Heading, Table, build_report, findings_table, negative_control_check, numeric_columns, para, render_html, render_markdown, write_page
+from audit.render.data import prepare
+from audit.render.sections import findings_section, overview_section
+from audit.workload.variants import NEGATIVE_CONTROLS
 from tests.helpers import cpu_run
 from tests.test_report import _cell, _section, _write, _write_run
 

@@ -1,4 +1,4 @@
-"""Reproduction scripts (audit.repro): one per finding, standalone, exit 1 while the finding holds.
+"""Reproduction scripts (audit.repro.scripts): one per finding, standalone, exit 1 while the finding holds.
 
 Two audit runs: the session's quick run (conftest.py: quick_run, the whole quick preset
 without a time budget, so that no cell is skipped for time on a busy machine), and a small
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from audit.embed import Embedder, NotSelfContained
-from audit.grid import Case
-from audit.inputs import SCENARIOS, make_inputs
-from audit.repro import WORST, build_script, write_repro_scripts
+from audit.repro.scripts.embed import Embedder, NotSelfContained
+from audit.core.grid import Case
+from audit.workload.inputs import SCENARIOS, make_inputs
+from audit.repro.scripts.scripts import WORST, build_script, write_repro_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"
@@ -75,7 +75,7 @@ def fault_run(tmp_path_factory) -> Path:
     depends on how many calls its timing makes (tests/test_faults.py tests that detection);
     here, where the record shows no leak, it is marked leaking (as the audit would record it)
     so that its script is written and must show the leak by itself."""
-    from audit.findings import write_findings
+    from audit.analysis.findings import write_findings
     run = audit_run(tmp_path_factory.mktemp("faults") / "run", FAULTS, os.pathsep.join([str(PLUGINS), str(ROOT)]))
     lines = [json.loads(line) for line in (run / "records.jsonl").open()]
     leaks = [r for r in lines if r["variant"] == "faults:leaks" and r["scenario"] == "cross_causal"]
@@ -229,7 +229,7 @@ def test_every_scenario_is_rebuilt_exactly(scenario, dtype, tmp_path):
 def test_a_piece_that_cannot_be_copied_gives_a_reason_not_a_script(quick_run, tmp_path, monkeypatch):
     run = tmp_path / "run"
     shutil.copytree(quick_run, run)
-    from audit import inputs
+    from audit.workload import inputs
     lambda_draw = lambda case, gen, tq, tk: inputs._normal(case, gen, tq, tk, 64.0)  # noqa: E731
     monkeypatch.setitem(SCENARIOS, "scaled_x64", inputs.Scenario("scaled_x64", "a lambda", lambda t: t, lambda_draw))
     found = write_repro_scripts(run, findings_of(run))
@@ -251,7 +251,7 @@ def test_a_piece_that_cannot_be_copied_gives_a_reason_not_a_script(quick_run, tm
 def test_embedder_copies_closures_partials_and_enums_and_refuses_the_rest():
     import functools
 
-    from audit import inputs, variants
+    from audit.workload import inputs, variants
     emb = Embedder()
     emb.bind("draw", inputs.SCENARIOS["scaled_x4"].draw)            # a closure over alpha = 4
     emb.bind("build", functools.partial(variants._compiled, None))
@@ -296,8 +296,8 @@ def test_stale_scripts_go_when_the_findings_do(tmp_path, quick_run):
 def test_a_verifier_finds_nothing_on_correct_code(check, variant, scenario, dtype, recorded):
     """Each check's verifier says "gone" (exit 0) where the finding does not hold; the scripts
     above show each one says "holds" where it does."""
-    from audit.repro_checks import VERIFIERS, verify_memory_leak
-    from audit.variants import resolve
+    from audit.repro.scripts.checks import VERIFIERS, verify_memory_leak
+    from audit.workload.variants import resolve
     case = Case(variant, "cpu", dtype, 16, 32, 1, 2, True, scenario)
     spec = resolve(variant)
 
@@ -312,8 +312,8 @@ def test_a_verifier_finds_nothing_on_correct_code(check, variant, scenario, dtyp
 
 def test_copied_code_cannot_take_a_name_the_script_defines():
     """A copied global named like one of the script's constants is refused, not shadowed."""
-    from audit import grid
-    from audit.embed import Embedder, NotSelfContained
+    from audit.core import grid
+    from audit.repro.scripts.embed import Embedder, NotSelfContained
     emb = Embedder()
     emb.reserve("AXES")
     with pytest.raises(NotSelfContained, match="AXES"):

@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from audit import grid, presets, records
+from audit.core import grid, records
+from audit.workload import presets
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--preset", "quick", "--variant", "eager", "sdpa_math", "--dtype", "fp32",

@@ -1,4 +1,4 @@
-"""Tests of audit.roofline: byte counts and fractions on hand-computed numbers, and a
+"""Tests of audit.measure.roofline: byte counts and fractions on hand-computed numbers, and a
 tiny real ceiling measurement on CPU. No test asserts on wall-clock time."""
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import math
 
 import pytest
 
-from audit.numerics import BACKWARD_FLOP_FACTOR, attention_flops
-from audit.roofline import (ROOFLINE_COLUMNS, attention_bytes, cell_roofline, measure_ceilings,
-                            pct_of_limit)
+from audit.measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from audit.measure.roofline import ROOFLINE_COLUMNS, attention_bytes, cell_roofline, measure_ceilings, pct_of_limit
 
 
 # -- attention_bytes ---------------------------------------------------------------------------
@@ -169,7 +168,7 @@ def test_measure_ceilings_dtype_failure_is_null_with_reason(monkeypatch):
 def _fake_hardware(monkeypatch, flops_per_s: float, bytes_per_s: float = 1e10):
     """Matmul and copy calls that take the time a machine of these rates would need, on a
     fake clock: returns the clock, which also counts every timed second."""
-    from audit import roofline
+    from audit.measure import roofline
 
     clock = {"now": 0.0}
 
@@ -201,7 +200,7 @@ def _fake_hardware(monkeypatch, flops_per_s: float, bytes_per_s: float = 1e10):
 def test_measure_ceilings_grows_each_probe_to_its_share_of_the_budget(monkeypatch, flops_per_s, expected_n):
     """An AVX2 CPU's bf16 (0.0019 TFLOP/s) stays small; an AMX CPU's grows to the largest n;
     either way the device's ceilings take about the budget, not minutes."""
-    from audit import roofline
+    from audit.measure import roofline
     clock = _fake_hardware(monkeypatch, flops_per_s)
     out = measure_ceilings("cpu", ("fp32", "fp16", "bf16"), budget_s=2.5, copy_bytes=1 << 20)
     assert out["matmul_n"]["bf16"] == expected_n
@@ -212,7 +211,7 @@ def test_measure_ceilings_grows_each_probe_to_its_share_of_the_budget(monkeypatc
 
 def test_best_rate_takes_the_fastest_block():
     """The statistic is the max rate over blocks; the budget bounds the repeats (fake clock)."""
-    from audit.roofline import _best_rate
+    from audit.measure.roofline import _best_rate
 
     durations = iter([0.5, 0.25, 1.0, 0.5])   # seconds per block, as the clock sees them
     now = [0.0]
@@ -228,7 +227,7 @@ def test_best_rate_takes_the_fastest_block():
 
 def test_compute_ceiling_is_the_better_of_dtype_and_fp32():
     """fp16 on a CPU without fp16 units: a kernel that upcasts beats the fp16 matmul, so fp32 bounds it."""
-    from audit.roofline import cell_roofline, compute_ceiling
+    from audit.measure.roofline import cell_roofline, compute_ceiling
 
     cpu = {"matmul_flops_per_s": {"fp32": 2e11, "fp16": 3e9, "bf16": 9e11}, "copy_bytes_per_s": 4e10}
     assert compute_ceiling(cpu, "fp16") == 2e11

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from audit import grid, presets, records, shard, variants
+from audit.core import grid, records
+from audit.workload import presets, variants
+from audit.plan import shard
 from tests.helpers import h200_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +110,7 @@ def test_run_shard_measures_its_cells_without_ray(tmp_path):
 
 def test_ray_jobs_one_gpu_per_cuda_shard_and_a_whole_node_per_cpu_shard():
     """The Ray executor's shards for a cluster of 8 GPUs and two 16-CPU nodes (no Ray needed)."""
-    from audit.ray_executor import plan_jobs
+    from audit.execute.ray_executor import plan_jobs
 
     cases, preset = _grid("gpu")
     jobs = plan_jobs(cases, preset, {}, None, (8, 16, 2))
@@ -131,7 +133,7 @@ def test_ray_task_command_keeps_the_measuring_options():
     """A task's `audit run` has the driver's measuring options, its own device and shard, and none
     of the driver's (executor, output, report)."""
     from audit import cli
-    from audit.ray_executor import Job, task_argv
+    from audit.execute.ray_executor import Job, task_argv
 
     argv = ["run", "--preset", "quick", "--variant", "eager", "sdpa", "--causal", "true", "--budget", "20s",
             "--min-samples", "4", "--l2-flush", "--executor", "ray", "--ray-address", "auto", "--shards", "2",

@@ -1,4 +1,4 @@
-"""Tests of audit.timing with a fake clock: no test here reads a real clock."""
+"""Tests of audit.measure.timing with a fake clock: no test here reads a real clock."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from audit.timing import Samples, iqr, measure, median, time_call
+from audit.measure.timing import Samples, iqr, measure, median, time_call
 
 
 class FakeClock:
@@ -192,7 +192,7 @@ def test_time_call_syncs_before_each_clock_read():
 
 def test_before_sample_runs_untimed_before_every_single_call_sample():
     """A cache flush runs before each sample, outside the timed region, and forces 1 call per sample."""
-    from audit.timing import measure
+    from audit.measure.timing import measure
 
     now = [0.0]
     events = []
@@ -216,7 +216,7 @@ def test_before_sample_runs_untimed_before_every_single_call_sample():
 
 from tests.fake_gpu import FakeGPU  # noqa: E402
 
-from audit.timing import DeviceTimingFailed, measure_device  # noqa: E402
+from audit.measure.timing import DeviceTimingFailed, measure_device  # noqa: E402
 
 
 def _host_synced(gpu, fn, estimate_s):

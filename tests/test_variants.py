@@ -1,4 +1,4 @@
-"""Tests of audit.variants (built-ins, SDPA backends, plug-ins) and audit.inputs."""
+"""Tests of audit.workload.variants (built-ins, SDPA backends, plug-ins) and audit.workload.inputs."""
 from __future__ import annotations
 
 from functools import partial
@@ -13,12 +13,14 @@ import pytest
 import torch
 from tests.helpers import random_qkv
 
-from audit import grid, variants
-from audit.grid import Case, UsageError
-from audit.inputs import make_inputs, seed_for, torch_dtype
-from audit.numerics import error_vs_reference
-from audit.reference import golden_attention
-from audit.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, Unsupported, resolve
+from audit.core import grid
+from audit.workload import variants
+from audit.core.grid import Case
+from audit.core.errors import UsageError
+from audit.workload.inputs import make_inputs, seed_for, torch_dtype
+from audit.measure.numerics import error_vs_reference
+from audit.measure.reference import golden_attention
+from audit.workload.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, Unsupported, resolve
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 AGREEING = ("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash")
@@ -408,7 +410,7 @@ def test_unknown_scenario_is_rejected():
 
 def test_sdpa_backend_recorded_forced_or_dispatched():
     """Forced backends report themselves; `sdpa` reports the dispatcher's pick (CPU: flash, design.md §5)."""
-    from audit.variants import builtin_variants, sdpa_dispatch_choice
+    from audit.workload.variants import builtin_variants, sdpa_dispatch_choice
 
     q = torch.randn(1, 2, 16, 8)
     table = builtin_variants()

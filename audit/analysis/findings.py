@@ -1,0 +1,286 @@
+"""Rules that turn records into plain-language findings a reviewer can act on.
+
+Each rule reads the tidy DataFrame (records.to_frame) and returns findings:
+dicts with `check`, `severity` (error, warning, info), `variant`, `message`
+and `cells` (the ids it covers). Pure pandas: no torch, no measuring.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+from ..core.runfolder import FINDINGS_FILE
+
+NEGATIVE_CONTROL_PREFIX = "broken."
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+FINFO_MIN_SCENARIO = "fully_masked_finfo_min"
+FP16_RANGE_SCENARIO = "fp16_range"
+SATURATION_EXCESS = 0.25     # a variant's one-hot row fraction above the golden's by more: `saturation`
+INPUT_SATURATION = 0.5       # the golden's one-hot row fraction above which inputs saturate softmax
+UNDERFLOW_FRAC = 0.01        # probabilities exactly 0 where float64 is positive, above which: `underflow`
+
+
+def _finding(check: str, severity: str, variant: str, message: str, cells: Iterable[str]) -> dict:
+    return {"check": check, "severity": severity, "variant": variant, "message": message,
+            "cells": sorted(cells)}
+
+
+def _ok(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["status"] == "ok"]
+
+
+def _real_code(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of real variants: a finding about several variants at once ("*") is about the
+    user's code, so the negative controls (broken.*), built to fail, stay out of it."""
+    return frame[~frame["variant"].astype(str).str.startswith(NEGATIVE_CONTROL_PREFIX)]
+
+
+def _num(frame: pd.DataFrame, col: str) -> pd.Series:
+    if col not in frame:
+        return pd.Series(float("nan"), index=frame.index)
+    return pd.to_numeric(frame[col], errors="coerce")
+
+
+def _where(rows: pd.DataFrame) -> str:
+    """'scenarios a, b; dtypes fp16' for the cells a finding covers."""
+    parts = []
+    for col, label in (("scenario", "scenarios"), ("dtype", "dtypes")):
+        values = sorted(set(rows[col].astype(str)))
+        parts.append(f"{label} {', '.join(values)}")
+    return "; ".join(parts)
+
+
+def _per_variant(rows: pd.DataFrame, make: Callable[[str, pd.DataFrame], dict | None]) -> list[dict]:
+    out = []
+    for variant, group in rows.groupby("variant", sort=True):
+        found = make(str(variant), group)
+        if found:
+            out.append(found)
+    return out
+
+
+def check_nonfinite(frame: pd.DataFrame) -> list[dict]:
+    """NaN/inf in outputs (rows that see a key) or gradients, where float64 is finite."""
+    ok = _ok(frame)
+    out_bad = _num(ok, "out_nonfinite_visible").fillna(0) > 0
+    grad_bad = (_num(ok, "grad_nan").fillna(0) + _num(ok, "grad_inf").fillna(0)) > 0
+    rows = ok[out_bad | grad_bad].assign(_out=out_bad[out_bad | grad_bad], _grad=grad_bad[out_bad | grad_bad])
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        n_out, n_grad = int(g["_out"].sum()), int(g["_grad"].sum())
+        what = []
+        if n_out:
+            what.append(f"NaN/inf outputs in {n_out} cell(s)")
+        if n_grad:
+            what.append(f"NaN/inf gradients in {n_grad} cell(s)")
+        return _finding("nonfinite", "error", variant,
+                        f"{variant} produces inf or NaN where the float64 golden is finite: "
+                        f"{' and '.join(what)} ({_where(g)}).", g["id"])
+    return _per_variant(rows, make)
+
+
+def check_error_budget(frame: pd.DataFrame) -> list[dict]:
+    """Outside FlashAttention's budget: rmse > 2 × rmse(eager, same dtype) + atol."""
+    ok = _ok(frame)
+    rows = ok[ok["within_budget"].astype("object").eq(False)] if "within_budget" in ok else ok.iloc[0:0]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        ratio = _num(g, "err_ratio")
+        worst = g.loc[ratio.idxmax()] if ratio.notna().any() else g.iloc[0]
+        ratio_text = (f"worst {float(worst['err_ratio']):.3g}× the baseline's error"
+                      if pd.notna(worst.get("err_ratio")) else "its error is not finite")
+        return _finding("error_budget", "error", variant,
+                        f"{variant} is outside its error budget (RMSE vs float64 above 2× that of "
+                        f"hand-written attention in the same dtype, plus atol) in {len(g)} cell(s); "
+                        f"{ratio_text} at {worst['id']} ({_where(g)}).", g["id"])
+    return _per_variant(rows, make)
+
+
+def check_masked_leakage(frame: pd.DataFrame) -> list[dict]:
+    """Weight on masked or future keys (finfo.min masks are reported separately)."""
+    ok = _ok(frame)
+    ok = ok[ok["scenario"] != FINFO_MIN_SCENARIO]
+    leak = (_num(ok, "leak_max_change").fillna(0) > 0) | (_num(ok, "leak_mass").fillna(0) > 0)
+    rows = ok[leak]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        mass = _num(g, "leak_mass").max()
+        change = _num(g, "leak_max_change").max()
+        detail = [f"output changes by up to {change:.3g} when masked-out keys/values change"]
+        if pd.notna(mass) and mass > 0:
+            detail.append(f"up to {mass:.3g} of a row's probability sits on masked keys")
+        return _finding("masked_leakage", "error", variant,
+                        f"{variant} leaks weight to masked positions in {len(g)} cell(s): "
+                        f"{'; '.join(detail)} ({_where(g)}).", g["id"])
+    return _per_variant(rows, make)
+
+
+def check_finfo_min_masks(frame: pd.DataFrame) -> list[dict]:
+    """A finfo.min float mask is finite: fully masked rows attend uniformly to masked keys."""
+    ok = _real_code(_ok(frame))
+    rows = ok[(ok["scenario"] == FINFO_MIN_SCENARIO) & (_num(ok, "leak_max_change").fillna(0) > 0)]
+    if rows.empty:
+        return []
+    names = ", ".join(sorted(set(rows["variant"])))
+    return [_finding("finfo_min_mask", "warning", "*",
+                     f"With a float mask of finfo(dtype).min, fully masked rows are not masked: "
+                     f"they attend uniformly to the masked keys, whose values then reach the output "
+                     f"({names}). Use a bool mask or -inf, or handle empty rows explicitly.", rows["id"])]
+
+
+def check_fully_masked_rows(frame: pd.DataFrame) -> list[dict]:
+    """NaN on fully masked rows where SDPA returns 0."""
+    ok = _ok(frame)
+    if "masked_rows" not in ok:
+        return []
+    nan_rows = ok[ok["masked_rows"].astype(str) == "nan"]
+    sdpa = ok[(ok["variant"] == "sdpa")].set_index(["device", "dtype", "d_k", "seq_len", "batch", "heads",
+                                                   "causal", "scenario"])["masked_rows"]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        keys = list(zip(g["device"], g["dtype"], g["d_k"], g["seq_len"], g["batch"], g["heads"],
+                        g["causal"], g["scenario"]))
+        sdpa_says = {str(sdpa.get(k)) for k in keys if k in sdpa.index}
+        versus = f" while sdpa returns {', '.join(sorted(sdpa_says))}" if sdpa_says else ""
+        forms = ", ".join(sorted(set(g["scenario"])))
+        return _finding("fully_masked_rows", "warning", variant,
+                        f"{variant} returns NaN on fully masked rows{versus} ({forms}; "
+                        f"{len(g)} cell(s)). One empty row poisons the loss and every gradient.", g["id"])
+    return _per_variant(nan_rows, make)
+
+
+def check_saturation(frame: pd.DataFrame) -> list[dict]:
+    """Rows saturating to one-hot: by the variant itself, or by the inputs."""
+    ok = _ok(frame)
+    found = []
+    own = ok[(ok.get("saturation_source") == "variant")
+             & (_num(ok, "onehot_frac") - _num(ok, "golden_onehot_frac") > SATURATION_EXCESS)]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        return _finding("saturation", "warning", variant,
+                        f"{variant}'s attention saturates to one-hot: up to "
+                        f"{_num(g, 'onehot_frac').max():.0%} of rows put > 0.99 on one key where the "
+                        f"float64 golden has at most {_num(g, 'golden_onehot_frac').max():.0%} "
+                        f"({len(g)} cell(s); {_where(g)}). Gradients through such rows vanish.", g["id"])
+    found += _per_variant(own, make)
+    inputs = ok[_num(ok, "golden_onehot_frac") > INPUT_SATURATION]
+    for scenario, g in inputs.groupby("scenario"):
+        found.append(_finding("input_saturation", "info", "*",
+                              f"Inputs of scenario {scenario} saturate softmax: up to "
+                              f"{_num(g, 'golden_onehot_frac').max():.0%} of rows are one-hot even in "
+                              f"float64 (max |logit| {_num(g, 'max_logit').max():.3g}).", g["id"]))
+    return found
+
+
+def check_compiled_rewrite(frame: pd.DataFrame) -> list[dict]:
+    ok = _ok(frame)
+    if "fused_sdpa" not in ok:
+        return []
+    fused = ok[ok["fused_sdpa"].astype("object").eq(True)]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        total = int((ok["variant"] == variant).sum())
+        return _finding("compiled_rewritten", "info", variant,
+                        f"Inductor rewrote {variant} into fused SDPA in {len(g)} of {total} cells "
+                        f"(no mask or a float mask): there its speed and numerics are SDPA's, e.g. "
+                        f"fully masked rows give 0 instead of NaN.", g["id"])
+    return _per_variant(fused, make)
+
+
+def check_fp16_range(frame: pd.DataFrame) -> list[dict]:
+    ok = _real_code(_ok(frame))
+    rows = ok[(ok["scenario"] == FP16_RANGE_SCENARIO) & (ok["dtype"] == "fp16")]
+    if rows.empty:
+        return []
+    bad = rows[_num(rows, "out_nonfinite_visible").fillna(0) > 0]
+    finite = sorted(set(rows["variant"]) - set(bad["variant"]))
+    overflow = sorted(set(bad["variant"]))
+    return [_finding("fp16_overflow", "warning" if overflow else "info", "*",
+                     f"fp16 inputs with q·k ≈ 2.2e5 > 65504: stay finite: {', '.join(finite) or 'none'}; "
+                     f"overflow to inf/NaN: {', '.join(overflow) or 'none'}.", rows["id"])]
+
+
+def check_alignment(frame: pd.DataFrame) -> list[dict]:
+    """One finding: which causal alignment each variant applies when q_len != kv_len."""
+    ok = _real_code(_ok(frame))
+    if "causal_alignment" not in ok:
+        return []
+    rows = ok[ok["causal_alignment"].notna()]
+    if rows.empty:
+        return []
+    groups = rows.groupby("causal_alignment")["variant"].agg(lambda v: ", ".join(sorted(set(v))))
+    parts = "; ".join(f"{kind}: {names}" for kind, names in groups.items())
+    return [_finding("causal_alignment", "info", "*",
+                     f"Causal alignment when q_len != kv_len — {parts}. Top-left is is_causal=True's; "
+                     f"KV-cache decoding usually needs bottom-right "
+                     f"(torch.nn.attention.bias.causal_lower_right).", rows["id"])]
+
+
+def check_underflow(frame: pd.DataFrame) -> list[dict]:
+    ok = _ok(frame)
+    rows = ok[_num(ok, "underflow_frac") > UNDERFLOW_FRAC]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        return _finding("underflow", "info", variant,
+                        f"{variant}: up to {_num(g, 'underflow_frac').max():.1%} of probabilities "
+                        f"are exactly 0 where float64 is positive ({len(g)} cell(s); {_where(g)}).",
+                        g["id"])
+    return _per_variant(rows, make)
+
+
+def check_memory_leak(frame: pd.DataFrame) -> list[dict]:
+    """Memory a variant kept across its timed calls (leaked_bytes): it grows with every call."""
+    rows = _ok(frame)
+    rows = rows[_num(rows, "leaked_bytes") > 0]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        return _finding("memory_leak", "warning", variant,
+                        f"{variant} kept up to {_num(g, 'leaked_bytes').max() / 2**20:.0f} MiB across its timed "
+                        f"calls in {len(g)} cell(s) ({_where(g)}): memory grows with every call.", g["id"])
+    return _per_variant(rows, make)
+
+
+def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
+    rows = frame[frame["status"].isin(["error", "oom", "timeout"])]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        reasons = "; ".join(sorted(set(str(r)[:160] for r in g["reason"])))[:400]
+        return _finding("cell_failed", "warning", variant,
+                        f"{variant} failed in {len(g)} cell(s): {reasons}", g["id"])
+    return _per_variant(rows, make)
+
+
+RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
+    check_nonfinite, check_error_budget, check_masked_leakage, check_fully_masked_rows,
+    check_finfo_min_masks, check_fp16_range, check_saturation, check_compiled_rewrite,
+    check_alignment, check_underflow, check_memory_leak, check_failed_cells,
+)
+
+
+def compute_findings(frame: pd.DataFrame) -> list[dict]:
+    """Every rule over the frame, most severe first."""
+    if frame.empty:
+        return []
+    found = [f for rule in RULES for f in rule(frame)]
+    return sorted(found, key=lambda f: (SEVERITY_ORDER[f["severity"]], f["check"], f["variant"]))
+
+
+def write_findings(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Compute findings from DIR's records and write DIR/findings.json."""
+    from ..core.records import load
+
+    found = compute_findings(load(run_dir))
+    path = Path(run_dir) / FINDINGS_FILE
+    path.write_text(json.dumps(found, indent=1, default=_json_default) + "\n")
+    return found
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    raise TypeError(type(obj).__name__)

@@ -1,0 +1,101 @@
+"""Install what is missing, and only that: `python -m audit.commands.deps` (add `--test` for what the
+tests need too: the optional extras they exercise, Ray; pytest-xdist; and a Chromium for the
+HTML report's browser test, Debian's package where the machine is Debian and this is root).
+
+Each dependency is checked by importing it; importable ones are never touched,
+so the project runs unchanged where everything is preinstalled and nothing can
+be downloaded (a GPU box without network). Standard library only.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+# import name -> pip requirement used when it is missing.
+# torch is pinned: 2.13.0 is the CPU build these machines install from local disk;
+# an unpinned torch would pull a multi-GB CUDA build.
+REQUIREMENTS: dict[str, str] = {
+    "torch": "torch==2.13.0",
+    "pandas": "pandas>=2.0",
+    "matplotlib": "matplotlib>=3.7",
+    "pytest": "pytest>=7.0",
+    "pytest_benchmark": "pytest-benchmark>=4.0",
+    "pynvml": "nvidia-ml-py>=12.0",
+    "tqdm": "tqdm>=4.60",
+}
+
+
+# what the tests need besides: the optional extras they exercise (`python -m audit.commands.deps --test`,
+# called by `make test`). Ray: `pip install attn-audit[ray]`, for `run --executor ray`.
+TEST_REQUIREMENTS: dict[str, str] = {
+    "ray": "ray>=2.9",
+    "xdist": "pytest-xdist>=3.5",   # `make test` runs the tests that time nothing on every core
+}
+
+# The browsers tests/test_html_browser.py drives, by command name; Debian's package otherwise.
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
+DEBIAN_BROWSER = "chromium"
+
+
+def browser() -> str | None:
+    """The first browser of BROWSERS on PATH."""
+    return next((path for path in map(shutil.which, BROWSERS) if path), None)
+
+
+def install_browser() -> str | None:
+    """Debian's chromium, where no browser is on PATH and apt-get can install it (Debian, root):
+    None when a browser is there now, else why not (the browser test then skips, saying so)."""
+    if browser():
+        return None
+    if not os.path.exists("/etc/debian_version") or not shutil.which("apt-get"):
+        return "not a Debian machine with apt-get: install Chromium by hand"
+    if os.geteuid() != 0:
+        return "apt-get needs root: run `apt-get install chromium` as root"
+    print(f"attn-audit: installing Debian's {DEBIAN_BROWSER} (for the HTML report's browser test)", flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", DEBIAN_BROWSER]
+    if subprocess.call(install, env=env, stdout=subprocess.DEVNULL) != 0:     # stale package lists?
+        subprocess.call(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
+        if subprocess.call(install, env=env, stdout=subprocess.DEVNULL) != 0:
+            return f"apt-get install {DEBIAN_BROWSER} failed"
+    return None if browser() else f"apt-get installed {DEBIAN_BROWSER}, but no browser is on PATH"
+
+
+def missing(table: dict[str, str] = REQUIREMENTS) -> list[str]:
+    return [req for mod, req in table.items() if importlib.util.find_spec(mod) is None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    table = {**REQUIREMENTS, **TEST_REQUIREMENTS} if "--test" in args else REQUIREMENTS
+    if "--test" in args:
+        why_not = install_browser()
+        if why_not:
+            print(f"attn-audit: no browser for the HTML report's browser test ({why_not}); it will skip",
+                  file=sys.stderr)
+    todo = missing(table)
+    if not todo:
+        print("attn-audit: all dependencies importable; nothing to install")
+        return 0
+    print(f"attn-audit: installing {' '.join(todo)}", flush=True)
+    # torch first and alone, so no other package's dependency resolution picks a CUDA build.
+    torch_req = [r for r in todo if r.startswith("torch")]
+    rest = [r for r in todo if not r.startswith("torch")]
+    for group in (torch_req, rest):
+        if group:
+            code = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", *group])
+            if code != 0:
+                print(f"attn-audit: pip install {' '.join(group)} failed (exit {code})", file=sys.stderr)
+                return code
+    still = missing(table)
+    if still:
+        print(f"attn-audit: still missing after install: {' '.join(still)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

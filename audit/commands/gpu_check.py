@@ -1,0 +1,342 @@
+"""`make gpu-check` / `python -m audit.commands.gpu_check`: every GPU acceptance check in one call.
+
+Steps (each a run folder under reports/gpu-check-<stamp>/):
+
+1. predict: the cost model's prediction of this check and of the whole gpu preset;
+2. main:    `audit run --preset gpu-check` (README: Presets): small and large speed cells
+            of every SDPA backend with energy, masked causal cells of the hand-written
+            variants, compiled-code reuse, a golden subset, cells predicted not to fit;
+3. oom:     a plug-in that allocates 64 TiB, then `sdpa`: a real out-of-memory.
+
+Then it prints what each check measured, PASS or FAIL: no error cells; masked causal
+cells run on CUDA; energy per call against mean power × per-call time; a forced
+backend's time against the dispatcher's choice of the same kernel; oom cells; the
+golden subset; compiled-code reuse; the prediction against the wall time. With $OUT
+set, summary.txt, table.txt and a tarball per step are copied there.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..core.paths import reports_root
+from ..core.runfolder import RECORDS_FILE, RUN_FILE
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+FLAGSHIP = dict(variant="sdpa_flash", dtype="bf16", d_k=128, seq_len=8192)
+OOM_ARGS = ("--preset", "gpu-check", "--variant", "oom_plugin:allocate_too_much", "sdpa",
+            "--scenario", "normal", "--dtype", "bf16", "--seq-len", "1024", "--batch", "2",
+            "--causal", "false", "--no-report")
+PLUGINS = Path(__file__).resolve().parents[2] / "tests" / "plugins"
+ENERGY_TOLERANCE = 0.15          # counter energy vs mean power × per-call time
+ENERGY_MIN_CALL_MS = 0.02        # cells of 20 us and more
+ENERGY_MAX_COST_S = 0.3          # per cell, for calls short enough to fit it
+HOST_TOLERANCE = 0.10            # forced backend vs the dispatcher's choice of the same kernel
+HAND_WRITTEN = ("eager", "eager_fp32", "broken.clamped")
+# Time limits per step, so the whole check stays under 5 minutes (predicted about 1.5).
+MAIN_TIMEOUT_S = 200
+OOM_TIMEOUT_S = 60
+MASK_SCENARIOS = ("padding", "fully_masked_bool", "fully_masked_neginf", "cross_causal")
+
+
+def _ok(frame: "pd.DataFrame") -> "pd.DataFrame":
+    return frame[frame["status"] == "ok"]
+
+
+def _num(frame: "pd.DataFrame", col: str) -> "pd.Series":
+    import pandas as pd
+    return pd.to_numeric(frame[col], errors="coerce") if col in frame.columns else pd.Series(dtype=float)
+
+
+def compact_table(frame: "pd.DataFrame") -> "pd.DataFrame":
+    """variant, dtype, seq_len, causal, ms, host ms, TFLOP/s, pct_of_limit, J/call, NaN for ok cells."""
+    import pandas as pd
+
+    ok = _ok(frame).copy()
+    table = pd.DataFrame({
+        "variant": ok["variant"], "dtype": ok["dtype"], "scenario": ok["scenario"], "seq_len": ok["seq_len"],
+        "batch": ok["batch"], "causal": ok["causal"], "ms": ok["fwd_ms"], "host_ms": _num(ok, "fwd_host_ms"),
+        "TFLOP/s": _num(ok, "gflops_per_s") / 1e3, "pct_of_limit": ok["pct_of_limit"],
+        "J/call": ok["energy_per_call_j"], "NaN": ok["out_nan"],
+    })
+    return table.sort_values(["scenario", "dtype", "seq_len", "causal", "variant"]).reset_index(drop=True)
+
+
+def energy_check(frame: "pd.DataFrame") -> "pd.DataFrame":
+    """Per cell with energy: counter J/call ÷ (mean power × median time), the window's idle
+    fraction, the counter's power over the sampled power, and what the measurement cost."""
+    ok = _ok(frame)
+    ok = ok[ok["energy_per_call_j"].notna()].copy()
+    ok["power_x_time_j"] = _num(ok, "mean_power_w") * _num(ok, "fwd_ms") / 1e3
+    ok["ratio"] = _num(ok, "energy_per_call_j") / ok["power_x_time_j"]
+    ok["counter_vs_sampled"] = _num(ok, "mean_power_w") / _num(ok, "sampled_power_w")
+    cols = ["id", "fwd_ms", "energy_method", "energy_per_call_j", "power_x_time_j", "ratio",
+            "energy_idle_frac", "counter_vs_sampled", "energy_cost_s"]
+    return ok[[c for c in cols if c in ok.columns]]
+
+
+def flagship_fraction(frame: "pd.DataFrame", ceilings: dict | None) -> str:
+    """sdpa_flash bf16 d128 T8192: achieved FLOP/s over the measured bf16 matmul ceiling."""
+    ok = _ok(frame)
+    rows = ok[(ok[list(FLAGSHIP)] == list(FLAGSHIP.values())).all(axis=1)]
+    peak = ((ceilings or {}).get("cuda") or {}).get("matmul_flops_per_s", {}).get("bf16")
+    if rows.empty or not peak:
+        return "sdpa_flash bf16 d128 T8192: not measured"
+    parts = []
+    for _, r in rows.iterrows():
+        parts.append(f"{'causal' if r['causal'] else 'full'}: {r['gflops_per_s'] / 1e3:.1f} TFLOP/s = "
+                     f"{r['gflops_per_s'] * 1e9 / peak:.1%} of the measured bf16 matmul ceiling "
+                     f"({peak / 1e12:.0f} TFLOP/s)")
+    return "sdpa_flash bf16 d128 T8192: " + "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- checks
+# Each returns (passed, lines): what was measured, in words and numbers.
+
+Check = tuple[bool, list[str]]
+
+
+def check_no_errors(frame: "pd.DataFrame") -> Check:
+    bad = frame[frame["status"] == "error"]
+    counts = frame["status"].value_counts().to_dict()
+    lines = [f"{len(frame)} cells: " + ", ".join(f"{k} {v}" for k, v in counts.items())]
+    lines += [f"  error {r['id']}: {r['reason']}" for _, r in bad.iterrows()]
+    return bad.empty, lines
+
+
+def check_masked_causal(frame: "pd.DataFrame") -> Check:
+    """Hand-written variants on causal cells with a mask (the H200 run's device bug)."""
+    rows = frame[frame["variant"].isin(HAND_WRITTEN) & frame["causal"].astype(bool)
+                 & frame["scenario"].isin(MASK_SCENARIOS)]
+    bad = rows[rows["status"] != "ok"]
+    lines = [f"{len(rows) - len(bad)}/{len(rows)} masked causal cells of {', '.join(HAND_WRITTEN)} ok"]
+    lines += [f"  {r['id']}: {r['status']} {r['reason']}" for _, r in bad.iterrows()]
+    return len(rows) > 0 and bad.empty, lines
+
+
+def check_energy(frame: "pd.DataFrame") -> Check:
+    table = energy_check(frame)
+    judged = table[_num(table, "fwd_ms") >= ENERGY_MIN_CALL_MS]
+    if judged.empty:
+        return False, ["no cell with energy measured"]
+    off = judged[(judged["ratio"] - 1).abs() > ENERGY_TOLERANCE]
+    short = judged[_num(judged, "fwd_ms") <= 50]
+    cost = _num(short, "energy_cost_s")
+    lines = [f"{len(judged) - len(off)}/{len(judged)} cells of >= {ENERGY_MIN_CALL_MS * 1e3:.0f} us within "
+             f"{ENERGY_TOLERANCE:.0%}: ratio min {judged['ratio'].min():.3f}, median {judged['ratio'].median():.3f}, "
+             f"max {judged['ratio'].max():.3f}",
+             f"energy cost per cell (calls <= 50 ms): median {cost.median():.3f} s, max {cost.max():.3f} s",
+             f"counter power / sampled instantaneous power: median "
+             f"{_num(judged, 'counter_vs_sampled').median():.3f}, "
+             f"range {_num(judged, 'counter_vs_sampled').min():.3f}-{_num(judged, 'counter_vs_sampled').max():.3f}",
+             f"idle fraction: max {_num(judged, 'energy_idle_frac').max():.3f}; methods: "
+             + ", ".join(sorted(set(map(str, judged["energy_method"]))))]
+    lines += [f"  off: {r['id']} ratio {r['ratio']:.3f} idle {r.get('energy_idle_frac')}" for _, r in off.iterrows()]
+    return off.empty and bool((cost <= ENERGY_MAX_COST_S).all()), lines
+
+
+def _ms(value: Any) -> str:
+    return f"{value:.4f} ms" if isinstance(value, (int, float)) and value == value else "n/a"
+
+
+def check_host_overhead(frame: "pd.DataFrame") -> Check:
+    """A forced backend times within 10% of the dispatcher's choice of the same kernel."""
+    ok = _ok(frame)
+    ok = ok[ok["scenario"] == "normal"]
+    keys = ["dtype", "d_k", "seq_len", "batch", "heads", "causal"]
+    lines, passed, pairs = [], True, 0
+    dispatcher = ok[ok["variant"] == "sdpa"]
+    for _, d in dispatcher.iterrows():
+        forced_name = {"CUDNN_ATTENTION": "sdpa_cudnn", "FLASH_ATTENTION": "sdpa_flash",
+                       "EFFICIENT_ATTENTION": "sdpa_efficient", "MATH": "sdpa_math"}.get(str(d["sdpa_backend"]))
+        match = ok[(ok["variant"] == forced_name) & (ok[keys] == d[keys]).all(axis=1)]
+        if match.empty:
+            continue
+        f = match.iloc[0]
+        ratio = f["fwd_ms"] / d["fwd_ms"]
+        pairs += 1
+        within = abs(ratio - 1) <= HOST_TOLERANCE
+        passed &= within
+        lines.append(f"{'ok ' if within else 'OFF'} T{d['seq_len']} B{d['batch']} "
+                     f"{'causal' if d['causal'] else 'full'}: {forced_name} {f['fwd_ms']:.4f} ms vs sdpa "
+                     f"({d['sdpa_backend']}) {d['fwd_ms']:.4f} ms, ratio {ratio:.3f}; host issue "
+                     f"{_ms(f.get('fwd_host_ms'))} vs {_ms(d.get('fwd_host_ms'))}, "
+                     f"host_bound {f.get('host_bound')} / {d.get('host_bound')}")
+    bound = ok[ok["host_bound"].map(lambda v: v is True)] if "host_bound" in ok.columns else ok.iloc[0:0]
+    lines.append(f"host-bound cells: {len(bound)}/{len(ok)}"
+                 + (": " + ", ".join(bound["id"].head(8)) if len(bound) else ""))
+    return pairs > 0 and passed, lines
+
+
+def check_oom(main: "pd.DataFrame", oom: "pd.DataFrame | None") -> Check:
+    predicted = main[main["status"] == "oom"]
+    lines = [f"predicted oom: {r['id']} in {r['elapsed_s'] * 1e3:.1f} ms ({r['reason'][:90]}...)"
+             for _, r in predicted.iterrows()]
+    passed = len(predicted) > 0 and bool((_num(predicted, "elapsed_s") < 5).all())
+    if oom is None or oom.empty:
+        return False, lines + ["real oom step: no records"]
+    for _, r in oom.iterrows():
+        lines.append(f"real: {r['id']}: {r['status']}" + (f" ({str(r['reason'])[:100]})" if r["reason"] else "")
+                     + (f", {r['fwd_ms']:.4f} ms" if r["status"] == "ok" else ""))
+    plugin = oom[oom["variant"].str.contains("allocate_too_much")]
+    after = oom[oom["variant"] == "sdpa"]
+    passed &= bool((plugin["status"] == "oom").all()) and bool((after["status"] == "ok").all()) \
+        and len(plugin) > 0 and len(after) > 0
+    return passed, lines
+
+
+def check_golden_subset(frame: "pd.DataFrame") -> Check:
+    ok = _ok(frame)
+    rows = ok[ok["golden_subset"].notna()] if "golden_subset" in ok.columns else ok.iloc[0:0]
+    lines = [f"{r['id']}: golden over {len(r['golden_subset'])} of {r['batch'] * r['heads']} slices, "
+             f"cell {r['elapsed_s']:.2f} s, rel_err {r['rel_err']:.3g}" for _, r in rows.iterrows()]
+    return len(rows) > 0, lines or ["no cell with a golden subset"]
+
+
+def check_compile_reuse(frame: "pd.DataFrame") -> Check:
+    ok = _ok(frame)
+    rows = ok[ok["variant"].isin(("compiled", "compiled_unfused", "flex"))]
+    lines, passed = [], len(rows) > 0
+    for _, r in rows.iterrows():
+        lines.append(f"{r['id']}: " + ("reused compiled code" if r.get("compile_reused")
+                                       else f"compiled in {r['compile_s']:.2f} s"))
+    stab = rows[rows["scenario"] == "scaled_x16"]
+    passed &= len(stab) > 0 and bool(stab["compile_reused"].astype(bool).all())
+    return passed, lines
+
+
+def check_prediction(pred: "pd.DataFrame", frame: "pd.DataFrame", wall_s: float) -> Check:
+    merged = pred[["id", "total_s"]].merge(frame[["id", "elapsed_s", "status"]], on="id")
+    ok = merged[merged["status"] == "ok"]
+    ratio = ok["total_s"] / ok["elapsed_s"]
+    within = int(((ratio >= 0.5) & (ratio <= 2)).sum())
+    total_pred = float(pred["total_s"].sum())
+    total_rec = float(merged["elapsed_s"].sum())
+    lines = [f"cells: predicted {total_pred:.1f} s, recorded {total_rec:.1f} s "
+             f"(ratio {total_pred / total_rec:.2f}); {within}/{len(ok)} ok cells within 2x; "
+             f"the step's wall time {wall_s:.1f} s"]
+    worst = ok.assign(ratio=ratio).sort_values("ratio").iloc[[0, -1]] if len(ok) > 1 else ok
+    lines += [f"  {r['id']}: predicted {r['total_s']:.2f} s, recorded {r['elapsed_s']:.2f} s"
+              for _, r in worst.iterrows()]
+    return abs(total_pred / total_rec - 1) <= 0.25, lines
+
+
+def check_ceilings(ceilings: dict | None) -> Check:
+    """The device's ceilings, measured within the time budget (issue: at most 3 s per device)."""
+    cuda = (ceilings or {}).get("cuda") or {}
+    if not cuda:
+        return False, ["no CUDA ceilings in run.json"]
+    rates = ", ".join(f"{k} {v / 1e12:.0f} TFLOP/s (n={cuda.get('matmul_n', {}).get(k)})"
+                      for k, v in (cuda.get("matmul_flops_per_s") or {}).items() if v)
+    took = cuda.get("elapsed_s")
+    line = (f"{rates}; copy {cuda.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s; measured in "
+            + (f"{took:.2f} s" if isinstance(took, (int, float)) else "an unrecorded time"))
+    return isinstance(took, (int, float)) and took <= 3.0, [line]
+
+
+# --------------------------------------------------------------------------- driver
+
+def _run_step(name: str, args: Sequence[str], root: Path, log: list[str], timeout_s: int,
+              env: dict | None = None) -> tuple[Path, float, int]:
+    out = root / name
+    cmd = [sys.executable, "-m", "audit", "run", *args, "--out", str(out), "--no-progress"]
+    log.append(f"== step {name}: {' '.join(cmd[2:])}")
+    print(log[-1], flush=True)
+    start = time.perf_counter()
+    try:
+        code = subprocess.call(cmd, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = 124
+    return out, time.perf_counter() - start, code
+
+
+def _predict(preset_name: str, run_dir: Path | None = None) -> "pd.DataFrame":
+    from ..workload import presets, variants
+    from ..plan.forecast import plan
+    preset = presets.presets()[preset_name]
+    cases = presets.preset_cases(preset, known_variant=variants.check_name)
+    return plan(cases, preset, run_dir).pred
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import json
+
+    import pandas as pd
+    import torch
+
+    from ..plan.costmodel import summary
+    from ..core.records import load
+
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA device here (torch.cuda.is_available() is False); "
+              "run it on a GPU machine", file=sys.stderr)
+        return 2
+    root = reports_root() / f"gpu-check-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    root.mkdir(parents=True, exist_ok=True)
+    log: list[str] = []
+    predicted_main = _predict("gpu-check")
+    log += ["== predict", "gpu-check preset: " + summary(predicted_main),
+            "gpu preset: " + summary(_predict("gpu"))]
+    print("\n".join(log), flush=True)
+
+    main_dir, main_wall, code = _run_step("main", ["--preset", "gpu-check", *(argv or [])], root, log,
+                                          MAIN_TIMEOUT_S)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
+    oom_dir, _oom_wall, oom_code = _run_step("oom", OOM_ARGS, root, log, OOM_TIMEOUT_S, env)
+    log.append(f"exit codes: main {code}, oom {oom_code}")
+
+    main = load(main_dir) if (main_dir / RECORDS_FILE).exists() else pd.DataFrame()
+    oom = load(oom_dir) if (oom_dir / RECORDS_FILE).exists() else None
+    checks: list[tuple[str, Any]] = []
+    if not main.empty:
+        ceilings = json.loads((main_dir / RUN_FILE).read_text()).get("ceilings")
+        checks = [("no error cells", check_no_errors(main)),
+                  ("masked causal cells on CUDA", check_masked_causal(main)),
+                  ("energy per call", check_energy(main)),
+                  ("kernel time, not host time", check_host_overhead(main)),
+                  ("out of memory", check_oom(main, oom)),
+                  ("golden subset", check_golden_subset(main)),
+                  ("compiled-code reuse", check_compile_reuse(main)),
+                  ("cost model", check_prediction(predicted_main, main, main_wall)),
+                  ("ceilings", check_ceilings(ceilings))]
+        with pd.option_context("display.width", 220, "display.max_rows", 500, "display.max_colwidth", 70,
+                               "display.float_format", "{:.4g}".format):
+            table = "\n".join([compact_table(main).to_string(index=False), "",
+                               "energy: counter J/call vs mean power x time", energy_check(main).to_string(index=False),
+                               "", flagship_fraction(main, ceilings)])
+        (root / "table.txt").write_text(table + "\n")
+    lines = list(log)
+    for name, (passed, found) in checks:
+        lines.append(f"{'PASS' if passed else 'FAIL'} {name}")
+        lines += [f"    {line}" for line in found]
+    if not checks:
+        lines.append("FAIL main step wrote no records")
+    text = "\n".join(lines) + "\n"
+    (root / "summary.txt").write_text(text)
+    out = os.environ.get("OUT")
+    if out:
+        dest = Path(out)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("summary.txt", "table.txt"):
+            if (root / name).exists():
+                shutil.copy2(root / name, dest / name)
+        for step in (main_dir, oom_dir):
+            if step.exists():
+                with tarfile.open(dest / f"gpu-check-{step.name}.tar.gz", "w:gz") as tar:
+                    tar.add(step, arcname=step.name)
+        print(f"gpu-check: summary, table and one tarball per step copied to {dest}")
+    print(text)
+    return 0 if checks and all(p for _, (p, _) in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,26 @@
+"""The names of the files in a run folder (and in a compare folder), defined once.
+
+Every module that reads or writes one of these files takes its name from here, so no module
+imports another only to learn a file name. docs/output.md describes each file.
+"""
+from __future__ import annotations
+
+# A run folder (`run --out DIR`): written while measuring ...
+RECORDS_FILE = "records.jsonl"                 # one JSON record per cell, appended as measured
+QUARANTINE_FILE = "records.quarantine.jsonl"   # damaged record lines, moved aside
+RUN_FILE = "run.json"                          # the run: argv, preset, axes, environment, ceilings
+PLAN_FILE = "plan.json"                        # the budget's plan: predicted seconds, skipped cells
+INFLIGHT_FILE = "inflight"                     # the cell being measured now, and since when
+LOCK_FILE = ".lock"                            # held by the process writing the folder
+SHARD_LOG_FILE = "console.log"                 # a Ray shard's console
+# ... and by the report (from the records alone)
+FINDINGS_FILE = "findings.json"
+SEED_CLAIMS_FILE = "seed_claims.csv"           # the seed tutorial's printed claims, measured again
+REPRO_DIR = "repro"                            # one reproduction script per finding
+INDEX_MD = "index.md"                          # the report page, also of a compare folder
+INDEX_HTML = "index.html"
+LATEST_LINK = "latest"                         # reports/latest -> the newest run folder
+
+# A compare folder (`compare A B --out DIR`): index.md, index.html and
+COMPARE_FIGURE_FILE = "latency_ratios.png"
+COMPARE_CELLS_FILE = "cells.csv"

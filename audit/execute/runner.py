@@ -1,0 +1,273 @@
+"""Run one cell -> record; run a grid with progress, resume and failure isolation.
+
+Cells are ordered so those sharing inputs are adjacent (grid.expand): inputs and
+the float64 reference are built once per input set and reused by its variants
+(cellcache.InputCache). measurement.measure_cell measures a cell; this module turns that,
+or its failure, into the cell's record, walks the grid and keeps the run folder's files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from ..measure import compile_cache
+from ..core import records
+from ..measure.cellcache import BuildCache, InputCache
+from ..core.grid import Case
+from ..workload.inputs import cell_needs
+from ..measure.measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason, measure_cell
+from ..measure.memory import pin_malloc_threshold
+from ..workload.presets import Preset
+from ..workload.variants import Unsupported, builtin_variants, resolve
+from ..core.runfolder import INFLIGHT_FILE, RUN_FILE
+
+
+
+class CellTooBig(Exception):
+    """A cell predicted to need more memory than is free: recorded as `oom` without running."""
+
+
+class WorkerRestart(Exception):
+    """The measuring process should be replaced before the next cell (a cell leaked memory)."""
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """An allocation failure on any device: CUDA's OutOfMemoryError, the CPU allocator's
+    "can't allocate memory", Python's MemoryError."""
+    import torch
+    if isinstance(exc, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGES)
+
+
+def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any], *,
+             ceilings: dict | None = None, meter: Any = None,
+             builds: BuildCache | None = None) -> dict[str, Any]:
+    """One record for one cell; every failure becomes a status with a reason."""
+    rec = records.new_record(case.axes(), case.id)
+    rec["started_at"] = _utc_now()
+    rec["env"] = env
+    start = time.perf_counter()
+    oom = False
+    try:
+        variant = resolve(case.variant)
+        refusal = variant.refusal(cell_needs(case))
+        if refusal is not None:
+            raise Unsupported(refusal)
+        _check_memory(case)
+        inputs, ref = cache.get(case)
+        rec.update(measure_cell(case, variant, inputs, ref, preset,
+                                ceilings=(ceilings or {}).get(case.device), meter=meter, builds=builds))
+        rec["status"] = "ok"
+    except (Unsupported, CellSkipped) as exc:
+        rec["status"], rec["reason"] = "skipped", str(exc)
+    except CellTooBig as exc:
+        rec["status"], rec["reason"] = "oom", str(exc)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - one cell's failure must not stop the run
+        oom = _is_oom(exc)
+        rec["status"], rec["reason"] = ("oom" if oom else "error"), failure_reason(exc)
+    if oom:
+        # Outside the except block: the traceback (and the tensors its frames hold) is gone.
+        cache.clear()
+        _release_device_memory(case.device)
+    rec["elapsed_s"] = time.perf_counter() - start
+    if rec["status"] != "ok":
+        # A failed cell carries no measurements, not partial ones.
+        for col in records.COLUMNS:
+            if col not in case.axes() and col not in ("schema", "id", "status", "reason", "env",
+                                                       "started_at", "elapsed_s"):
+                rec[col] = None
+    return rec
+
+
+def _check_memory(case: Case) -> None:
+    """Raise CellTooBig when the cell's predicted peak exceeds the memory free on its device
+    (free memory is read only for the variants whose memory is predicted)."""
+    from ..workload.inputs import q_len
+    from ..plan.memory_model import free_bytes, predicted_peak_bytes, too_big
+    if predicted_peak_bytes(case, q_len(case)) is None:
+        return
+    if case.device.startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
+    reason = too_big(case, q_len(case), free_bytes(case.device))
+    if reason is not None:
+        raise CellTooBig(reason)
+
+
+
+
+def read_inflight(run_dir: Path) -> str | None:
+    """Id of the cell the measuring process was in when it last stopped, if any."""
+    found = inflight_since(run_dir)
+    return found[0] if found else None
+
+
+def inflight_since(run_dir: Path) -> tuple[str, float] | None:
+    """(id, start time in seconds since the epoch) of the cell being measured, if any."""
+    path = Path(run_dir) / INFLIGHT_FILE
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text:
+        return None
+    case_id, _, started = text.partition("\t")
+    try:
+        return case_id, float(started) if started else path.stat().st_mtime
+    except (ValueError, OSError):
+        return case_id, time.time()
+
+
+def _mark_inflight(run_dir: Path, case_id: str | None) -> None:
+    path = Path(run_dir) / INFLIGHT_FILE
+    if case_id is None:
+        path.unlink(missing_ok=True)
+        return
+    with open(path, "w") as fh:
+        fh.write(f"{case_id}\t{time.time():.3f}")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def record_crash(run_dir: Path, case: Case, reason: str, status: str = "error") -> None:
+    """The record of a cell whose process died or was killed (no measurements): `error`, or
+    `timeout` when the supervisor killed it for running past its time limit."""
+    rec = records.new_record(case.axes(), case.id)
+    rec.update(status=status, reason=reason, started_at=_utc_now())
+    with records.RecordWriter(run_dir) as writer:
+        writer.write(rec)
+    _mark_inflight(run_dir, None)
+
+
+def _release_device_memory(device: str) -> None:
+    """After an out-of-memory, hand cached blocks back so the next cell starts clean."""
+    import gc
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.empty_cache()
+
+
+def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: list[str],
+                   env: dict[str, Any], n_cells: int, ceilings: dict | None = None,
+                   extra: dict[str, Any] | None = None) -> None:
+    """DIR/run.json; `extra`: more top-level fields (grid, shard, executor)."""
+    from .. import code_version
+    info = {"schema": records.SCHEMA_VERSION, "code_version": code_version(), "preset": preset.name,
+            "axes": {k: list(v) for k, v in axes.items()}, "argv": argv,
+            # where plug-ins were imported from (cwd and PYTHONPATH): reproduction scripts import them so
+            "cwd": os.getcwd(), "pythonpath": os.environ.get("PYTHONPATH", ""),
+            "started_at": _utc_now(), "env": env, "n_cells": n_cells, "ceilings": ceilings,
+            # Inductor's cache the compiled variants use (a later plan predicts their compiles from it)
+            **_compile_cache_info(axes.get("variant", ())),
+            "timing": {"min_samples": preset.min_samples, "min_time_s": preset.min_time_s,
+                       "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s,
+                       "ceilings_s": preset.ceilings_s,
+                       "budget_s": preset.budget_s}, **(extra or {})}
+    (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
+
+
+def _compile_cache_info(variants: Iterable[str]) -> dict[str, str | None]:
+    """run.json's compile_cache_dir and compile_cache_id, for a grid with compiled variants."""
+    if not any(getattr(builtin_variants().get(v), "compiled", False) for v in variants):
+        return {"compile_cache_dir": None, "compile_cache_id": None}
+    folder = compile_cache.cache_dir()
+    return {"compile_cache_dir": folder, "compile_cache_id": compile_cache.identity(folder, create=True)}
+
+
+def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str, Any], *,
+             progress: bool = True, ceilings: dict | None = None,
+             on_record: Callable[[dict[str, Any]], None] | None = None,
+             plan: Any = None) -> dict[str, int]:
+    """Measure every cell not already in DIR/records.jsonl; append each record at once.
+
+    ceilings: {device: measure_ceilings(...)} for the roofline columns (None: nulls);
+    plan: a budget.Plan (predictions, cells to skip, deadline), kept by a budget.Keeper.
+    Returns counts per status of the cells measured in this call (plus "resumed").
+    """
+    from ..plan.budget import Keeper
+    cases = list(cases)
+    env = dict(env, cpu_allocator=pin_malloc_threshold())
+    meter = _energy_meter(cases)
+    done = records.completed_ids(run_dir)
+    todo = [c for c in cases if c.id not in done]
+    counts = {"resumed": len(cases) - len(todo)}
+    cache = InputCache()
+    builds = BuildCache()
+    keeper = Keeper(plan, [c.id for c in todo])
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(cases), initial=len(cases) - len(todo), unit="cell", dynamic_ncols=True,
+                   smoothing=0.05, mininterval=0.5, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
+    try:
+        with records.RecordWriter(run_dir) as writer:
+            for case in todo:
+                if bar is not None:
+                    bar.set_postfix_str(case.id, refresh=True)
+                skip = keeper.reason(case.id)
+                if skip is not None:
+                    rec = records.new_record(case.axes(), case.id)
+                    rec.update(status="skipped", reason=skip, started_at=_utc_now(), env=env, elapsed_s=0.0)
+                else:
+                    _mark_inflight(run_dir, case.id)
+                    rec = run_cell(case, cache, preset, env, ceilings=ceilings, meter=meter, builds=builds)
+                    keeper.done(case.id, rec["elapsed_s"])
+                rec["predicted_s"] = keeper.predicted.get(case.id)
+                writer.write(rec)
+                _mark_inflight(run_dir, None)
+                counts[rec["status"]] = counts.get(rec["status"], 0) + 1
+                if on_record:
+                    on_record(rec)
+                if bar is not None:
+                    bar.update(1)
+                leaked = rec.get("leaked_bytes") or 0
+                if leaked > LEAK_REPORT_BYTES:
+                    raise WorkerRestart(f"{case.id} kept {leaked / 2**20:.0f} MiB across its calls: the rest "
+                                        "of the run goes on in a fresh process")
+    finally:
+        if bar is not None:
+            bar.close()
+        if meter is not None:
+            meter.close()
+    return counts
+
+
+def _energy_meter(cases: list[Case]) -> Any:
+    """One NVML meter for the run's CUDA device (None without CUDA cells)."""
+    if not any(c.device == "cuda" for c in cases):
+        return None
+    from ..measure.energy import EnergyMeter
+    import torch
+    return EnergyMeter(device_index=torch.cuda.current_device())
+
+
+def ceilings_for(cases: Iterable[Case], run_dir: Path, budget_s: float) -> tuple[dict[str, dict], bool]:
+    """The machine's measured limits per device, once per run folder (reused on resume), each
+    measured in about budget_s seconds (the preset's ceilings_s), and whether any were measured now."""
+    from ..measure.roofline import measure_ceilings
+    path = Path(run_dir) / RUN_FILE
+    known = (json.loads(path.read_text()).get("ceilings") or {}) if path.exists() else {}
+    out, measured = {}, False
+    for device in dict.fromkeys(c.device for c in cases):
+        dtypes = tuple(dict.fromkeys(c.dtype for c in cases if c.device == device))
+        have = known.get(device)
+        if have and all(d in (have.get("matmul_flops_per_s") or {}) for d in dtypes):
+            out[device] = have
+        else:
+            out[device], measured = measure_ceilings(device, dtypes, budget_s=budget_s), True
+    return out, measured

@@ -1,0 +1,180 @@
+"""What the cells of a run share: an input set's inputs, float64 golden(s), same-dtype
+baseline and leak probes (InputCache, rebuilt when the input set changes), and compiled
+callables (BuildCache, one per shapes, dtype, causal flag and mask kind).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..core.grid import Case
+from ..workload.inputs import Inputs, make_inputs
+from .numerics import error_vs_reference
+from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices, visibility
+from ..workload.variants import Variant, eager_attention
+
+
+def _leak_checks(inputs: Inputs, tq: int, tk: int) -> list[tuple[Any, Any]]:
+    """(keys to perturb (B|1, 1, 1, Tk), rows that must not change (B|1, 1, Tq)) pairs.
+
+    A: keys hidden from at least half of the rows that see anything; the rows
+    that see none of them must not change. B: every key, for fully masked rows.
+    None of the pairs exists when the scenario masks nothing.
+    """
+    import torch
+    vis = visibility(tq, tk, 0, tq, causal=inputs.causal, visible=inputs.visible,
+                     device=inputs.q.device)
+    if vis is None:
+        return []
+    while vis.dim() < 4:
+        vis = vis[None]
+    vis = vis.expand(vis.shape[0], 1, tq, tk)                                  # (B|1, 1, Tq, Tk)
+    seeing = vis.any(-1)                                                       # (B|1, 1, Tq)
+    hidden = (~vis & seeing[..., None]).sum(-2)                                # (B|1, 1, Tk)
+    n_seeing = seeing.sum(-1, keepdim=True).clamp(min=1)                       # (B|1, 1, 1)
+    keys = (2 * hidden >= n_seeing)[..., None, :]                              # (B|1, 1, 1, Tk)
+    rows = seeing & ~(vis & keys).any(-1)                                      # (B|1, 1, Tq)
+    checks = []
+    if bool(keys.any()) and bool(rows.any()):
+        checks.append((keys, rows))
+    if bool((~seeing).any()):
+        checks.append((torch.ones_like(keys), ~seeing))
+    return checks
+
+
+def leak_probes(inputs: Inputs) -> list[tuple[Any, Any, Any]]:
+    """(k', v', rows) per leak check: k and v with large random changes on the keys the
+    rows must not see. Built once per input set and shared by its variants."""
+    import torch
+    tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
+    gen = torch.Generator().manual_seed(1234)
+    probes = []
+    for keys, rows in _leak_checks(inputs, tq, tk):
+        noise_k = (3.0 + torch.randn(inputs.k.shape, generator=gen)).to(inputs.k.device, inputs.k.dtype)
+        noise_v = (3.0 + torch.randn(inputs.v.shape, generator=gen)).to(inputs.v.device, inputs.v.dtype)
+        sel = keys.transpose(-1, -2)                                            # (B|1, 1, Tk, 1)
+        probes.append((torch.where(sel, inputs.k + noise_k, inputs.k),
+                       torch.where(sel, inputs.v + noise_v, inputs.v), rows))
+    return probes
+
+
+@dataclass
+class Reference:
+    """Everything computed once per input set: float64 golden(s) and the same-dtype baseline.
+
+    The goldens cover `slices` (golden_subset: None means every (batch, head) slice);
+    take() cuts a variant's output or dq down to the same slices before comparing, take_kv()
+    k, v, dk or dv (Hkv heads: each slice's group once). `row_visible` covers the whole
+    output, for the NaN/inf and masked-row checks.
+    """
+
+    golden: Golden
+    golden_bottom_right: Golden | None   # only when causal and Tq != Tk
+    baseline_rmse: float | None          # `eager` in the input dtype against the golden
+    leak_probes: list = field(default_factory=list)  # leak_probes(inputs)
+    slices: list[tuple[int, int]] | None = None
+    row_visible: Any = None              # (B|1, 1, Tq) bool: rows that see a key
+    heads: int | None = None             # query heads (take_kv maps them to kv heads)
+
+    def take(self, t: Any) -> Any:
+        return take_slices(t, self.slices)
+
+    def take_kv(self, t: Any) -> Any:
+        return take_slices(t, self.slices, heads=self.heads)
+
+
+class InputCache:
+    """Inputs, float64 golden and baseline of the current input set, rebuilt when the set changes."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.inputs: Inputs | None = None
+        self.ref: Reference | None = None
+        self.golden_calls = 0
+
+    def clear(self) -> None:
+        """Drop the current input set (after an out-of-memory, so its memory can be freed)."""
+        self.key = self.inputs = self.ref = None
+
+    def get(self, case: Case) -> tuple[Inputs, Reference]:
+        if case.input_key != self.key:
+            self.inputs = self.ref = None  # free the previous set first
+            self.key = None
+            self.inputs = make_inputs(case)
+            self.ref = build_reference(case, self.inputs)
+            self.golden_calls += 1
+            self.key = case.input_key
+        return self.inputs, self.ref
+
+
+def build_reference(case: Case, inputs: Inputs) -> Reference:
+    """Float64 golden(s), same-dtype baseline and leak probes of one input set
+    (audit.repro.scripts copies this into reproduction scripts: keep its imports at module level)."""
+    tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
+    slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device,
+                           kv_heads=case.effective_kv_heads)
+    q, grad_out = (take_slices(t, slices) for t in (inputs.q, inputs.grad_out))
+    k, v = (take_slices(t, slices, heads=case.heads) for t in (inputs.k, inputs.v))
+    visible = take_slices(inputs.visible, slices)
+    mod = inputs.score_mod
+    golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible,
+                              score_mod=mod)
+    bottom_right = None
+    if inputs.causal and tq != tk:
+        bottom_right = golden_attention(q, k, v, causal=True, visible=visible, alignment="bottom-right",
+                                        score_mod=mod)
+    rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible)
+    return Reference(golden, bottom_right,
+                     _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden, mod),
+                     leak_probes(inputs), slices, rows, case.heads)
+
+
+def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden,
+                   score_mod: Any = None) -> float | None:
+    """RMSE of hand-written attention in the input dtype: the error budget's yardstick
+    (on the golden's slices)."""
+    import torch
+    try:
+        with torch.no_grad():
+            out = eager_attention(q, k, v, mask=mask, causal=causal, score_mod=score_mod)
+    except Exception:  # noqa: BLE001 - no baseline: budgets become null, not fake
+        return None
+    return error_vs_reference(out, golden.out, golden.row_visible)["rmse"]
+
+
+@dataclass
+class Build:
+    """A variant's callable for one kind of cell, and whether compiling it fused SDPA."""
+
+    fn: Callable[..., Any]
+    fused: bool | None = None
+
+
+class BuildCache:
+    """Callables reused across the cells of a run.
+
+    Compiled variants (compiled, compiled_unfused, flex) are compiled once per shapes,
+    dtype, causal flag and mask kind, and reused by every cell with the same: the
+    stability cells of one size differ only in their input values. Other variants are
+    cheap to build and get a fresh callable per cell.
+    """
+
+    def __init__(self) -> None:
+        self._builds: dict[tuple, Build] = {}
+
+    @staticmethod
+    def key(variant: Variant, inputs: Inputs) -> tuple:
+        mask = inputs.mask
+        mask_kind = None if mask is None else (str(mask.dtype), tuple(mask.shape))
+        return (variant.name, str(inputs.q.device), str(inputs.q.dtype), tuple(inputs.q.shape),
+                tuple(inputs.k.shape), inputs.causal, mask_kind, str(inputs.score_mod))
+
+    def get(self, variant: Variant, inputs: Inputs) -> tuple[Callable[..., Any], Build]:
+        if not variant.compiled:
+            build = Build(variant.build())
+            return build.fn, build
+        key = self.key(variant, inputs)
+        if key not in self._builds:
+            self._builds[key] = Build(variant.build())
+        build = self._builds[key]
+        return build.fn, build

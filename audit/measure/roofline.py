@@ -1,0 +1,282 @@
+"""Roofline: the machine's own measured ceilings and each cell's fraction of them.
+
+Ceilings are measured once per run on the same machine (design.md §4): a large
+square matmul per dtype for FLOP/s and a device-to-device copy for bandwidth.
+A cell's `pct_of_limit` is the better of its FLOP-bound and byte-bound times
+over the measured time, so 1.0 means "as fast as this machine's measured
+matmul/copy allow" and the `bound` column says which of the two binds.
+
+torch is imported inside functions: importing this module has no side effects.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from .timing import measure, sync_for, time_call
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+# Largest problems. A measurement starts from a small probe and doubles it while the
+# next size still fits its share of the time budget, so a dtype the hardware emulates
+# slowly (bf16 at 0.002 TFLOP/s on an AVX2-only CPU) stays small and fast units grow
+# until the probe is large enough to run near their peak.
+CPU_MATMUL_N: dict[str, int] = {"fp32": 2048, "fp16": 2048, "bf16": 2048}
+CUDA_MATMUL_N: dict[str, int] = {"fp32": 8192, "fp16": 8192, "bf16": 8192}
+CPU_COPY_BYTES = 256 * 2**20      # larger than any CPU's last-level cache
+CUDA_COPY_BYTES = 2 * 2**30       # ~40x an H100/H200 L2; halved on out-of-memory
+MIN_MATMUL_N = 128
+MIN_COPY_BYTES = 4 * 2**20
+CEILINGS_BUDGET_S = 2.5           # per device, every dtype and the copy together (issue: at most 3 s)
+GROW_FRACTION = 0.25              # the growing probes may use this share of a measurement's time
+STATISTIC = "max of repeats"
+
+# Columns cell_roofline() produces, for the record schema.
+ROOFLINE_COLUMNS: tuple[str, ...] = (
+    "pct_of_limit", "fwd_bwd_pct_of_limit", "bound", "fwd_bwd_bound", "bytes", "fwd_bwd_bytes",
+    "peak_flops_per_s", "peak_bytes_per_s",
+)
+
+
+def _best_rate(fn: Callable[[], object], work_per_call: float, *, budget_s: float,
+               sync: Callable[[], None] | None, warm_s: float,
+               min_block_s: float = 0.02, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Best (max) work/s over repeated blocks of calls, for `budget_s` seconds.
+
+    `fn` is already warmed up; `warm_s` is one warm call's time, used to batch
+    short calls into blocks of >= `min_block_s` so the clock and the device sync
+    cost nothing measurable. At least one block is always timed.
+    """
+    samples = measure(fn, estimate_s=warm_s, min_samples=1, min_time_s=budget_s, max_samples=10**9,
+                      min_block_s=min_block_s, clock=clock, sync=sync)
+    fastest = min(samples.per_call_s)
+    return work_per_call / fastest if fastest > 0 else 0.0
+
+
+def _timed_call(fn: Callable[[], object], sync: Callable[[], None] | None) -> float:
+    return time_call(fn, sync=sync)
+
+
+def _grow(make: Callable[[int], Callable[[], object]], size: int, max_size: int, factor: int,
+          cost_growth: float, budget_s: float, sync: Callable[[], None] | None
+          ) -> tuple[Callable[[], object], int, float, float]:
+    """Grow a problem from `size` by `factor` while the next one's warm call (this one's
+    times `cost_growth`) still fits GROW_FRACTION of the budget. Returns (the call, its
+    size, one warm call's time, time spent growing)."""
+    spent = 0.0
+    while True:
+        fn = make(size)
+        spent += _timed_call(fn, sync)             # first call: allocation, library init
+        warm = _timed_call(fn, sync)
+        spent += warm
+        if size * factor > max_size or spent + warm * cost_growth * 2 > GROW_FRACTION * budget_s:
+            return fn, size, warm, spent
+        size *= factor
+
+
+def _matmul_rate(device: str, dtype: str, max_n: int, budget_s: float,
+                 sync: Callable[[], None] | None) -> tuple[float, int]:
+    """(FLOP/s, n used) of an n×n @ n×n matmul in `dtype` within `budget_s` seconds.
+
+    n starts at MIN_MATMUL_N (or max_n if smaller) and doubles (8x the work) while the
+    next size fits the budget, up to max_n; the rest of the budget repeats the call.
+    """
+    import torch
+
+    from ..workload.inputs import torch_dtype
+
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def make(n: int) -> Callable[[], object]:
+        # random data, never zeros: some hardware multiplies zeros faster
+        a = torch.randn(n, n, generator=gen, device=device).to(torch_dtype(dtype))   # (n, n)
+        b = torch.randn(n, n, generator=gen, device=device).to(torch_dtype(dtype))   # (n, n)
+        return lambda: torch.matmul(a, b)                                             # (n, n)
+
+    fn, n, warm, spent = _grow(make, min(MIN_MATMUL_N, max_n), max_n, 2, 8.0, budget_s, sync)
+    return _best_rate(fn, 2.0 * n ** 3, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm), n
+
+
+def _copy_rate(device: str, max_bytes: int, budget_s: float,
+               sync: Callable[[], None] | None) -> tuple[float, int]:
+    """(bytes/s, tensor bytes) of dst.copy_(src), counting bytes read + bytes written; the
+    tensor grows from MIN_COPY_BYTES (4x at a time) within the budget, up to max_bytes."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    # Random, never zeros; tiling a 4 MiB random block is far cheaper than drawing
+    # 256 MiB+ of random numbers and copies at the same speed.
+    block = torch.rand(2**20, generator=gen, device=device) + 0.5                        # (1M,)
+    sizes: dict[int, int] = {}
+
+    def make(nbytes: int) -> Callable[[], object]:
+        numel = nbytes // 4
+        src = block.repeat(-(-numel // block.numel()))[:numel].contiguous()               # (numel,)
+        dst = torch.empty_like(src)                                                       # (numel,)
+        sizes[id(dst)] = nbytes
+        fn = lambda: dst.copy_(src)
+        fn.nbytes = nbytes
+        return fn
+
+    try:
+        fn, nbytes, warm, spent = _grow(make, min(MIN_COPY_BYTES, max_bytes), max_bytes, 4, 4.0, budget_s, sync)
+    except torch.OutOfMemoryError:
+        fn, nbytes, warm, spent = _grow(make, min(MIN_COPY_BYTES, max_bytes), MIN_COPY_BYTES, 4, 4.0, budget_s,
+                                        sync)
+    numel = nbytes // 4
+    return _best_rate(fn, 2.0 * numel * 4, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm), \
+        numel * 4
+
+
+def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16"), *,
+                     budget_s: float = CEILINGS_BUDGET_S, matmul_n: Mapping[str, int] | int | None = None,
+                     copy_bytes: int | None = None) -> dict[str, Any]:
+    """Measure this machine's matmul FLOP/s per dtype and copy bandwidth, once per run,
+    in about `budget_s` seconds for the device whatever it is.
+
+    Each matmul and the copy get an equal share of the budget: the problem grows from a
+    small probe while the next size fits its share (_grow), then the call is repeated
+    for the rest of it; the result is the best (max-rate) repeat. Why the max: a ceiling is an upper
+    bound, and everything that disturbs a repeat (background load, clocks still
+    ramping, page faults) only lowers the rate, so the best repeat is the closest
+    estimate of what the hardware can do. The median would understate the
+    ceiling on a busy machine and push cells' pct_of_limit above 1.
+
+    Bandwidth counts bytes read + bytes written (a copy of S bytes moves 2·S).
+    fp32 matmul follows torch.get_float32_matmul_precision() (TF32 on CUDA when
+    set to "high"), recorded as `float32_matmul_precision`.
+
+    A dtype whose matmul fails gets null and a reason in `matmul_reason`; a failed
+    copy gives `copy_bytes_per_s` null and `copy_reason`. Nothing is faked.
+    `matmul_n` (one n or per dtype) and `copy_bytes` cap the sizes the probes grow to.
+    """
+    import torch
+
+    started = time.perf_counter()
+    cuda = device.startswith("cuda")
+    sync = sync_for(device)
+    defaults = CUDA_MATMUL_N if cuda else CPU_MATMUL_N
+    out: dict[str, Any] = {
+        "device": device,
+        "device_name": torch.cuda.get_device_name(torch.device(device)) if cuda else None,
+        "matmul_flops_per_s": {}, "matmul_n": {}, "matmul_reason": {},
+        "copy_bytes_per_s": None, "copy_tensor_bytes": None, "copy_reason": None,
+        "statistic": STATISTIC, "budget_s": budget_s,
+        "threads": torch.get_num_threads(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+    share = 0.9 * budget_s / (len(dtypes) + 1)      # 10% left for allocations and the rest
+    for dt in dtypes:
+        if isinstance(matmul_n, int):
+            n = matmul_n
+        elif matmul_n is not None and dt in matmul_n:
+            n = matmul_n[dt]
+        else:
+            n = defaults.get(dt, 1024)
+        try:
+            rate, used_n = _matmul_rate(device, dt, n, share, sync)
+            if not (math.isfinite(rate) and rate > 0):
+                raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
+            out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = rate, used_n
+            out["matmul_reason"][dt] = None
+        except Exception as exc:  # unsupported dtype on this device, OOM, ...
+            out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = None, None
+            out["matmul_reason"][dt] = f"{type(exc).__name__}: {exc}"[:500]
+    try:
+        out["copy_bytes_max"] = copy_bytes or (CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES)
+        rate, used = _copy_rate(device, out["copy_bytes_max"], share, sync)
+        if not (math.isfinite(rate) and rate > 0):
+            raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
+        out["copy_bytes_per_s"], out["copy_tensor_bytes"] = rate, used
+    except Exception as exc:
+        out["copy_reason"] = f"{type(exc).__name__}: {exc}"[:500]
+    if cuda:
+        torch.cuda.empty_cache()
+    out["elapsed_s"] = time.perf_counter() - started
+    return out
+
+
+def attention_bytes(batch: int, heads: int, q_len: int, kv_len: int, d: int, dtype: str, *,
+                    mask_bytes: int = 0, backward: bool = False, kv_heads: int | None = None) -> int:
+    """Fewest bytes an attention call must move through memory (the roofline's byte count).
+
+    Forward: read Q (B·H·Tq·d), K and V (B·Hkv·Tk·d each, Hkv = kv_heads, default H) and
+    the mask, write O (B·H·Tq·d). With backward=True: the whole forward+backward, i.e. the forward
+    plus a backward that reads Q, K, V, O, dO and the mask again and writes dQ,
+    dK, dV. Intermediates (scores, probabilities, softmax statistics) are not
+    counted: a fused kernel keeps them on chip, so this is a lower bound and the
+    byte-bound time it gives is the best any implementation can reach.
+    """
+    size = DTYPE_BYTES[dtype]
+    q = batch * heads * q_len * d * size
+    kv = batch * (heads if kv_heads is None else kv_heads) * kv_len * d * size
+    fwd = q + 2 * kv + mask_bytes + q                           # Q, K, V, mask in; O out
+    if not backward:
+        return fwd
+    bwd = (3 * q + 2 * kv + mask_bytes) + (q + 2 * kv)           # Q, O, dO, K, V, mask in; dQ, dK, dV out
+    return fwd + bwd
+
+
+def pct_of_limit(flops: float, nbytes: float, seconds: float, peak_flops: float | None,
+                 peak_bytes_per_s: float | None) -> tuple[float | None, str | None]:
+    """(fraction of the machine's limit reached, "compute" or "memory").
+
+    The limit is the larger of the FLOP-bound time flops/peak_flops and the
+    byte-bound time nbytes/bandwidth: no implementation can be faster than
+    both. The fraction is that time over the measured `seconds` (1.0 = at the
+    roofline), and the name says which bound is the binding (larger) one.
+    (None, None) when a peak is missing or non-positive, or seconds <= 0.
+    """
+    if (peak_flops is None or peak_bytes_per_s is None or not peak_flops > 0
+            or not peak_bytes_per_s > 0 or seconds is None or not seconds > 0):
+        return None, None
+    t_compute = flops / peak_flops
+    t_memory = nbytes / peak_bytes_per_s
+    if t_compute >= t_memory:
+        return t_compute / seconds, "compute"
+    return t_memory / seconds, "memory"
+
+
+def compute_ceiling(ceilings: Mapping[str, Any], dtype: str) -> float | None:
+    """FLOP/s a kernel on `dtype` inputs can reach: the better of that dtype's matmul and fp32's.
+
+    A kernel may upcast (SDPA on a CPU without fp16 units computes fp16 in fp32 and
+    runs ~40x faster than an fp16 matmul there), so the fp32 rate also bounds what
+    is attainable; where the low-precision matmul is faster (GPUs), it wins.
+    """
+    rates = ceilings.get("matmul_flops_per_s") or {}
+    known = [r for r in (rates.get(dtype), rates.get("fp32")) if r]
+    return max(known) if known else None
+
+
+def cell_roofline(case_like: Mapping[str, Any], fwd_s: float | None, fwd_bwd_s: float | None,
+                  ceilings: Mapping[str, Any]) -> dict[str, Any]:
+    """A cell's roofline columns (ROOFLINE_COLUMNS) from its measured times and the run's ceilings.
+
+    `case_like` needs batch, heads, seq_len (key length), d_k, dtype, causal and
+    optionally kv_heads (defaults to heads), q_len (defaults to seq_len) and mask_bytes (bytes of an explicit
+    mask tensor; 0 when the kernel builds the mask, as for causal). FLOPs follow
+    numerics.attention_flops (causal counts visible pairs only); forward+backward
+    is (1 + BACKWARD_FLOP_FACTOR) × forward. Times are seconds per call (medians);
+    a None time or missing ceiling gives null fractions.
+    """
+    b, h = int(case_like["batch"]), int(case_like["heads"])
+    hkv = int(case_like.get("kv_heads") or h)
+    tk = int(case_like["seq_len"])
+    tq = int(case_like.get("q_len") or tk)
+    d, dtype, causal = int(case_like["d_k"]), str(case_like["dtype"]), bool(case_like["causal"])
+    mask_bytes = int(case_like.get("mask_bytes") or 0)
+
+    peak_flops = compute_ceiling(ceilings, dtype)
+    peak_bw = ceilings.get("copy_bytes_per_s")
+    flops = attention_flops(b, h, tq, tk, d, causal)
+    nbytes = attention_bytes(b, h, tq, tk, d, dtype, mask_bytes=mask_bytes, kv_heads=hkv)
+    fb_bytes = attention_bytes(b, h, tq, tk, d, dtype, mask_bytes=mask_bytes, backward=True, kv_heads=hkv)
+    pct, bound = pct_of_limit(flops, nbytes, fwd_s or 0.0, peak_flops, peak_bw)
+    fb_pct, fb_bound = pct_of_limit(flops * (1 + BACKWARD_FLOP_FACTOR), fb_bytes, fwd_bwd_s or 0.0,
+                                    peak_flops, peak_bw)
+    return {"pct_of_limit": pct, "fwd_bwd_pct_of_limit": fb_pct, "bound": bound,
+            "fwd_bwd_bound": fb_bound, "bytes": nbytes, "fwd_bwd_bytes": fb_bytes,
+            "peak_flops_per_s": peak_flops, "peak_bytes_per_s": peak_bw}

@@ -1,0 +1,341 @@
+"""Fit the cost model's constants on recorded runs, and check its predictions against them.
+
+`python -m audit.plan.costfit fit DIR... [--out FILE]` refits the constants (the shipped priors,
+cost_priors.json, are this fit of the reference runs); `python -m audit.plan.costfit check DIR...`
+compares predicted with recorded elapsed_s. Per-call factors come from the records' fwd_ms
+and fwd_bwd_ms against their run's ceilings, the other constants from what the records'
+elapsed_s leaves unexplained (costmodel says what each phase is).
+Pure Python + numpy + pandas: nothing here imports torch.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .costmodel import (CALL_WEIGHT_POWER, COMPILED_VARIANTS, CellShape, CostModel, Params, Settings,
+                        call_features, call_variant, cudnn_config, device_type, exposes_weights,
+                        golden_cost_inputs, kernel_key, leak_probe_count, masked_rows_checked)
+from ..core.grid import Case
+from ..measure.numerics import BACKWARD_FLOP_FACTOR
+from ..core.runfolder import RUN_FILE
+
+
+def _nnls(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Non-negative least squares by trying every support (few features): weighted rows."""
+    best, best_err = np.zeros(X.shape[1]), math.inf
+    for support in itertools.product((0, 1), repeat=X.shape[1]):
+        idx = [i for i, on in enumerate(support) if on]
+        if not idx:
+            continue
+        coef, *_ = np.linalg.lstsq(X[:, idx] * w[:, None], y * w, rcond=None)
+        if (coef < 0).any():
+            continue
+        full = np.zeros(X.shape[1])
+        full[idx] = coef
+        err = float(np.sum(((X @ full - y) * w) ** 2))
+        if err < best_err - 1e-15:
+            best, best_err = full, err
+    return best
+
+
+@dataclass
+class RunData:
+    """One run folder's records with what is needed to explain their elapsed_s."""
+
+    name: str
+    frame: Any                      # records.load(run_dir), in file (= run) order
+    settings: Settings
+    ceilings: dict[str, Any]
+    compile_cache_dir: str | None = None   # Inductor's cache folder the run compiled into (run.json)
+    compile_cache_id: str | None = None    # that folder's identity then (compile_cache.identity)
+    torch: str | None = None               # the run's torch version (the cache's entries are per version)
+    threads: int | None = None             # its torch threads (Inductor's CPU kernels are built for a count)
+
+    @classmethod
+    def load(cls, run_dir: Path | str) -> "RunData":
+        from ..core.records import load
+        run_dir = Path(run_dir)
+        info = json.loads((run_dir / RUN_FILE).read_text()) if (run_dir / RUN_FILE).exists() else {}
+        env = info.get("env") or {}
+        return cls(run_dir.name, load(run_dir), Settings.of_run(info), info.get("ceilings") or {},
+                   info.get("compile_cache_dir"), info.get("compile_cache_id"), env.get("torch"),
+                   env.get("threads"))
+
+    def compiled_keys(self, outcomes: Sequence[str] | None = None) -> set[tuple]:
+        """kernel_key()s of the cells that compiled in this run (their kernels are in its cache
+        folder since), or only those whose compile_cache is one of `outcomes`."""
+        frame = self.frame
+        if "compile_s" not in frame.columns:
+            return set()
+        compiled = frame["compile_s"].notna()
+        if outcomes is not None:
+            compiled &= frame["compile_cache"].isin(list(outcomes)) if "compile_cache" in frame.columns else False
+        return {kernel_key(CellShape.of(_case_of(row))) for _, row in frame[compiled].iterrows()}
+
+
+def _case_of(row: Any) -> Case:
+    kv = row.get("kv_heads")
+    return Case(variant=row["variant"], device=row["device"], dtype=row["dtype"], d_k=int(row["d_k"]),
+                seq_len=int(row["seq_len"]), batch=int(row["batch"]), heads=int(row["heads"]),
+                causal=bool(row["causal"]), scenario=row.get("scenario") or "normal",
+                kv_heads=int(kv) if isinstance(kv, (int, float)) and kv == kv else None)
+
+
+def _samples_wall(row: Any, prefix: str) -> float:
+    """Wall time of a record's timed samples: sum of samples × calls per sample."""
+    import re
+    timer = str(row.get("timer") or "")
+    found = re.search(r"blocks of (\d+|-)/(\d+|-) calls", timer)
+    per = 1
+    if found and found.group(1 if prefix == "fwd" else 2).isdigit():
+        per = int(found.group(1 if prefix == "fwd" else 2))
+    samples = row.get(f"{prefix}_samples_s")
+    if isinstance(samples, list) and samples:
+        total = float(np.nansum([s for s in samples if isinstance(s, (int, float))])) * per
+    else:                            # records stored without raw samples: n × median
+        n, ms = row.get(f"{prefix}_n"), row.get(f"{prefix}_ms")
+        if not (isinstance(n, (int, float)) and isinstance(ms, (int, float)) and n == n and ms == ms):
+            return 0.0
+        total = float(n) * float(ms) / 1e3 * per
+        samples = [0.0] * int(n)
+    if "spin kernel" in timer:       # device timing: each sample also waited for the spin
+        host = row.get(f"{prefix}_host_ms")
+        if isinstance(host, (int, float)) and host == host:
+            total += len(samples) * (1.5 * per * host / 1e3 + 2e-4)
+    return total
+
+
+def fit(runs: Iterable[RunData], priors: Params | None = None) -> Params:
+    """Constants fitted on the runs' records (on top of `priors` for what they do not show)."""
+    runs = list(runs)
+    fitted = Params(fitted_on=[r.name for r in runs])
+    _fit_calls(runs, fitted)
+    _fit_host(runs, fitted)
+    _fit_constants(runs, fitted)
+    return (priors or Params()).merged(fitted)
+
+
+def _fit_calls(runs: list[RunData], out: Params) -> None:
+    groups: dict[str, list[tuple[np.ndarray, float]]] = {}
+    for run in runs:
+        for _, row in run.frame.iterrows():
+            if row["status"] != "ok":
+                continue
+            case = _case_of(row)
+            dev = device_type(case.device)
+            ceil = run.ceilings.get(case.device) or run.ceilings.get(dev)
+            shape = CellShape.of(case)
+            x = call_features(shape, ceil)
+            for pass_, col in (("fwd", "fwd_ms"), ("fwd_bwd", "fwd_bwd_ms")):
+                t = row.get(col)
+                if isinstance(t, (int, float)) and t == t and t > 0:
+                    for dtype in (case.dtype, "*"):
+                        groups.setdefault(f"{dev}|{call_variant(shape)}|{dtype}|{pass_}", []).append((x, t / 1e3))
+    for key, items in groups.items():
+        X = np.stack([x for x, _ in items])
+        y = np.array([t for _, t in items])
+        if len(items) < 2:
+            continue
+        out.call[key] = [float(c) for c in _nnls(X, y, y ** -CALL_WEIGHT_POWER)]
+
+
+def _median_per_variant(runs: list[RunData], column: str, scale: float = 1.0) -> dict[str, float]:
+    """{"device|variant": median of a record column over the runs' cells that have it}."""
+    values: dict[str, list[float]] = {}
+    for run in runs:
+        frame = run.frame
+        if column not in frame.columns:
+            continue
+        for _, row in frame[frame[column].notna()].iterrows():
+            values.setdefault(f"{device_type(row['device'])}|{row['variant']}", []).append(
+                float(row[column]) * scale)
+    return {k: float(np.median(v)) for k, v in values.items()}
+
+
+def _first_compiled(frame: Any) -> Any:
+    """The label of a run's first measured compiled cell (None without one): its compile also
+    starts the compiler (imports, the C++ toolchain's checks, precompiled headers)."""
+    compiled = frame[frame["variant"].isin(COMPILED_VARIANTS) & (frame["status"] == "ok")]
+    return compiled.index[0] if len(compiled) else None
+
+
+def _compile_medians(runs: list[RunData]) -> dict[str, float]:
+    """Median compile_s per "device|variant" (call_variant: compiled[fused] apart) and, where
+    records say, per "device|variant|hit" and "|miss" (compile_cache), leaving out each run's
+    first compiled cell (compile_start_s)."""
+    values: dict[str, list[float]] = {}
+    for run in runs:
+        frame = run.frame
+        if "compile_s" not in frame.columns:
+            continue
+        first = _first_compiled(frame)
+        for label, row in frame[frame["compile_s"].notna()].iterrows():
+            if label == first:
+                continue
+            base = f"{device_type(row['device'])}|{call_variant(CellShape.of(_case_of(row)))}"
+            cache = row.get("compile_cache")
+            for key in (base, f"{base}|{cache}") if isinstance(cache, str) else (base,):
+                values.setdefault(key, []).append(float(row["compile_s"]))
+    return {k: float(np.median(v)) for k, v in values.items()}
+
+
+def _fit_host(runs: list[RunData], out: Params) -> None:
+    out.host_call_s.update(_median_per_variant(runs, "fwd_host_ms", 1e-3))
+
+
+def _explained(row: Any, shape: CellShape) -> float:
+    """The part of a record's elapsed_s its own measurements account for."""
+    t_f = row.get("fwd_ms")
+    t_f = t_f / 1e3 if isinstance(t_f, (int, float)) and t_f == t_f else 0.0
+    t_fb = row.get("fwd_bwd_ms")
+    t_fb = t_fb / 1e3 if isinstance(t_fb, (int, float)) and t_fb == t_fb else 0.0
+    compile_s = row.get("compile_s")
+    compile_s = compile_s if isinstance(compile_s, (int, float)) and compile_s == compile_s else 0.0
+    energy = row.get("energy_window_s")
+    energy = energy * 1.03 if isinstance(energy, (int, float)) and energy == energy else 0.0
+    return (3 * t_f + 3 * t_fb + leak_probe_count(shape.case) * t_f + compile_s + energy
+            + _samples_wall(row, "fwd") + _samples_wall(row, "fwd_bwd"))
+
+
+def _fit_constants(runs: list[RunData], out: Params) -> None:
+    """Per device: cell overhead, golden cost per chunk and per FLOP, weights cost per chunk,
+    from the residual elapsed_s of ok cells; then first-use and run-start costs; skips."""
+    by_dev: dict[str, list[tuple[np.ndarray, float, dict]]] = {}
+    compile_s = _compile_medians(runs)
+    for run in runs:
+        previous = None
+        seen: set[str] = set()
+        configs: set[tuple] = set()
+        first = _first_compiled(run.frame)
+        for i, (label, row) in enumerate(run.frame.iterrows()):
+            case = _case_of(row)
+            dev = device_type(case.device)
+            shape = CellShape.of(case)
+            first_of_set = case.input_key != previous
+            previous = case.input_key
+            first_use = case.variant not in seen
+            seen.add(case.variant)
+            first_compiled = label == first
+            cache = row.get("compile_cache") if first_compiled else None
+            config = cudnn_config(shape) if row["status"] == "ok" else None
+            new_config = config is not None and config not in configs
+            if config is not None:
+                configs.add(config)
+            if row["status"] == "skipped" and "too slow" not in str(row.get("reason")):
+                by_dev.setdefault(dev + "|skip", []).append((np.zeros(1), float(row["elapsed_s"] or 0), {}))
+                continue
+            if row["status"] != "ok" or not isinstance(row.get("elapsed_s"), (int, float)):
+                continue
+            resid = float(row["elapsed_s"]) - _explained(row, shape)
+            if first_compiled and isinstance(row.get("compile_s"), float) and row["compile_s"] == row["compile_s"]:
+                # what this compile took beyond a compile of its kind is the compiler's start-up
+                typical = f"{dev}|{call_variant(shape)}"
+                resid += row["compile_s"] - compile_s.get(f"{typical}|{cache}", compile_s.get(typical, row["compile_s"]))
+            _n, gflops, gchunks = golden_cost_inputs(shape, run.settings)
+            weights = exposes_weights(case.variant)
+            x = np.array([1.0, gchunks * first_of_set, gflops * first_of_set,
+                          gchunks * weights, gflops / BACKWARD_FLOP_FACTOR * weights, float(new_config),
+                          masked_rows_checked(shape) * run.settings.masked_rows_loop])
+            by_dev.setdefault(dev, []).append((x, resid, {"first_use": first_use, "first": i == 0,
+                                                           "first_compiled": first_compiled,
+                                                           "cache": cache if isinstance(cache, str) else None,
+                                                           "variant": case.variant}))
+    for dev, items in by_dev.items():
+        if dev.endswith("|skip"):
+            out.skip_s[dev.split("|")[0]] = float(np.median([r for _, r, _ in items]))
+            continue
+        regular = [(x, r) for x, r, info in items if not info["first_use"] and not info["first"]]
+        if len(regular) < 3:
+            continue
+        X = np.stack([x for x, _ in regular])
+        y = np.array([r for _, r in regular])
+        # Golden FLOPs enter as 1/rate: fit on seconds, weight so no cell dominates.
+        coef = _nnls(X, y, 1.0 / np.maximum(np.abs(y), 0.05))
+        out.cell_s[dev] = float(coef[0])
+        out.golden_chunk_s[dev] = float(coef[1])
+        if coef[2] > 0:
+            out.golden_flops_per_s[dev] = float(1.0 / coef[2])
+        out.weights_chunk_s[dev] = float(coef[3])
+        out.cudnn_config_s[dev] = float(coef[5])
+        out.masked_row_s[dev] = float(coef[6])
+        first_use: dict[str, list[float]] = {}
+        starts: list[float] = []
+        compile_starts: dict[str, list[float]] = {}
+        for x, r, info in items:
+            extra = r - float(x @ coef)
+            if info["first"]:
+                starts.append(extra)
+            elif info["first_compiled"]:          # importing Inductor, Triton or a C++ toolchain
+                for key in (dev, f"{dev}|{info['cache'] or 'unknown'}"):
+                    compile_starts.setdefault(key, []).append(extra)
+            elif info["first_use"]:
+                first_use.setdefault(info["variant"], []).append(extra)
+        if starts:
+            out.run_start_s[dev] = max(0.0, float(np.median(starts)))
+        for key, extras in compile_starts.items():
+            if not key.endswith("|unknown"):
+                out.compile_start_s[key] = max(0.0, float(np.median(extras)))
+        for variant, extras in first_use.items():
+            out.init_s[f"{dev}|{variant}"] = max(0.0, float(np.median(extras)))
+    out.compile_s.update(compile_s)
+
+
+def compare(run: RunData, model: CostModel) -> Any:
+    """Predicted against recorded elapsed_s for every cell of a run folder (its own settings,
+    ceilings and order). Columns: id, status, recorded_s, predicted_s, ratio (predicted / recorded)."""
+    cases = [_case_of(row) for _, row in run.frame.iterrows()]
+    pred = model.predict(cases, run.settings, run.ceilings, warm_compiles=run.compiled_keys(["hit"]))
+    out = pred[["id", "variant"]].copy()
+    out["status"] = list(run.frame["status"])
+    out["recorded_s"] = list(run.frame["elapsed_s"].astype(float))
+    out["predicted_s"] = list(pred["total_s"])
+    out["ratio"] = out["predicted_s"] / out["recorded_s"]
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m audit.plan.costfit fit DIR... [--out FILE]` | `check DIR...`."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m audit.plan.costfit")
+    parser.add_argument("command", choices=("fit", "check"))
+    parser.add_argument("runs", nargs="+", metavar="DIR")
+    parser.add_argument("--out", help="fit: write the parameters here (default: print them)")
+    parser.add_argument("--free-gib", nargs="*", default=[], metavar="DEVICE=GIB",
+                        help="fit: the reference machine's free memory per device type, e.g. cuda=139")
+    args = parser.parse_args(argv)
+    runs = [RunData.load(d) for d in args.runs]
+    if args.command == "fit":
+        params = fit(runs)
+        free = {k: float(v) * 2**30 for k, v in (item.split("=") for item in args.free_gib)}
+        for folder, run in zip(args.runs, runs):
+            info = json.loads((Path(folder) / RUN_FILE).read_text())
+            for device, ceil in (run.ceilings or {}).items():
+                dev = device_type(device)
+                if dev not in params.reference:
+                    env = info.get("env") or {}
+                    params.reference[dev] = {
+                        "device_name": env.get("device_name") if dev == "cuda" else env.get("cpu_model"),
+                        "ceilings": ceil, "free_bytes": int(free[dev]) if dev in free else None}
+        if args.out:
+            Path(args.out).write_text(params.to_json())
+        else:
+            print(params.to_json(), end="")
+        return 0
+    model = CostModel()
+    for run in runs:
+        table = compare(run, model)
+        ok = table[table["status"] == "ok"]
+        print(f"{run.name}: recorded {table['recorded_s'].sum():.1f} s, predicted {table['predicted_s'].sum():.1f} s; "
+              f"ok cells within 2x: {int(((ok['ratio'] <= 2) & (ok['ratio'] >= 0.5)).sum())}/{len(ok)}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

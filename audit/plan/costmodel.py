@@ -1,0 +1,534 @@
+"""Predict each cell's wall time, phase by phase, before measuring anything.
+
+A cell's time is made of phases the runner goes through (measurement.measure_cell):
+
+- setup:    per-cell overhead (build, record, bookkeeping); the first cell of a run
+            also pays for starting the device, and a variant's first cell for its
+            backend's initialization;
+- golden:   once per input set: the float64 golden (chunks of query rows over the
+            golden's slices), the same-dtype baseline; plus, for variants that expose
+            their weights, the float64 probabilities their saturation is checked against;
+- compile:  compiled variants, once per shapes, dtype, causal flag and mask kind; a cache
+            hit (Inductor's on-disk cache holds the code) costs a fraction of a miss;
+- warmup:   two forward and two forward+backward calls;
+- numerics: one call of each for memory and numerics, and the leak-probe forwards;
+- timed:    the timed samples, as timing.measure / measure_device take them;
+- energy:   CUDA speed cells: the NVML energy window.
+
+Per-call times come from the cell's FLOPs and bytes over the machine's measured
+ceilings (run.json: ceilings), with per-variant factors fitted from records:
+t = c0 + a·F/P_dtype + b·F/P_fp32 + m·S·size/BW, F the forward FLOPs, S the score
+elements B·H·Tq·Tk, P the measured matmul FLOP/s, BW the copy bandwidth. Because the
+factors multiply this machine's own ceilings, a model fitted on one machine predicts
+another from its ceilings. The other constants (per-cell overhead, golden cost per
+chunk and per FLOP, compile and initialization times) are fitted from records' elapsed_s.
+
+The shipped priors (cost_priors.json) are fitted on the shared H200 records
+(tests/data/h200-2026-11-30) and a CPU run; costfit.fit refits them from any run folders,
+and forecast.plan predicts a grid on this machine with them.
+Pure Python + numpy + pandas: nothing here imports torch.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Collection, Mapping, Sequence
+
+import numpy as np
+
+from ..core.grid import AXES, Case
+from ..measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from ..workload.presets import Preset
+from ..measure.roofline import CEILINGS_BUDGET_S, DTYPE_BYTES
+from ..measure.timing import MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
+from ..core.units import format_duration
+
+PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
+PRIORS_FILE = Path(__file__).with_name("cost_priors.json")
+PROBS_VARIANTS_PREFIX = "broken."
+PROBS_VARIANTS = ("eager", "eager_fp32")
+COMPILED_VARIANTS = ("compiled", "compiled_unfused", "flex")
+ENERGY_EDGE_WAIT_S = 0.1     # waiting for two energy-counter updates (20-100 ms apart)
+ENERGY_MAX_WALL_S = 0.3
+
+
+def device_type(device: str) -> str:
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
+# --------------------------------------------------------------------------- settings
+
+@dataclass(frozen=True)
+class Settings:
+    """What decides a run's cost besides its cells: the preset's sampling rules and the
+    measuring methods of the code that made (or will make) the records."""
+
+    min_samples: int = 5
+    min_time_s: float = 0.2
+    max_cell_s: float | None = 30.0   # None: no per-cell limit (--budget none)
+    energy_window_s: float = 0.1
+    timing: str = "device"        # CUDA: "device" (events behind a spin) or "host" (schema 2)
+    energy: str = "edges"         # "edges": between counter updates; "window": schema 2's fixed window
+    golden: str = "subset"        # "subset": budgeted slices; "full": schema 2
+    masked_rows_loop: bool = False  # schema 2 classified fully masked rows one by one (a sync each)
+    cpu_chunk_bytes: int = 32 * 2**20
+    cuda_chunk_bytes: int = 256 * 2**20
+
+    @classmethod
+    def of_preset(cls, preset: Preset) -> "Settings":
+        return cls(min_samples=preset.min_samples, min_time_s=preset.min_time_s,
+                   max_cell_s=preset.max_cell_s, energy_window_s=preset.energy_window_s)
+
+    @classmethod
+    def of_run(cls, run_info: Mapping[str, Any]) -> "Settings":
+        """The settings a run folder's records were made with (run.json)."""
+        timing = run_info.get("timing") or {}
+        max_cell_s = timing.get("max_cell_s", 30.0)
+        base = cls(min_samples=int(timing.get("min_samples", 5)),
+                   min_time_s=float(timing.get("min_time_s", 0.2)),
+                   max_cell_s=None if max_cell_s is None else float(max_cell_s),
+                   energy_window_s=float(timing.get("energy_window_s", 0.1)))
+        argv = list(run_info.get("argv") or [])
+        if "--energy-window-s" in argv:
+            base = replace(base, energy_window_s=float(argv[argv.index("--energy-window-s") + 1]))
+        if int(run_info.get("schema", 3)) <= 2:
+            base = replace(base, timing="host", energy="window", golden="full",
+                           cuda_chunk_bytes=32 * 2**20, masked_rows_loop=True)
+        return base
+
+
+# --------------------------------------------------------------------------- parameters
+
+# Where nothing was fitted: how a family of variants spends its time, per device type.
+# (c0 seconds, a, b, m): hand-written code runs its matmuls in the input dtype and passes
+# over the score matrix a few times; fused kernels run near the fp32-or-better rate.
+FAMILY_DEFAULTS: dict[str, dict[str, tuple[float, float, float, float]]] = {
+    "cpu": {"eager": (2e-5, 1.5, 0.0, 6.0), "fused": (2e-5, 0.0, 2.0, 0.5),
+            "compiled": (5e-5, 1.0, 0.0, 4.0)},
+    "cuda": {"eager": (5e-5, 3.0, 0.0, 6.0), "fused": (3e-5, 1.5, 0.0, 0.2),
+             "compiled": (5e-5, 2.0, 0.0, 3.0)},
+}
+BACKWARD_DEFAULT_FACTOR = 3.0
+HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
+
+
+def _family(variant: str) -> str:
+    if variant.startswith("sdpa") or variant in ("flex", "compiled[fused]"):
+        return "eager" if variant == "sdpa_math" else "fused"
+    if variant.startswith("compiled"):
+        return "compiled"
+    return "eager"
+
+
+@dataclass
+class Params:
+    """Fitted constants of the model. Keys join device type, variant, dtype and pass with '|'."""
+
+    call: dict[str, list[float]] = field(default_factory=dict)    # "cuda|sdpa|bf16|fwd" -> 4 factors
+    host_call_s: dict[str, float] = field(default_factory=dict)   # "cuda|sdpa" -> host s per call
+    cell_s: dict[str, float] = field(default_factory=dict)        # "cuda" -> s per cell
+    cudnn_config_s: dict[str, float] = field(default_factory=dict)  # "cuda" -> first cuDNN SDPA of a config
+    masked_row_s: dict[str, float] = field(default_factory=dict)  # schema 2: per fully masked row checked
+    golden_chunk_s: dict[str, float] = field(default_factory=dict)
+    golden_flops_per_s: dict[str, float] = field(default_factory=dict)
+    weights_chunk_s: dict[str, float] = field(default_factory=dict)
+    # s per compile: "cpu|flex|hit" / "cpu|flex|miss" by Inductor's cache, "cpu|flex" outcome unknown
+    compile_s: dict[str, float] = field(default_factory=dict)
+    init_s: dict[str, float] = field(default_factory=dict)        # "cuda|sdpa" -> first cell of a run
+    run_start_s: dict[str, float] = field(default_factory=dict)
+    compile_start_s: dict[str, float] = field(default_factory=dict)  # the run's first compiled cell ("cpu|miss")
+    skip_s: dict[str, float] = field(default_factory=dict)
+    fitted_on: list[str] = field(default_factory=list)
+    # The machine the priors were fitted on, per device type: its ceilings, free memory and
+    # name. A dry-run for a device this machine lacks (--device cuda on a laptop) predicts it.
+    reference: dict[str, dict] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Params":
+        return cls(**json.loads(text))
+
+    def merged(self, newer: "Params") -> "Params":
+        """These parameters with every constant `newer` fitted taking precedence."""
+        out = Params()
+        for name in asdict(self):
+            old, new = getattr(self, name), getattr(newer, name)
+            setattr(out, name, list(dict.fromkeys(old + new)) if isinstance(old, list) else {**old, **new})
+        return out
+
+
+def load_priors(path: Path = PRIORS_FILE) -> Params:
+    return Params.from_json(path.read_text()) if path.exists() else Params()
+
+
+# --------------------------------------------------------------------------- cells
+
+@dataclass(frozen=True)
+class CellShape:
+    """What a cell's cost depends on, without torch."""
+
+    case: Case
+    q_len: int
+    flops: float          # forward FLOPs (per query head: GQA does not change them)
+    score_elems: float    # B·H·Tq·Tk, plus GQA's copies of k and v per query head where made
+    mask: tuple | None    # (kind, shape) of the mask tensor, or None
+
+    @classmethod
+    def of(cls, case: Case) -> "CellShape":
+        from ..workload.inputs import mask_shape, q_len
+        from .memory_model import kv_copy_elements
+        tq = q_len(case)
+        return cls(case, tq, float(attention_flops(case.batch, case.heads, tq, case.seq_len, case.d_k,
+                                                   case.causal)),
+                   float(case.batch * case.heads * tq * case.seq_len + kv_copy_elements(case)),
+                   mask_shape(case))
+
+
+def call_variant(shape: CellShape) -> str:
+    """The name per-call factors are fitted under: `compiled` splits in two, because Inductor
+    rewrites it into fused SDPA without a mask or with an additive float mask (not causal,
+    not a bool mask) and leaves the hand-written math otherwise."""
+    case = shape.case
+    if case.variant == "compiled" and not case.causal and (shape.mask is None or shape.mask[0] == "float"):
+        return "compiled[fused]"
+    return case.variant
+
+
+CALL_WEIGHT_POWER = 0.25  # fit weights 1/t^p: 1 balances relative errors, 0 absolute ones (wall time)
+
+
+def call_features(shape: CellShape, ceilings: Mapping[str, Any] | None) -> np.ndarray:
+    """[1, F/P_dtype, F/P_fp32, S·size/BW] for one forward, from the device's ceilings."""
+    c = ceilings or {}
+    rates = c.get("matmul_flops_per_s") or {}
+    p_dt = rates.get(shape.case.dtype) or rates.get("fp32") or 1e11
+    p_32 = rates.get("fp32") or p_dt
+    bw = c.get("copy_bytes_per_s") or 2e10
+    size = DTYPE_BYTES[shape.case.dtype]
+    return np.array([1.0, shape.flops / p_dt, shape.flops / p_32, shape.score_elems * size / bw])
+
+
+def golden_cost_inputs(shape: CellShape, settings: Settings) -> tuple[float, float, float]:
+    """(slices covered, float64 FLOPs, chunks) of the golden of this cell's input set."""
+    from ..measure.reference import golden_flops, golden_slices
+    case = shape.case
+    dev = device_type(case.device)
+    slices = (golden_slices(case.batch, case.heads, shape.q_len, case.seq_len, case.d_k, case.causal, dev,
+                            kv_heads=case.effective_kv_heads)
+              if settings.golden == "subset" else None)
+    n = case.batch * case.heads if slices is None else len(slices)
+    flops = n * golden_flops(shape.q_len, case.seq_len, case.d_k, case.causal)
+    chunk_bytes = settings.cuda_chunk_bytes if dev == "cuda" else settings.cpu_chunk_bytes
+    rows = max(1, chunk_bytes // max(1, n * case.seq_len * 8))
+    return float(n), flops, float(math.ceil(shape.q_len / rows))
+
+
+def compile_key(shape: "CellShape", variant: str | None = None) -> tuple:
+    """What a compiled variant's code is built for (cellcache.BuildCache's key, without torch):
+    one compile per key in a run."""
+    case = shape.case
+    return (variant or case.variant, case.device, case.dtype, shape.q_len, case.seq_len, case.batch,
+            case.heads, case.kv_heads, case.d_k, case.causal, shape.mask, score_mod_of(case))
+
+
+def kernel_key(shape: "CellShape") -> tuple:
+    """What Inductor's on-disk cache holds a compile's kernels under: compile_key, with
+    `compiled` where Inductor leaves the hand-written math (call_variant) the same as
+    `compiled_unfused`, whose kernels it builds (seen: the second of the two is a cache hit)."""
+    variant = call_variant(shape)
+    return compile_key(shape, "compiled_unfused" if variant == "compiled" else variant)
+
+
+def score_mod_of(case: Case) -> str:
+    """The cell's score modification by name ("None" without one): compiled code is built per
+    score modification too (cellcache.BuildCache)."""
+    from ..workload.inputs import SCENARIOS
+    return str(SCENARIOS[case.scenario].score_mod)
+
+
+def exposes_weights(variant: str) -> bool:
+    return variant in PROBS_VARIANTS or variant.startswith(PROBS_VARIANTS_PREFIX)
+
+
+def masked_rows_checked(shape: CellShape) -> float:
+    """Fully masked query rows the masked-row check looks at: every 8th row × B × H."""
+    if not shape.case.scenario.startswith("fully_masked"):
+        return 0.0
+    from ..workload.inputs import fully_masked_rows
+    return float(len(fully_masked_rows(shape.q_len)) * shape.case.batch * shape.case.heads)
+
+
+CUDNN_VARIANTS = ("sdpa", "sdpa_cudnn")
+
+
+def cudnn_config(shape: CellShape) -> tuple | None:
+    """The configuration cuDNN builds an execution plan for (the H200 records: a new one costs
+    1-2 s in the first `sdpa` or `sdpa_cudnn` cell that uses it); None for other cells."""
+    case = shape.case
+    if device_type(case.device) != "cuda" or case.variant not in CUDNN_VARIANTS or case.dtype == "fp32":
+        return None
+    return case.dtype, case.d_k, case.causal, shape.mask
+
+
+def leak_probe_count(case: Case) -> int:
+    """Extra forwards of the leak check: one per kind of hidden key (masked or future keys,
+    fully masked rows)."""
+    from ..workload.inputs import SCENARIOS
+    mask = SCENARIOS[case.scenario].mask
+    n = int(case.causal or mask is not None)
+    return n + int(case.scenario.startswith("fully_masked"))
+
+
+def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call_s: float) -> float:
+    """Wall time of one measurement (timing.measure / measure_device) of a call taking t seconds."""
+    if t <= 0:
+        return 0.0
+    if device_timing:
+        block = min(MAX_DEVICE_BLOCK, max(1, math.ceil(MIN_BLOCK_S / t)))
+        per_sample = 1.5 * block * host_call_s + 2e-4 + block * t
+    else:
+        block = max(1, math.ceil(MIN_BLOCK_S / t))
+        per_sample = block * t
+    n = min(MAX_SAMPLES, max(settings.min_samples, math.ceil(settings.min_time_s / per_sample)))
+    return n * per_sample
+
+
+def energy_wall_s(t_fwd: float, settings: Settings) -> float:
+    """The energy window's wall time (measurement._telemetry, EnergyMeter.measure)."""
+    w = settings.energy_window_s
+    if w <= 0:
+        return 0.0
+    if settings.energy == "window":          # schema 2: a fixed window of repeated calls
+        return max(w, t_fwd) * 1.03
+    if t_fwd < 2e-3:                         # graph capture, then replays between two counter updates
+        return min(ENERGY_MAX_WALL_S, w + ENERGY_EDGE_WAIT_S) + 3 * t_fwd + 2e-3
+    return ENERGY_EDGE_WAIT_S + max(w, t_fwd) + 2 * t_fwd
+
+
+# --------------------------------------------------------------------------- prediction
+
+def predicted_unsupported(case: Case, shape: CellShape) -> str | None:
+    """Cells a forced SDPA backend refuses (design.md §5, §5b), and those a built-in variant
+    declares it cannot run (variants.Variant.refusal: soft-capping on SDPA, the GQA control on
+    multi-head cells): skipped in milliseconds."""
+    from ..workload.inputs import cell_needs
+    from ..workload.variants import builtin_variants
+    builtin = builtin_variants().get(case.variant)
+    refusal = builtin.refusal(cell_needs(case)) if builtin is not None else None
+    if refusal:
+        return refusal
+    v, dev = case.variant, device_type(case.device)
+    if dev == "cpu" and v in ("sdpa_efficient", "sdpa_cudnn"):
+        return "no such backend on the CPU"
+    if dev == "cuda" and v == "sdpa_flash":
+        if shape.mask is not None:
+            return "FLASH_ATTENTION takes no attn_mask"
+        if case.dtype == "fp32":
+            return "FLASH_ATTENTION needs fp16 or bf16"
+        if case.causal and shape.q_len != case.seq_len:
+            return "FLASH_ATTENTION: is_causal with q_len != kv_len"
+    if dev == "cuda" and v == "sdpa_cudnn" and case.dtype == "fp32":
+        return "CUDNN_ATTENTION needs fp16 or bf16"
+    return None
+
+
+class CostModel:
+    """Per-call times and per-phase constants; predict() walks a grid in run order."""
+
+    def __init__(self, params: Params | None = None) -> None:
+        self.params = params or load_priors()
+
+    def _call_factors(self, dev: str, variant: str, dtype: str, pass_: str) -> np.ndarray:
+        """Fitted for this dtype, else for the variant's other dtypes, else the family default."""
+        p = self.params.call
+        for key in (f"{dev}|{variant}|{dtype}|{pass_}", f"{dev}|{variant}|*|{pass_}"):
+            if key in p:
+                return np.array(p[key])
+        base = np.array(FAMILY_DEFAULTS[dev][_family(variant)])
+        return base * BACKWARD_DEFAULT_FACTOR if pass_ == "fwd_bwd" else base
+
+    def call_s(self, shape: CellShape, pass_: str, ceilings: Mapping[str, Any] | None) -> float:
+        dev = device_type(shape.case.device)
+        factors = self._call_factors(dev, call_variant(shape), shape.case.dtype, pass_)
+        return float(max(1e-6, factors @ call_features(shape, ceilings)))
+
+    def _const(self, table: str, key: str, default: float) -> float:
+        return float(getattr(self.params, table).get(key, default))
+
+    def _by_cache(self, table: str, key: str, cache: str, default: float) -> float:
+        """A compile constant fitted for this cache outcome ("key|hit", "key|miss"), else for
+        compiles of unknown outcome (records before schema 5), else the default."""
+        return self._const(table, f"{key}|{cache}", self._const(table, key, default))
+
+    def predict(self, cases: Sequence[Case], settings: Settings,
+                ceilings: Mapping[str, Any] | None = None,
+                free_bytes: Mapping[str, int | None] | None = None,
+                warm_compiles: Collection[tuple] = ()) -> "Any":
+        """One row per cell, in the given (run) order: predicted status and seconds per phase.
+
+        ceilings: {device: measure_ceilings(...)} (run.json), used for per-call times;
+        free_bytes: {device: bytes free}, for the cells memory_model predicts cannot fit;
+        warm_compiles: kernel_key()s whose kernels Inductor's on-disk cache holds (a compile
+        there is a cache hit, much cheaper than building them: audit.measure.compile_cache).
+        """
+        import pandas as pd
+
+        from .memory_model import too_big
+
+        rows = []
+        previous_key = None
+        seen_variants: set[tuple[str, str]] = set()
+        compiled_keys: set[tuple] = set()
+        kernels = set(warm_compiles)         # kernel_key()s in Inductor's cache, growing as the run compiles
+        compiling_started: set[str] = set()
+        cudnn_configs: set[tuple] = set()
+        started: set[str] = set()
+        paid: dict[tuple, float] = {}           # shared costs by what shares them (for amortized_s)
+        memberships: list[list[tuple]] = []     # per row: the groups it shares costs with
+        for case in cases:
+            shape = CellShape.of(case)
+            dev = device_type(case.device)
+            ceil = (ceilings or {}).get(case.device) or (ceilings or {}).get(dev)
+            phases = dict.fromkeys(PHASES, 0.0)
+            status, reason = "ok", None
+            phases["setup"] = self._const("cell_s", dev, 0.05)
+            shared = 0.0    # paid once for many cells, by whichever comes first (start-up, golden, compile)
+            groups = [("device", dev), ("variant", dev, case.variant), ("inputs", case.input_key)]
+            memberships.append(groups)
+            if dev not in started:
+                started.add(dev)
+                shared += paid.setdefault(groups[0], self._const("run_start_s", dev, 0.0))
+            oom = too_big(case, shape.q_len, (free_bytes or {}).get(case.device))
+            if oom:
+                phases["setup"] += shared
+                rows.append(self._row(case, "oom", oom, phases, shared_s=shared))
+                continue
+            if (dev, case.variant) not in seen_variants:
+                seen_variants.add((dev, case.variant))
+                shared += paid.setdefault(groups[1], self._const("init_s", f"{dev}|{case.variant}", 0.0))
+            if case.input_key != previous_key:
+                previous_key = case.input_key
+                phases["golden"] += self._golden_s(shape, settings)
+                paid[groups[2]] = paid.get(groups[2], 0.0) + phases["golden"]
+            unsupported = predicted_unsupported(case, shape)
+            if unsupported:
+                status, reason = "skipped", unsupported
+                phases["setup"] = self._const("skip_s", dev, 0.002) + shared
+                rows.append(self._row(case, status, reason, phases, shared_s=shared + phases["golden"]))
+                continue
+            t_f = self.call_s(shape, "fwd", ceil)
+            backward = not (case.variant == "flex" and dev == "cpu")
+            t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
+            if case.variant in COMPILED_VARIANTS:
+                key = compile_key(shape)
+                groups += [("compiler", dev), ("compile", key)]
+                if key not in compiled_keys:
+                    compiled_keys.add(key)
+                    cache = "hit" if kernel_key(shape) in kernels else "miss"
+                    kernels.add(kernel_key(shape))
+                    phases["compile"] = paid.setdefault(groups[-1], self._by_cache(
+                        "compile_s", f"{dev}|{call_variant(shape)}", cache, 3.0))
+                    if dev not in compiling_started:      # the run's first compile also starts the compiler
+                        compiling_started.add(dev)
+                        phases["compile"] += paid.setdefault(groups[-2], self._by_cache(
+                            "compile_start_s", dev, cache, 2.0))
+                    shared += phases["compile"]
+            n_timed = settings.min_samples + 1
+            limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s
+            if t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s or (t_f + t_fb) * n_timed > limit_s:
+                status, reason = "skipped", "too slow for this device (--max-cell-s)"
+                phases["warmup"] = 2 * t_f + (2 * t_fb if t_f * 3.5 * n_timed <= limit_s else 0)
+                phases["setup"] += shared - phases["compile"]
+                rows.append(self._row(case, status, reason, phases, t_f, t_fb,
+                                      shared_s=shared + phases["golden"]))
+                continue
+            config = cudnn_config(shape)
+            if config is not None:
+                groups.append(("cudnn", config))
+            if config is not None and config not in cudnn_configs:
+                cudnn_configs.add(config)
+                shared += paid.setdefault(groups[-1], self._const("cudnn_config_s", dev, 0.0))
+            phases["setup"] += shared - phases["compile"]
+            phases["warmup"] = 2 * t_f + 2 * t_fb
+            phases["numerics"] = t_f * (1 + leak_probe_count(case)) + t_fb
+            if settings.masked_rows_loop:
+                phases["numerics"] += masked_rows_checked(shape) * self._const("masked_row_s", dev, 0.0)
+            if exposes_weights(case.variant):
+                _n, flops, chunks = golden_cost_inputs(shape, settings)
+                phases["numerics"] += (chunks * self._const("weights_chunk_s", dev, 1e-3)
+                                       + flops / BACKWARD_FLOP_FACTOR
+                                       / self._const("golden_flops_per_s", dev, 1e10))
+            device_timing = dev == "cuda" and settings.timing == "device"
+            host = self._const("host_call_s", f"{dev}|{case.variant}", HOST_CALL_DEFAULT_S[dev])
+            phases["timed"] = (timed_wall_s(t_f, settings, device_timing=device_timing, host_call_s=host)
+                               + timed_wall_s(t_fb, settings, device_timing=device_timing,
+                                              host_call_s=2.5 * host))
+            if dev == "cuda" and case.scenario == "normal":
+                phases["energy"] = energy_wall_s(t_f, settings)
+            rows.append(self._row(case, status, reason, phases, t_f, t_fb, shared_s=shared + phases["golden"]))
+        columns = ["id", *AXES, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s",
+                   "shared_s", "amortized_s"]
+        members: dict[tuple, int] = {}
+        for row, groups in zip(rows, memberships):
+            for group in groups:
+                members[group] = members.get(group, 0) + (row["status"] == "ok")
+        for row, groups in zip(rows, memberships):
+            row["amortized_s"] = row["total_s"] - row["shared_s"] + sum(
+                paid.get(g, 0.0) / max(1, members[g]) for g in groups)
+        return pd.DataFrame(rows, columns=columns)
+
+    def _golden_s(self, shape: CellShape, settings: Settings) -> float:
+        dev = device_type(shape.case.device)
+        _n, flops, chunks = golden_cost_inputs(shape, settings)
+        return (chunks * self._const("golden_chunk_s", dev, 5e-3)
+                + flops / self._const("golden_flops_per_s", dev, 1e10))
+
+    @staticmethod
+    def _row(case: Case, status: str, reason: str | None, phases: dict[str, float],
+             t_f: float | None = None, t_fb: float | None = None, shared_s: float = 0.0) -> dict[str, Any]:
+        """shared_s: the part of total_s that the cell pays for others too (start-up, a
+        backend's first use, its input set's golden, compiled code it shares); amortized_s,
+        set after the walk: its own seconds plus its share of every shared cost it takes part
+        in (what the budget ranks cells by: a cell alone with its compile carries it all)."""
+        axes = case.axes()
+        return {"id": case.id, **axes, "status": status, "reason": reason,
+                "fwd_s": t_f, "fwd_bwd_s": t_fb, **phases, "total_s": sum(phases.values()),
+                "shared_s": shared_s}
+
+
+# --------------------------------------------------------------------------- reporting
+
+STARTUP_S = 5.0          # the supervisor's and the worker's start (importing torch twice)
+REPORT_S = 5.0           # seed claims, findings, reproduction scripts, figures and index ...
+REPORT_PER_CELL_S = 0.005  # ... growing with the measured cells (2-core AMD EPYC: 6.6 s for the
+                           # quick preset's 334 and 31 findings, 11.9 s for the cpu preset's 1465)
+
+
+def overhead_s(pred: Any, *, ceilings_measured: bool = True, ceilings_s: float = CEILINGS_BUDGET_S
+               ) -> tuple[float, float]:
+    """(seconds before the first cell, seconds after the last) of a run of these cells;
+    ceilings_s: what measuring a device's ceilings takes (the preset's)."""
+    devices = {device_type(d) for d in pred["device"]} if len(pred) else set()
+    before = STARTUP_S + (ceilings_s * len(devices) if ceilings_measured else 0.0)
+    measured = int((pred["status"] == "ok").sum()) if len(pred) else 0
+    return before, REPORT_S + REPORT_PER_CELL_S * measured
+
+
+def summary(pred: Any) -> str:
+    """Predicted seconds per phase and per variant, and the total, for --dry-run."""
+    before, after = overhead_s(pred)
+    overhead = before + after
+    total = float(pred["total_s"].sum()) + overhead
+    lines = [f"predicted wall time: {format_duration(total)} for {len(pred)} cells "
+             f"({int((pred['status'] == 'ok').sum())} measured, "
+             f"{int((pred['status'] == 'skipped').sum())} skipped, "
+             f"{int((pred['status'] == 'oom').sum()) if 'oom' in set(pred['status']) else 0} oom)",
+             "  per phase: " + ", ".join(f"{p} {format_duration(float(pred[p].sum()))}" for p in PHASES)
+             + f"; start-up, ceilings and report about {format_duration(overhead)}"]
+    per_variant = pred.groupby("variant", sort=False)["total_s"].sum().sort_values(ascending=False)
+    lines.append("  per variant: " + ", ".join(f"{v} {format_duration(float(s))}" for v, s in per_variant.items()))
+    return "\n".join(lines)

@@ -1,0 +1,49 @@
+"""Turn a run folder's records into figures, index.md and index.html (never measures).
+
+The report reads records only, so it can be rebuilt anywhere without torch.
+  data.py               which cells count for what (speed cells, orders, labels)
+  tables.py             data tables: DataFrames computed from the records and findings
+  sections.py,
+  stability_sections.py the report's sections: prose and tables as blocks
+  plotting.py, figures.py  matplotlib: shared helpers, one draw function per PNG
+  render.py             blocks, cell formatting, Markdown and HTML renderers, write_page
+  build.py              build_report: all of the above for one run folder
+"""
+from .build import build_report
+from .data import (BASELINE_VARIANT, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, SEVERITY_ORDER,
+                   describe_values, is_negative_control, median_table, memory_ratio_vs_baseline,
+                   representative_slice, scenario_alpha, scenario_descriptions, speedup_vs_baseline)
+from .figures import FIGURES, draw_figures
+from .plotting import DTYPE_COLORS, legend_below, overflowing_artists, save_figure, suptitle, variant_colors
+from .page import (MISSING, Badge, Block, Code, Contents, Figure, Heading, Link, Mono, Paragraph, Table,
+                   format_value, html_table, markdown_table, numeric_columns, para, render_html,
+                   render_markdown, severity_badges, write_page)
+from .tables import (alignment_table, budget_cuts_table, budget_table, ceilings_table, findings_summary,
+                     findings_table, fp16_overflow_table, gradient_table, host_bound_table,
+                     is_control_finding, leakage_table, masked_rows_table, negative_control_check,
+                     saturation_sweep_table, saturation_table, scenario_table, seed_claims_table)
+
+# Old private names that tests still use.
+_save = save_figure
+_representative_slice = representative_slice
+_scenario_descriptions = scenario_descriptions
+
+__all__ = [
+    "build_report", "write_page", "draw_figures", "FIGURES",
+    # blocks and rendering
+    "Block", "Heading", "Paragraph", "Code", "Table", "Figure", "Contents", "Mono", "Link",
+    "Badge", "para", "MISSING", "format_value", "markdown_table", "html_table", "numeric_columns",
+    "render_markdown", "render_html", "severity_badges",
+    # figures
+    "DTYPE_COLORS", "save_figure", "legend_below", "suptitle", "variant_colors",
+    "overflowing_artists",
+    # data and tables
+    "BASELINE_VARIANT", "NEGATIVE_CONTROL_PREFIX", "NORMAL_SCENARIO", "SEVERITY_ORDER",
+    "is_negative_control", "is_control_finding", "describe_values", "median_table",
+    "memory_ratio_vs_baseline", "speedup_vs_baseline", "representative_slice",
+    "scenario_alpha", "scenario_descriptions", "alignment_table", "budget_cuts_table",
+    "budget_table", "ceilings_table", "findings_summary", "findings_table",
+    "fp16_overflow_table", "gradient_table", "host_bound_table", "leakage_table",
+    "masked_rows_table", "negative_control_check", "saturation_sweep_table",
+    "saturation_table", "scenario_table", "seed_claims_table",
+]

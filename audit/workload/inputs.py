@@ -1,0 +1,291 @@
+"""Scenario -> (q, k, v, mask, grad_out), seeded and deterministic.
+
+Inputs are drawn in fp32 on the CPU from a generator seeded by the cell's input
+key, then rounded to the cell's dtype and moved to its device, so every variant
+and every device sees bit-identical inputs for the same input set.
+
+Besides the tensors a variant receives, each input set carries the *logical*
+visibility (which key each query may see): the float64 golden, the leak check
+and the fully-masked-row check use it, whatever form the mask takes (bool,
+-inf float, finfo.min float). A scenario may also carry a score modification
+(ScoreMod, e.g. Gemma 2's logit soft-capping): every variant applies it or
+declares it cannot (the cell is then skipped), and the golden applies it too.
+
+K and V have the cell's kv_heads heads (GQA/MQA when fewer than the query heads).
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..core.grid import Case
+from ..core.errors import UsageError
+
+TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def torch_dtype(name: str):
+    import torch
+    return getattr(torch, TORCH_DTYPES[name])
+
+
+@dataclass(frozen=True)
+class ScoreMod:
+    """An elementwise change of the scaled scores s = q·k·scale, applied before masking.
+
+    kind "softcap": s -> cap · tanh(s / cap), Gemma 2's logit soft-capping. Callable on a
+    score tensor of any shape (the eager (B, H, Tq, Tk) scores, FlexAttention's per-element
+    score, the float64 golden's), so every implementation applies the same function.
+    """
+
+    kind: str
+    cap: float
+
+    def __call__(self, scores: Any) -> Any:
+        import torch
+        return torch.tanh(scores / self.cap) * self.cap
+
+    def __str__(self) -> str:
+        return f"{self.kind}({self.cap:g})"
+
+
+@dataclass
+class Inputs:
+    """Tensors of one input set. q, k, v are leaves; `mask` may be None."""
+
+    q: Any                    # (B, H, Tq, d)
+    k: Any                    # (B, Hkv, Tk, d): Hkv = kv_heads, H a multiple of it
+    v: Any                    # (B, Hkv, Tk, d)
+    grad_out: Any             # (B, H, Tq, d): upstream gradient for the backward pass
+    mask: Any = None          # what the variant gets: None, bool or additive float, (B|1, 1, Tq|1, Tk)
+    causal: bool = False      # top-left causal flag passed to the variant
+    visible: Any = None       # logical (B|1, 1, Tq|1, Tk) bool from the mask alone (causal applied separately), or None
+    mask_form: str = "none"   # none | bool | neginf | finfo_min
+    score_mod: ScoreMod | None = None  # applied to the scaled scores before masking, or None
+
+    def call_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of a variant call: mask and causal, and score_mod only when the
+        cell has one (a variant without the capability is never handed it)."""
+        kwargs: dict[str, Any] = dict(mask=self.mask, causal=self.causal)
+        if self.score_mod is not None:
+            kwargs["score_mod"] = self.score_mod
+        return kwargs
+
+    def needs(self) -> set[str]:
+        """The features (variants.FEATURES, and "mqa") this input set asks of a variant."""
+        return needs(self.q.shape[1], self.k.shape[1], self.score_mod)
+
+
+def needs(heads: int, kv_heads: int, score_mod: Any) -> set[str]:
+    """What a cell with these heads and score modification asks of a variant: "gqa" (k, v with
+    fewer heads than q), also "mqa" when they have one, "score_mod" (a ScoreMod)."""
+    out = set()
+    if kv_heads != heads:
+        out.add("gqa")
+        if kv_heads == 1:
+            out.add("mqa")
+    if score_mod is not None:
+        out.add("score_mod")
+    return out
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    q_len: Callable[[int], int]          # seq_len (kv length) -> query length
+    draw: Callable[..., dict]            # (case, gen, tq, tk) -> overrides for Inputs fields
+    mask: tuple[str, str] | None = None  # (bool | float, per-batch | per-row) of the mask tensor, if any
+    score_mod: ScoreMod | None = None    # a score modification every variant must apply
+
+
+def _randn(gen, shape):
+    import torch
+    return torch.randn(shape, generator=gen, dtype=torch.float32)
+
+
+def _normal(case: Case, gen, tq: int, tk: int, alpha: float = 1.0) -> dict:
+    B, H, Hkv, d = case.batch, case.heads, case.effective_kv_heads, case.d_k
+    return dict(q=_randn(gen, (B, H, tq, d)) * alpha, k=_randn(gen, (B, Hkv, tk, d)),
+                v=_randn(gen, (B, Hkv, tk, d)))
+
+
+def _scaled(alpha: float):
+    def draw(case, gen, tq, tk):
+        return _normal(case, gen, tq, tk, alpha)
+    return draw
+
+
+def _outliers(case, gen, tq, tk) -> dict:
+    """FlashAttention-3's distribution: N(0,1) + N(0,100)·Bernoulli(0.001)."""
+    import torch
+    out = _normal(case, gen, tq, tk)
+    for name in ("q", "k", "v"):
+        t = out[name]
+        spikes = torch.rand(t.shape, generator=gen) < 1e-3
+        out[name] = t + _randn(gen, t.shape) * 10.0 * spikes
+    return out
+
+
+def _fp16_range(case, gen, tq, tk) -> dict:
+    """|q| ≈ 576, |k| ≈ 383 along a shared direction: q·k ≈ 2.2e5 > 65504 (pytorch#119131)."""
+    B, H, Hkv, d = case.batch, case.heads, case.effective_kv_heads, case.d_k
+    u = _randn(gen, (d,))
+    u = u / u.norm()
+
+    def along(heads, n, norm):
+        x = u + 0.1 * _randn(gen, (B, heads, n, d)) / d ** 0.5    # (B, heads, n, d)
+        return x / x.norm(dim=-1, keepdim=True) * norm
+    return dict(q=along(H, tq, 576.0), k=along(Hkv, tk, 383.0), v=_randn(gen, (B, Hkv, tk, d)))
+
+
+def _valid_lengths(batch: int, tk: int) -> list[int]:
+    """Key lengths per sequence: 3/4 of T for the first, shorter after, at least 1."""
+    return [max(1, (tk * 3) // 4 - b * tk // (2 * max(batch, 2))) for b in range(batch)]
+
+
+def _padding(case, gen, tq, tk) -> dict:
+    """Key padding mask of shape (B, 1, 1, Tk): the broadcast the seed gets wrong."""
+    import torch
+    out = _normal(case, gen, tq, tk)
+    lengths = torch.tensor(_valid_lengths(case.batch, tk))
+    keep = torch.arange(tk)[None, :] < lengths[:, None]           # (B, Tk)
+    keep = keep[:, None, None, :]                                 # (B, 1, 1, Tk)
+    out.update(mask=keep, visible=keep, mask_form="bool")
+    return out
+
+
+def fully_masked_rows(tq: int) -> list[int]:
+    """Query rows that see no key at all: every 8th row, starting at 3 (at least one)."""
+    return list(range(min(3, tq - 1), tq, 8))
+
+
+def _fully_masked(form: str):
+    def draw(case, gen, tq, tk):
+        import torch
+        out = _normal(case, gen, tq, tk)
+        keep = torch.ones(1, 1, tq, tk, dtype=torch.bool)         # (1, 1, Tq, Tk)
+        keep[..., fully_masked_rows(tq), :] = False
+        if form == "bool":
+            mask = keep
+        else:
+            fill = float("-inf") if form == "neginf" else torch.finfo(torch_dtype(case.dtype)).min
+            mask = torch.zeros(1, 1, tq, tk).masked_fill(~keep, fill)
+        out.update(mask=mask, visible=keep, mask_form=form)
+        return out
+    return draw
+
+
+def window_size(tk: int) -> int:
+    """sliding_window's width w: a quarter of the keys, at least 1."""
+    return max(1, tk // 4)
+
+
+def _sliding_window(case, gen, tq, tk) -> dict:
+    """Local attention: query i sees keys j with |i - j| < w (with causal: i - w < j <= i,
+    Mistral's and Gemma 2's local layers), w = T/4. A bool (1, 1, Tq, Tk) mask: SDPA takes it
+    as attn_mask, FlexAttention as a block mask, the hand-written variants as masked_fill."""
+    import torch
+    out = _normal(case, gen, tq, tk)
+    i = torch.arange(tq)[:, None]                                 # (Tq, 1)
+    j = torch.arange(tk)[None, :]                                 # (1, Tk)
+    keep = ((i - j).abs() < window_size(tk))[None, None]          # (1, 1, Tq, Tk)
+    out.update(mask=keep, visible=keep, mask_form="bool")
+    return out
+
+
+SOFTCAP = ScoreMod("softcap", 50.0)   # Gemma 2's attn_logit_softcapping
+SOFTCAP_Q_SCALE = 16.0                # q × 16: logits of std ~16 reach the cap's curved range
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
+    Scenario("normal", "q, k, v ~ N(0, 1)", lambda t: t, _normal),
+    *[Scenario(f"scaled_x{a}", f"q multiplied by {a}: logit-saturation sweep", lambda t: t, _scaled(a))
+      for a in (1, 4, 16, 64)],
+    Scenario("outliers", "N(0,1) + N(0,100)·Bernoulli(0.001) (FlashAttention-3)", lambda t: t, _outliers),
+    Scenario("fp16_range", "|q|≈576, |k|≈383 aligned: q·k ≈ 2.2e5 overflows fp16 (pytorch#119131)",
+             lambda t: t, _fp16_range),
+    Scenario("padding", "key padding mask (B,1,1,T), valid lengths 3/4 T and shorter", lambda t: t, _padding,
+             ("bool", "per-batch")),
+    Scenario("fully_masked_bool", "every 8th query row sees no key: bool mask", lambda t: t,
+             _fully_masked("bool"), ("bool", "per-row")),
+    Scenario("fully_masked_neginf", "every 8th query row sees no key: float mask of -inf", lambda t: t,
+             _fully_masked("neginf"), ("float", "per-row")),
+    Scenario("fully_masked_finfo_min", "every 8th query row sees no key: float mask of finfo.min",
+             lambda t: t, _fully_masked("finfo_min"), ("float", "per-row")),
+    Scenario("decode", "one query against T keys (q_len = 1)", lambda t: 1, _normal),
+    Scenario("cross_causal", "q_len = T/2 against T keys: top-left vs bottom-right causal differ",
+             lambda t: max(1, t // 2), _normal),
+    Scenario("sliding_window", "local attention: |i - j| < T/4 (causal: i - T/4 < j <= i), a bool mask",
+             lambda t: t, _sliding_window, ("bool", "per-row")),
+    Scenario("softcap", f"Gemma 2's logit soft-capping s -> {SOFTCAP.cap:g}·tanh(s/{SOFTCAP.cap:g}) "
+             f"on q × {SOFTCAP_Q_SCALE:g} (a score modification)", lambda t: t, _scaled(SOFTCAP_Q_SCALE),
+             score_mod=SOFTCAP),
+]}
+
+
+def check_scenario(name: str) -> None:
+    """Validator for grid.validate_axes: raises UsageError for an unknown scenario name."""
+    if name not in SCENARIOS:
+        raise UsageError(f"--scenario: unknown scenario {name!r}; allowed: {', '.join(SCENARIOS)}")
+
+
+def seed_for(case: Case) -> int:
+    """Deterministic 31-bit seed from the input key (same for every variant)."""
+    return zlib.crc32(repr(case.input_key).encode()) & 0x7FFFFFFF
+
+
+def q_len(case: Case) -> int:
+    return SCENARIOS[case.scenario].q_len(case.seq_len)
+
+
+def mask_shape(case: Case) -> tuple[str, tuple[int, ...]] | None:
+    """(bool | float, shape) of the mask tensor a variant gets in this cell, or None: what
+    compiled code is specialized on, known without building the tensors."""
+    mask = SCENARIOS[case.scenario].mask
+    if mask is None:
+        return None
+    kind, layout = mask
+    tq = q_len(case)
+    return kind, ((case.batch, 1, 1, case.seq_len) if layout == "per-batch" else (1, 1, tq, case.seq_len))
+
+
+def cell_needs(case: Case) -> set[str]:
+    """What a cell asks of a variant (needs()), known without building its tensors."""
+    return needs(case.heads, case.effective_kv_heads, SCENARIOS[case.scenario].score_mod)
+
+
+def make_inputs(case: Case) -> Inputs:
+    if case.scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {case.scenario!r}")
+    scenario = SCENARIOS[case.scenario]
+    return draw_inputs(case, scenario.draw, scenario.q_len(case.seq_len), scenario.score_mod)
+
+
+def draw_inputs(case: Case, draw: Callable[..., dict], tq: int, score_mod: ScoreMod | None = None) -> Inputs:
+    """The input set of `case` from its scenario's draw function, query length and score
+    modification.
+
+    Uses no registry: audit.repro.scripts copies it, with the draw function, into standalone
+    reproduction scripts (keep what it calls at module level, imports included).
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed_for(case))
+    tk = case.seq_len
+    drawn = draw(case, gen, tq, tk)
+    dtype = torch_dtype(case.dtype)
+
+    def to_cell(t):
+        return t.to(device=case.device, dtype=dtype)
+
+    mask = drawn.get("mask")
+    if mask is not None:
+        mask = mask.to(case.device) if mask.dtype == torch.bool else to_cell(mask)
+    visible = drawn.get("visible")
+    return Inputs(q=to_cell(drawn["q"]), k=to_cell(drawn["k"]), v=to_cell(drawn["v"]),
+                  grad_out=to_cell(_randn(gen, (case.batch, case.heads, tq, case.d_k))),
+                  mask=mask, causal=case.causal,
+                  visible=None if visible is None else visible.to(case.device),
+                  mask_form=drawn.get("mask_form", "none"), score_mod=score_mod)

@@ -1,0 +1,205 @@
+"""Presets: named grids, each the union of sub-grids plus how hard to measure each cell.
+
+A preset names values of every axis, variants and scenarios included, so this module sits
+above grid (the axes and their parsing), inputs (scenarios) and variants (variant names).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from ..core.grid import AXES, DTYPES, Case, expand, sub_grid_values, validate_axes
+from ..core.errors import UsageError
+from .inputs import check_scenario
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Named grid: the union of one or more sub-grids, plus how hard to measure each cell.
+
+    Sub-grids let a preset pair a wide speed sweep on normal inputs with a
+    narrower sweep over every input scenario and the negative controls,
+    without the full cross product of both.
+    """
+
+    name: str
+    description: str
+    grids: tuple[Mapping[str, tuple], ...]
+    min_samples: int = 5          # timed samples per measurement, at least
+    min_time_s: float = 0.2       # and at least this much timed time
+    max_cell_s: float | None = 30.0  # estimated cell time above which the cell is skipped (None: no limit)
+    energy_window_s: float = 0.1  # CUDA: least time between the two energy-counter updates that bound the window
+    budget_s: float | None = None  # wall-time budget of a run (None: measure every cell)
+    l2_flush: bool = False        # overwrite a cache-sized buffer before every timed sample
+    cuda_graph: bool = False      # CUDA: time CUDA-graph replays of the call
+    ceilings_s: float = 2.5       # seconds per device the run's ceilings (roofline limits) take to measure
+
+    @property
+    def axes(self) -> dict[str, tuple]:
+        """Every value each axis takes in any sub-grid (for display and run.json)."""
+        return {a: tuple(dict.fromkeys(v for g in self.grids for v in sub_grid_values(g, a))) for a in AXES}
+
+
+def preset_cases(preset: Preset, overrides: Mapping[str, Iterable[Any]] | None = None, *,
+                 known_variant=None) -> list[Case]:
+    """Validated, de-duplicated cells of a preset; an override replaces that axis in every sub-grid."""
+    cases: dict[str, Case] = {}
+    for sub in preset.grids:
+        axes = {a: (overrides or {}).get(a) or sub_grid_values(sub, a) for a in AXES}
+        try:
+            expanded = expand(validate_axes(axes, known_variant=known_variant, known_scenario=check_scenario))
+        except UsageError as exc:
+            if "kv_heads" in sub and not (overrides or {}).get("kv_heads") and "--kv-heads" in str(exc):
+                raise UsageError(f"{exc}; preset {preset.name} has GQA cells with kv_heads "
+                                 f"{', '.join(map(str, sub['kv_heads']))}: give --kv-heads with --heads") from None
+            raise
+        for case in expanded:
+            cases.setdefault(case.id, case)
+    return list(cases.values())
+
+
+STABILITY_SCENARIOS: tuple[str, ...] = (
+    "normal", "scaled_x4", "scaled_x16", "scaled_x64", "outliers", "fp16_range", "padding",
+    "fully_masked_bool", "fully_masked_neginf", "fully_masked_finfo_min", "decode", "cross_causal",
+)
+GPU_STABILITY_SCENARIOS: tuple[str, ...] = (
+    "normal", "scaled_x16", "scaled_x64", "outliers", "fp16_range", "padding",
+    "fully_masked_bool", "fully_masked_neginf", "cross_causal",
+)
+
+
+GPU_TOKENS = 16384  # gpu preset: batch x seq_len per cell, as FlashAttention's benchmarks
+GPU_SEQ_LENS = (512, 2048, 8192, 16384)
+GPU_COMPILED_SEQ_LENS = (2048, 8192)   # compiled variants cost ~4 s of compiling per shape
+COMPILED = ("compiled", "compiled_unfused", "flex")
+
+
+def presets() -> dict[str, Preset]:
+    from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS  # no torch import at module level
+    # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
+    variants = tuple(v for v in BUILTIN_NAMES if v != "flex")
+    controls = tuple(c for c in NEGATIVE_CONTROLS if c not in GQA_CONTROLS)   # GQA's: on GQA cells only
+    every = variants + controls
+    uncompiled = tuple(v for v in variants if not v.startswith("compiled"))
+    gqa_gpu = ("eager", "sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")   # GQA speed cells on CUDA
+    return {
+        "quick": Preset(
+            name="quick",
+            description="tiny grid for CI and tests: speed on normal inputs plus a few scenarios "
+                        "and the negative controls (well under 90 s on 2 cores)",
+            grids=(
+                dict(variant=variants, device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,),
+                     seq_len=(64, 128), batch=(1,), heads=(2,), causal=(False, True),
+                     scenario=("normal",)),
+                dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(32,), seq_len=(64,),
+                     batch=(1,), heads=(2,), causal=(False, True), scenario=("normal", "softcap")),
+                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math") + controls,
+                     device=("cpu",), dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,),
+                     heads=(2,), causal=(False, True),
+                     scenario=("scaled_x64", "fp16_range", "padding", "fully_masked_bool",
+                               "fully_masked_neginf", "sliding_window", "softcap")),
+                dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash") + GQA_CONTROLS, device=("cpu",),
+                     dtype=("fp32",), d_k=(32,), seq_len=(64,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1),
+                     causal=(True,), scenario=("normal", "sliding_window", "softcap")),
+            ),
+            # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
+            min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=1.0,
+        ),
+        "cpu": Preset(
+            name="cpu",
+            description="default without CUDA: every built-in variant, 3 dtypes, d_k 32-128, "
+                        "seq_len 128-2048, plus every scenario and negative control at T=256",
+            grids=(
+                dict(variant=variants, device=("cpu",), dtype=DTYPES, d_k=(32, 64, 128),
+                     seq_len=(128, 512, 2048), batch=(1,), heads=(2,), causal=(False, True),
+                     scenario=("normal",)),
+                dict(variant=("flex",), device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,),
+                     seq_len=(512, 2048), batch=(1,), heads=(2,), causal=(False, True),
+                     scenario=("normal",)),
+                dict(variant=every, device=("cpu",), dtype=DTYPES, d_k=(64,), seq_len=(256,),
+                     batch=(2,), heads=(2,), causal=(False, True), scenario=STABILITY_SCENARIOS),
+                dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,),
+                     batch=(2,), heads=(2,), causal=(False, True),
+                     scenario=("padding", "cross_causal", "decode", "sliding_window", "softcap")),
+                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash") + GQA_CONTROLS,
+                     device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,), seq_len=(256,), batch=(2,), heads=(4,),
+                     kv_heads=(4, 2, 1), causal=(False, True),
+                     scenario=("normal", "padding", "decode", "sliding_window", "softcap")),
+                dict(variant=("compiled", "sdpa", "sdpa_flash", "flex"), device=("cpu",), dtype=("fp32",), d_k=(64,),
+                     seq_len=(1024,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1), causal=(False, True),
+                     scenario=("normal",)),
+            ),
+            min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0,
+        ),
+        "gpu": Preset(
+            name="gpu",
+            description=f"default with CUDA: seq_len 512-16384 at {GPU_TOKENS} tokens per cell, 16 heads, "
+                        "bf16 at d_k 64-256, fp16/fp32 at d_k 128, plus scenarios at T=1024",
+            grids=(
+                *(dict(variant=uncompiled, device=("cuda",), dtype=("bf16",), d_k=(64, 128, 256),
+                       seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
+                       scenario=("normal",)) for t in GPU_SEQ_LENS),
+                *(dict(variant=uncompiled, device=("cuda",), dtype=("fp16",), d_k=(128,),
+                       seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
+                       scenario=("normal",)) for t in GPU_SEQ_LENS),
+                *(dict(variant=uncompiled, device=("cuda",), dtype=("fp32",), d_k=(128,),
+                       seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
+                       scenario=("normal",)) for t in GPU_SEQ_LENS[:-1]),
+                *(dict(variant=COMPILED, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(t,),
+                       batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
+                       scenario=("normal",)) for t in GPU_COMPILED_SEQ_LENS),
+                dict(variant=tuple(v for v in every if v not in COMPILED), device=("cuda",),
+                     dtype=("fp16", "bf16"), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
+                     causal=(False, True), scenario=GPU_STABILITY_SCENARIOS),
+                # Compiled code is built once per shape, dtype and mask kind (~4 s each on an H200):
+                # fp16 only (where fp16_range overflows), and the unfused compile of the hand-written
+                # math non-causal only (causal changes its mask, not its arithmetic).
+                dict(variant=("compiled", "flex"), device=("cuda",), dtype=("fp16",), d_k=(128,),
+                     seq_len=(1024,), batch=(2,), heads=(16,), causal=(False, True),
+                     scenario=GPU_STABILITY_SCENARIOS),
+                dict(variant=("compiled_unfused",), device=("cuda",), dtype=("fp16",), d_k=(128,),
+                     seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
+                     scenario=GPU_STABILITY_SCENARIOS),
+                # GQA/MQA (the H16 KV16 cells above are their multi-head baseline), the serving case
+                # (one query against a KV cache of up to 128k), and flex on the new scenarios.
+                dict(variant=gqa_gpu, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(8192,),
+                     batch=(GPU_TOKENS // 8192,), heads=(16,), kv_heads=(4, 1), causal=(False, True),
+                     scenario=("normal",)),
+                dict(variant=gqa_gpu, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(8192, 32768, 131072),
+                     batch=(1,), heads=(16,), kv_heads=(16, 4, 1), causal=(False,), scenario=("decode",)),
+                dict(variant=gqa_gpu + ("flex",) + GQA_CONTROLS,
+                     device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
+                     kv_heads=(16, 4), causal=(True,), scenario=("normal", "padding", "sliding_window", "softcap")),
+            ),
+            min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=480.0,
+        ),
+        "gpu-check": Preset(
+            name="gpu-check",
+            description="the GPU acceptance checks (make gpu-check): small and large speed cells of "
+                        "every SDPA backend, masked causal cells, compiled-code reuse, a golden subset, "
+                        "a cell too big for the device",
+            grids=(
+                *(dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"),
+                       device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(t,), batch=(b,), heads=(16,),
+                       causal=(False, True), scenario=("normal",))
+                  for t, b in ((512, 32), (1024, 2), (8192, 2))),
+                dict(variant=("eager", "sdpa"), device=("cuda",), dtype=("bf16",), d_k=(128,),
+                     seq_len=(16384,), batch=(1,), heads=(16,), causal=(False,), scenario=("normal",)),
+                dict(variant=("eager", "eager_fp32", "broken.clamped", "sdpa", "sdpa_cudnn"),
+                     device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,),
+                     heads=(16,), causal=(True,),
+                     scenario=("padding", "fully_masked_bool", "fully_masked_neginf", "cross_causal")),
+                dict(variant=("compiled", "flex"), device=("cuda",), dtype=("fp16",), d_k=(128,),
+                     seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
+                     scenario=("normal", "scaled_x16", "padding")),
+                dict(variant=("eager", "eager_fp32"), device=("cuda",), dtype=("fp32",), d_k=(128,),
+                     seq_len=(65536,), batch=(1,), heads=(16,), causal=(False,), scenario=("normal",)),
+            ),
+            min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=180.0,
+        ),
+    }
+
+
+def default_preset_name() -> str:
+    import torch
+    return "gpu" if torch.cuda.is_available() else "cpu"

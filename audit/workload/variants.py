@@ -1,0 +1,529 @@
+"""Attention implementations under audit: built-ins, compiled forms, SDPA backends, plug-ins.
+
+Every variant is a callable with the SDPA-like signature
+
+    fn(q, k, v, *, mask=None, causal=False, scale=None[, score_mod]) -> out
+
+q: (B, H, Tq, d); k, v: (B, Hkv, Tk, d); out: (B, H, Tq, d), same dtype as q.
+Hkv = H is multi-head attention; fewer (GQA, MQA at 1) pairs query head h with
+key/value head h // (H / Hkv), as `repeat_interleave` of k and v over the head dim.
+mask: None, a bool tensor (True = may attend) or an additive float tensor,
+broadcastable to (B, H, Tq, Tk). causal: top-left aligned (query i sees keys
+j <= i), as `scaled_dot_product_attention(is_causal=True)`. scale: None means
+1/sqrt(d). score_mod (only passed in cells that have one, inputs.ScoreMod): an
+elementwise function of the scaled scores, applied before masking.
+
+A variant that cannot take Hkv < H or a score_mod says so in `Variant.unsupported`
+(a plug-in: by declaring what it supports); such cells are skipped with that reason
+rather than computed some other way.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from ..core.errors import UsageError
+
+AttentionFn = Callable[..., Any]
+
+
+class Unsupported(Exception):
+    """This variant cannot run this cell (a backend's limits): recorded as `skipped`."""
+
+
+class BackwardUnsupported(Unsupported):
+    """The variant runs forward but has no backward here: the cell is measured forward-only,
+    with inputs that do not require grad, and `reason` says why fwd_bwd is missing."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named way to compute attention. `build()` is called once per cell."""
+
+    name: str
+    description: str
+    build: Callable[[], AttentionFn]
+    compiled: bool = False          # torch.compile: compile time and fusion are recorded
+    family: str = "eager"           # eager | compiled | sdpa | plugin | broken
+    probs: Callable[..., Any] | None = None  # exposes attention weights (B, H, Tq, Tk), if it can
+    backend: Callable[..., str] | None = None  # SDPA: which kernel runs for these inputs
+    # FEATURES this variant cannot take -> why (its cells needing one are skipped) ...
+    unsupported: Mapping[str, str] = field(default_factory=dict)
+    # ... and those it needs a cell to have -> why (a GQA negative control has nothing to show on MHA)
+    requires: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def negative_control(self) -> bool:
+        return self.family == "broken"
+
+    def refusal(self, needs: Iterable[str]) -> str | None:
+        """Why this variant does not run a cell needing these features, or None when it does."""
+        needs = set(needs)
+        for feature in sorted(needs & set(self.unsupported)):
+            return f"{self.name} cannot take {FEATURE_NAMES[feature]}: {self.unsupported[feature]}"
+        for feature in sorted(set(self.requires) - needs):
+            return f"{self.name} runs on {FEATURE_NAMES[feature]} cells only: {self.requires[feature]}"
+        return None
+
+
+# Capabilities a cell may need beyond plain multi-head attention (inputs.needs): "gqa" (k, v with
+# fewer heads than q, MQA included) and "score_mod" (inputs.ScoreMod). A plug-in declares those it
+# has; a cell's needs may also name "mqa" (one key/value head), which "gqa" covers.
+FEATURES: tuple[str, ...] = ("gqa", "score_mod")
+FEATURE_NAMES = {"gqa": "GQA/MQA (kv_heads < heads)", "mqa": "MQA (kv_heads = 1)",
+                 "score_mod": "a score modification (soft-capping)"}
+
+
+# --------------------------------------------------------------------------- eager
+
+def _causal_keep(tq: int, tk: int, device) -> Any:
+    """(Tq, Tk) bool, True where query i may see key j (top-left: j <= i)."""
+    import torch
+    return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
+
+
+def kv_for_queries(q, t):
+    """k or v (B, Hkv, Tk, d) with each head repeated for its H / Hkv query heads: (B, H, Tk, d).
+    Query head h meets key/value head h // (H / Hkv), the hand-written form of GQA."""
+    group = q.shape[-3] // t.shape[-3]
+    return t if group == 1 else t.repeat_interleave(group, dim=-3)
+
+
+def _masked_scores(q, k, mask, causal, scale, upcast: bool, score_mod=None):
+    """Q Kᵀ · scale, score_mod applied, then causal and mask as -inf / additive: (B, H, Tq, Tk)."""
+    import torch
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    k = kv_for_queries(q, k)                                       # (B, H, Tk, d)
+    if upcast:
+        q, k = q.float(), k.float()
+    scores = (q @ k.transpose(-2, -1)) * scale                     # (B, H, Tq, Tk)
+    if score_mod is not None:
+        scores = score_mod(scores)
+    if causal:
+        keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)    # (Tq, Tk)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.to(scores.dtype)
+    return scores
+
+
+def eager_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
+    """softmax(Q Kᵀ · scale, masked) in the input dtype: (B, H, Tq, Tk)."""
+    import torch
+    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=False, score_mod=score_mod), dim=-1)
+
+
+def eager_fp32_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
+    """Scores and softmax in fp32, cast back to the input dtype: (B, H, Tq, Tk)."""
+    import torch
+    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=True, score_mod=score_mod),
+                         dim=-1).to(q.dtype)
+
+
+def _from_probs(probs_fn, pair_kv=kv_for_queries):
+    """Attention from a probability function: probs(q, k) @ v, v's heads paired with the
+    query heads as `pair_kv` pairs them."""
+    def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+        probs = probs_fn(q, k, mask=mask, causal=causal, scale=scale, score_mod=score_mod)
+        return probs @ pair_kv(q, v)                               # (B, H, Tq, d)
+    attention.__doc__ = probs_fn.__doc__
+    return attention
+
+
+eager_attention = _from_probs(eager_probs)
+eager_attention.__doc__ = "softmax(Q Kᵀ · scale, masked) V, every step in the input dtype (the textbook code)."
+eager_fp32_attention = _from_probs(eager_fp32_probs)
+
+
+# --------------------------------------------------------------------------- negative controls
+# Deliberately defective hand-written attention. The audit must flag each of them.
+
+def _keep_mask(q, k, mask, causal):
+    """Bool (…, Tq, Tk) of allowed pairs from causal and a bool or float mask, or None."""
+    import torch
+    keep = _causal_keep(q.shape[-2], k.shape[-2], q.device) if causal else None
+    if mask is not None:
+        m = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+        keep = m if keep is None else (keep & m)
+    return keep
+
+
+def broken_unscaled_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
+    """Forgets 1/sqrt(d_k): scores have std sqrt(d_k) and softmax saturates."""
+    import torch
+    return torch.softmax(_masked_scores(q, k, mask, causal, 1.0, upcast=False, score_mod=score_mod), dim=-1)
+
+
+def broken_mask_after_softmax_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
+    """The seed's wrong way: softmax over every key, then zero the masked ones and renormalize."""
+    import torch
+    probs = torch.softmax(_masked_scores(q, k, None, False, scale, upcast=False, score_mod=score_mod), dim=-1)
+    keep = _keep_mask(q, k, mask, causal)
+    if keep is not None:
+        probs = probs * keep
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def broken_clamped_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
+    """The seed's `clamp(min=1e-6)` after softmax: weight returns to masked positions."""
+    import torch
+    return torch.clamp(eager_probs(q, k, mask=mask, causal=causal, scale=scale, score_mod=score_mod), min=1e-6)
+
+
+def broken_no_max_subtraction_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
+    """exp(scores) / sum without subtracting the row max: overflows on large logits."""
+    e = _masked_scores(q, k, mask, causal, scale, upcast=False, score_mod=score_mod).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def broken_softmax_wrong_dim_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
+    """softmax over the query axis (dim=-2) instead of the key axis."""
+    import torch
+    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=False, score_mod=score_mod), dim=-2)
+
+
+def kv_tiled(q, t):
+    """The GQA pairing bug: k or v tiled over the query heads (B, H, Tk, d), so query head h
+    meets key/value head h % Hkv instead of h // (H / Hkv)."""
+    group = q.shape[-3] // t.shape[-3]
+    return t if group == 1 else t.repeat(1, group, 1, 1)
+
+
+def broken_gqa_wrong_head_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
+    """GQA with the wrong pairing: query head h attends with key/value head h % kv_heads."""
+    return eager_probs(q, kv_tiled(q, k), mask=mask, causal=causal, scale=scale, score_mod=score_mod)
+
+
+# --------------------------------------------------------------------------- compiled
+
+RECOMPILE_LIMIT = 1024   # a safety margin: each build compiles its own copy of the function
+
+
+def _private_copy(fn: AttentionFn) -> AttentionFn:
+    """The same function with its own code object.
+
+    Dynamo keeps compiled code per code object. When every build compiled the one
+    `eager_attention`, its entries piled up and each new compile got slower (on a 2-core
+    CPU: 1.0 s per compile after a dozen shapes, against 0.28 s with a private copy or a
+    Dynamo reset); a reset would throw away the code other builds still use.
+    """
+    import types
+    code = fn.__code__.replace()
+    copy = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__doc__, copy.__qualname__, copy.__module__ = fn.__doc__, fn.__qualname__, fn.__module__
+    return copy
+
+
+def _compiled_fn(fn: AttentionFn, options: dict | None) -> AttentionFn:
+    """torch.compile(fn) with static shapes, compiled for real, never silently eager.
+
+    One compiled callable serves every cell of one shape, dtype and mask kind (the
+    run's cellcache.BuildCache), so Dynamo is not reset per cell; each build compiles a private
+    copy of `fn` (_private_copy), so builds do not share Dynamo's per-function cache.
+    Hitting Dynamo's recompile limit is an error rather than a silent eager fallback.
+    dynamic=False keeps every graph specialized to its shapes, as a user's static-shape
+    compile would be (automatic dynamic shapes would also change what Inductor fuses).
+    """
+    import torch
+    import torch._dynamo
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), 8 * RECOMPILE_LIMIT))
+    # A graph served from Inductor's FX-graph or AOT-autograd cache skips the pattern matcher,
+    # so its fuse_attention counter would not move and `fused_sdpa` would read false: compile for real.
+    import torch._inductor.config as inductor_config
+    inductor_config.fx_graph_cache = False
+    functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
+    if functorch_config is not None and hasattr(functorch_config, "enable_autograd_cache"):
+        functorch_config.enable_autograd_cache = False
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        # Past the recompile limit Dynamo silently runs eager; make that an error instead.
+        config.fail_on_recompile_limit_hit = True
+    fn = _private_copy(fn)
+    return torch.compile(fn, options=options, dynamic=False) if options else torch.compile(fn, dynamic=False)
+
+
+def _compiled(options: dict | None) -> AttentionFn:
+    return _compiled_fn(eager_attention, options)
+
+
+def fused_attention_count() -> int:
+    """How many times Inductor's pattern matcher rewrote attention into SDPA so far."""
+    from torch._dynamo.utils import counters
+    return int(counters["inductor"]["fuse_attention"])
+
+
+def compiled_graph_count() -> int:
+    """How many graphs Dynamo has compiled in this process so far (a compile happened when it grows)."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+# --------------------------------------------------------------------------- SDPA
+
+_NO_KERNEL_MARKERS = ("No available kernel", "No viable backend", "not supported", "not compiled")
+
+
+def _sdpa(backend_name: str | None) -> AttentionFn:
+    import torch
+    import torch.nn.functional as F
+
+    backend = None
+    if backend_name is not None:
+        from torch.nn.attention import SDPBackend
+        backend = getattr(SDPBackend, backend_name, None)
+        if backend is None:
+            raise Unsupported(f"this torch has no SDPA backend {backend_name}")
+
+    def call(q, k, v, *, mask=None, causal=False, scale=None):
+        mask, causal = _fold_causal(q, k, mask, causal)
+        kwargs = dict(attn_mask=mask, is_causal=causal, scale=scale)
+        if k.shape[-3] != q.shape[-3]:
+            kwargs["enable_gqa"] = True        # only then: multi-head calls stay exactly as they were
+        if backend is None:
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        from torch.nn.attention import sdpa_kernel
+        try:
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        except RuntimeError as exc:
+            text = str(exc)
+            if any(m in text for m in _NO_KERNEL_MARKERS):
+                raise Unsupported(f"SDPA backend {backend_name} cannot run this cell on "
+                                  f"{q.device.type}/{str(q.dtype).replace('torch.', '')}: "
+                                  f"{_first_line(exc)}") from None
+            raise
+
+    return call
+
+
+def _fold_causal(q, k, mask, causal):
+    """SDPA refuses attn_mask with is_causal: fold the causal part into the mask."""
+    import torch
+    if mask is None or not causal:
+        return mask, causal
+    keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)
+    mask = (mask & keep) if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
+    return mask, False
+
+
+def sdpa_dispatch_choice(q, k, v, *, mask=None, causal=False, scale=None) -> str:
+    """The SDPA backend the dispatcher picks for these inputs (torch._fused_sdp_choice)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+    mask, causal = _fold_causal(q, k, mask, causal)
+    gqa = {"enable_gqa": True} if k.shape[-3] != q.shape[-3] else {}
+    return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, scale=scale, **gqa)).name
+
+
+def _forced(name: str) -> Callable[..., str]:
+    return lambda *args, **kwargs: name
+
+
+# --------------------------------------------------------------------------- FlexAttention
+
+def _flex() -> AttentionFn:
+    """torch.compile(flex_attention); causal and bool masks as block masks, float masks and the
+    cell's ScoreMod as score_mod, GQA with enable_gqa."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = _compiled_fn(flex_attention, None)
+    block_mask_for: list = []     # [(mask tensor, causal, BlockMask)]: the last one built
+
+    def call(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+        if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise BackwardUnsupported("FlexAttention has no backward on CPU in this torch "
+                                      "(NotImplementedError); forward measured without grad")
+        tq, tk = q.shape[-2], k.shape[-2]
+        bool_mask = mask if mask is not None and mask.dtype == torch.bool else None
+        float_mask = mask if mask is not None and mask.dtype != torch.bool else None
+
+        def pick(m, b, qi, ki):
+            # m: (B|1, 1, Tq|1, Tk) -> the entry for batch b, query qi, key ki (broadcast dims read
+            # index 0). One index expression: the chained m[b, 0, qi][ki] compiled for the CPU
+            # reads out of bounds for a (1, 1, Tq, Tk) mask (heap corruption, SIGSEGV/SIGABRT).
+            return m[b if m.shape[0] > 1 else 0, 0, qi if m.shape[-2] > 1 else 0, ki]
+
+        def mask_mod(b, h, qi, ki):
+            keep = (qi >= ki) if causal else (qi >= 0)
+            if bool_mask is not None:
+                keep = keep & pick(bool_mask, b, qi, ki)
+            return keep
+
+        modify = score_mod
+
+        def flex_score_mod(score, b, h, qi, ki):
+            if modify is not None:
+                score = modify(score)                  # before masking, as in the golden
+            if float_mask is not None:
+                score = score + pick(float_mask, b, qi, ki).to(score.dtype)
+            return score
+
+        block_mask = None
+        if causal or bool_mask is not None:
+            # One callable serves many cells (cellcache.BuildCache): the block mask is rebuilt when
+            # the mask tensor itself changes (compared by identity while it is held, so a new
+            # tensor at a recycled address is never mistaken for the old one).
+            if not (block_mask_for and block_mask_for[0][0] is bool_mask and block_mask_for[0][1] == causal):
+                batch = bool_mask.shape[0] if bool_mask is not None and bool_mask.shape[0] > 1 else None
+                block_mask_for[:] = [(bool_mask, causal,
+                                      create_block_mask(mask_mod, batch, None, tq, tk, device=q.device.type))]
+            block_mask = block_mask_for[0][2]
+        gqa = {"enable_gqa": True} if k.shape[-3] != q.shape[-3] else {}
+        return compiled(q, k, v, block_mask=block_mask, scale=scale, **gqa,
+                        score_mod=flex_score_mod if (modify is not None or float_mask is not None) else None)
+
+    return call
+
+
+# --------------------------------------------------------------------------- registry
+
+BROKEN_PREFIX = "broken."
+SDPA_NO_SCORE_MOD = ("scaled_dot_product_attention has no score modification argument; "
+                     "soft-capping would need the scores it never materializes")
+
+
+def _builtins() -> dict[str, Variant]:
+    sdpa_limits = {"score_mod": SDPA_NO_SCORE_MOD}
+    specs = [
+        Variant("eager", "hand-written softmax(QKᵀ·scale)V, every step in the input dtype",
+                lambda: eager_attention, probs=eager_probs),
+        Variant("eager_fp32", "hand-written; scores and softmax upcast to fp32, cast back for P·V",
+                lambda: eager_fp32_attention, probs=eager_fp32_probs),
+        Variant("compiled", "torch.compile(eager), default settings (Inductor may rewrite it into SDPA)",
+                functools.partial(_compiled, None), compiled=True, family="compiled"),
+        Variant("compiled_unfused", "torch.compile(eager) with pattern matching off: the hand-written math compiled",
+                functools.partial(_compiled, {"pattern_matcher": False}), compiled=True, family="compiled"),
+        Variant("sdpa", "F.scaled_dot_product_attention, the dispatcher's choice of backend",
+                lambda: _sdpa(None), family="sdpa", backend=sdpa_dispatch_choice,
+                unsupported=sdpa_limits),
+        Variant("sdpa_math", "SDPA forced to the MATH backend (reference C++ composite)",
+                lambda: _sdpa("MATH"), family="sdpa", backend=_forced("MATH"),
+                unsupported=sdpa_limits),
+        Variant("sdpa_flash", "SDPA forced to the FLASH_ATTENTION backend",
+                lambda: _sdpa("FLASH_ATTENTION"), family="sdpa", backend=_forced("FLASH_ATTENTION"),
+                unsupported=sdpa_limits),
+        Variant("sdpa_efficient", "SDPA forced to the EFFICIENT_ATTENTION (memory-efficient) backend",
+                lambda: _sdpa("EFFICIENT_ATTENTION"), family="sdpa", backend=_forced("EFFICIENT_ATTENTION"),
+                unsupported=sdpa_limits),
+        Variant("sdpa_cudnn", "SDPA forced to the CUDNN_ATTENTION backend",
+                lambda: _sdpa("CUDNN_ATTENTION"), family="sdpa", backend=_forced("CUDNN_ATTENTION"),
+                unsupported=sdpa_limits),
+        Variant("flex", "torch.compile(flex_attention): causal/padding/window as block masks, float masks "
+                "and soft-capping as score_mod, GQA with enable_gqa",
+                _flex, compiled=True, family="compiled"),
+    ]
+    for probs_fn in (broken_unscaled_probs, broken_mask_after_softmax_probs, broken_clamped_probs,
+                     broken_no_max_subtraction_probs, broken_softmax_wrong_dim_probs):
+        name = BROKEN_PREFIX + probs_fn.__name__.removeprefix("broken_").removesuffix("_probs")
+        doc = (probs_fn.__doc__ or "").strip().splitlines()[0]
+        specs.append(Variant(name, "NEGATIVE CONTROL: " + doc,
+                             (lambda f=probs_fn: _from_probs(f)), family="broken", probs=probs_fn))
+    specs.append(Variant(
+        "broken.gqa_wrong_head", "NEGATIVE CONTROL: " + broken_gqa_wrong_head_probs.__doc__.strip(),
+        lambda: _from_probs(broken_gqa_wrong_head_probs, pair_kv=kv_tiled), family="broken",
+        probs=broken_gqa_wrong_head_probs,
+        requires={"gqa": "with kv_heads == heads, h % kv_heads is h, the right pairing: nothing to detect"},
+        unsupported={"mqa": "with one key/value head every pairing is the same: nothing to detect"}))
+    return {v.name: v for v in specs}
+
+
+BUILTIN_NAMES: tuple[str, ...] = (
+    "eager", "eager_fp32", "compiled", "compiled_unfused",
+    "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex",
+)
+NEGATIVE_CONTROLS: tuple[str, ...] = (
+    "broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
+    "broken.no_max_subtraction", "broken.softmax_wrong_dim", "broken.gqa_wrong_head",
+)
+GQA_CONTROLS: tuple[str, ...] = ("broken.gqa_wrong_head",)   # run (and flagged) on GQA cells only
+
+
+def builtin_variants() -> dict[str, Variant]:
+    return _builtins()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def is_plugin_name(name: str) -> bool:
+    return ":" in name
+
+
+def load_plugin(spec: str) -> Variant:
+    """`package.module:function` -> Variant; UsageError with a clear message on failure."""
+    import os
+    import sys
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"--variant: {spec!r} is not of the form package.module:function")
+    if os.getcwd() not in sys.path:  # the console script does not put cwd on sys.path
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
+        raise UsageError(f"--variant: cannot import module {module_name!r} for {spec!r}: "
+                         f"{type(exc).__name__}: {_first_line(exc)}") from None
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise UsageError(f"--variant: module {module_name!r} has no attribute {attr!r}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise UsageError(f"--variant: {spec!r} is a {type(fn).__name__}, not a callable")
+    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
+    description = doc[0] if doc else f"user plug-in {spec}"
+    return Variant(spec, description, lambda: fn, family="plugin", unsupported=_undeclared(spec, fn))
+
+
+SUPPORTS_ATTRIBUTE = "audit_supports"
+
+
+def _undeclared(spec: str, fn: Any) -> dict[str, str]:
+    """A plug-in's unsupported features: those its `audit_supports` attribute does not name.
+
+    Undeclared means unsupported: a plug-in written for k and v of H heads could broadcast
+    an MQA cell's single key/value head and look right by accident, or ignore a score_mod
+    keyword it swallows with **kwargs, so the audit never guesses.
+    """
+    declared = getattr(fn, SUPPORTS_ATTRIBUTE, ())
+    if isinstance(declared, str) or not isinstance(declared, Iterable):
+        raise UsageError(f"--variant: {spec}.{SUPPORTS_ATTRIBUTE} is {declared!r}; expected a tuple of "
+                         f"feature names from: {', '.join(FEATURES)}")
+    unknown = [f for f in declared if f not in FEATURES]
+    if unknown:
+        raise UsageError(f"--variant: {spec}.{SUPPORTS_ATTRIBUTE} names unknown feature(s) "
+                         f"{', '.join(map(repr, unknown))}; allowed: {', '.join(FEATURES)}")
+    return {f: f"the plug-in does not declare it (add {f!r} to {spec}.{SUPPORTS_ATTRIBUTE}; "
+               "README: Your own variant)" for f in FEATURES if f not in declared}
+
+
+def resolve(name: str) -> Variant:
+    """Built-in name or plug-in spec -> Variant; UsageError listing the valid names."""
+    if is_plugin_name(name):
+        return load_plugin(name)
+    table = builtin_variants()
+    if name not in table:
+        raise UsageError(f"--variant: unknown variant {name!r}; allowed: {', '.join(table)}, "
+                         "or package.module:function")
+    return table[name]
+
+
+def check_name(name: str) -> None:
+    """Validator for grid.validate_axes: raises UsageError for a bad variant name."""
+    resolve(name)
