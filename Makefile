@@ -3,7 +3,7 @@
 PYTHON ?= python3
 AUDIT_ARGS ?=
 DIR ?= reports/latest
-# Regression gate (README: CI regression gate). BENCH_FAIL is chosen from measured noise.
+# Regression gate (docs/testing.md). BENCH_FAIL is chosen from measured noise.
 BENCH_OPTS ?= --benchmark-only --benchmark-min-rounds=15 --benchmark-max-time=0.3 --benchmark-columns=min,median,iqr,rounds --benchmark-sort=name
 BENCH_FAIL ?= min:50%
 BENCH_STORAGE ?= .benchmarks
@@ -21,10 +21,10 @@ TEST_OPTS ?=
 .PHONY: deps test-deps audit quick test report bench-save bench-check gpu-check clean
 
 deps:  ## install whatever is missing (nothing when all is importable)
-	$(PYTHON) -m audit.commands.deps
+	$(PYTHON) -m audit deps
 
 test-deps:  ## install what is missing: also what the tests use (ray, pytest-xdist, a Chromium: Debian's, as root)
-	$(PYTHON) -m audit.commands.deps --test
+	$(PYTHON) -m audit deps --test
 
 audit: deps  ## run the default preset and write the report under reports/
 	$(PYTHON) -m audit run $(AUDIT_ARGS)
@@ -47,8 +47,8 @@ bench-save: deps  ## save a speed baseline with pytest-benchmark's storage
 bench-check: deps  ## rerun and fail (non-zero exit) on a regression against the latest saved baseline
 	$(PYTHON) -m pytest -q $(BENCH_SUITE) $(BENCH_OPTS) --benchmark-storage=file://$(BENCH_STORAGE) --benchmark-compare --benchmark-compare-fail=$(BENCH_FAIL)
 
-gpu-check:  ## every GPU acceptance check in one call (README: On a GPU machine); copies results to $$OUT when set
-	$(PYTHON) -m audit.commands.gpu_check
+gpu-check:  ## every GPU acceptance check in one call (docs/gpu.md); copies results to $$OUT when set
+	$(PYTHON) -m audit gpu-check
 
 clean:
 	rm -rf .pytest_cache .benchmarks

@@ -83,7 +83,10 @@ def pytest_unconfigure(config):
         shutil.rmtree(home, ignore_errors=True)
 
 
-QUICK_RUN_ARGS = ("--preset", "quick", "--budget", "none", "--no-progress")
+# The shared quick run, made through the Python API as a notebook would (audit.run), so that
+# every test reading it also checks the API; tests/test_api.py checks what it recorded.
+QUICK_RUN_OPTIONS = {"preset": "quick", "budget": "none", "no_progress": True}
+QUICK_RUN_CODE = "import sys, audit; audit.run(out=sys.argv[1], **{options})"
 QUICK_RUN_WAIT_S = 1200
 
 
@@ -131,8 +134,9 @@ def _shared_run_start() -> None:
         return
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     script = '"$@" > "$0/console.log" 2>&1; echo $? > "$0/rc.part" && mv "$0/rc.part" "$0/rc"'
-    proc = subprocess.Popen(["sh", "-c", script, str(folder), sys.executable, "-m", "audit", "run", *QUICK_RUN_ARGS,
-                             "--out", str(folder / "run")], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
+    code = QUICK_RUN_CODE.format(options=QUICK_RUN_OPTIONS)
+    proc = subprocess.Popen(["sh", "-c", script, str(folder), sys.executable, "-c", code, str(folder / "run")],
+                            cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
                             stdin=subprocess.DEVNULL, start_new_session=True)
     os.write(fd, str(proc.pid).encode())
     os.close(fd)
@@ -156,7 +160,8 @@ def _shared_run_stop() -> None:
 def quick_run() -> Path:
     """The quick preset, every cell (`--budget none`: nothing skipped for time, whatever the
     machine), with its findings, report and reproduction scripts: one run per test session,
-    through the CLI in a subprocess as a user makes it, started when collection ends (shared by
+    through audit.run in a subprocess as a user's script makes it (its measuring process is
+    started by the same command line as the CLI's), started when collection ends (shared by
     every pytest-xdist worker). Read it; copy it before changing it."""
     import time
     _shared_run_start()                      # started already, unless collected without it

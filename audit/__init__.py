@@ -1,17 +1,61 @@
 """attn-audit: benchmark and numerically audit attention implementations in PyTorch.
 
-Importing this package imports neither torch nor pandas; `load` does so on call.
+The Python API is the command line's: run, report, compare, merge (audit/commands/), and
+load for a run folder's records as a DataFrame. Importing this package imports neither torch
+nor pandas; each function does so on call.
+
+Layers, each a subpackage that imports only those listed before it (tests/test_structure.py):
+  core      cells and their axes, records, run-folder file names, errors, units, version
+  workload  what is measured: presets, input scenarios, variants and plug-ins
+  measure   measuring one cell: timing, memory, numerics, float64 golden, ceilings, energy
+  plan      predicting cells: cost model and its fit, budget, memory model, shards
+  analysis  reading records: findings, compare statistics, pytest-benchmark JSON
+  render    the report and compare pages (records only: no torch)
+  repro     a reproduction script per finding, checked by running it
+  execute   running a grid: runner, supervisor and worker, lock, merge, Ray
+  commands  one module per subcommand: the Python API and what cli.py dispatches to
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .core.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
     from pathlib import Path
 
-__all__ = ["code_version", "load"]
-from .core.version import __version__
+    import pandas as pd
+
+__all__ = ["__version__", "code_version", "compare", "load", "merge", "report", "run"]
+
+
+def run(preset: str | None = None, out: "str | Path | None" = None, **options: Any) -> "Path | None":
+    """Measure a grid and write its run folder (records, plan, findings, report); returns it.
+    options: any `run` option by its flag's name, e.g. seq_len=[128, 256], no_report=True
+    (audit.commands.run.run says more)."""
+    from .commands.run import run as _run
+    return _run(preset, out, **options)
+
+
+def report(run_dir: "str | Path", out: "str | Path | None" = None) -> dict:
+    """Rebuild a run folder's findings, figures and index.md/index.html; returns their paths."""
+    from .commands.report import report as _report
+    return _report(run_dir, out)
+
+
+def compare(a: "str | Path", b: "str | Path", out: "str | Path | None" = None, *,
+            fail_on: Sequence[str] = (), noise: float | None = None) -> Any:
+    """Compare run A (before) with run B (after) cell by cell and write the comparison's page;
+    returns the comparison (its `failed` cells regress beyond a `fail_on` threshold)."""
+    from .commands.compare import compare as _compare
+    return _compare(a, b, out, fail_on=fail_on, noise=noise)
+
+
+def merge(out: "str | Path", shard_dirs: "Sequence[str | Path]", *, force: bool = False,
+          report: bool = True) -> dict:
+    """Combine the run folders of a grid's shards into the run folder `out`; returns its run.json."""
+    from .commands.merge import merge as _merge
+    return _merge(out, shard_dirs, force=force, report=report)
 
 
 def load(run_dir: "str | Path") -> "pd.DataFrame":
@@ -21,6 +65,7 @@ def load(run_dir: "str | Path") -> "pd.DataFrame":
 
 
 def code_version() -> str:
-    """The package version, plus the git commit when run from a checkout (core.version)."""
+    """The package version, plus the git commit when run from a checkout (run.json's
+    `code_version`): the shards of one run must come from the same code (merge checks it)."""
     from .core.version import code_version as _code_version
     return _code_version()

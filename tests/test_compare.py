@@ -17,7 +17,7 @@ from audit import cli
 from audit.analysis import compare
 from audit.render import compare_page
 from audit.workload import presets
-from audit.core import records
+from audit.core import records, runfolder
 from audit.analysis import compare_stats as stats
 from audit.core.grid import Case
 from audit.render import overflowing_artists
@@ -348,7 +348,7 @@ def test_compare_pytest_benchmark_json(tmp_path, capsys):
     assert code == 1, out + err
     failing = {line.split()[0] for line in out.splitlines() if line.startswith("  ")}
     assert failing and all(i.startswith("plug-") for i in failing)
-    cells = (tmp_path / "slow" / compare_page.CELLS_FILE).read_text()
+    cells = (tmp_path / "slow" / runfolder.COMPARE_CELLS_FILE).read_text()
     assert "normal (IQR, n)" in cells
 
 
@@ -375,7 +375,7 @@ def test_missing_run_is_a_usage_error(tmp_path, capsys):
 
 GRID = ["--preset", "quick", "--variant", "eager", "sdpa", "gate_plugin:attention", "--seq-len", "64",
         "--dtype", "fp32", "--heads", "2", "--kv-heads", "2", "--min-samples", "20", "--no-report", "--no-progress"]
-THRESHOLD = "latency:+50%"   # the pytest-benchmark gate's BENCH_FAIL (README: CI regression gate)
+THRESHOLD = "latency:+50%"   # the pytest-benchmark gate's BENCH_FAIL (docs/testing.md)
 
 
 @pytest.fixture(scope="module")
@@ -383,7 +383,7 @@ def runs(tmp_path_factory):
     """Two pairs of runs, each pair measured AT THE SAME TIME, one process a core: A with an
     unchanged rerun, then A again with a run of the plug-in 3x slower. On this shared 2-core
     machine, runs made minutes apart differed as a whole by up to 1.7x (every cell together),
-    runs made together by at most 5% (README: Compare two runs); three runs at once on two
+    runs made together by at most 5% (docs/compare.md); three runs at once on two
     cores once read one cell of the unchanged rerun 1.87x slower. One torch thread: two OpenMP
     threads stall each other whenever one is descheduled (10-400x cells)."""
     base = tmp_path_factory.mktemp("compare-runs")
@@ -414,7 +414,7 @@ def test_unchanged_rerun_exits_0(runs, tmp_path):
         variant=("eager", "sdpa", "gate_plugin:attention"), seq_len=(64,), dtype=("fp32",), heads=(2,),
         kv_heads=(2,)))                                                  # GRID's cells
     assert f"{len(cells)} matched cells, 0 only in A, 0 only in B." in proc.stdout
-    assert (tmp_path / "c" / compare_page.FIGURE_FILE).is_file()
+    assert (tmp_path / "c" / runfolder.COMPARE_FIGURE_FILE).is_file()
 
 
 @pytest.mark.serial
@@ -436,4 +436,4 @@ def test_the_quick_run_compared_with_itself_matches_every_cell(quick_run, tmp_pa
     assert code == 0, out
     n = len(records.read_records(quick_run))
     assert f"{n} matched cells, 0 only in A, 0 only in B." in out
-    assert (tmp_path / "c" / compare_page.FIGURE_FILE).is_file()
+    assert (tmp_path / "c" / runfolder.COMPARE_FIGURE_FILE).is_file()

@@ -22,7 +22,7 @@ def h200(tmp_path_factory):
 
 
 def test_shipped_priors_are_the_fit_of_the_stored_records(h200, tmp_path):
-    """cost_priors.json is `python -m audit.plan.costfit fit` of tests/data/h200-2026-11-30,
+    """cost_priors.json is `python -m audit fit-costs fit` of tests/data/h200-2026-11-30,
     tests/data/cpu-2026-11-30 and tests/data/cpu-2026-12-01 (README there): refitting gives the
     same constants, so the file cannot drift from its data."""
     from tests.helpers import cpu_run

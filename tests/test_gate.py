@@ -1,6 +1,6 @@
 """The regression gate really gates: a variant slowed 3x fails `--benchmark-compare-fail`,
 an unchanged rerun passes. pytest-benchmark runs in subprocesses, as in CI. (3x, not 2x:
-fresh processes on these 2-core machines differ by up to ~1.55x; README: CI regression gate.)"""
+fresh processes on these 2-core machines differ by up to ~1.55x; docs/testing.md.)"""
 from __future__ import annotations
 
 import os

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from audit.commands import gpu_check as gpucheck
+from audit.commands import gpu_check
 from audit.core.records import load
 from tests.helpers import h200_run
 
@@ -33,9 +33,9 @@ def _cell(**values):
 
 def test_energy_check_fails_on_the_h200_windows(h200):
     """The unaligned 0.5 s windows of bf8bec4: 2.67 for sdpa T512 B32, 0.57-0.60 for cuDNN/flash."""
-    passed, lines = gpucheck.check_energy(h200["gc"])
+    passed, lines = gpu_check.check_energy(h200["gc"])
     assert not passed
-    table = gpucheck.energy_check(h200["gc"])
+    table = gpu_check.energy_check(h200["gc"])
     assert table["ratio"].max() > 1.5 and table["ratio"].min() < 0.7
     assert "within 15%" in lines[0]
 
@@ -43,17 +43,17 @@ def test_energy_check_fails_on_the_h200_windows(h200):
 def test_energy_check_passes_gap_free_windows():
     frame = pd.DataFrame([_cell(fwd_ms=t, energy_per_call_j=500 * t / 1e3 * 1.03, seq_len=s)
                           for t, s in ((0.03, 512), (2.0, 8192))])
-    passed, lines = gpucheck.check_energy(frame)
+    passed, lines = gpu_check.check_energy(frame)
     assert passed, lines
     slow = pd.DataFrame([_cell(energy_cost_s=0.9)])
-    assert not gpucheck.check_energy(slow)[0]                     # energy cost over 0.3 s per cell
+    assert not gpu_check.check_energy(slow)[0]                     # energy cost over 0.3 s per cell
 
 
 # --------------------------------------------------------------------------- host overhead
 
 def test_host_overhead_check_fails_on_the_h200_forced_backend(h200):
     """sdpa_cudnn T1024 B2 read 0.087 ms where sdpa (the same cuDNN kernel) read 0.037 ms."""
-    passed, lines = gpucheck.check_host_overhead(h200["gc"])
+    passed, lines = gpu_check.check_host_overhead(h200["gc"])
     assert not passed
     assert any(line.startswith("OFF T1024 B2") for line in lines)
 
@@ -61,7 +61,7 @@ def test_host_overhead_check_fails_on_the_h200_forced_backend(h200):
 def test_host_overhead_check_passes_device_times():
     frame = pd.DataFrame([_cell(variant="sdpa", fwd_ms=0.0370, fwd_host_ms=0.03),
                           _cell(variant="sdpa_cudnn", fwd_ms=0.0372, fwd_host_ms=0.087, host_bound=True)])
-    passed, lines = gpucheck.check_host_overhead(frame)
+    passed, lines = gpu_check.check_host_overhead(frame)
     assert passed, lines
     assert "host-bound cells: 1/2" in lines[-1]
 
@@ -69,7 +69,7 @@ def test_host_overhead_check_passes_device_times():
 # --------------------------------------------------------------------------- device bug, oom, golden, compile
 
 def test_masked_causal_check_fails_on_the_h200_device_bug(h200):
-    passed, lines = gpucheck.check_masked_causal(h200["stab"])
+    passed, lines = gpu_check.check_masked_causal(h200["stab"])
     assert not passed
     assert any("same device" in line for line in lines)
 
@@ -77,7 +77,7 @@ def test_masked_causal_check_fails_on_the_h200_device_bug(h200):
 def test_masked_causal_check_passes_when_they_run():
     frame = pd.DataFrame([_cell(variant=v, causal=True, scenario=s, dtype="fp16")
                           for v in ("eager", "broken.clamped") for s in ("padding", "cross_causal")])
-    assert gpucheck.check_masked_causal(frame)[0]
+    assert gpu_check.check_masked_causal(frame)[0]
 
 
 def test_oom_check():
@@ -86,11 +86,11 @@ def test_oom_check():
     real = pd.DataFrame([_cell(variant="oom_plugin:allocate_too_much", status="oom",
                                reason="OutOfMemoryError: CUDA out of memory"),
                          _cell(variant="sdpa")])
-    passed, lines = gpucheck.check_oom(main, real)
+    passed, lines = gpu_check.check_oom(main, real)
     assert passed, lines
     broken_next = real.assign(status=["oom", "error"])
-    assert not gpucheck.check_oom(main, broken_next)[0]
-    assert not gpucheck.check_oom(main, None)[0]
+    assert not gpu_check.check_oom(main, broken_next)[0]
+    assert not gpu_check.check_oom(main, None)[0]
 
 
 def test_golden_subset_and_compile_reuse_checks():
@@ -99,33 +99,33 @@ def test_golden_subset_and_compile_reuse_checks():
         _cell(variant="compiled", scenario="normal", compile_s=3.1, compile_reused=False),
         _cell(variant="compiled", scenario="scaled_x16", compile_reused=True),
     ])
-    assert gpucheck.check_golden_subset(frame)[0]
-    passed, lines = gpucheck.check_compile_reuse(frame)
+    assert gpu_check.check_golden_subset(frame)[0]
+    passed, lines = gpu_check.check_compile_reuse(frame)
     assert passed and "compiled in 3.10 s" in lines[0] and "reused" in lines[1]
     recompiled = frame.assign(compile_reused=[None, False, False], compile_s=[None, 3.1, 3.0])
-    assert not gpucheck.check_compile_reuse(recompiled)[0]
-    assert not gpucheck.check_golden_subset(frame.assign(golden_subset=None))[0]
+    assert not gpu_check.check_compile_reuse(recompiled)[0]
+    assert not gpu_check.check_golden_subset(frame.assign(golden_subset=None))[0]
 
 
 def test_prediction_check_compares_totals():
     frame = pd.DataFrame([_cell(id="a", elapsed_s=1.0), _cell(id="b", elapsed_s=3.0)])
     good = pd.DataFrame({"id": ["a", "b"], "total_s": [1.2, 3.3]})
-    assert gpucheck.check_prediction(good, frame, 5.0)[0]
+    assert gpu_check.check_prediction(good, frame, 5.0)[0]
     bad = pd.DataFrame({"id": ["a", "b"], "total_s": [0.5, 1.0]})
-    assert not gpucheck.check_prediction(bad, frame, 5.0)[0]
+    assert not gpu_check.check_prediction(bad, frame, 5.0)[0]
 
 
 def test_ceilings_check_wants_them_within_three_seconds(h200):
-    assert not gpucheck.check_ceilings(None)[0]
-    passed, lines = gpucheck.check_ceilings({"cuda": {"matmul_flops_per_s": {"bf16": 7.9e14},
+    assert not gpu_check.check_ceilings(None)[0]
+    passed, lines = gpu_check.check_ceilings({"cuda": {"matmul_flops_per_s": {"bf16": 7.9e14},
                                                       "copy_bytes_per_s": 4.3e12, "elapsed_s": 2.6}})
     assert passed and "790 TFLOP/s" in lines[0] and "2.60 s" in lines[0]
-    assert not gpucheck.check_ceilings({"cuda": {"matmul_flops_per_s": {"bf16": 7.9e14}, "elapsed_s": 9.0}})[0]
+    assert not gpu_check.check_ceilings({"cuda": {"matmul_flops_per_s": {"bf16": 7.9e14}, "elapsed_s": 9.0}})[0]
 
 
 def test_no_errors_check(h200):
-    assert not gpucheck.check_no_errors(h200["stab"])[0]        # 6 device-bug errors
-    assert gpucheck.check_no_errors(h200["gc"])[0]
+    assert not gpu_check.check_no_errors(h200["stab"])[0]        # 6 device-bug errors
+    assert gpu_check.check_no_errors(h200["gc"])[0]
 
 
 # --------------------------------------------------------------------------- table, flagship
@@ -133,7 +133,7 @@ def test_no_errors_check(h200):
 def test_compact_table_has_ok_cells_in_tflops():
     frame = pd.DataFrame([_cell(variant="sdpa_flash", gflops_per_s=400_000.0),
                           _cell(variant="sdpa_cudnn", status="skipped")])
-    table = gpucheck.compact_table(frame)
+    table = gpu_check.compact_table(frame)
     assert "host_ms" in table.columns and "TFLOP/s" in table.columns
     assert set(table["variant"]) == {"sdpa_flash"}
     assert table["TFLOP/s"].iloc[0] == pytest.approx(400.0)
@@ -141,16 +141,16 @@ def test_compact_table_has_ok_cells_in_tflops():
 
 def test_flagship_fraction_against_measured_ceiling():
     frame = pd.DataFrame([_cell(variant="sdpa_flash", seq_len=8192, gflops_per_s=400_000.0)])
-    text = gpucheck.flagship_fraction(frame, {"cuda": {"matmul_flops_per_s": {"bf16": 800e12}}})
+    text = gpu_check.flagship_fraction(frame, {"cuda": {"matmul_flops_per_s": {"bf16": 800e12}}})
     assert "50.0% of the measured bf16 matmul ceiling" in text
-    assert "not measured" in gpucheck.flagship_fraction(frame, None)
+    assert "not measured" in gpu_check.flagship_fraction(frame, None)
 
 
 def test_gpu_check_refuses_without_cuda(capsys):
     import torch
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
-    assert gpucheck.main([]) == 2
+    assert gpu_check.check([]) == 2
     assert "no CUDA device" in capsys.readouterr().err
 
 
@@ -194,7 +194,7 @@ def test_main_runs_every_step_prints_every_check_and_copies_to_out(tmp_path, mon
         {"id": [c["id"] for c in cells["main"]], "variant": "x", "device": "cuda", "status": "ok",
          "total_s": 0.3, **{p: 0.0 for p in ("setup", "golden", "compile", "warmup", "numerics", "timed",
                                               "energy")}}))
-    code = gpucheck.main([])
+    code = gpu_check.check([])
     text = capsys.readouterr().out
     assert [s[0] for s in steps] == ["main", "oom"]
     assert sum(s[2] for s in steps) < 300                          # under 5 minutes by construction

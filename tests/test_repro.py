@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from audit.repro.scripts.embed import Embedder, NotSelfContained
+from audit.repro.embed import Embedder, NotSelfContained
 from audit.core.grid import Case
 from audit.workload.inputs import SCENARIOS, make_inputs
-from audit.repro.scripts.scripts import WORST, build_script, write_repro_scripts
+from audit.repro.scripts import WORST, build_script, write_repro_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"
@@ -296,7 +296,7 @@ def test_stale_scripts_go_when_the_findings_do(tmp_path, quick_run):
 def test_a_verifier_finds_nothing_on_correct_code(check, variant, scenario, dtype, recorded):
     """Each check's verifier says "gone" (exit 0) where the finding does not hold; the scripts
     above show each one says "holds" where it does."""
-    from audit.repro.scripts.checks import VERIFIERS, verify_memory_leak
+    from audit.repro.checks import VERIFIERS, verify_memory_leak
     from audit.workload.variants import resolve
     case = Case(variant, "cpu", dtype, 16, 32, 1, 2, True, scenario)
     spec = resolve(variant)
@@ -313,7 +313,7 @@ def test_a_verifier_finds_nothing_on_correct_code(check, variant, scenario, dtyp
 def test_copied_code_cannot_take_a_name_the_script_defines():
     """A copied global named like one of the script's constants is refused, not shadowed."""
     from audit.core import grid
-    from audit.repro.scripts.embed import Embedder, NotSelfContained
+    from audit.repro.embed import Embedder, NotSelfContained
     emb = Embedder()
     emb.reserve("AXES")
     with pytest.raises(NotSelfContained, match="AXES"):

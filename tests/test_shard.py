@@ -75,7 +75,7 @@ def test_same_assignment_in_another_process_with_local_history(tmp_path):
     history = tmp_path / "reports"
     from tests.helpers import cpu_run
     cpu_run("quick", history)
-    code = ("import json; from audit import presets, shard, variants\n"
+    code = ("import json; from audit.workload import presets, variants; from audit.plan import shard\n"
             "p = presets.presets()['cpu']; cs = presets.preset_cases(p, known_variant=variants.check_name)\n"
             "print(json.dumps([[c.id for c in s] for s in shard.assign(cs, 4, shard.cell_costs(cs, p))]))")
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(ROOT))

@@ -1,4 +1,5 @@
-"""The library's shape: no module in audit/ over 600 lines, no import cycle between its modules.
+"""The library's shape: no module in audit/ over 600 lines, no import cycle between its modules,
+and imports that point down the layers only (LAYERS: which subpackage may import which).
 
 The import graph is read statically (ast), so an import inside a function counts as much as
 one at the top of a module: it runs, just later, and a cycle through it still ties the two
@@ -9,10 +10,34 @@ against the importing module's own package.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+from typing import Sequence
 
 AUDIT = Path(__file__).resolve().parent.parent / "audit"
 MAX_LINES = 600
+
+# Which subpackage of audit/ may import which (audit/__init__.py says what each holds). Lowest
+# first: a layer imports only layers listed before it, so data flows one way, from cells to
+# records to findings to the report.
+LAYERS: dict[str, set[str]] = {
+    "core": set(),
+    "workload": {"core"},
+    "measure": {"core", "workload"},
+    "plan": {"core", "workload", "measure"},          # constants and the machine's ceilings ...
+    "analysis": {"core"},
+    "render": {"core", "workload", "analysis"},       # records and findings only: no torch
+    "repro": {"core", "workload", "measure", "analysis"},
+    "execute": {"core", "workload", "measure", "plan", "analysis"},
+    "commands": {"core", "workload", "measure", "plan", "analysis", "render", "repro", "execute"},
+}
+# ... but never what measures a cell: plan predicts cells, it does not run them.
+NEVER = {"plan": {"audit.measure.measurement", "audit.measure.cellcache", "audit.measure.seed"}}
+# The package's top: its API and the command line dispatch to commands.
+TOP = {"audit": {"core", "commands"}, "audit.cli": {"core", "commands"}, "audit.__main__": {"audit.cli"}}
+# Layers whose modules never import torch, not even inside a function: they read records.
+TORCH_FREE = ("core", "analysis", "render")
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -156,7 +181,108 @@ def test_audit_has_no_import_cycle():
     assert not found, "import cycles: " + "; ".join(" -> ".join(c) for c in found)
 
 
+def layer_of(module: str) -> str:
+    """The subpackage a module belongs to ("audit.plan.budget" -> "plan"), or the module
+    itself for the package's top (audit, audit.cli, audit.__main__)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else module
+
+
+def layer_violations(graph: dict[str, set[str]], layers: dict[str, set[str]] = LAYERS,
+                     top: dict[str, set[str]] = TOP, never: dict[str, set[str]] = NEVER) -> list[str]:
+    """"importer -> imported" for every import the layer table does not allow."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        mine = layer_of(module)
+        allowed = layers.get(mine, top.get(module))
+        if allowed is None:
+            found.append(f"{module}: in no layer (add its subpackage to LAYERS)")
+            continue
+        for other in sorted(imported):
+            theirs = layer_of(other)
+            if theirs == mine:
+                continue
+            if (theirs not in allowed and other not in allowed) or other in never.get(mine, ()):
+                found.append(f"{module} -> {other}")
+    return found
+
+
+def torch_importers(root: Path, layers: Sequence[str]) -> list[str]:
+    """Modules of `layers` under `root` that import torch anywhere in their source."""
+    found = []
+    for name, path in module_files(root).items():
+        if layer_of(name) not in layers:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n == "torch" or n.startswith("torch.") for n in names):
+                found.append(name)
+                break
+    return sorted(found)
+
+
+def test_imports_point_down_the_layers():
+    graph = import_graph(AUDIT)
+    assert {layer_of(m) for m in graph} >= set(LAYERS), "a layer of LAYERS has no module"
+    violations = layer_violations(graph)
+    assert not violations, "imports against the layer table (LAYERS): " + "; ".join(violations)
+
+
+def test_the_layers_are_ordered():
+    """Each layer may import only layers before it in LAYERS: the table itself points down."""
+    order = list(LAYERS)
+    for name, allowed in LAYERS.items():
+        assert all(order.index(a) < order.index(name) for a in allowed), name
+
+
+def test_the_record_reading_layers_never_import_torch():
+    assert not torch_importers(AUDIT, TORCH_FREE)
+
+
+def test_the_command_line_starts_without_torch_pandas_or_numpy():
+    """`audit deps` installs them, so it must run where they are missing."""
+    code = ("import sys\n"
+            "for name in ('torch', 'pandas', 'numpy', 'matplotlib'):\n"
+            "    sys.modules[name] = None\n"
+            "from audit import cli\n"
+            "cli.build_parser().parse_args(['deps', '--test'])\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=AUDIT.parent, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 # --------------------------------------------------------------------------- the checks themselves
+
+def test_a_planted_upward_import_is_found(tmp_path):
+    """A copy of audit/ with one import planted against the table: report's data module
+    importing the runner (render -> execute) is caught, and so is plan importing the cell
+    measurement; the unchanged copy passes."""
+    import shutil
+    copy = tmp_path / "audit"
+    shutil.copytree(AUDIT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert layer_violations(import_graph(copy)) == []
+    data = copy / "render" / "data.py"
+    data.write_text(data.read_text() + "\n\ndef _planted():\n    from ..execute import runner\n")
+    budget = copy / "plan" / "budget.py"
+    budget.write_text(budget.read_text() + "\n\ndef _planted():\n    from ..measure.measurement import measure_cell\n")
+    assert layer_violations(import_graph(copy)) == ["audit.plan.budget -> audit.measure.measurement",
+                                                     "audit.render.data -> audit.execute.runner"]
+
+
+def test_a_module_outside_every_layer_is_found(tmp_path):
+    root = _package(tmp_path, {"core/__init__.py": "", "core/a.py": "", "stray/__init__.py": "",
+                               "stray/b.py": "from ..core import a\n"})
+    found = layer_violations(import_graph(root), layers={"core": set()}, top={"pkg": set()}, never={})
+    assert found == ["pkg.stray: in no layer (add its subpackage to LAYERS)",
+                     "pkg.stray.b: in no layer (add its subpackage to LAYERS)"]
+
+
+def test_torch_in_a_function_of_a_torch_free_layer_is_found(tmp_path):
+    root = _package(tmp_path, {"render/__init__.py": "", "render/a.py": "def f():\n    import torch.nn\n",
+                               "render/b.py": "import os\n", "measure/__init__.py": "",
+                               "measure/c.py": "import torch\n"})
+    assert torch_importers(root, ("render",)) == ["pkg.render.a"]
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "pkg"

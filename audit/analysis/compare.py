@@ -323,6 +323,7 @@ class Comparison:
     env: EnvComparison
     thresholds: list[stats.Threshold]
     failed: pd.DataFrame
+    paths: dict[str, Path] = field(default_factory=dict)   # the files the comparison's page wrote
 
     @property
     def warnings(self) -> list[str]:
@@ -333,7 +334,7 @@ class Comparison:
         if unmeasured:
             out.append(f"Too few matched cells to measure run-to-run noise ({', '.join(unmeasured)}): "
                        f"{stats.NOISE_FLOOR_SD} is assumed, which understates it on a busy machine; "
-                       f"pass --noise SD measured on this machine (README: Compare two runs).")
+                       f"pass --noise SD measured on this machine (docs/compare.md).")
         return out
 
 

@@ -33,8 +33,8 @@ NOISE_QUANTILE = 0.9
 NOISE_QUANTILE_Z = 1.6448536269514722   # |N(0, 1)|'s 90th percentile
 MIN_CELLS_FOR_NOISE = 8          # fewer matched cells: the spread says little, use the floor
 # Least run-to-run noise assumed (standard deviation of log B/A): two processes on one H200
-# gave 0.021 (fwd) and 0.007 (fwd+bwd) over 48 cells, a 2-core CPU 0.08-0.34 (README: Compare
-# two runs). A comparison's own, larger estimate replaces it.
+# gave 0.021 (fwd) and 0.007 (fwd+bwd) over 48 cells, a 2-core CPU 0.08-0.34 (docs/compare.md).
+# A comparison's own, larger estimate replaces it.
 NOISE_FLOOR_SD = 0.03
 # Unit roundoff per dtype: a relative error below it is what rounding the output to the
 # dtype alone gives, so error ratios are taken between max(error, roundoff) values.

@@ -1,4 +1,4 @@
-"""Install what is missing, and only that: `python -m audit.commands.deps` (add `--test` for what the
+"""Install what is missing, and only that: `audit deps` (add `--test` for what the
 tests need too: the optional extras they exercise, Ray; pytest-xdist; and a Chromium for the
 HTML report's browser test, Debian's package where the machine is Debian and this is root).
 
@@ -8,11 +8,13 @@ be downloaded (a GPU box without network). Standard library only.
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+from typing import Sequence
 
 # import name -> pip requirement used when it is missing.
 # torch is pinned: 2.13.0 is the CPU build these machines install from local disk;
@@ -28,7 +30,7 @@ REQUIREMENTS: dict[str, str] = {
 }
 
 
-# what the tests need besides: the optional extras they exercise (`python -m audit.commands.deps --test`,
+# what the tests need besides: the optional extras they exercise (`audit deps --test`,
 # called by `make test`). Ray: `pip install attn-audit[ray]`, for `run --executor ray`.
 TEST_REQUIREMENTS: dict[str, str] = {
     "ray": "ray>=2.9",
@@ -68,10 +70,25 @@ def missing(table: dict[str, str] = REQUIREMENTS) -> list[str]:
     return [req for mod, req in table.items() if importlib.util.find_spec(mod) is None]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    table = {**REQUIREMENTS, **TEST_REQUIREMENTS} if "--test" in args else REQUIREMENTS
-    if "--test" in args:
+HELP = "install what is missing, and only that (torch pinned to the CPU build when absent)"
+DESCRIPTION = ("Import each dependency; pip-install those that are missing, torch first and alone. "
+               "Importable ones are never touched, so a machine without network runs unchanged. "
+               "Standard library only: runs before torch or pandas are installed.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--test", action="store_true",
+                        help="also what the tests use: ray, pytest-xdist, and a Chromium (Debian's, as root)")
+
+
+def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    return install(test=args.test)
+
+
+def install(test: bool = False) -> int:
+    """Install what is missing (test=True: what the tests need too); 0 when all is importable."""
+    table = {**REQUIREMENTS, **TEST_REQUIREMENTS} if test else REQUIREMENTS
+    if test:
         why_not = install_browser()
         if why_not:
             print(f"attn-audit: no browser for the HTML report's browser test ({why_not}); it will skip",
@@ -96,6 +113,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

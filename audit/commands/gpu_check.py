@@ -1,9 +1,9 @@
-"""`make gpu-check` / `python -m audit.commands.gpu_check`: every GPU acceptance check in one call.
+"""`make gpu-check` / `audit gpu-check`: every GPU acceptance check in one call.
 
 Steps (each a run folder under reports/gpu-check-<stamp>/):
 
 1. predict: the cost model's prediction of this check and of the whole gpu preset;
-2. main:    `audit run --preset gpu-check` (README: Presets): small and large speed cells
+2. main:    `audit run --preset gpu-check` (docs/command-line.md): small and large speed cells
             of every SDPA backend with energy, masked causal cells of the hand-written
             variants, compiled-code reuse, a golden subset, cells predicted not to fit;
 3. oom:     a plug-in that allocates 64 TiB, then `sdpa`: a real out-of-memory.
@@ -16,6 +16,7 @@ set, summary.txt, table.txt and a tarball per step are copied there.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -267,7 +268,23 @@ def _predict(preset_name: str, run_dir: Path | None = None) -> "pd.DataFrame":
     return plan(cases, preset, run_dir).pred
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+HELP = "every GPU acceptance check in one call (make gpu-check; needs CUDA)"
+DESCRIPTION = ("Run the gpu-check preset, a real out-of-memory and the cost model's prediction, then "
+               "print PASS or FAIL for each GPU acceptance check (docs/gpu.md). With $OUT set, "
+               "summary.txt, table.txt and a tarball per step are copied there.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_options", nargs=argparse.REMAINDER, metavar="RUN_OPTION",
+                        help="more `run` options for the main step, e.g. --dtype bf16 --variant sdpa")
+
+
+def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    return check(args.run_options)
+
+
+def check(run_options: Sequence[str] = ()) -> int:
+    """Every GPU acceptance check: 0 when all pass, 1 when one fails, 2 without CUDA."""
     import json
 
     import pandas as pd
@@ -288,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "gpu preset: " + summary(_predict("gpu"))]
     print("\n".join(log), flush=True)
 
-    main_dir, main_wall, code = _run_step("main", ["--preset", "gpu-check", *(argv or [])], root, log,
+    main_dir, main_wall, code = _run_step("main", ["--preset", "gpu-check", *run_options], root, log,
                                           MAIN_TIMEOUT_S)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
     oom_dir, _oom_wall, oom_code = _run_step("oom", OOM_ARGS, root, log, OOM_TIMEOUT_S, env)
@@ -337,6 +354,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     return 0 if checks and all(p for _, (p, _) in checks) else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -5,3 +5,15 @@ from __future__ import annotations
 class UsageError(ValueError):
     """A bad value given by the user: reported as one line naming the value and what is
     allowed, exit code 2."""
+
+
+class RunFailed(RuntimeError):
+    """A run that ended before every cell had a record (audit.run): its exit code says how
+    (1: the measuring process died outside any cell or crashed too often); what it measured
+    stays in the run folder, and running again with the same `out` finishes it."""
+
+    def __init__(self, code: int, run_dir: object) -> None:
+        super().__init__(f"the run ended with exit code {code}; finished cells are in {run_dir}; "
+                         "run again with the same out to measure the rest")
+        self.code = code
+        self.run_dir = run_dir

@@ -16,7 +16,7 @@ from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 SCHEMA_VERSION = 5
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
-# Every column a user can rely on, with its meaning. README's column table is
+# Every column a user can rely on, with its meaning. docs/output.md's column table is
 # checked against this dict by a test, so adding a metric means: one function
 # that computes it, one entry here.
 COLUMNS: dict[str, str] = {
@@ -31,7 +31,7 @@ COLUMNS: dict[str, str] = {
     "heads": "number of heads H (query heads)",
     "kv_heads": "number of key/value heads: heads for multi-head attention, fewer for GQA (heads a multiple of it), 1 for MQA; k and v are (B, kv_heads, T, d_k)",
     "causal": "true: causal (top-left aligned) masking",
-    "scenario": "input scenario (README: Input scenarios); normal: q, k, v ~ N(0, 1)",
+    "scenario": "input scenario (docs/scenarios.md); normal: q, k, v ~ N(0, 1)",
     "status": "ok, skipped, error, oom (out of memory, or predicted not to fit in the free memory: then not run) or timeout (over the per-cell time limit: its worker was killed)",
     "reason": "why a cell is not ok; for an ok cell, what was not measured (e.g. forward only: no backward), else null",
     "fwd_ms": "median forward latency in ms (inputs require grad, as in training)",
@@ -65,7 +65,7 @@ COLUMNS: dict[str, str] = {
     "out_nonfinite_visible": "NaN+inf count in output rows that see at least one key (the float64 golden is finite there)",
     "grad_nan": "NaN count in the gradients of q, k and v together",
     "grad_inf": "inf count in the gradients of q, k and v together",
-    "golden_subset": "null when the float64 golden covers every (batch, head) slice; else the [b, h] slices it covers (evenly spaced, fixed by the shapes: README, Golden reference). Error, gradient-error and saturation columns are over these slices; NaN/inf counts, masked_rows and leak_max_change over the whole output",
+    "golden_subset": "null when the float64 golden covers every (batch, head) slice; else the [b, h] slices it covers (evenly spaced, fixed by the shapes: docs/numerics.md, Golden reference). Error, gradient-error and saturation columns are over these slices; NaN/inf counts, masked_rows and leak_max_change over the whole output",
     "max_abs_err": "max |out - golden| against the float64 reference, over rows that see a key",
     "rmse": "root-mean-square of out - golden over rows that see a key",
     "rel_err": "relative Frobenius error ||out - golden|| / ||golden|| over rows that see a key",
@@ -95,7 +95,7 @@ COLUMNS: dict[str, str] = {
     "fwd_bwd_bytes": "fewest bytes of forward+backward (backward reads Q, K, V, O, dO, writes dQ, dK, dV)",
     "peak_flops_per_s": "the run's measured matmul FLOP/s for this device: the better of the dtype's and fp32's, since a kernel may upcast (run.json: ceilings)",
     "peak_bytes_per_s": "the run's measured device-to-device copy bandwidth, bytes read + written per second",
-    "energy_per_call_j": "CUDA: joules per forward call: mean power over the energy window × device time per call (README: Telemetry)",
+    "energy_per_call_j": "CUDA: joules per forward call: mean power over the energy window × device time per call (docs/measurement.md)",
     "energy_method": "counter (NVML energy counter, window between two of its updates), counter (unaligned), or power×time (no counter), then 'over' the calls: CUDA-graph replays or eager calls",
     "mean_power_w": "CUDA: mean board power during the energy window from the energy counter, W",
     "sampled_power_w": "CUDA: mean of instantaneous power readings during the window, W (an independent check of mean_power_w)",
@@ -108,7 +108,7 @@ COLUMNS: dict[str, str] = {
     "energy_cost_s": "CUDA: wall time the energy measurement added to the cell (graph capture and window), s",
     "telemetry_reason": "why telemetry columns are null or partial (no GPU, no driver, ...)",
     "elapsed_s": "wall time spent on the cell, seconds",
-    "predicted_s": "the cost model's prediction of the cell's wall time when the run was planned, seconds (README: Cost model, Budget)",
+    "predicted_s": "the cost model's prediction of the cell's wall time when the run was planned, seconds (docs/planning.md)",
     "started_at": "UTC time the cell started (ISO 8601)",
     "env": "environment: torch version, device name, CPU model, threads, git commit, cpu_allocator (pinned malloc thresholds), NVML info",
 }

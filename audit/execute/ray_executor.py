@@ -17,6 +17,7 @@ records in --out. Ray is imported only here, and only when `--executor ray` is g
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..core.grid import Case
+from ..core.argv import to_argv
 from ..core.errors import UsageError
 from ..workload.presets import Preset
 from ..core.runfolder import PLAN_FILE, RECORDS_FILE, RUN_FILE, SHARD_LOG_FILE
@@ -208,13 +210,9 @@ def task_argv(args: Any, actions: Sequence[Any], preset_name: str, job: Job) -> 
     """The `audit run` command line of a job: the driver's measuring options, its device and shard."""
     argv = ["run", "--preset", preset_name, "--device", job.device, "--shard", f"{job.index}/{job.count}",
             "--no-report", "--no-progress"]
-    for action in actions:
-        value = getattr(args, action.dest, None)
-        if action.dest in DRIVER_ONLY or not action.option_strings or value is None or value is False:
-            continue
-        flag = action.option_strings[0]
-        argv += [flag] if value is True else [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
-    return argv
+    options = {a.dest: getattr(args, a.dest, None) for a in actions
+               if a.option_strings and a.dest not in DRIVER_ONLY and a.help != argparse.SUPPRESS}
+    return argv + to_argv(options, actions)
 
 
 @dataclass

@@ -166,7 +166,7 @@ def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: 
                    env: dict[str, Any], n_cells: int, ceilings: dict | None = None,
                    extra: dict[str, Any] | None = None) -> None:
     """DIR/run.json; `extra`: more top-level fields (grid, shard, executor)."""
-    from .. import code_version
+    from ..core.version import code_version
     info = {"schema": records.SCHEMA_VERSION, "code_version": code_version(), "preset": preset.name,
             "axes": {k: list(v) for k, v in axes.items()}, "argv": argv,
             # where plug-ins were imported from (cwd and PYTHONPATH): reproduction scripts import them so

@@ -32,7 +32,7 @@ class CellSkipped(Exception):
 
 
 class ContractError(Exception):
-    """A variant returned something other than attention's output (README: Your own variant)."""
+    """A variant returned something other than attention's output (docs/variants.md)."""
 
 
 LEAK_REPORT_BYTES = 64 * 2**20      # held across the timed calls: recorded as leaked_bytes, and the
@@ -130,7 +130,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     """Measure one cell; return the measurement columns. Raises Unsupported/CellSkipped.
 
     ceilings: the run's measured limits for this device (roofline columns);
-    meter: a telemetry.EnergyMeter for CUDA cells (energy and power columns);
+    meter: a energy.EnergyMeter for CUDA cells (energy and power columns);
     builds: the run's BuildCache (compiled code reused across cells of the same shapes).
     """
     import torch
@@ -347,7 +347,7 @@ MAX_ENERGY_UNIT_CALLS = 256
 
 def _telemetry(case: Case, forward: Callable[[], Any], fwd: Samples, sync: Any, meter: Any,
                preset: Preset) -> dict:
-    """NVML energy of back-to-back forward calls (telemetry.EnergyMeter.measure).
+    """NVML energy of back-to-back forward calls (energy.EnergyMeter.measure).
 
     Calls shorter than 2 ms run as replays of a CUDA graph holding N of them (about 2 ms of
     device work), so the GPU runs them back to back whatever the host costs per call; longer

@@ -1,7 +1,7 @@
 """Fit the cost model's constants on recorded runs, and check its predictions against them.
 
-`python -m audit.plan.costfit fit DIR... [--out FILE]` refits the constants (the shipped priors,
-cost_priors.json, are this fit of the reference runs); `python -m audit.plan.costfit check DIR...`
+`audit fit-costs fit DIR... [--out FILE]` refits the constants (the shipped priors,
+cost_priors.json, are this fit of the reference runs); `audit fit-costs check DIR...`
 compares predicted with recorded elapsed_s. Per-call factors come from the records' fwd_ms
 and fwd_bwd_ms against their run's ceilings, the other constants from what the records'
 elapsed_s leaves unexplained (costmodel says what each phase is).
@@ -299,43 +299,33 @@ def compare(run: RunData, model: CostModel) -> Any:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m audit.plan.costfit fit DIR... [--out FILE]` | `check DIR...`."""
-    import argparse
-    parser = argparse.ArgumentParser(prog="python -m audit.plan.costfit")
-    parser.add_argument("command", choices=("fit", "check"))
-    parser.add_argument("runs", nargs="+", metavar="DIR")
-    parser.add_argument("--out", help="fit: write the parameters here (default: print them)")
-    parser.add_argument("--free-gib", nargs="*", default=[], metavar="DEVICE=GIB",
-                        help="fit: the reference machine's free memory per device type, e.g. cuda=139")
-    args = parser.parse_args(argv)
-    runs = [RunData.load(d) for d in args.runs]
-    if args.command == "fit":
-        params = fit(runs)
-        free = {k: float(v) * 2**30 for k, v in (item.split("=") for item in args.free_gib)}
-        for folder, run in zip(args.runs, runs):
-            info = json.loads((Path(folder) / RUN_FILE).read_text())
-            for device, ceil in (run.ceilings or {}).items():
-                dev = device_type(device)
-                if dev not in params.reference:
-                    env = info.get("env") or {}
-                    params.reference[dev] = {
-                        "device_name": env.get("device_name") if dev == "cuda" else env.get("cpu_model"),
-                        "ceilings": ceil, "free_bytes": int(free[dev]) if dev in free else None}
-        if args.out:
-            Path(args.out).write_text(params.to_json())
-        else:
-            print(params.to_json(), end="")
-        return 0
+def fit_folders(folders: Sequence[str | Path], free_bytes: dict[str, float] | None = None) -> Params:
+    """fit() on run folders, with each device type's reference machine (its name, ceilings
+    and free memory: what predicts a machine whose own are unknown) from the first folder
+    that measured it."""
+    runs = [RunData.load(d) for d in folders]
+    params = fit(runs)
+    free = free_bytes or {}
+    for folder, run in zip(folders, runs):
+        info = json.loads((Path(folder) / RUN_FILE).read_text())
+        for device, ceil in (run.ceilings or {}).items():
+            dev = device_type(device)
+            if dev not in params.reference:
+                env = info.get("env") or {}
+                params.reference[dev] = {
+                    "device_name": env.get("device_name") if dev == "cuda" else env.get("cpu_model"),
+                    "ceilings": ceil, "free_bytes": int(free[dev]) if dev in free else None}
+    return params
+
+
+def check_folders(folders: Sequence[str | Path]) -> list[str]:
+    """One line per run folder: recorded against predicted seconds, and the ok cells within 2x."""
     model = CostModel()
-    for run in runs:
+    lines = []
+    for run in (RunData.load(d) for d in folders):
         table = compare(run, model)
         ok = table[table["status"] == "ok"]
-        print(f"{run.name}: recorded {table['recorded_s'].sum():.1f} s, predicted {table['predicted_s'].sum():.1f} s; "
-              f"ok cells within 2x: {int(((ok['ratio'] <= 2) & (ok['ratio'] >= 0.5)).sum())}/{len(ok)}")
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-    sys.exit(main())
+        lines.append(f"{run.name}: recorded {table['recorded_s'].sum():.1f} s, predicted "
+                     f"{table['predicted_s'].sum():.1f} s; ok cells within 2x: "
+                     f"{int(((ok['ratio'] <= 2) & (ok['ratio'] >= 0.5)).sum())}/{len(ok)}")
+    return lines

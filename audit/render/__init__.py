@@ -1,13 +1,14 @@
-"""Turn a run folder's records into figures, index.md and index.html (never measures).
+"""The report and the comparison's page, from records and findings alone (never measures).
+May import core, workload, analysis; never torch, so a report is rebuilt anywhere.
 
-The report reads records only, so it can be rebuilt anywhere without torch.
   data.py               which cells count for what (speed cells, orders, labels)
   tables.py             data tables: DataFrames computed from the records and findings
   sections.py,
   stability_sections.py the report's sections: prose and tables as blocks
   plotting.py, figures.py  matplotlib: shared helpers, one draw function per PNG
-  render.py             blocks, cell formatting, Markdown and HTML renderers, write_page
+  page.py               blocks, cell formatting, Markdown and HTML renderers, write_page
   build.py              build_report: all of the above for one run folder
+  compare_page.py       the page of `compare A B`
 """
 from .build import build_report
 from .data import (BASELINE_VARIANT, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, SEVERITY_ORDER,

@@ -138,10 +138,10 @@ SCRIPT_CONSTANTS = ("TITLE", "CELL_AXES", "SEED", "TQ", "RECORDED", "ENV")
 def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_note: str) -> str:
     """The source of one reproduction script. Raises embed.NotSelfContained when some piece
     cannot be copied into a standalone script."""
-    from .scripts.embed import Embedder, NotSelfContained
+    from .embed import Embedder, NotSelfContained
     from ..core.grid import Case
     from ..workload.inputs import SCENARIOS, draw_inputs, q_len, seed_for
-    from .scripts.checks import VERIFIERS, cell_failed_child, run_repro, time_limit_s
+    from .checks import VERIFIERS, cell_failed_child, run_repro, time_limit_s
     from ..workload.variants import Unsupported, is_plugin_name, resolve
 
     check = finding["check"]
@@ -222,7 +222,7 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
 
 def _py(obj: Any) -> str:
     """A Python literal for record values (NaN and inf included; anything odd as its str)."""
-    from .scripts.embed import _literal
+    from .embed import _literal
     if isinstance(obj, dict):
         return "{" + ", ".join(f"{k!r}: {_py(v)}" for k, v in obj.items()) + "}"
     literal = _literal(obj)
@@ -250,7 +250,7 @@ Exit status: 1 while the finding holds, 0 once it no longer does, 2 when it cann
 def write_repro_scripts(run_dir: str | Path, findings: list[dict]) -> list[dict]:
     """Write DIR/repro/<check>-<variant>.py per finding; add `repro` (path relative to DIR) or
     `repro_reason` (why there is none) to each finding and rewrite DIR/findings.json."""
-    from .scripts.embed import NotSelfContained
+    from .embed import NotSelfContained
     from ..analysis.findings import _json_default
     from ..core.records import read_records
 

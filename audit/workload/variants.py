@@ -510,7 +510,7 @@ def _undeclared(spec: str, fn: Any) -> dict[str, str]:
         raise UsageError(f"--variant: {spec}.{SUPPORTS_ATTRIBUTE} names unknown feature(s) "
                          f"{', '.join(map(repr, unknown))}; allowed: {', '.join(FEATURES)}")
     return {f: f"the plug-in does not declare it (add {f!r} to {spec}.{SUPPORTS_ATTRIBUTE}; "
-               "README: Your own variant)" for f in FEATURES if f not in declared}
+               "docs/variants.md)" for f in FEATURES if f not in declared}
 
 
 def resolve(name: str) -> Variant:

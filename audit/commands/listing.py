@@ -1,0 +1,26 @@
+"""`audit list`: the built-in variants and the presets."""
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+HELP = "print the built-in variants and the presets"
+DESCRIPTION = HELP
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`list` takes no arguments."""
+
+
+def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from ..workload.presets import presets
+    from ..workload.variants import builtin_variants
+
+    print("variants:")
+    for v in builtin_variants().values():
+        print(f"  {v.name:<18} {v.description}")
+    print("  package.module:function  your own (see docs/variants.md)")
+    print("\npresets:")
+    for p in presets().values():
+        print(f"  {p.name:<8} {p.description}")
+    return 0

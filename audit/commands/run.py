@@ -1,0 +1,306 @@
+"""`audit run` / `audit.run(...)`: measure every cell of a grid, write records and a report.
+
+run() is the Python API; the command line parses into the same arguments and calls
+execute(), so the two check their input alike and record the same run.json.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..core.argv import to_argv
+from ..core.errors import RunFailed, UsageError
+from ..core.grid import AXES
+from ..core.runfolder import RECORDS_FILE
+from ..workload.inputs import SCENARIOS
+from .common import UsageArgumentParser, point_latest, quarantine, resolve_out, write_report
+
+EXIT_INTERRUPTED = 130
+HELP = "measure every cell of a grid and write records plus a report"
+DESCRIPTION = ("Measure every cell of the grid: one JSON record per cell is appended to DIR/records.jsonl "
+               "as soon as it is measured; rerunning with the same --out finishes the remaining cells. "
+               "Axis options take one or more values and replace the preset's values for that axis.")
+AXIS_HELP = {
+    "variant": "variants: built-in names (see `list`) or package.module:function",
+    "device": "devices: cpu, cuda",
+    "dtype": "dtypes: fp32, fp16, bf16",
+    "d_k": "head dimensions (positive integers)",
+    "seq_len": "sequence lengths (positive integers)",
+    "batch": "batch sizes (positive integers)",
+    "heads": "numbers of heads (positive integers)",
+    "kv_heads": "numbers of key/value heads (positive integers dividing --heads; default: = heads, "
+                "multi-head; fewer: GQA, 1: MQA)",
+    "causal": "causal masking: true, false or both (true false)",
+    "scenario": "input scenarios: " + ", ".join(SCENARIOS) + " (docs/scenarios.md)",
+}
+
+
+def add_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--preset", help="quick, cpu, gpu or gpu-check (default: gpu when CUDA is available, else cpu)")
+    for axis in AXES:
+        run.add_argument("--" + axis.replace("_", "-"), dest=axis, nargs="+", metavar="V", help=AXIS_HELP[axis])
+    run.add_argument("--out", metavar="DIR",
+                     help="run folder (default reports/<timestamp>/; reports/latest points to the newest)")
+    run.add_argument("--budget", metavar="DURATION",
+                     help="wall-time budget of the run, e.g. 90s, 10m, 1h30m, or none (default: the preset's: "
+                          "quick 60s, cpu 10m, gpu 8m, gpu-check 3m). Cells that do not fit are recorded "
+                          "as skipped with their predicted time, most expensive first (docs/planning.md)")
+    run.add_argument("--cell-timeout", type=float, metavar="S",
+                     help="per-cell time limit in seconds: a cell still running after it is recorded as "
+                          "timeout and its worker killed (default: 10 times the cell's predicted time, at "
+                          "least 30 s)")
+    run.add_argument("--max-cell-s", type=float, metavar="S",
+                     help="skip a cell (status skipped) when its warm-up predicts it would take more "
+                          "than S seconds (default: the preset's; none with --budget none)")
+    run.add_argument("--min-samples", type=int, metavar="N",
+                     help="timed samples per measurement, at least (default: the preset's)")
+    run.add_argument("--energy-window-s", type=float, metavar="S",
+                     help="CUDA: least seconds between the two NVML energy-counter updates that bound a "
+                          "cell's energy window (default: the preset's, 0.05 for gpu; 0 turns energy off)")
+    run.add_argument("--l2-flush", action="store_true",
+                     help="CUDA: overwrite a 256 MiB buffer before every timed sample so each starts with "
+                          "a cold L2; samples are then single calls")
+    run.add_argument("--cuda-graph", action="store_true",
+                     help="CUDA: time CUDA-graph replays of the call (less launch overhead); "
+                          "recorded per cell, falls back to eager calls where capture fails")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the cells, each with its predicted time, and the predicted total per phase "
+                          "and per variant (docs/planning.md); measure nothing but the ceilings")
+    run.add_argument("--shard", metavar="I/N",
+                     help="measure only shard I of N (I from 0; e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT): "
+                          "whole input sets, balanced by predicted cost, the same on every machine; "
+                          "combine the shards' folders with `merge` (docs/scaling.md)")
+    run.add_argument("--executor", choices=("local", "ray"), default="local",
+                     help="local: this machine (default); ray: the grid's shards as Ray tasks, one GPU each "
+                          "for cuda cells, a whole node's CPUs for cpu cells, gathered into --out")
+    run.add_argument("--ray-address", metavar="ADDR",
+                     help="with --executor ray: the cluster to join (default: $RAY_ADDRESS, else a new "
+                          "local Ray instance on this machine)")
+    run.add_argument("--shards", type=int, metavar="N",
+                     help="with --executor ray: shards per device kind (default: one per GPU for cuda cells, "
+                          "one per largest node for cpu cells)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-report", action="store_true", help="write records only, no figures or index")
+    run.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: the measuring process
+
+
+def run_parser() -> argparse.ArgumentParser:
+    parser = UsageArgumentParser(prog="attn-audit run", description=DESCRIPTION)
+    add_arguments(parser)
+    return parser
+
+
+def run(preset: str | None = None, out: str | Path | None = None, **options: Any) -> Path | None:
+    """Measure a grid and write its run folder: records, plan, findings and report.
+
+    preset: quick, cpu, gpu or gpu-check (default: gpu with CUDA, else cpu). out: the run
+    folder (default reports/<timestamp>/); a folder with records is resumed. options: any
+    `run` option by its flag's name (--seq-len 128 256 -> seq_len=[128, 256], --no-report ->
+    no_report=True), axes included. Returns the run folder (None for dry_run=True).
+    Raises UsageError for bad input, RunFailed when a run ends early, KeyboardInterrupt on
+    Ctrl-C; what was measured stays in the folder.
+
+        import audit
+        run_dir = audit.run(preset="quick", variant=["eager", "sdpa"], out="reports/mine")
+        frame = audit.load(run_dir)
+    """
+    parser = run_parser()
+    if not options.get("dry_run"):
+        out = resolve_out(out)
+    argv = ["run", *to_argv({"preset": preset, "out": out, **options}, parser._actions)]
+    args = parser.parse_args(argv[1:])
+    code = execute(args, ["attn-audit", *argv])
+    if code == EXIT_INTERRUPTED:
+        raise KeyboardInterrupt(f"run interrupted; finished cells are in {out}")
+    if code != 0:
+        raise RunFailed(code, out)
+    return None if args.dry_run else Path(out)
+
+
+def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """The command line's `run`: exit 0 when done, 130 on Ctrl-C, 1 when a run ends early."""
+    return execute(args, ["attn-audit", *argv])
+
+
+def execute(args: argparse.Namespace, argv: Sequence[str], started: float | None = None) -> int:
+    """The run as parsed options; argv (the command line, "attn-audit" first) goes to run.json
+    and, but for the program name, to the measuring process. Ctrl-C or SIGTERM stop it."""
+    from ..execute.interrupt import stop_on_signals
+    started = started or time.time()
+    with stop_on_signals():
+        try:
+            return _execute(args, list(argv), started)
+        except KeyboardInterrupt:     # before the first cell or in the report
+            print("\nattn-audit: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+
+
+def _preset(args: argparse.Namespace) -> Any:
+    """The preset named by --preset with the run options' overrides."""
+    from ..workload import presets
+
+    table = presets.presets()
+    if args.preset is not None and args.preset not in table:
+        raise UsageError(f"--preset: unknown preset {args.preset!r}; allowed: {', '.join(table)}")
+    preset = table[args.preset or presets.default_preset_name()]
+    overrides: dict[str, Any] = {}
+    if args.max_cell_s is not None:
+        if not args.max_cell_s > 0:
+            raise UsageError(f"--max-cell-s: {args.max_cell_s!r} is not a positive number of seconds")
+        overrides["max_cell_s"] = args.max_cell_s
+    if args.min_samples is not None:
+        if args.min_samples < 1:
+            raise UsageError(f"--min-samples: {args.min_samples!r} is not a positive integer")
+        overrides["min_samples"] = args.min_samples
+    if args.l2_flush:
+        overrides["l2_flush"] = True
+    if args.cuda_graph:
+        overrides["cuda_graph"] = True
+    if args.energy_window_s is not None:
+        if args.energy_window_s < 0:
+            raise UsageError(f"--energy-window-s: {args.energy_window_s!r} is negative (0 turns energy off)")
+        overrides["energy_window_s"] = args.energy_window_s
+    if args.cell_timeout is not None and not args.cell_timeout > 0:
+        raise UsageError(f"--cell-timeout: {args.cell_timeout!r} is not a positive number of seconds")
+    if args.budget is not None:
+        from ..core.units import parse_duration
+        overrides["budget_s"] = parse_duration(args.budget)
+        if overrides["budget_s"] is None and args.max_cell_s is None:
+            overrides["max_cell_s"] = None     # --budget none measures every cell asked for
+    return dataclasses.replace(preset, **overrides)
+
+
+def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
+    from ..execute import runner
+    from ..execute.supervisor import supervise, work
+    from ..workload import presets, variants
+
+    preset = _preset(args)
+    overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}
+    cases = presets.preset_cases(preset, overrides, known_variant=variants.check_name)
+    axes = {a: tuple(dict.fromkeys(c.axes()[a] for c in cases)) for a in AXES}
+    cases, extra = _shard(args, cases, preset)
+    if args.dry_run:
+        return _dry_run(cases, preset, Path(args.out) if args.out else None, started)
+    for flag, on in (("--cuda-graph", preset.cuda_graph), ("--l2-flush", preset.l2_flush)):
+        if on and not any(c.device == "cuda" for c in cases):
+            raise UsageError(f"{flag}: needs cuda cells (--device cuda); this grid is cpu only")
+    if any(c.device == "cuda" for c in cases) and args.executor == "local":
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError("--device: cuda is not available on this machine "
+                             "(torch.cuda.is_available() is False); allowed here: cpu")
+
+    run_dir = resolve_out(args.out)
+    if args.worker:
+        return work(cases, run_dir, preset, progress=not args.no_progress)
+
+    from ..execute.lock import FolderBusy, RunLock
+    from ..measure.environment import environment
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = RunLock(run_dir).acquire()
+    except FolderBusy as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        quarantine(run_dir)
+        point_latest(run_dir)
+        if args.executor == "ray":
+            code = _measure_on_ray(args, argv, cases, preset, overrides, axes, extra, run_dir)
+        else:
+            ceilings, measured = runner.ceilings_for(cases, run_dir, preset.ceilings_s)
+            runner.write_run_file(run_dir, preset, axes, argv, environment(), len(cases), ceilings, extra)
+            print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
+            _plan(cases, preset, run_dir, started, ceilings_measured=measured)
+            code = supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"], args.cell_timeout)
+        if code != 0:
+            return code
+        from ..measure.seed import write_claims
+        write_claims(run_dir)
+        if args.no_report:
+            print(f"records: {run_dir / RECORDS_FILE}")
+            return 0
+        write_report(run_dir)
+        return 0
+    finally:
+        lock.release()
+
+
+def _shard(args: argparse.Namespace, cases: list, preset: Any) -> tuple[list, dict]:
+    """--shard I/N: this shard's cells; and run.json's `grid` (and `shard`) fields."""
+    from ..plan.shard import grid_info, parse_shard, shard_cases, shard_info
+
+    extra = {"grid": grid_info(cases, preset)}
+    if args.executor == "ray":
+        if args.shard is not None:
+            raise UsageError("--shard: measures one shard on this machine; --executor ray makes its own (--shards N)")
+        if args.shards is not None and args.shards < 1:
+            raise UsageError(f"--shards: {args.shards!r} is not a positive integer")
+        extra["executor"] = {"name": "ray", "address": args.ray_address, "shards": args.shards}
+    elif args.ray_address or args.shards:
+        raise UsageError("--ray-address/--shards: apply to --executor ray only")
+    if args.shard is None:
+        return cases, extra
+    spec = parse_shard(args.shard)
+    mine = shard_cases(cases, preset, spec)
+    return mine, {**extra, "shard": shard_info(spec, mine)}
+
+
+def _measure_on_ray(args: argparse.Namespace, argv: list[str], cases: list, preset: Any,
+                    axis_overrides: dict, axes: dict, extra: dict, run_dir: Path) -> int:
+    """--executor ray: the shards as Ray tasks, their records gathered into run_dir."""
+    from ..execute.ray_executor import measure
+
+    try:
+        return measure(run_dir, cases, preset, axis_overrides, axes, argv, extra, args, run_parser()._actions)
+    except KeyboardInterrupt:
+        print(f"\nattn-audit: interrupted; finished cells are saved in {run_dir}. "
+              f"Rerun with --out {run_dir} to measure the rest.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _not_recorded(cases: list, run_dir: Path | None) -> list:
+    """The cells a run in run_dir still has to measure."""
+    from ..core.records import completed_ids
+    done = completed_ids(run_dir) if run_dir is not None else set()
+    return [c for c in cases if c.id not in done]
+
+
+def _plan(cases: list, preset: Any, run_dir: Path, started: float, ceilings_measured: bool) -> None:
+    """Predict the cells not yet recorded, choose what fits the budget, write DIR/plan.json:
+    the plan a dry-run shows (budget.plan_run)."""
+    from ..plan.budget import describe, plan_run
+
+    todo = _not_recorded(cases, run_dir)
+    plan, _pred, _notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started,
+                                   measure=False, ceilings_measured=ceilings_measured)
+    plan.write(run_dir)
+    print(f"attn-audit: {describe(plan, len(todo))}", file=sys.stderr)
+
+
+def _dry_run(cases: list, preset: Any, run_dir: Path | None, started: float) -> int:
+    """Every cell with its predicted status and seconds, then the totals per phase and variant,
+    and what the budget would skip."""
+    from ..plan.budget import describe, plan_run
+    from ..plan.costmodel import summary
+
+    todo = _not_recorded(cases, run_dir)
+    plan, pred, notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started)
+    if len(todo) < len(cases):
+        notes.insert(0, f"{len(cases) - len(todo)} cells already recorded in {run_dir}: not predicted")
+    for row in pred.itertuples():
+        status, reason = (("skipped", plan.skip[row.id]) if row.id in plan.skip
+                          else (row.status, row.reason))
+        extra = f"  {status}: {reason}" if status != "ok" else ""
+        print(f"{row.id}  {plan.predicted.get(row.id, row.total_s):.2f} s{extra}")
+    print(f"{len(cases)} cells")
+    for note in notes:
+        print(f"cost model: {note}")
+    print(summary(pred[~pred["id"].isin(plan.skip)]))
+    print(describe(plan, len(todo)))
+    return 0

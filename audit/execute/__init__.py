@@ -1,0 +1,2 @@
+"""Running a grid: the runner (cell -> record), supervisor and worker, Ctrl-C, the folder lock,
+merging shards, the Ray executor. May import core, workload, measure, plan, analysis."""

@@ -1,0 +1,132 @@
+"""A run's two processes: the supervisor, which starts a measuring process (the worker) and
+outlives its crashes and hangs, and the worker, which measures every cell not yet recorded.
+
+A native crash (segfault, abort) in one cell becomes that cell's `error` record, a cell over
+its time limit its `timeout` record (the worker is killed), and a new worker resumes with the
+rest. Ctrl-C ends the whole run; what was measured stays in the run folder.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..core import records
+from ..core.runfolder import RECORDS_FILE, RUN_FILE
+from ..plan.budget import Plan
+from . import runner
+
+EXIT_INTERRUPTED = 130
+EXIT_RESTART = 75               # the worker asks for a fresh process (a cell leaked memory)
+MAX_CRASHES = 100
+CELL_TIMEOUT_FLOOR_S = 30.0     # a cell's time limit is at least this ...
+CELL_TIMEOUT_FACTOR = 10.0      # ... and this many times its predicted time
+POLL_S = 0.25
+
+
+def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = True) -> int:
+    """The measuring process: every cell not yet recorded, one record each."""
+    from ..measure.environment import environment
+
+    try:
+        ceilings = json.loads((run_dir / RUN_FILE).read_text()).get("ceilings")
+        counts = runner.run_grid(cases, run_dir, preset, environment(), progress=progress,
+                                 ceilings=ceilings, plan=Plan.read(run_dir))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except runner.WorkerRestart as exc:
+        print(f"attn-audit: {exc}", file=sys.stderr)
+        return EXIT_RESTART
+    summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+    print(f"attn-audit: {summary}", file=sys.stderr)
+    return 0
+
+
+def cell_limits(run_dir: Path, fixed_s: float | None) -> Callable[[str], float]:
+    """The per-cell time limit: --cell-timeout, else max(30 s, 10 × the cell's predicted time
+    from DIR/plan.json), so the budget's plan and the limit agree."""
+    plan = Plan.read(run_dir)
+    predicted = plan.predicted if plan else {}
+
+    def limit(cell_id: str) -> float:
+        if fixed_s is not None:
+            return fixed_s
+        return max(CELL_TIMEOUT_FLOOR_S, CELL_TIMEOUT_FACTOR * predicted.get(cell_id, 0.0))
+    return limit
+
+
+def supervise(cases: Sequence[Any], run_dir: Path, argv: list[str], cell_timeout_s: float | None = None) -> int:
+    """Measure in worker processes (`python -m audit <argv> --out DIR --worker`) until every
+    cell has a record; 0 when done, EXIT_INTERRUPTED on Ctrl-C, 1 when the worker dies
+    outside any cell or crashes more than MAX_CRASHES times."""
+    from ..measure.memory import die_with_parent, libc
+    libc()  # look it up here: die_with_parent runs in the forked child, where spawning ldconfig is unwise
+    cmd = [sys.executable, "-m", "audit", *argv, "--out", str(run_dir), "--worker"]
+    by_id = {c.id: c for c in cases}
+    limit = cell_limits(run_dir, cell_timeout_s)
+    for _ in range(MAX_CRASHES + 1):
+        timed_out: tuple[str, float] | None = None
+        proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                found = runner.inflight_since(run_dir)
+                if found and found[0] in by_id and time.time() - found[1] > limit(found[0]):
+                    timed_out = (found[0], limit(found[0]))
+                    proc.kill()
+                    code = proc.wait()
+                    break
+        except KeyboardInterrupt:
+            if proc.poll() is None:          # a signal to this process alone reaches the worker too
+                proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=10)        # let the worker stop cleanly (execute.interrupt)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            code = EXIT_INTERRUPTED
+        if code == 0:
+            return 0
+        if timed_out is not None:
+            cell, seconds = timed_out
+            how = ("--cell-timeout" if cell_timeout_s is not None else
+                   f"{CELL_TIMEOUT_FACTOR:g} × its predicted time, at least {CELL_TIMEOUT_FLOOR_S:g} s; --cell-timeout")
+            reason = (f"over the per-cell time limit of {seconds:.0f} s ({how}); its measuring process was "
+                      "killed and the run went on in a new one")
+            runner.record_crash(run_dir, by_id[cell], reason, status="timeout")
+            print(f"attn-audit: {cell}: {reason}", file=sys.stderr)
+            continue
+        if code == EXIT_RESTART:
+            continue
+        if code in (EXIT_INTERRUPTED, -signal.SIGINT, -signal.SIGTERM):
+            print(f"\nattn-audit: interrupted; finished cells are saved in {run_dir / RECORDS_FILE}. "
+                  f"Rerun with --out {run_dir} to measure the rest.", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        cell = runner.read_inflight(run_dir)
+        if cell is None or cell not in by_id or cell in records.completed_ids(run_dir):
+            print(f"attn-audit: the measuring process exited with {describe_exit(code)} outside any cell; "
+                  f"rerun with --out {run_dir} to resume", file=sys.stderr)
+            return 1
+        reason = (f"the measuring process died with {describe_exit(code)} in this cell (a crash in the "
+                  f"variant or in torch); the run went on in a new process")
+        runner.record_crash(run_dir, by_id[cell], reason)
+        print(f"attn-audit: {cell}: {reason}", file=sys.stderr)
+    print(f"attn-audit: more than {MAX_CRASHES} crashes; stopping", file=sys.stderr)
+    return 1
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
