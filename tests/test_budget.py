@@ -4,13 +4,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from audit.workload import presets
-from audit.execute import runner
-from audit.plan.budget import Keeper, Plan, choose
-from audit.core.grid import Case
 from audit.core.errors import UsageError
+from audit.core.grid import Case
 from audit.core.records import read_records
 from audit.core.units import parse_duration
+from audit.execute import runner
+from audit.plan.budget import Keeper, Plan, choose
+from audit.workload import presets
 
 
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("10m", 600), ("1h", 3600), ("1m30s", 90),

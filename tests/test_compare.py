@@ -15,12 +15,12 @@ import pytest
 
 from audit import cli
 from audit.analysis import compare
-from audit.render import compare_page
-from audit.workload import presets
-from audit.core import records, runfolder
 from audit.analysis import compare_stats as stats
+from audit.core import records, runfolder
 from audit.core.grid import Case
+from audit.render import compare_page
 from audit.render import overflowing_artists
+from audit.workload import presets
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"

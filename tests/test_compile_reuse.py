@@ -1,10 +1,10 @@
 """Compiled code is built once per shapes, dtype, causal flag and mask kind, and reused."""
 from __future__ import annotations
 
+from audit.core.grid import Case
+from audit.execute import runner
 from audit.measure import cellcache
 from audit.workload import presets
-from audit.execute import runner
-from audit.core.grid import Case
 
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
                         max_cell_s=60.0, energy_window_s=0.0)

@@ -6,10 +6,10 @@ import json
 import pytest
 
 from audit.core import grid
-from audit.workload import presets
+from audit.measure.timing import measure
 from audit.plan.costfit import RunData, compare, fit
 from audit.plan.costmodel import PRIORS_FILE, CostModel, Params, Settings, load_priors, predicted_unsupported, CellShape, summary, timed_wall_s
-from audit.measure.timing import measure
+from audit.workload import presets
 from tests.helpers import H200_RUNS, h200_run
 
 H200_FOLDERS = ("full", "gc", "stab", "comp")

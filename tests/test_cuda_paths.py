@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from audit.measure import measurement
-from audit.workload import presets
 from audit.core.grid import Case
+from audit.measure import measurement
 from audit.measure.energy import TELEMETRY_COLUMNS, EnergyMeter
 from audit.measure.timing import Samples
+from audit.workload import presets
 from tests.fake_gpu import FakeGPU, GpuNVML
 
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=5, min_time_s=0.01,

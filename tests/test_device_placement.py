@@ -12,12 +12,12 @@ import dataclasses
 import pytest
 import torch
 
-from audit.measure import cellcache
 from audit.core import grid
-from audit.workload import presets
 from audit.execute import runner
-from audit.workload.inputs import SCENARIOS
+from audit.measure import cellcache
 from audit.measure.reference import visibility
+from audit.workload import presets
+from audit.workload.inputs import SCENARIOS
 
 from tests.device_provenance import HostMeetsDevice, HostProvenance
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from audit.measure import cellcache, reference
-from audit.workload import presets, variants
-from audit.execute import runner
 from audit.core.grid import Case
+from audit.execute import runner
+from audit.measure import cellcache, reference
 from audit.measure.numerics import error_vs_reference
 from audit.measure.reference import golden_attention, golden_flops, golden_slices, take_slices
+from audit.workload import presets, variants
 
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
                         max_cell_s=60.0, energy_window_s=0.0)
@@ -75,8 +75,8 @@ def test_within_the_budget_there_is_no_subset():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("scenario", ["normal", "padding", "fully_masked_bool", "decode", "cross_causal"])
 def test_row_visibility_of_the_whole_output_matches_the_golden(scenario, causal):
-    from audit.workload.inputs import make_inputs
     from audit.measure.reference import row_visibility
+    from audit.workload.inputs import make_inputs
     inputs = make_inputs(Case("sdpa", "cpu", "fp32", 8, 24, 2, 2, causal, scenario))
     tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
     rows = row_visibility(tq, tk, causal=causal, device=inputs.q.device, visible=inputs.visible)

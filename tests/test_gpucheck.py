@@ -189,8 +189,8 @@ def test_main_runs_every_step_prints_every_check_and_copies_to_out(tmp_path, mon
         return out, 10.0, 0
 
     import pandas as pd
-    monkeypatch.setattr(gpucheck, "_run_step", fake_step)
-    monkeypatch.setattr(gpucheck, "_predict", lambda name, run_dir=None: pd.DataFrame(
+    monkeypatch.setattr(gpu_check, "_run_step", fake_step)
+    monkeypatch.setattr(gpu_check, "_predict", lambda name, run_dir=None: pd.DataFrame(
         {"id": [c["id"] for c in cells["main"]], "variant": "x", "device": "cuda", "status": "ok",
          "total_s": 0.3, **{p: 0.0 for p in ("setup", "golden", "compile", "warmup", "numerics", "timed",
                                               "energy")}}))

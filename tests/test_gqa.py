@@ -13,18 +13,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from audit.plan import costmodel
 from audit.analysis import findings
 from audit.core import grid, records
-from audit.workload import presets, variants
-from audit.execute import runner
-from audit.core.grid import Case
 from audit.core.errors import UsageError
-from audit.workload.inputs import SOFTCAP, make_inputs, seed_for, window_size
-from audit.plan.memory_model import predicted_peak_bytes
+from audit.core.grid import Case
+from audit.execute import runner
 from audit.measure.numerics import attention_flops, error_vs_reference
 from audit.measure.reference import golden_attention, golden_slices, take_slices
 from audit.measure.roofline import attention_bytes, cell_roofline
+from audit.plan import costmodel
+from audit.plan.memory_model import predicted_peak_bytes
+from audit.workload import presets, variants
+from audit.workload.inputs import SOFTCAP, make_inputs, seed_for, window_size
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "plugins"

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from audit.core import grid
-from audit.workload import presets
-from audit.core.grid import AXES, DEVICES, DTYPES, INT_AXES, Case, expand, validate_axes
 from audit.core.errors import UsageError
+from audit.core.grid import AXES, DEVICES, DTYPES, INT_AXES, Case, expand, validate_axes
+from audit.workload import presets
 from audit.workload.inputs import SCENARIOS, check_scenario
 from audit.workload.presets import Preset, preset_cases
 from audit.workload.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, check_name

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.commands.deps import BROWSERS, browser
 from audit.analysis.findings import write_findings
+from audit.commands.deps import BROWSERS, browser
 from audit.render import build_report
 from tests.helpers import cpu_run, h200_run
 

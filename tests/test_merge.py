@@ -9,9 +9,9 @@ import pytest
 
 from audit import cli
 from audit.core import grid, records
-from audit.workload import presets
-from audit.plan import shard
 from audit.execute.merge import write_records
+from audit.plan import shard
+from audit.workload import presets
 from tests.helpers import cpu_run
 
 

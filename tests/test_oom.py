@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from audit.measure import cellcache
-from audit.workload import presets
-from audit.execute import runner
 from audit.core.grid import Case
+from audit.execute import runner
+from audit.measure import cellcache
 from audit.plan.memory_model import predicted_peak_bytes, too_big
+from audit.workload import presets
 
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
                         max_cell_s=60.0, energy_window_s=0.0)

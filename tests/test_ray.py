@@ -12,8 +12,8 @@ import time
 import pytest
 
 from audit import cli
-from audit.workload import presets, variants
 from audit.core import records
+from audit.workload import presets, variants
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install attn-audit[ray] (make test installs it)")
 

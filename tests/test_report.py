@@ -278,7 +278,6 @@ def test_tables_escape_and_agree() -> None:
     assert '<td class="num">1.00</td>' in table_html
 
 
-
 # --------------------------------------------------------------------------- stability sections
 
 def _cell(variant: str, *, dtype: str = "fp32", scenario: str = "normal", causal: bool = False,

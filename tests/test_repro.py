@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from audit.repro.embed import Embedder, NotSelfContained
 from audit.core.grid import Case
-from audit.workload.inputs import SCENARIOS, make_inputs
+from audit.repro.embed import Embedder, NotSelfContained
 from audit.repro.scripts import WORST, build_script, write_repro_scripts
+from audit.workload.inputs import SCENARIOS, make_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from audit.core import grid, records
-from audit.workload import presets, variants
 from audit.plan import shard
+from audit.workload import presets, variants
 from tests.helpers import h200_run
 
 ROOT = Path(__file__).resolve().parents[1]

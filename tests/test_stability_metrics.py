@@ -17,14 +17,14 @@ import pytest
 import torch
 from tests.helpers import random_qkv
 
-from audit.measure import cellcache, memory, reference
-from audit.workload import inputs, presets
 from audit.core import records
-from audit.execute import runner
 from audit.core.grid import Case
-from audit.workload.inputs import SCENARIOS, fully_masked_rows, make_inputs, torch_dtype
+from audit.execute import runner
+from audit.measure import cellcache, memory, reference
 from audit.measure.numerics import BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows, relative_error, within_budget
 from audit.measure.reference import golden_attention
+from audit.workload import inputs, presets
+from audit.workload.inputs import SCENARIOS, fully_masked_rows, make_inputs, torch_dtype
 
 NAN, INF = float("nan"), float("inf")
 FP16_MAX = 65504.0

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.fake_gpu import FakeGPU, GpuNVML
+
 from audit.measure.energy import TELEMETRY_COLUMNS, EnergyMeter, null_telemetry
 from audit.measure.nvml import decode_throttle_reasons, nvml_device_info, nvml_index_for, nvml_info
 

@@ -14,12 +14,12 @@ import torch
 from tests.helpers import random_qkv
 
 from audit.core import grid
-from audit.workload import variants
-from audit.core.grid import Case
 from audit.core.errors import UsageError
-from audit.workload.inputs import make_inputs, seed_for, torch_dtype
+from audit.core.grid import Case
 from audit.measure.numerics import error_vs_reference
 from audit.measure.reference import golden_attention
+from audit.workload import variants
+from audit.workload.inputs import make_inputs, seed_for, torch_dtype
 from audit.workload.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, Unsupported, resolve
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import compare_stats as stats
-from .findings import compute_findings
 from ..core.errors import UsageError
 from ..core.records import read_records, to_frame
 from ..core.runfolder import RECORDS_FILE, RUN_FILE
+from . import compare_stats as stats
+from .findings import compute_findings
 
 PHASES = (("fwd", "fwd"), ("fwd_bwd", "fwd+bwd"))          # (column prefix, label)
 MEMORY_COLUMNS = (("peak_bytes", "fwd"), ("peak_fwd_bwd_bytes", "fwd+bwd"))

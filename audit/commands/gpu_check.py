@@ -261,8 +261,8 @@ def _run_step(name: str, args: Sequence[str], root: Path, log: list[str], timeou
 
 
 def _predict(preset_name: str, run_dir: Path | None = None) -> "pd.DataFrame":
-    from ..workload import presets, variants
     from ..plan.forecast import plan
+    from ..workload import presets, variants
     preset = presets.presets()[preset_name]
     cases = presets.preset_cases(preset, known_variant=variants.check_name)
     return plan(cases, preset, run_dir).pred
@@ -290,8 +290,8 @@ def check(run_options: Sequence[str] = ()) -> int:
     import pandas as pd
     import torch
 
-    from ..plan.costmodel import summary
     from ..core.records import load
+    from ..plan.costmodel import summary
 
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device here (torch.cuda.is_available() is False); "

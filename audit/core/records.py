@@ -11,6 +11,7 @@ import math
 import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
 SCHEMA_VERSION = 5

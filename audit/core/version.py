@@ -24,7 +24,6 @@ def git_commit(root: Path = PROJECT_ROOT) -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
-
 def code_version() -> str:
     """The package version, plus the git commit when run from a checkout (run.json's
     `code_version`): the shards of one run must come from the same code (merge checks it)."""

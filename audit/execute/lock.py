@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 from typing import IO, Any
-from ..core.runfolder import LOCK_FILE
 
+from ..core.runfolder import LOCK_FILE
 
 
 class FolderBusy(RuntimeError):

@@ -113,10 +113,8 @@ def merge(out: Path, shard_dirs: Sequence[Path], *, force: bool = False) -> dict
     that is not a run, an `out` that holds records already, a field that differs (unless
     force) and a cell recorded in two folders."""
 
-    from .lock import FolderBusy, RunLock
     from ..core.records import read_records
-
-
+    from .lock import FolderBusy, RunLock
 
     out, dirs = Path(out), [Path(d) for d in shard_dirs]
     names = [str(d) for d in dirs]

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..core.grid import Case
 from ..core.argv import to_argv
 from ..core.errors import UsageError
-from ..workload.presets import Preset
+from ..core.grid import Case
 from ..core.runfolder import PLAN_FILE, RECORDS_FILE, RUN_FILE, SHARD_LOG_FILE
+from ..workload.presets import Preset
 
 TASK_RETRIES = 3        # Ray retries a task this many times when its worker or node dies
 POLL_S = 0.5            # how often a task looks for new records, and the driver for records
@@ -117,8 +117,8 @@ def measure_shard(collector: Any, key: str, argv: list[str], threads: int, cwd: 
 
     import ray
 
-    from ..measure.memory import die_with_parent, libc
     from ..core.records import dumps
+    from ..measure.memory import die_with_parent, libc
 
     libc()      # looked up before forking: die_with_parent runs in the child
     host = platform.node()
@@ -180,8 +180,8 @@ def plan_jobs(cases: Sequence[Case], preset: Preset, axis_overrides: dict[str, A
               shape: tuple[int, int, int]) -> list[Job]:
     """The shards per device kind: --shards N each, else one per GPU (CUDA cells) or per largest
     node (CPU cells), at most one per input set. Empty shards get no job."""
-    from ..workload import presets, variants
     from ..plan.shard import assign, cell_costs
+    from ..workload import presets, variants
 
     gpus, node_cpus, cpu_nodes = shape
     jobs = []
@@ -317,8 +317,8 @@ def measure(run_dir: Path, cases: Sequence[Case], preset: Preset, axis_overrides
     """`audit run --executor ray` inside the run folder's lock: run.json, the Ray run, run.json
     completed with the shards. 0, or 1 when a shard failed (its cells are missing: a rerun
     measures them)."""
-    from .runner import write_run_file
     from ..measure.environment import environment
+    from .runner import write_run_file
 
     path = Path(run_dir) / RUN_FILE
     previous = json.loads(path.read_text()) if path.exists() else None
@@ -339,7 +339,6 @@ def finish_run_file(run_dir: Path, outcome: Outcome, previous: dict[str, Any] | 
     shard's; each shard's under `shards`), and where each shard ran and how often it started."""
 
     from .merge import combined_plan, differences
-
 
     path = Path(run_dir) / RUN_FILE
     info = json.loads(path.read_text())

@@ -14,17 +14,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..measure import compile_cache
 from ..core import records
-from ..measure.cellcache import BuildCache, InputCache
 from ..core.grid import Case
-from ..workload.inputs import cell_needs
+from ..core.runfolder import INFLIGHT_FILE, RUN_FILE
+from ..measure import compile_cache
+from ..measure.cellcache import BuildCache, InputCache
 from ..measure.measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason, measure_cell
 from ..measure.memory import pin_malloc_threshold
+from ..workload.inputs import cell_needs
 from ..workload.presets import Preset
 from ..workload.variants import Unsupported, builtin_variants, resolve
-from ..core.runfolder import INFLIGHT_FILE, RUN_FILE
-
 
 
 class CellTooBig(Exception):
@@ -96,8 +95,8 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
 def _check_memory(case: Case) -> None:
     """Raise CellTooBig when the cell's predicted peak exceeds the memory free on its device
     (free memory is read only for the variants whose memory is predicted)."""
-    from ..workload.inputs import q_len
     from ..plan.memory_model import free_bytes, predicted_peak_bytes, too_big
+    from ..workload.inputs import q_len
     if predicted_peak_bytes(case, q_len(case)) is None:
         return
     if case.device.startswith("cuda"):
@@ -106,8 +105,6 @@ def _check_memory(case: Case) -> None:
     reason = too_big(case, q_len(case), free_bytes(case.device))
     if reason is not None:
         raise CellTooBig(reason)
-
-
 
 
 def read_inflight(run_dir: Path) -> str | None:

@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 from ..core.grid import Case
 from ..workload.inputs import Inputs, make_inputs
+from ..workload.variants import Variant, eager_attention
 from .numerics import error_vs_reference
 from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices, visibility
-from ..workload.variants import Variant, eager_attention
 
 
 def _leak_checks(inputs: Inputs, tq: int, tk: int) -> list[tuple[Any, Any]]:

@@ -29,7 +29,6 @@ def null_telemetry(reason: str) -> dict[str, Any]:
 _VISIBLE_FROM_ENV = object()
 
 
-
 class EnergyMeter:
     """Energy, power, clocks, temperature and throttling of one GPU while a cell runs.
 

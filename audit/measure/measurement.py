@@ -12,19 +12,19 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .cellcache import BuildCache, Reference
-from . import compile_cache
 from ..core.grid import Case
 from ..workload.inputs import TORCH_DTYPES, Inputs
+from ..workload.presets import Preset
+from ..workload.variants import BackwardUnsupported, Variant, compiled_graph_count, fused_attention_count
+from . import compile_cache
+from .cellcache import BuildCache, Reference
 from .memory import held_bytes, peak_during
 from .numerics import (BACKWARD_FLOP_FACTOR, SaturationAccumulator, attention_flops, changed_max,
                        classify_masked_rows, error_vs_reference, nonfinite_counts, relative_error,
                        within_budget)
-from ..workload.presets import Preset
 from .reference import Golden, golden_prob_chunks
 from .timing import (DeviceTimingFailed, Samples, cache_flusher, cuda_graph_replay, measure, measure_device,
                      sync_for, time_call)
-from ..workload.variants import BackwardUnsupported, Variant, compiled_graph_count, fused_attention_count
 
 
 class CellSkipped(Exception):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 from typing import Any
+
 from ..core.runfolder import SEED_CLAIMS_FILE
 
 COLUMNS = ("claim", "d_k", "seed_value", "measured_value", "holds")

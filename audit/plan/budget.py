@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..core.grid import INPUT_AXES
-from ..core.units import format_duration
 from ..core.runfolder import PLAN_FILE
+from ..core.units import format_duration
 
 CORRECTION_MIN_CELLS = 5            # measured cells behind a runtime correction factor
 SAFETY_FRACTION = 0.03              # of the budget, kept free for the last cell's overshoot

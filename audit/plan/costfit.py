@@ -18,12 +18,12 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..core.grid import Case
+from ..core.runfolder import RUN_FILE
+from ..measure.numerics import BACKWARD_FLOP_FACTOR
 from .costmodel import (CALL_WEIGHT_POWER, COMPILED_VARIANTS, CellShape, CostModel, Params, Settings,
                         call_features, call_variant, cudnn_config, device_type, exposes_weights,
                         golden_cost_inputs, kernel_key, leak_probe_count, masked_rows_checked)
-from ..core.grid import Case
-from ..measure.numerics import BACKWARD_FLOP_FACTOR
-from ..core.runfolder import RUN_FILE
 
 
 def _nnls(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:

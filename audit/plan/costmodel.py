@@ -39,11 +39,11 @@ from typing import Any, Collection, Mapping, Sequence
 import numpy as np
 
 from ..core.grid import AXES, Case
+from ..core.units import format_duration
 from ..measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
-from ..workload.presets import Preset
 from ..measure.roofline import CEILINGS_BUDGET_S, DTYPE_BYTES
 from ..measure.timing import MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
-from ..core.units import format_duration
+from ..workload.presets import Preset
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
 PRIORS_FILE = Path(__file__).with_name("cost_priors.json")

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .costfit import RunData, fit
-from .costmodel import CostModel, Params, Settings, device_type, load_priors
 from ..core.grid import Case
 from ..core.paths import cache_dir, reports_root
-from ..workload.presets import Preset
-from ..measure.roofline import CEILINGS_BUDGET_S
 from ..core.runfolder import RECORDS_FILE, RUN_FILE
+from ..measure.roofline import CEILINGS_BUDGET_S
+from ..workload.presets import Preset
+from .costfit import RunData, fit
+from .costmodel import CostModel, Params, Settings, device_type, load_priors
 
 
 def this_machine(device_type: str) -> str | None:

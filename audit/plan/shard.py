@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..core.grid import Case
 from ..core.errors import UsageError
+from ..core.grid import Case
 from ..workload.presets import Preset
 
 _SPEC = re.compile(r"(\d+)/(\d+)")

@@ -15,10 +15,10 @@ from .data import (BASELINE_VARIANT, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, S
                    describe_values, is_negative_control, median_table, memory_ratio_vs_baseline,
                    representative_slice, scenario_alpha, scenario_descriptions, speedup_vs_baseline)
 from .figures import FIGURES, draw_figures
-from .plotting import DTYPE_COLORS, legend_below, overflowing_artists, save_figure, suptitle, variant_colors
 from .page import (MISSING, Badge, Block, Code, Contents, Figure, Heading, Link, Mono, Paragraph, Table,
                    format_value, html_table, markdown_table, numeric_columns, para, render_html,
                    render_markdown, severity_badges, write_page)
+from .plotting import DTYPE_COLORS, legend_below, overflowing_artists, save_figure, suptitle, variant_colors
 from .tables import (alignment_table, budget_cuts_table, budget_table, ceilings_table, findings_summary,
                      findings_table, fp16_overflow_table, gradient_table, host_bound_table,
                      is_control_finding, leakage_table, masked_rows_table, negative_control_check,

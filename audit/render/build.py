@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core.records import read_records, to_frame
+from ..core.runfolder import FINDINGS_FILE, RUN_FILE
 from .data import prepare
 from .figures import draw_figures
 from .page import Block, Contents, write_page
@@ -12,7 +13,6 @@ from .sections import (compile_section, environment_section, findings_section, g
                        title_section)
 from .stability_sections import (budget_section, figures_section, fp16_section, leakage_section,
                                  masked_rows_section, saturation_section, scenarios_section, seed_section)
-from ..core.runfolder import FINDINGS_FILE, RUN_FILE
 
 PAGE_TITLE = "attn-audit report"
 

@@ -12,9 +12,9 @@ import pandas as pd
 
 from ..analysis import compare_stats as stats
 from ..analysis.compare import PHASES, Comparison, Side
+from ..core.runfolder import COMPARE_CELLS_FILE, COMPARE_FIGURE_FILE
 from . import (Block, Code, Figure, Heading, Mono, Paragraph, Table, findings_table, format_value,
                legend_below, save_figure, suptitle, variant_colors, write_page)
-from ..core.runfolder import COMPARE_CELLS_FILE, COMPARE_FIGURE_FILE
 
 TITLE = "attn-audit comparison"
 WHOLE_RUN_SHIFT = 1.1    # a median B/A over every cell beyond 1.1 or under 1/1.1 gets a note

@@ -11,9 +11,9 @@ import pandas as pd
 
 from .data import (LOG_FLOOR, MIB, NEGATIVE_CONTROL_PREFIX, NONFINITE_COLUMNS, NORMAL_SCENARIO, dtype_order,
                    golden_saturation_rows, normal_rows, ok_rows, representative_slice, speed_rows)
+from .page import Figure
 from .plotting import (DTYPE_COLORS, DTYPE_STYLES, grouped_bars, legend_below, line_panels, log2_x_axis,
                        save_figure, suptitle, variant_colors)
-from .page import Figure
 from .tables import saturation_sweep_table
 
 Drawn = tuple[Any, str]            # (matplotlib figure, caption)

@@ -11,13 +11,13 @@ from typing import Any
 import pandas as pd
 
 from ..core.grid import AXES
+from ..core.runfolder import FINDINGS_FILE, RUN_FILE
 from .data import (BASELINE_VARIANT, MIB, NEGATIVE_CONTROL_PREFIX, NONFINITE_COLUMNS, NORMAL_SCENARIO,
                    REASON_WIDTH, SEVERITY_ORDER, dtype_order, is_negative_control, median_table,
                    memory_ratio_vs_baseline, normal_rows, numeric, ok_rows, sorted_values, speed_rows)
 from .page import Badge, Block, Code, Heading, Link, Mono, Table, format_value, para, severity_badges, slugify
 from .tables import (budget_cuts_table, budget_kind, ceilings_table, findings_summary, findings_table,
                      host_bound_table, is_control_finding, negative_control_check, speedup_table)
-from ..core.runfolder import FINDINGS_FILE, RUN_FILE
 
 
 def read_json(path: Path) -> Any:

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .data import ALIGNMENT_SCENARIOS, FP16_RANGE_SCENARIO, GOLDEN_SOURCE_PREFERENCE, MASK_FORMS, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, OUTLIERS_SCENARIO, SCALED_PREFIX, SEVERITY_ORDER, describe_values, dtype_order, flag_equals, is_negative_control, normal_rows, numeric, ok_rows, scenario_alpha, scenario_descriptions, scenario_order, sorted_values, speedup_vs_baseline, variant_order
 from ..core.runfolder import SEED_CLAIMS_FILE
+from .data import ALIGNMENT_SCENARIOS, FP16_RANGE_SCENARIO, GOLDEN_SOURCE_PREFERENCE, MASK_FORMS, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, OUTLIERS_SCENARIO, SCALED_PREFIX, SEVERITY_ORDER, describe_values, dtype_order, flag_equals, is_negative_control, normal_rows, numeric, ok_rows, scenario_alpha, scenario_descriptions, scenario_order, sorted_values, speedup_vs_baseline, variant_order
 
 
 def scenario_table(frame: pd.DataFrame) -> pd.DataFrame:

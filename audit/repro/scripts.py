@@ -20,8 +20,8 @@ import re
 import textwrap
 from pathlib import Path
 from typing import Any, Callable
-from ..core.runfolder import FINDINGS_FILE, REPRO_DIR, RUN_FILE
 
+from ..core.runfolder import FINDINGS_FILE, REPRO_DIR, RUN_FILE
 
 
 def _num(rec: dict, col: str) -> float:
@@ -138,11 +138,11 @@ SCRIPT_CONSTANTS = ("TITLE", "CELL_AXES", "SEED", "TQ", "RECORDED", "ENV")
 def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_note: str) -> str:
     """The source of one reproduction script. Raises embed.NotSelfContained when some piece
     cannot be copied into a standalone script."""
-    from .embed import Embedder, NotSelfContained
     from ..core.grid import Case
     from ..workload.inputs import SCENARIOS, draw_inputs, q_len, seed_for
-    from .checks import VERIFIERS, cell_failed_child, run_repro, time_limit_s
     from ..workload.variants import Unsupported, is_plugin_name, resolve
+    from .checks import VERIFIERS, cell_failed_child, run_repro, time_limit_s
+    from .embed import Embedder, NotSelfContained
 
     check = finding["check"]
     case = Case.from_mapping(cell)
@@ -250,10 +250,9 @@ Exit status: 1 while the finding holds, 0 once it no longer does, 2 when it cann
 def write_repro_scripts(run_dir: str | Path, findings: list[dict]) -> list[dict]:
     """Write DIR/repro/<check>-<variant>.py per finding; add `repro` (path relative to DIR) or
     `repro_reason` (why there is none) to each finding and rewrite DIR/findings.json."""
-    from .embed import NotSelfContained
     from ..analysis.findings import _json_default
     from ..core.records import read_records
-
+    from .embed import NotSelfContained
 
     run_dir = Path(run_dir)
     out_dir = run_dir / REPRO_DIR

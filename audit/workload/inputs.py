@@ -19,8 +19,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..core.grid import Case
 from ..core.errors import UsageError
+from ..core.grid import Case
 
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 

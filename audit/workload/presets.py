@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from ..core.grid import AXES, DTYPES, Case, expand, sub_grid_values, validate_axes
 from ..core.errors import UsageError
+from ..core.grid import AXES, DTYPES, Case, expand, sub_grid_values, validate_axes
 from .inputs import check_scenario
 
 
