@@ -10,6 +10,7 @@ against the importing module's own package.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -234,6 +235,29 @@ def test_the_layers_are_ordered():
     order = list(LAYERS)
     for name, allowed in LAYERS.items():
         assert all(order.index(a) < order.index(name) for a in allowed), name
+
+
+def declared_imports(docstring: str, layers: Sequence[str]) -> set[str] | None:
+    """The layers a subpackage's docstring says it may import ("May import core, workload.";
+    "Imports nothing else of audit."; "May import every layer."), or None when it says not."""
+    text = " ".join(docstring.split())
+    if "Imports nothing else" in text:
+        return set()
+    found = re.search(r"May import ([^.;(]*)", text)
+    if not found:
+        return None
+    if "every layer" in found.group(1):
+        return set(layers)
+    return {w for w in re.split(r"[\s,]+", found.group(1)) if w in layers}
+
+
+def test_each_layer_says_what_it_holds_and_may_import():
+    """Its __init__ docstring, as the table has it."""
+    for name, allowed in LAYERS.items():
+        doc = ast.get_docstring(ast.parse((AUDIT / name / "__init__.py").read_text(encoding="utf-8")))
+        assert doc, f"audit/{name}/__init__.py has no docstring"
+        below = list(LAYERS)[:list(LAYERS).index(name)]
+        assert declared_imports(doc, below) == allowed, name
 
 
 def test_the_record_reading_layers_never_import_torch():
