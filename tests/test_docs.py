@@ -66,6 +66,15 @@ def test_every_link_between_the_pages_resolves():
     assert not broken_links(PAGES, README)
 
 
+def test_every_docs_page_the_code_names_exists():
+    """--help texts, messages and comments send the reader to docs/PAGE.md: each page exists."""
+    named = set()
+    for path in [*ROOT.glob("audit/**/*.py"), ROOT / "Makefile", ROOT / "pyproject.toml"]:
+        named |= set(re.findall(r"docs/([a-z-]+\.md)", path.read_text(encoding="utf-8")))
+    assert named, "no docs page named in the code: the pattern is broken"
+    assert sorted(named - set(PAGES)) == []
+
+
 def test_a_broken_link_is_found():
     pages = {"a.md": "# A\n\n## Two words\n\n[ok](b.md#b) [ok](#two-words) [bad](b.md#nowhere) [bad](c.md)\n",
              "b.md": "# B\n"}

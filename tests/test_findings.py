@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from audit.analysis.findings import check_alignment, check_finfo_min_masks, check_fp16_range, compute_findings
+from audit.analysis.findings import (check_alignment, check_finfo_min_masks, check_fp16_range,
+                                     check_fully_masked_rows, compute_findings)
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
@@ -37,3 +38,31 @@ def test_a_cross_variant_finding_needs_a_real_variant(check: str) -> None:
     rule, fires = CASES[check]
     assert rule(_frame([{"variant": "broken.clamped", **fires}])) == []
     assert [f["check"] for f in compute_findings(_frame([{"variant": "sdpa", **fires}]))].count(check) == 1
+
+
+def _gqa_cells(masked: dict[str, dict[int, str]]) -> pd.DataFrame:
+    """One fully-masked cell per variant and kv_heads value, every other axis alike."""
+    axes = dict(device="cpu", dtype="bf16", d_k=64, seq_len=256, batch=2, heads=4, causal=False,
+                scenario="fully_masked_bool")
+    return _frame([{"variant": v, **axes, "kv_heads": kv, "masked_rows": rows}
+                   for v, by_kv in masked.items() for kv, rows in by_kv.items()])
+
+
+def test_fully_masked_rows_compares_each_cell_with_sdpas_cell_of_the_same_inputs():
+    """With two kv_heads values in one run (issue: the message printed a pandas Series, its
+    sdpa rows indexed by axes without kv_heads), each cell meets sdpa's cell of its own kv_heads."""
+    frame = _gqa_cells({"eager": {4: "nan", 2: "nan"}, "sdpa": {4: "zero", 2: "zero"}})
+    [finding] = check_fully_masked_rows(frame)
+    assert finding["message"].startswith("eager returns NaN on fully masked rows while sdpa returns zero "
+                                          "(fully_masked_bool; 2 cell(s))")
+    frame = _gqa_cells({"eager": {2: "nan"}, "sdpa": {4: "nan", 2: "uniform"}})
+    assert "while sdpa returns uniform (" in check_fully_masked_rows(frame)[0]["message"]
+
+
+def test_no_finding_message_holds_a_pandas_repr():
+    frame = _gqa_cells({"eager": {4: "nan", 2: "nan"}, "compiled": {4: "nan", 2: "zero"},
+                        "sdpa": {4: "zero", 2: "zero"}})
+    found = compute_findings(frame)
+    assert any(f["check"] == "fully_masked_rows" for f in found)
+    for f in found:
+        assert "Name:" not in f["message"] and "dtype:" not in f["message"], f["message"]

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pandas as pd
+
+from ..core.grid import INPUT_AXES
 from ..core.runfolder import FINDINGS_FILE
 
 NEGATIVE_CONTROL_PREFIX = "broken."
@@ -132,18 +134,18 @@ def check_finfo_min_masks(frame: pd.DataFrame) -> list[dict]:
 
 
 def check_fully_masked_rows(frame: pd.DataFrame) -> list[dict]:
-    """NaN on fully masked rows where SDPA returns 0."""
+    """NaN on fully masked rows where SDPA returns 0: each cell against sdpa's cell of the same
+    inputs (every axis but the variant: core.grid.INPUT_AXES)."""
     ok = _ok(frame)
     if "masked_rows" not in ok:
         return []
     nan_rows = ok[ok["masked_rows"].astype(str) == "nan"]
-    sdpa = ok[(ok["variant"] == "sdpa")].set_index(["device", "dtype", "d_k", "seq_len", "batch", "heads",
-                                                   "causal", "scenario"])["masked_rows"]
+    axes = [a for a in INPUT_AXES if a in ok.columns]
+    sdpa = ok[ok["variant"] == "sdpa"].drop_duplicates(axes).set_index(axes)["masked_rows"]
 
     def make(variant: str, g: pd.DataFrame) -> dict:
-        keys = list(zip(g["device"], g["dtype"], g["d_k"], g["seq_len"], g["batch"], g["heads"],
-                        g["causal"], g["scenario"]))
-        sdpa_says = {str(sdpa.get(k)) for k in keys if k in sdpa.index}
+        keys = [tuple(k) for k in g[axes].itertuples(index=False, name=None)]
+        sdpa_says = {str(sdpa.loc[k]) for k in keys if k in sdpa.index}
         versus = f" while sdpa returns {', '.join(sorted(sdpa_says))}" if sdpa_says else ""
         forms = ", ".join(sorted(set(g["scenario"])))
         return _finding("fully_masked_rows", "warning", variant,

@@ -43,8 +43,12 @@ SCALED_PREFIX = "scaled_x"
 OUTLIERS_SCENARIO = "outliers"
 GOLDEN_SOURCE_PREFERENCE = ("sdpa", "sdpa_math", "compiled")
 # Axes along which a per-cell label (masked_rows, causal_alignment) may differ; the first
-# axis that explains the difference is named, e.g. "nan (fp32), other (fp16)".
-DESCRIBE_AXES = ("dtype", "causal", "device", "d_k", "seq_len", "batch", "heads", "kv_heads")
+# axis that explains the difference is named, e.g. "nan (fp32), other (fp16)": dtype and
+# causal first, then every other input axis but the scenario (the label's own subject).
+DESCRIBE_FIRST = ("dtype", "causal")
+DESCRIBE_AXES = DESCRIBE_FIRST + tuple(a for a in INPUT_AXES if a not in DESCRIBE_FIRST and a != "scenario")
+# The axes a figure draws along; representative_slice fixes every other input axis.
+PLOTTED_AXES = ("dtype", "d_k", "seq_len")
 
 
 def is_negative_control(variants: pd.Series) -> pd.Series:
@@ -159,7 +163,7 @@ def representative_slice(rows: pd.DataFrame,
         causal = chosen["causal"].astype(bool)
         chosen = chosen[~causal] if (~causal).any() else chosen
     labels: list[str] = []
-    for axis in ("device", "batch", "heads", "kv_heads", "causal", "scenario"):
+    for axis in (a for a in INPUT_AXES if a not in PLOTTED_AXES):
         if axis in vary or not len(chosen) or axis not in chosen.columns:
             continue
         if axis == "batch":
