@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .core.errors import Unsupported
 from .core.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     import pandas as pd
 
-__all__ = ["__version__", "code_version", "compare", "load", "merge", "report", "run"]
+__all__ = ["Unsupported", "__version__", "code_version", "compare", "load", "merge", "report", "run"]
 
 
 def run(preset: str | None = None, out: "str | Path | None" = None, **options: Any) -> "Path | None":

@@ -14,13 +14,14 @@ import torch
 from tests.helpers import random_qkv
 
 from audit.core import grid
+from audit.core.errors import Unsupported
 from audit.core.errors import UsageError
 from audit.core.grid import Case
 from audit.measure.numerics import error_vs_reference
 from audit.measure.reference import golden_attention
 from audit.workload import variants
 from audit.workload.inputs import make_inputs, seed_for, torch_dtype
-from audit.workload.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, Unsupported, resolve
+from audit.workload.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, resolve
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 AGREEING = ("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash")
@@ -420,3 +421,52 @@ def test_sdpa_backend_recorded_forced_or_dispatched():
     assert table["sdpa"].backend is sdpa_dispatch_choice
     if not torch.cuda.is_available():
         assert sdpa_dispatch_choice(q, q, q, causal=True) == "FLASH_ATTENTION"
+
+
+def test_a_plugin_declines_a_cell_with_notimplementederror_or_audit_unsupported(monkeypatch):
+    """Declined cells are `skipped` with the plug-in's message, and no finding is made of them;
+    another exception stays an `error` (and a cell_failed finding)."""
+    from audit.analysis.findings import compute_findings
+    from audit.core import records
+    from audit.execute import runner
+    from audit.measure import cellcache
+    from audit.workload import presets
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.delitem(sys.modules, "declines", raising=False)
+    preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
+    cache = cellcache.InputCache()
+    got = {}
+    for name in ("bool_masks_only", "no_causal", "float_mask_value_error"):
+        for causal, scenario in ((False, "fully_masked_neginf"), (False, "fully_masked_bool"), (True, "normal")):
+            case = Case(f"declines:{name}", "cpu", "fp32", 16, 64, 1, 2, causal, scenario)
+            got[name, scenario] = runner.run_cell(case, cache, preset, {})
+    declined = got["bool_masks_only", "fully_masked_neginf"]
+    assert declined["status"] == "skipped"
+    assert declined["reason"] == ("the plug-in declined this cell (NotImplementedError): additive float masks "
+                                  "are not supported; pass a bool mask")
+    assert got["bool_masks_only", "fully_masked_bool"]["status"] == "ok"
+    assert got["bool_masks_only", "normal"]["status"] == "ok"
+    assert (got["no_causal", "normal"]["status"], got["no_causal", "normal"]["reason"]) == (
+        "skipped", "this kernel has no causal mode")
+    assert got["no_causal", "fully_masked_bool"]["status"] == "ok"
+    assert got["float_mask_value_error", "fully_masked_neginf"]["status"] == "error"
+    found = compute_findings(records.to_frame(list(got.values())))
+    about = {f["variant"] for f in found}
+    assert "declines:bool_masks_only" not in about and "declines:no_causal" not in about
+    assert any(f["check"] == "cell_failed" and f["variant"] == "declines:float_mask_value_error" for f in found)
+
+
+def test_a_builtin_variants_notimplementederror_stays_an_error(monkeypatch):
+    from audit.execute import runner
+    from audit.measure import cellcache
+    from audit.workload import presets
+
+    def not_implemented(q, k, v, *, mask=None, causal=False, scale=None):
+        raise NotImplementedError("missing kernel")
+
+    builtin = runner.resolve("eager")
+    monkeypatch.setattr(runner, "resolve", lambda name: dataclasses.replace(builtin, build=lambda: not_implemented))
+    rec = runner.run_cell(Case("eager", "cpu", "fp32", 16, 64, 1, 2, False, "normal"), cellcache.InputCache(),
+                          presets.presets()["quick"], {})
+    assert rec["status"] == "error" and "NotImplementedError: missing kernel" in rec["reason"]

@@ -7,6 +7,17 @@ class UsageError(ValueError):
     allowed, exit code 2."""
 
 
+class Unsupported(Exception):
+    """This variant cannot run this cell (a backend's limits, a form of mask a kernel does not
+    take): recorded as `skipped` with the message, not `error`, and no finding. A plug-in
+    raises it (audit.Unsupported) or NotImplementedError to decline a cell."""
+
+
+class BackwardUnsupported(Unsupported):
+    """The variant runs forward but has no backward here: the cell is measured forward-only,
+    with inputs that do not require grad, and `reason` says why fwd_bwd is missing."""
+
+
 class RunFailed(RuntimeError):
     """A run that ended before every cell had a record (audit.run): its exit code says how
     (1: the measuring process died outside any cell or crashed too often); what it measured

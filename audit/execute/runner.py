@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..core import records
+from ..core.errors import Unsupported
 from ..core.grid import Case
 from ..core.runfolder import INFLIGHT_FILE, RUN_FILE
 from ..measure import compile_cache
@@ -23,7 +24,7 @@ from ..measure.measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason
 from ..measure.memory import pin_malloc_threshold
 from ..workload.inputs import cell_needs
 from ..workload.presets import Preset
-from ..workload.variants import Unsupported, builtin_variants, resolve
+from ..workload.variants import builtin_variants, is_plugin_name, resolve
 
 
 class CellTooBig(Exception):
@@ -75,6 +76,11 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
         rec["status"], rec["reason"] = "oom", str(exc)
     except KeyboardInterrupt:
         raise
+    except NotImplementedError as exc:
+        if is_plugin_name(case.variant):           # a plug-in declining a cell it does not take
+            rec["status"], rec["reason"] = "skipped", declined(exc)
+        else:
+            rec["status"], rec["reason"] = "error", failure_reason(exc)
     except BaseException as exc:  # noqa: BLE001 - one cell's failure must not stop the run
         oom = _is_oom(exc)
         rec["status"], rec["reason"] = ("oom" if oom else "error"), failure_reason(exc)
@@ -90,6 +96,11 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
                                                        "started_at", "elapsed_s"):
                 rec[col] = None
     return rec
+
+
+def declined(exc: NotImplementedError) -> str:
+    """A skipped cell's reason when a plug-in raised NotImplementedError: its message."""
+    return f"the plug-in declined this cell (NotImplementedError): {str(exc).strip() or 'no message'}"
 
 
 def _check_memory(case: Case) -> None:

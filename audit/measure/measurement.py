@@ -12,10 +12,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..workload.inputs import TORCH_DTYPES, Inputs
 from ..workload.presets import Preset
-from ..workload.variants import BackwardUnsupported, Variant, compiled_graph_count, fused_attention_count
+from ..workload.variants import Variant, compiled_graph_count, fused_attention_count
 from . import compile_cache
 from .cellcache import BuildCache, Reference
 from .memory import held_bytes, peak_during

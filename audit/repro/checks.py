@@ -24,6 +24,7 @@ import types
 from typing import Any, Callable
 
 from ..analysis.findings import INPUT_SATURATION, SATURATION_EXCESS, UNDERFLOW_FRAC
+from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..measure.cellcache import build_reference
 from ..measure.measurement import LEAK_REPORT_BYTES, _alignment, _variant_weight_metrics, check_output
@@ -31,7 +32,7 @@ from ..measure.memory import held_bytes, pin_malloc_threshold
 from ..measure.numerics import (BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows,
                                 error_vs_reference, within_budget)
 from ..workload.inputs import draw_inputs, seed_for
-from ..workload.variants import BackwardUnsupported, fused_attention_count
+from ..workload.variants import fused_attention_count
 
 CHILD_FLAG = "--child"
 CHILD_READY = "repro-child: inputs built, calling the variant"

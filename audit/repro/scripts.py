@@ -138,9 +138,10 @@ SCRIPT_CONSTANTS = ("TITLE", "CELL_AXES", "SEED", "TQ", "RECORDED", "ENV")
 def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_note: str) -> str:
     """The source of one reproduction script. Raises embed.NotSelfContained when some piece
     cannot be copied into a standalone script."""
+    from ..core.errors import Unsupported
     from ..core.grid import Case
     from ..workload.inputs import SCENARIOS, draw_inputs, q_len, seed_for
-    from ..workload.variants import Unsupported, is_plugin_name, resolve
+    from ..workload.variants import is_plugin_name, resolve
     from .checks import VERIFIERS, cell_failed_child, run_repro, time_limit_s
     from .embed import Embedder, NotSelfContained
 

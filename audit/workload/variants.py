@@ -24,18 +24,9 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from ..core.errors import UsageError
+from ..core.errors import BackwardUnsupported, Unsupported, UsageError
 
 AttentionFn = Callable[..., Any]
-
-
-class Unsupported(Exception):
-    """This variant cannot run this cell (a backend's limits): recorded as `skipped`."""
-
-
-class BackwardUnsupported(Unsupported):
-    """The variant runs forward but has no backward here: the cell is measured forward-only,
-    with inputs that do not require grad, and `reason` says why fwd_bwd is missing."""
 
 
 @dataclass(frozen=True)
