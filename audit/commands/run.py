@@ -123,15 +123,17 @@ def run(preset: str | None = None, out: str | Path | None = None, **options: Any
 
 def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """The command line's `run`: exit 0 when done, 130 on Ctrl-C, 1 when a run ends early."""
-    return execute(args, ["attn-audit", *argv])
+    return execute(args, ["attn-audit", *argv], exiting=True)
 
 
-def execute(args: argparse.Namespace, argv: Sequence[str], started: float | None = None) -> int:
+def execute(args: argparse.Namespace, argv: Sequence[str], started: float | None = None, *,
+            exiting: bool = False) -> int:
     """The run as parsed options; argv (the command line, "attn-audit" first) goes to run.json
-    and, but for the program name, to the measuring process. Ctrl-C or SIGTERM stop it."""
+    and, but for the program name, to the measuring process. Ctrl-C or SIGTERM stop it;
+    exiting: the process ends after it (the command line), so once stopped it ignores them."""
     from ..execute.interrupt import stop_on_signals
     started = started or time.time()
-    with stop_on_signals():
+    with stop_on_signals(ignore_after_stop=exiting):
         try:
             return _execute(args, list(argv), started)
         except KeyboardInterrupt:     # before the first cell or in the report

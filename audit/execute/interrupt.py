@@ -18,25 +18,33 @@ from typing import Any, Iterator
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _stop(signum: int, frame: Any) -> None:
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
+def stop_on_signals(*, ignore_after_stop: bool = False) -> Iterator[None]:
     """Within the block, SIGINT and SIGTERM raise KeyboardInterrupt once; the handlers found
     before are restored after it. Outside the main thread (where Python cannot set handlers)
-    it changes nothing."""
+    it changes nothing.
+
+    ignore_after_stop: for a process that exits after the block (the command line's run, its
+    measuring process). Once stopped, the signals stay ignored after the block, so a late
+    second one (the supervisor forwarding Ctrl-C to a worker that had it already) cannot raise
+    KeyboardInterrupt in the exit handlers and print a traceback."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    stopped = []
+
+    def stop(signum: int, frame: Any) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        stopped.append(signum)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
     before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     for sig in STOP_SIGNALS:
-        signal.signal(sig, _stop)
+        signal.signal(sig, stop)
     try:
         yield
     finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        if not (stopped and ignore_after_stop):
+            for sig, handler in before.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
