@@ -470,3 +470,23 @@ def test_a_builtin_variants_notimplementederror_stays_an_error(monkeypatch):
     rec = runner.run_cell(Case("eager", "cpu", "fp32", 16, 64, 1, 2, False, "normal"), cellcache.InputCache(),
                           presets.presets()["quick"], {})
     assert rec["status"] == "error" and "NotImplementedError: missing kernel" in rec["reason"]
+
+
+@pytest.mark.parametrize("name", ["reentrant_checkpoint", "autograd_function"])
+def test_reentrant_checkpointing_and_a_custom_autograd_function_get_their_gradients_audited(monkeypatch, name):
+    """torch.autograd.grad(out, (q, k, v)) refused reentrant checkpointing; the audit's backward
+    (out.backward, .grad) takes both, and their gradients match the float64 golden's."""
+    from audit.execute import runner
+    from audit.measure import cellcache
+    from audit.workload import presets
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.delitem(sys.modules, "autograd_kinds", raising=False)
+    preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
+    cache = cellcache.InputCache()
+    for scenario in ("normal", "padding"):
+        rec = runner.run_cell(Case(f"autograd_kinds:{name}", "cpu", "fp32", 16, 64, 2, 2, False, scenario),
+                              cache, preset, {})
+        assert rec["status"] == "ok", rec["reason"]
+        assert rec["fwd_bwd_ms"] > 0 and rec["grad_nan"] == 0
+        assert max(rec["dq_err"], rec["dk_err"], rec["dv_err"]) < 1e-5, rec

@@ -40,6 +40,26 @@ LEAK_REPORT_BYTES = 64 * 2**20      # held across the timed calls: recorded as l
                                     # next cell gets a fresh process (the leak stays with the old one)
 
 
+def input_grads(out: Any, leaves: tuple, grad_out: Any) -> tuple:
+    """(dq, dk, dv): the backward of `out` with grad_out, read from the leaves' .grad.
+
+    `out.backward()`, not `torch.autograd.grad(out, leaves)`: the latter refuses reentrant
+    torch.utils.checkpoint ("incompatible with .grad() or passing an `inputs` parameter"),
+    which memory-efficient attention code uses; custom autograd.Functions and non-leaf
+    intermediates work either way. The .grad fields are cleared before and after, so nothing
+    accumulates across calls and the inputs hold no gradient between them; a leaf the
+    variant never used gets a zero gradient.
+    """
+    import torch
+    for t in leaves:
+        t.grad = None
+    out.backward(grad_out)
+    grads = tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves)
+    for t in leaves:
+        t.grad = None
+    return grads
+
+
 def check_output(out: Any, q: Any, v: Any) -> None:
     """The variant contract: a tensor of shape (B, H, Tq, d_v), q's dtype, on q's device."""
     import torch
@@ -149,7 +169,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
         return fn(q, k, v, **kwargs)                                   # (B, H, Tq, d)
 
     def forward_backward():
-        return torch.autograd.grad(forward(), (q, k, v), inputs.grad_out)
+        return input_grads(forward(), (q, k, v), inputs.grad_out)
 
     n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
 

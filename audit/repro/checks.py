@@ -27,7 +27,8 @@ from ..analysis.findings import INPUT_SATURATION, SATURATION_EXCESS, UNDERFLOW_F
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..measure.cellcache import build_reference
-from ..measure.measurement import LEAK_REPORT_BYTES, _alignment, _variant_weight_metrics, check_output
+from ..measure.measurement import (LEAK_REPORT_BYTES, _alignment, _variant_weight_metrics, check_output,
+                                   input_grads)
 from ..measure.memory import held_bytes, pin_malloc_threshold
 from ..measure.numerics import (BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows,
                                 error_vs_reference, within_budget)
@@ -130,7 +131,7 @@ def verify_nonfinite(case: Any, inputs: Any, load_variant: Callable, recorded: d
     else:
         lines.append("output: finite in every row that sees a key")
     if q.requires_grad:
-        grads = torch.autograd.grad(out, (q, k, v), inputs.grad_out)
+        grads = input_grads(out, (q, k, v), inputs.grad_out)
         parts = []
         measured["grad_nan"] = sum(int(torch.isnan(g).sum()) for g in grads)
         measured["grad_inf"] = sum(int(torch.isinf(g).sum()) for g in grads)
@@ -306,7 +307,6 @@ def verify_memory_leak(case: Any, inputs: Any, load_variant: Callable, recorded:
                        max_calls: int = 2048, max_s: float = 60.0) -> tuple:
     """Memory the process holds grows with every call (the audit: more than LEAK_REPORT_BYTES
     across a cell's timed calls). Calls forward+backward until that much is held, or gives up."""
-    import torch
     attention, _ = load_variant()
     if case.device == "cpu":
         pin_malloc_threshold()
@@ -315,7 +315,7 @@ def verify_memory_leak(case: Any, inputs: Any, load_variant: Callable, recorded:
     def once() -> None:
         _, _, _, o = call_variant(attention, inputs, grad=q.requires_grad)
         if q.requires_grad:
-            torch.autograd.grad(o, (q, k, v), inputs.grad_out, allow_unused=True)
+            input_grads(o, (q, k, v), inputs.grad_out)
     once()
     once()
     start, calls, began = held_bytes(case.device), 0, time.perf_counter()
@@ -366,7 +366,6 @@ def verify_cell_failed(case: Any, inputs: Any, load_variant: Callable, recorded:
 def cell_failed_child(case: Any, inputs: Any, load_variant: Callable) -> int:
     """The child of verify_cell_failed: the audit's reference for the cell (a cell can fail
     there too), then the variant's forward, its output contract, backward."""
-    import torch
     attention, _ = load_variant()
     print(CHILD_READY, flush=True)
     try:
@@ -377,7 +376,7 @@ def cell_failed_child(case: Any, inputs: Any, load_variant: Callable) -> int:
     q, k, v, out = call_variant(attention, inputs)
     check_output(out, q, v)
     if q.requires_grad:
-        torch.autograd.grad(out, (q, k, v), inputs.grad_out)
+        input_grads(out, (q, k, v), inputs.grad_out)
     print(CHILD_OK, flush=True)
     return 0
 
