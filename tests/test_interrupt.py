@@ -44,20 +44,23 @@ def test_without_a_stop_the_handlers_come_back_even_for_an_exiting_process(defau
 
 
 EXITING = """
-import os, signal, subprocess, sys, time, weakref
+import os, signal, sys, time, weakref
 from audit.execute.interrupt import stop_on_signals
 
 class Held:
     pass
 
+def late_second_signal():                         # runs among the exit handlers
+    os.kill(os.getpid(), signal.SIGINT)           # the supervisor's forwarded Ctrl-C, arriving now
+    time.sleep(0.2)
+
 held = Held()
-weakref.finalize(held, time.sleep, 1.5)          # an exit handler that takes a while
+weakref.finalize(held, late_second_signal)
 try:
     with stop_on_signals(ignore_after_stop={ignore}):
         os.kill(os.getpid(), signal.SIGINT)       # Ctrl-C: the run stops
 except KeyboardInterrupt:
     print("stopped", flush=True)
-subprocess.Popen(["sh", "-c", f"sleep 0.5; kill -INT {{os.getpid()}}"])   # a late second one, while exiting
 sys.exit(130)
 """
 
