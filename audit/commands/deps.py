@@ -30,11 +30,6 @@ REQUIREMENTS: dict[str, str] = {
 }
 
 
-# --no-compile: pip byte-compiles every module it installs, most of them never imported. torch,
-# ray, pandas and matplotlib installed in 43 s with it and 17 s without (2-core AMD EPYC, new
-# virtual environment); Python compiles what a run imports, once, on first import.
-PIP_OPTIONS = ("--no-compile",)
-
 # what the tests need besides: the optional extras they exercise (`audit deps --test`,
 # called by `make test`). Ray: `pip install attn-audit[ray]`, for `run --executor ray`.
 TEST_REQUIREMENTS: dict[str, str] = {
@@ -108,7 +103,7 @@ def install(test: bool = False) -> int:
     rest = [r for r in todo if not r.startswith("torch")]
     for group in (torch_req, rest):
         if group:
-            code = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", *PIP_OPTIONS, *group])
+            code = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", *group])
             if code != 0:
                 print(f"attn-audit: pip install {' '.join(group)} failed (exit {code})", file=sys.stderr)
                 return code
