@@ -1,4 +1,4 @@
-"""Tests of the command line, run as `python -m audit` in a subprocess.
+"""Tests of the command line, run as `python -m audit` in a subprocess (dry-runs in this process).
 
 Every `run` here uses --dry-run: nothing is measured.
 """
@@ -27,6 +27,15 @@ def cli(*args: str, pythonpath: list[Path] | None = None) -> subprocess.Complete
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
     return subprocess.run([sys.executable, "-m", "audit", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
+
+
+def here(capsys, *args: str) -> subprocess.CompletedProcess:
+    """The same command in this test's process: cli.main, stdout and stderr captured (a
+    dry-run then skips the 2-3 s of starting Python and importing torch)."""
+    from audit import cli as command_line
+    code = command_line.main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["attn-audit", *args], code, out, err)
 
 
 def dry_run_ids(stdout: str) -> tuple[list[str], str]:
@@ -93,9 +102,9 @@ def test_cuda_device_without_cuda(tmp_path):
     assert not out.exists(), "a refused run must not create its folder"
 
 
-def test_gpu_preset_dry_run_lists_cells_without_cuda():
+def test_gpu_preset_dry_run_lists_cells_without_cuda(capsys):
     """Planning a GPU run works on any machine: --dry-run needs no device."""
-    proc = cli("run", "--preset", "gpu", "--dry-run")
+    proc = here(capsys, "run", "--preset", "gpu", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     ids, count = dry_run_ids(proc.stdout)
     assert count == f"{len(ids)} cells"
@@ -129,8 +138,8 @@ def test_list_prints_every_builtin_variant_and_preset():
         assert preset in listed
 
 
-def test_dry_run_quick_prints_every_cell():
-    proc = cli("run", "--preset", "quick", "--dry-run")
+def test_dry_run_quick_prints_every_cell(capsys):
+    proc = here(capsys, "run", "--preset", "quick", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     ids, count = dry_run_ids(proc.stdout)
     expected = quick_ids()
@@ -142,8 +151,8 @@ def test_dry_run_quick_prints_every_cell():
     assert set(expected) == union
 
 
-def test_dry_run_restricts_variants():
-    proc = cli("run", "--preset", "quick", "--variant", "eager", "--dry-run")
+def test_dry_run_restricts_variants(capsys):
+    proc = here(capsys, "run", "--preset", "quick", "--variant", "eager", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     ids, count = dry_run_ids(proc.stdout)
     assert ids == quick_ids(variant=("eager",))
@@ -156,11 +165,11 @@ def test_dry_run_restricts_variants():
     assert count == f"{len(ids)} cells"
 
 
-def test_dry_run_variant_override_applies_to_every_sub_grid():
+def test_dry_run_variant_override_applies_to_every_sub_grid(capsys):
     # sdpa_flash is only in the first quick sub-grid; --variant puts it in all of them
     quick = presets.presets()["quick"]
     assert any("sdpa_flash" not in sub["variant"] for sub in quick.grids)
-    proc = cli("run", "--preset", "quick", "--variant", "sdpa_flash", "--dry-run")
+    proc = here(capsys, "run", "--preset", "quick", "--variant", "sdpa_flash", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     ids, _ = dry_run_ids(proc.stdout)
     assert ids == quick_ids(variant=("sdpa_flash",))
@@ -169,8 +178,8 @@ def test_dry_run_variant_override_applies_to_every_sub_grid():
     assert len(scenarios) > 1
 
 
-def test_dry_run_axis_overrides_combine():
-    proc = cli("run", "--preset", "quick", "--variant", "eager", "sdpa", "--seq-len", "32",
+def test_dry_run_axis_overrides_combine(capsys):
+    proc = here(capsys, "run", "--preset", "quick", "--variant", "eager", "sdpa", "--seq-len", "32",
                "--causal", "true", "--dtype", "fp32", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     expected = quick_ids(variant=("eager", "sdpa"), seq_len=(32,), causal=(True,), dtype=("fp32",))
@@ -183,8 +192,8 @@ def test_dry_run_axis_overrides_combine():
     assert dry_run_ids(proc.stdout) == (expected, f"{len(expected)} cells")
 
 
-def test_dry_run_overrides_down_to_one_cell_per_variant():
-    proc = cli("run", "--preset", "quick", "--variant", "eager", "sdpa", "--seq-len", "32",
+def test_dry_run_overrides_down_to_one_cell_per_variant(capsys):
+    proc = here(capsys, "run", "--preset", "quick", "--variant", "eager", "sdpa", "--seq-len", "32",
                "--causal", "true", "--dtype", "fp32", "--scenario", "normal", "--heads", "2",
                "--kv-heads", "2", "--dry-run")
     assert proc.returncode == 0, proc.stderr
@@ -206,8 +215,8 @@ def test_bad_budget_is_a_usage_error():
                        "--budget", "'ten minutes'", "90s")
 
 
-def test_dry_run_shows_what_a_budget_cuts():
-    proc = cli("run", "--preset", "cpu", "--budget", "30s", "--dry-run")
+def test_dry_run_shows_what_a_budget_cuts(capsys):
+    proc = here(capsys, "run", "--preset", "cpu", "--budget", "30s", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     ids, count = dry_run_ids(proc.stdout)
     assert count == f"{len(ids)} cells"
@@ -216,7 +225,7 @@ def test_dry_run_shows_what_a_budget_cuts():
     assert cut and len(cut) < len(ids)
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("plan: ") and "budget 30 s" in last and f"{len(cut)}" in last
-    unlimited = cli("run", "--preset", "quick", "--budget", "none", "--dry-run")
+    unlimited = here(capsys, "run", "--preset", "quick", "--budget", "none", "--dry-run")
     assert "no budget" in unlimited.stdout.strip().splitlines()[-1]
 
 
