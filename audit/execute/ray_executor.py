@@ -17,7 +17,6 @@ records in --out. Ray is imported only here, and only when `--executor ray` is g
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -211,7 +210,7 @@ def task_argv(args: Any, actions: Sequence[Any], preset_name: str, job: Job) -> 
     argv = ["run", "--preset", preset_name, "--device", job.device, "--shard", f"{job.index}/{job.count}",
             "--no-report", "--no-progress"]
     options = {a.dest: getattr(args, a.dest, None) for a in actions
-               if a.option_strings and a.dest not in DRIVER_ONLY and a.help != argparse.SUPPRESS}
+               if a.option_strings and a.dest not in DRIVER_ONLY}
     return argv + to_argv(options, actions)
 
 
