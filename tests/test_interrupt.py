@@ -47,6 +47,8 @@ EXITING = """
 import os, signal, sys, time, weakref
 from audit.execute.interrupt import stop_on_signals
 
+signal.signal(signal.SIGINT, signal.default_int_handler)   # as a terminal starts Python, whatever the parent ignores
+
 class Held:
     pass
 
