@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator
 
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 # Every column a user can rely on, with its meaning. docs/output.md's column table is
@@ -88,6 +88,7 @@ COLUMNS: dict[str, str] = {
     "leak_max_change": "largest output change, on rows that must not see them, when masked-out keys and values change (0 = no leak; null when nothing is masked)",
     "masked_rows": "what the variant returns on fully masked rows: nan, zero, uniform, other or mixed (null when none)",
     "causal_alignment": "causal with q_len != seq_len: which alignment the output follows (top-left, bottom-right, neither)",
+    "golden_alignment": "causal with q_len != seq_len: the alignment the golden, the error columns, the leak check and the masked-row check follow: the variant's declared one (top-left unless a plug-in declares bottom-right; docs/variants.md)",
     "pct_of_limit": "forward: max(FLOPs / measured matmul FLOP/s, bytes / measured copy bandwidth) / fwd time (1 = at the machine's measured limit)",
     "fwd_bwd_pct_of_limit": "the same for forward+backward (FLOPs 3.5x forward; bytes of both passes)",
     "bound": "which limit binds the forward: compute or memory",
@@ -240,7 +241,15 @@ def _v4_to_v5(record: dict[str, Any]) -> dict[str, Any]:
     return _with_columns(record, 5)
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
+def _v5_to_v6(record: dict[str, Any]) -> dict[str, Any]:
+    """v6 added golden_alignment; every earlier golden was top-left (where an alignment applied)."""
+    out = _with_columns(record, 6)
+    if out.get("causal_alignment") is not None:
+        out["golden_alignment"] = "top-left"
+    return out
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}
 
 
 class NewerSchema(ValueError):

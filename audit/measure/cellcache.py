@@ -14,7 +14,7 @@ from .numerics import error_vs_reference
 from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices, visibility
 
 
-def _leak_checks(inputs: Inputs, tq: int, tk: int) -> list[tuple[Any, Any]]:
+def _leak_checks(inputs: Inputs, tq: int, tk: int, alignment: str = "top-left") -> list[tuple[Any, Any]]:
     """(keys to perturb (B|1, 1, 1, Tk), rows that must not change (B|1, 1, Tq)) pairs.
 
     A: keys hidden from at least half of the rows that see anything; the rows
@@ -23,7 +23,7 @@ def _leak_checks(inputs: Inputs, tq: int, tk: int) -> list[tuple[Any, Any]]:
     """
     import torch
     vis = visibility(tq, tk, 0, tq, causal=inputs.causal, visible=inputs.visible,
-                     device=inputs.q.device)
+                     device=inputs.q.device, alignment=alignment)
     if vis is None:
         return []
     while vis.dim() < 4:
@@ -42,14 +42,15 @@ def _leak_checks(inputs: Inputs, tq: int, tk: int) -> list[tuple[Any, Any]]:
     return checks
 
 
-def leak_probes(inputs: Inputs) -> list[tuple[Any, Any, Any]]:
+def leak_probes(inputs: Inputs, alignment: str = "top-left") -> list[tuple[Any, Any, Any]]:
     """(k', v', rows) per leak check: k and v with large random changes on the keys the
-    rows must not see. Built once per input set and shared by its variants."""
+    rows must not see (under the causal alignment the variant declares). Built once per
+    input set and shared by its variants."""
     import torch
     tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
     gen = torch.Generator().manual_seed(1234)
     probes = []
-    for keys, rows in _leak_checks(inputs, tq, tk):
+    for keys, rows in _leak_checks(inputs, tq, tk, alignment):
         noise_k = (3.0 + torch.randn(inputs.k.shape, generator=gen)).to(inputs.k.device, inputs.k.dtype)
         noise_v = (3.0 + torch.randn(inputs.v.shape, generator=gen)).to(inputs.v.device, inputs.v.dtype)
         sel = keys.transpose(-1, -2)                                            # (B|1, 1, Tk, 1)
@@ -68,13 +69,14 @@ class Reference:
     output, for the NaN/inf and masked-row checks.
     """
 
-    golden: Golden
-    golden_bottom_right: Golden | None   # only when causal and Tq != Tk
+    golden: Golden                       # of `alignment`, with gradients
+    by_alignment: dict[str, Golden]      # causal and Tq != Tk: the forward golden of each alignment, else {}
     baseline_rmse: float | None          # `eager` in the input dtype against the golden
     leak_probes: list = field(default_factory=list)  # leak_probes(inputs)
     slices: list[tuple[int, int]] | None = None
     row_visible: Any = None              # (B|1, 1, Tq) bool: rows that see a key
     heads: int | None = None             # query heads (take_kv maps them to kv heads)
+    alignment: str = "top-left"          # causal alignment of golden, row_visible and leak probes
 
     def take(self, t: Any) -> Any:
         return take_slices(t, self.slices)
@@ -83,33 +85,46 @@ class Reference:
         return take_slices(t, self.slices, heads=self.heads)
 
 
+def reference_alignment(inputs: Inputs, declared: str) -> str:
+    """The causal alignment a cell's golden follows for a variant declaring `declared`: its own
+    where the two differ (causal, Tq != Tk), else top-left (one golden serves every variant)."""
+    tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
+    return declared if inputs.causal and tq != tk else "top-left"
+
+
 class InputCache:
-    """Inputs, float64 golden and baseline of the current input set, rebuilt when the set changes."""
+    """Inputs, float64 golden(s) and baseline of the current input set, rebuilt when the set
+    changes; a golden per causal alignment the variants of the set declare."""
 
     def __init__(self) -> None:
         self.key: tuple | None = None
         self.inputs: Inputs | None = None
-        self.ref: Reference | None = None
+        self.refs: dict[str, Reference] = {}
         self.golden_calls = 0
 
     def clear(self) -> None:
         """Drop the current input set (after an out-of-memory, so its memory can be freed)."""
-        self.key = self.inputs = self.ref = None
+        self.key = self.inputs = None
+        self.refs = {}
 
-    def get(self, case: Case) -> tuple[Inputs, Reference]:
+    def get(self, case: Case, alignment: str = "top-left") -> tuple[Inputs, Reference]:
         if case.input_key != self.key:
-            self.inputs = self.ref = None  # free the previous set first
+            self.inputs, self.refs = None, {}  # free the previous set first
             self.key = None
             self.inputs = make_inputs(case)
-            self.ref = build_reference(case, self.inputs)
-            self.golden_calls += 1
             self.key = case.input_key
-        return self.inputs, self.ref
+        alignment = reference_alignment(self.inputs, alignment)
+        if alignment not in self.refs:
+            self.refs[alignment] = build_reference(case, self.inputs, alignment)
+            self.golden_calls += 1
+        return self.inputs, self.refs[alignment]
 
 
-def build_reference(case: Case, inputs: Inputs) -> Reference:
-    """Float64 golden(s), same-dtype baseline and leak probes of one input set
+def build_reference(case: Case, inputs: Inputs, alignment: str = "top-left") -> Reference:
+    """Float64 golden(s), same-dtype baseline and leak probes of one input set, for a variant
+    whose causal masking follows `alignment` (reference_alignment)
     (audit.repro.scripts copies this into reproduction scripts: keep its imports at module level)."""
+    alignment = reference_alignment(inputs, alignment)
     tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
     slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device,
                            kv_heads=case.effective_kv_heads)
@@ -118,23 +133,33 @@ def build_reference(case: Case, inputs: Inputs) -> Reference:
     visible = take_slices(inputs.visible, slices)
     mod = inputs.score_mod
     golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible,
-                              score_mod=mod)
-    bottom_right = None
+                              score_mod=mod, alignment=alignment)
+    by_alignment = {}
     if inputs.causal and tq != tk:
-        bottom_right = golden_attention(q, k, v, causal=True, visible=visible, alignment="bottom-right",
-                                        score_mod=mod)
-    rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible)
-    return Reference(golden, bottom_right,
-                     _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden, mod),
-                     leak_probes(inputs), slices, rows, case.heads)
+        other = "bottom-right" if alignment == "top-left" else "top-left"
+        by_alignment = {alignment: golden,
+                        other: golden_attention(q, k, v, causal=True, visible=visible, alignment=other,
+                                                score_mod=mod)}
+    rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible,
+                          alignment=alignment)
+    return Reference(golden, by_alignment,
+                     _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden, mod,
+                                    alignment),
+                     leak_probes(inputs, alignment), slices, rows, case.heads, alignment)
 
 
 def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden,
-                   score_mod: Any = None) -> float | None:
+                   score_mod: Any = None, alignment: str = "top-left") -> float | None:
     """RMSE of hand-written attention in the input dtype: the error budget's yardstick
-    (on the golden's slices)."""
+    (on the golden's slices; causal in the golden's alignment, as a mask when bottom-right)."""
     import torch
     try:
+        if causal and alignment != "top-left":
+            keep = visibility(q.shape[-2], k.shape[-2], 0, q.shape[-2], causal=True, device=q.device,
+                              alignment=alignment)                          # (Tq, Tk)
+            mask = keep if mask is None else (keep & mask if mask.dtype == torch.bool
+                                              else mask.masked_fill(~keep, float("-inf")))
+            causal = False
         with torch.no_grad():
             out = eager_attention(q, k, v, mask=mask, causal=causal, score_mod=score_mod)
     except Exception:  # noqa: BLE001 - no baseline: budgets become null, not fake

@@ -229,8 +229,10 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
         lambda k2, v2: fn(q, k2.requires_grad_(q.requires_grad), v2.requires_grad_(q.requires_grad),
                           **kwargs),
         ref.leak_probes, out)
-    if ref.golden_bottom_right is not None:
-        m["causal_alignment"] = _alignment(ref.take(out), golden, ref.golden_bottom_right)
+    if ref.by_alignment:
+        m["causal_alignment"] = _alignment(ref.take(out), ref.by_alignment["top-left"],
+                                           ref.by_alignment["bottom-right"])
+        m["golden_alignment"] = ref.alignment
     del out
 
     if backward_reason is None:

@@ -114,7 +114,7 @@ def verify_nonfinite(case: Any, inputs: Any, load_variant: Callable, recorded: d
     """NaN/inf in output rows that see a key, or in the gradients, where float64 is finite."""
     import torch
     attention, _ = load_variant()
-    ref = build_reference(case, inputs)
+    ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
     q, k, v, out = call_variant(attention, inputs)
     seeing = ref.row_visible.expand(out.shape[:-1])                               # (B, H, Tq)
     bad = ~torch.isfinite(out.detach()) & seeing[..., None]                       # (B, H, Tq, d)
@@ -145,7 +145,7 @@ def verify_nonfinite(case: Any, inputs: Any, load_variant: Callable, recorded: d
 def verify_error_budget(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
     """RMSE against float64 above BUDGET_FACTOR × that of hand-written attention in the same dtype, + atol."""
     attention, _ = load_variant()
-    ref = build_reference(case, inputs)
+    ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
     _, _, _, out = call_variant(attention, inputs)
     err = error_vs_reference(ref.take(out.detach()), ref.golden.out, ref.golden.row_visible)
     base = ref.baseline_rmse
@@ -168,7 +168,7 @@ def verify_masked_leakage(case: Any, inputs: Any, load_variant: Callable, record
     """Outputs of rows that must not see some keys change when those keys change (and the
     probability the variant's own weights put on masked keys, when it exposes them)."""
     attention, probs = load_variant()
-    ref = build_reference(case, inputs)
+    ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
     q, _, _, out = call_variant(attention, inputs)
     probes = _probe_rows(attention, inputs, ref, q, out.detach())
     change = max((c for c, _, _ in probes), default=None)          # the audit's leak_max_change
@@ -186,7 +186,7 @@ def verify_fully_masked_rows(case: Any, inputs: Any, load_variant: Callable, rec
     """NaN on fully masked rows (SDPA returns 0 there)."""
     import torch
     attention, _ = load_variant()
-    ref = build_reference(case, inputs)
+    ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
     q, _, _, out = call_variant(attention, inputs)
     out = out.detach()
     masked = (~ref.row_visible).expand(out.shape[:-1])                            # (B, H, Tq)
@@ -208,7 +208,7 @@ def verify_finfo_min_mask(case: Any, inputs: Any, load_variant: Callable, record
     """With a float mask of finfo(dtype).min, fully masked rows attend uniformly to the masked keys."""
     import torch
     attention, _ = load_variant()
-    ref = build_reference(case, inputs)
+    ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
     q, _, _, out = call_variant(attention, inputs)
     out = out.detach()
     probes = _probe_rows(attention, inputs, ref, q, out)
@@ -230,7 +230,7 @@ def verify_fp16_overflow(case: Any, inputs: Any, load_variant: Callable, recorde
     """NaN/inf outputs where q·k exceeds fp16's range (65504)."""
     import torch
     attention, _ = load_variant()
-    ref = build_reference(case, inputs)
+    ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
     _, _, _, out = call_variant(attention, inputs)
     seeing = ref.row_visible.expand(out.shape[:-1])
     bad = ~torch.isfinite(out.detach()) & seeing[..., None]
@@ -247,7 +247,7 @@ def verify_fp16_overflow(case: Any, inputs: Any, load_variant: Callable, recorde
 def verify_saturation(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
     """The variant's rows one-hot (max p > 0.99) far more often than the float64 golden's."""
     _, probs = load_variant()
-    ref = build_reference(case, inputs)
+    ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
     m = _weights(probs, inputs, ref)
     golden = ref.golden.saturation["onehot_frac"]
     excess = None if m["onehot_frac"] is None or golden is None else m["onehot_frac"] - golden
@@ -259,7 +259,7 @@ def verify_saturation(case: Any, inputs: Any, load_variant: Callable, recorded: 
 
 def verify_input_saturation(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
     """The inputs themselves saturate softmax: most float64 rows are one-hot."""
-    ref = build_reference(case, inputs)
+    ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
     sat = ref.golden.saturation
     lines = [f"float64 softmax: {_pct(sat['onehot_frac'])} of rows put > 0.99 on one key "
              f"(a finding above {_pct(INPUT_SATURATION)}); max |logit| {sat['max_logit']:.4g}"]
@@ -281,11 +281,11 @@ def verify_compiled_rewritten(case: Any, inputs: Any, load_variant: Callable, re
 def verify_causal_alignment(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
     """Which causal alignment the variant applies when q_len != kv_len (compared with both goldens)."""
     attention, _ = load_variant()
-    ref = build_reference(case, inputs)
+    ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
     _, _, _, out = call_variant(attention, inputs)
-    if ref.golden_bottom_right is None:
+    if not ref.by_alignment:
         return False, ["not a causal cell with q_len != kv_len: no alignment to tell"], {"causal_alignment": None}
-    kind = _alignment(ref.take(out.detach()), ref.golden, ref.golden_bottom_right)
+    kind = _alignment(ref.take(out.detach()), ref.by_alignment["top-left"], ref.by_alignment["bottom-right"])
     tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
     lines = [f"q_len {tq}, kv_len {tk}, causal: the output follows {kind} alignment (top-left: query i sees keys "
              f"j <= i; bottom-right, what KV-cache decoding needs: j <= i + {tk - tq}); the audit recorded "
@@ -296,7 +296,7 @@ def verify_causal_alignment(case: Any, inputs: Any, load_variant: Callable, reco
 def verify_underflow(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
     """Probabilities exactly 0 where the float64 golden's are positive."""
     _, probs = load_variant()
-    ref = build_reference(case, inputs)
+    ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
     m = _weights(probs, inputs, ref)
     lines = [f"{_pct(m['underflow_frac'])} of the variant's probabilities are exactly 0 where float64 is "
              f"positive (a finding above {_pct(UNDERFLOW_FRAC)})"]
