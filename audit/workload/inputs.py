@@ -61,7 +61,7 @@ class Inputs:
     mask: Any = None          # what the variant gets: None, bool or additive float, (B|1, 1, Tq|1, Tk)
     causal: bool = False      # top-left causal flag passed to the variant
     visible: Any = None       # logical (B|1, 1, Tq|1, Tk) bool from the mask alone (causal applied separately), or None
-    mask_form: str = "none"   # none | bool | neginf | finfo_min
+    mask_form: str = "none"   # none | bool | neginf | finfo_min | bias (a finite additive bias, nothing masked)
     score_mod: ScoreMod | None = None  # applied to the scaled scores before masking, or None
 
     def call_kwargs(self) -> dict[str, Any]:
@@ -156,6 +156,61 @@ def _padding(case, gen, tq, tk) -> dict:
     return out
 
 
+def _left_padding(case, gen, tq, tk) -> dict:
+    """Key padding at the start of each sequence (B, 1, 1, Tk), as transformers pads for generation:
+    sequence b's first Tk - length_b keys are padding. With causal masking the first rows see no key."""
+    import torch
+    out = _normal(case, gen, tq, tk)
+    lengths = torch.tensor(_valid_lengths(case.batch, tk))
+    keep = torch.arange(tk)[None, :] >= (tk - lengths)[:, None]      # (B, Tk)
+    keep = keep[:, None, None, :]                                 # (B, 1, 1, Tk)
+    out.update(mask=keep, visible=keep, mask_form="bool")
+    return out
+
+
+LOW_LSE_MARGIN = 12.0   # how far below ln(FLT_MIN) = -87.3 the typical score sits, before ln(Tk)
+
+
+def low_lse_centre(tk: int) -> float:
+    """The scaled score every pair of the low_lse scenario sits near: far enough below -88.7
+    that logsumexp(row) = centre + ln(sum over Tk keys of exp(noise)) stays below it."""
+    import math
+    return -(88.7 + LOW_LSE_MARGIN + math.log(tk))
+
+
+def _low_lse(case, gen, tq, tk) -> dict:
+    """Every scaled score near low_lse_centre(Tk), spread N(0, 1): q along -u, k along +u (u a unit
+    vector), plus noise orthogonal to u. So every row's logsumexp is below -88.7, where exp of it
+    underflows float32 (huggingface/trl#7181, pytorch/pytorch#196678: NaN gradients)."""
+    B, H, Hkv, d = case.batch, case.heads, case.effective_kv_heads, case.d_k
+    u = _randn(gen, (d,))
+    u = u / u.norm()
+    along = (-low_lse_centre(tk) * d ** 0.5) ** 0.5                # |q_u| = |k_u|: their product / sqrt(d) = -centre
+
+    def orthogonal(shape):
+        x = _randn(gen, shape)
+        return x - (x @ u)[..., None] * u                             # remove the u component
+    return dict(q=orthogonal((B, H, tq, d)) - along * u, k=orthogonal((B, Hkv, tk, d)) + along * u,
+                v=_randn(gen, (B, Hkv, tk, d)))
+
+
+SHIFT_BIAS = -59904.0   # about -6e4, exact in fp16 and bf16 (a multiple of 256)
+SHIFT_STEP = 256.0      # rows differ by multiples of it: every row has its own shift
+
+
+def _shifted_bias(case, gen, tq, tk) -> dict:
+    """An additive float bias (1, 1, Tq, Tk), constant along each row: row i's scores all shift by
+    SHIFT_BIAS - SHIFT_STEP * (i % 4), about -6e4. Softmax is shift-invariant, so the output equals
+    unbiased attention; a kernel treating finite logits below a sentinel as masked does not
+    (flashinfer-ai/flashinfer#4450). Nothing is masked."""
+    import torch
+    out = _normal(case, gen, tq, tk)
+    shift = SHIFT_BIAS - SHIFT_STEP * (torch.arange(tq) % 4).float()  # (Tq,)
+    bias = shift[None, None, :, None].expand(1, 1, tq, tk).contiguous()  # (1, 1, Tq, Tk)
+    out.update(mask=bias, mask_form="bias")
+    return out
+
+
 def fully_masked_rows(tq: int) -> list[int]:
     """Query rows that see no key at all: every 8th row, starting at 3 (at least one)."""
     return list(range(min(3, tq - 1), tq, 8))
@@ -208,6 +263,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              lambda t: t, _fp16_range),
     Scenario("padding", "key padding mask (B,1,1,T), valid lengths 3/4 T and shorter", lambda t: t, _padding,
              ("bool", "per-batch")),
+    Scenario("left_padding", "key padding at the start of each sequence (B,1,1,T), as for generation; causal: "
+             "the first rows see no key (unslothai/unsloth#9848: NaN logits on left-padded rows)",
+             lambda t: t, _left_padding, ("bool", "per-batch")),
+    Scenario("low_lse", "every scaled score near -(100.7 + ln T): each row's logsumexp below -88.7, where "
+             "exp underflows fp32 (huggingface/trl#7181, pytorch/pytorch#196678: cuDNN NaN gradients)",
+             lambda t: t, _low_lse),
+    Scenario("shifted_bias", "additive float bias shifting every score of a row by about -6e4: softmax is "
+             "shift-invariant, the output must not change (flashinfer-ai/flashinfer#4450: finite logits "
+             "below a sentinel treated as masked)", lambda t: t, _shifted_bias, ("float", "per-row")),
     Scenario("fully_masked_bool", "every 8th query row sees no key: bool mask", lambda t: t,
              _fully_masked("bool"), ("bool", "per-row")),
     Scenario("fully_masked_neginf", "every 8th query row sees no key: float mask of -inf", lambda t: t,

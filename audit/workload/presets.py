@@ -61,11 +61,16 @@ def preset_cases(preset: Preset, overrides: Mapping[str, Iterable[Any]] | None =
 STABILITY_SCENARIOS: tuple[str, ...] = (
     "normal", "scaled_x4", "scaled_x16", "scaled_x64", "outliers", "fp16_range", "padding",
     "fully_masked_bool", "fully_masked_neginf", "fully_masked_finfo_min", "decode", "cross_causal",
+    "left_padding", "low_lse", "shifted_bias",
 )
+# Scenarios from bug reports (inputs.SCENARIOS says which report each comes from).
+REPORTED_SCENARIOS: tuple[str, ...] = ("left_padding", "low_lse", "shifted_bias")
 GPU_STABILITY_SCENARIOS: tuple[str, ...] = (
     "normal", "scaled_x16", "scaled_x64", "outliers", "fp16_range", "padding",
-    "fully_masked_bool", "fully_masked_neginf", "cross_causal",
+    "fully_masked_bool", "fully_masked_neginf", "cross_causal", "left_padding", "low_lse", "shifted_bias",
 )
+# pytorch/pytorch#196678: cuDNN's masked kernels broke at T ≡ 64 (mod 128)
+GPU_ODD_SEQ_LEN = 1088
 
 
 GPU_TOKENS = 16384  # gpu preset: batch x seq_len per cell, as FlashAttention's benchmarks
@@ -101,6 +106,9 @@ def presets() -> dict[str, Preset]:
                 dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash") + GQA_CONTROLS, device=("cpu",),
                      dtype=("fp32",), d_k=(32,), seq_len=(64,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1),
                      causal=(True,), scenario=("normal", "sliding_window", "softcap")),
+                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math"), device=("cpu",),
+                     dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(2,), heads=(2,),
+                     causal=(False, True), scenario=REPORTED_SCENARIOS),
             ),
             # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
             min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=1.0,
@@ -134,7 +142,8 @@ def presets() -> dict[str, Preset]:
         "gpu": Preset(
             name="gpu",
             description=f"default with CUDA: seq_len 512-16384 at {GPU_TOKENS} tokens per cell, 16 heads, "
-                        "bf16 at d_k 64-256, fp16/fp32 at d_k 128, plus scenarios at T=1024",
+                        "bf16 at d_k 64-256, fp16/fp32 at d_k 128, plus scenarios at T=1024 and masked "
+                        f"cells at T={GPU_ODD_SEQ_LEN} (≡ 64 mod 128)",
             grids=(
                 *(dict(variant=uncompiled, device=("cuda",), dtype=("bf16",), d_k=(64, 128, 256),
                        seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
@@ -167,6 +176,9 @@ def presets() -> dict[str, Preset]:
                      scenario=("normal",)),
                 dict(variant=gqa_gpu, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(8192, 32768, 131072),
                      batch=(1,), heads=(16,), kv_heads=(16, 4, 1), causal=(False,), scenario=("decode",)),
+                dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_efficient", "sdpa_cudnn"), device=("cuda",),
+                     dtype=("fp16", "bf16"), d_k=(128,), seq_len=(GPU_ODD_SEQ_LEN,), batch=(2,), heads=(16,),
+                     causal=(False, True), scenario=("padding",) + REPORTED_SCENARIOS),
                 dict(variant=gqa_gpu + ("flex",) + GQA_CONTROLS,
                      device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
                      kv_heads=(16, 4), causal=(True,), scenario=("normal", "padding", "sliding_window", "softcap")),
