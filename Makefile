@@ -23,7 +23,7 @@ TEST_OPTS ?=
 deps:  ## install whatever is missing (nothing when all is importable)
 	$(PYTHON) -m audit deps
 
-test-deps:  ## install what is missing: also what the tests use (ray, pytest-xdist, a Chromium: Debian's, as root)
+test-deps:  ## install what is missing: also what the tests use (ray, transformers, pytest-xdist, a Chromium: Debian's, as root)
 	$(PYTHON) -m audit deps --test
 
 audit: deps  ## run the default preset and write the report under reports/

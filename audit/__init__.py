@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     import pandas as pd
 
-__all__ = ["Unsupported", "__version__", "code_version", "compare", "load", "merge", "report", "run"]
+__all__ = ["Unsupported", "__version__", "adapt", "code_version", "compare", "load", "merge", "report", "run"]
 
 
 def run(preset: str | None = None, out: "str | Path | None" = None, **options: Any) -> "Path | None":
@@ -57,6 +57,14 @@ def merge(out: "str | Path", shard_dirs: "Sequence[str | Path]", *, force: bool 
     """Combine the run folders of a grid's shards into the run folder `out`; returns its run.json."""
     from .commands.merge import merge as _merge
     return _merge(out, shard_dirs, force=force, report=report)
+
+
+def adapt(fn: Any, **declaration: Any) -> Any:
+    """A plug-in calling a library's attention function `fn` the way it is declared to be called:
+    layout, causal alignment, mask forms, argument names (audit.workload.adapt.adapt says which;
+    docs/variants.md shows flash-attn's and xFormers')."""
+    from .workload.adapt import adapt as _adapt
+    return _adapt(fn, **declaration)
 
 
 def load(run_dir: "str | Path") -> "pd.DataFrame":

@@ -35,8 +35,8 @@ LAYERS: dict[str, set[str]] = {
 }
 # ... but never what measures a cell: plan predicts cells, it does not run them.
 NEVER = {"plan": {"audit.measure.measurement", "audit.measure.cellcache", "audit.measure.seed"}}
-# The package's top: its API and the command line dispatch to commands.
-TOP = {"audit": {"core", "commands"}, "audit.cli": {"core", "commands"}, "audit.__main__": {"audit.cli"}}
+# The package's top: its API (audit.adapt is workload's) and the command line dispatch to commands.
+TOP = {"audit": {"core", "workload", "commands"}, "audit.cli": {"core", "commands"}, "audit.__main__": {"audit.cli"}}
 # Layers whose modules never import torch, not even inside a function: they read records.
 TORCH_FREE = ("core", "analysis", "render")
 

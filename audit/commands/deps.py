@@ -1,5 +1,5 @@
 """Install what is missing, and only that: `audit deps` (add `--test` for what the
-tests need too: the optional extras they exercise, Ray; pytest-xdist; and a Chromium for the
+tests need too: the optional extras they exercise, Ray and transformers; pytest-xdist; and a Chromium for the
 HTML report's browser test, Debian's package where the machine is Debian and this is root).
 
 Each dependency is checked by importing it; importable ones are never touched,
@@ -31,9 +31,12 @@ REQUIREMENTS: dict[str, str] = {
 
 
 # what the tests need besides: the optional extras they exercise (`audit deps --test`,
-# called by `make test`). Ray: `pip install attn-audit[ray]`, for `run --executor ray`.
+# called by `make test`). Ray: `pip install attn-audit[ray]`, for `run --executor ray`;
+# transformers: `pip install attn-audit[hf]`, for the hf: variants (it requires no torch, so the
+# installed one stays).
 TEST_REQUIREMENTS: dict[str, str] = {
     "ray": "ray>=2.9",
+    "transformers": "transformers>=5.0,<6",
     "xdist": "pytest-xdist>=3.5",   # `make test` runs the tests that time nothing on every core
 }
 
@@ -78,7 +81,7 @@ DESCRIPTION = ("Import each dependency; pip-install those that are missing, torc
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--test", action="store_true",
-                        help="also what the tests use: ray, pytest-xdist, and a Chromium (Debian's, as root)")
+                        help="also what the tests use: ray, transformers, pytest-xdist, and a Chromium (Debian's, as root)")
 
 
 def main(args: argparse.Namespace, argv: Sequence[str]) -> int:

@@ -20,6 +20,15 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     for v in builtin_variants().values():
         print(f"  {v.name:<18} {v.description}")
     print("  package.module:function  your own (see docs/variants.md)")
+    from ..workload import hf
+    if hf.transformers_version() is None:
+        print("  hf:NAME            transformers' attention functions: pip install 'attn-audit[hf]'")
+    else:
+        print(f"\ntransformers {hf.transformers_version()} attention functions (hf:MODULE:NAME: one your MODULE "
+              "registers):")
+        for name in hf.hf_names():
+            why = hf.unavailable(name.removeprefix(hf.HF_PREFIX))
+            print(f"  {name:<24} {'not here: ' + why if why else 'available'}")
     print("\npresets:")
     for p in presets().values():
         print(f"  {p.name:<8} {p.description}")

@@ -24,7 +24,7 @@ from ..measure.measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason
 from ..measure.memory import pin_malloc_threshold
 from ..workload.inputs import cell_needs
 from ..workload.presets import Preset
-from ..workload.variants import builtin_variants, is_plugin_name, resolve
+from ..workload.variants import builtin_variants, resolve
 
 
 class CellTooBig(Exception):
@@ -60,13 +60,14 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
     rec["env"] = env
     start = time.perf_counter()
     oom = False
+    variant = None
     try:
         variant = resolve(case.variant)
         refusal = variant.refusal(cell_needs(case))
         if refusal is not None:
             raise Unsupported(refusal)
         _check_memory(case)
-        inputs, ref = cache.get(case)
+        inputs, ref = cache.get(case, variant.causal_alignment)
         rec.update(measure_cell(case, variant, inputs, ref, preset,
                                 ceilings=(ceilings or {}).get(case.device), meter=meter, builds=builds))
         rec["status"] = "ok"
@@ -77,7 +78,7 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
     except KeyboardInterrupt:
         raise
     except NotImplementedError as exc:
-        if is_plugin_name(case.variant):           # a plug-in declining a cell it does not take
+        if variant is not None and variant.family == "plugin":             # a plug-in (or hf:) declining a cell it does not take
             rec["status"], rec["reason"] = "skipped", declined(exc)
         else:
             rec["status"], rec["reason"] = "error", failure_reason(exc)

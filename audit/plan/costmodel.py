@@ -49,7 +49,8 @@ PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "
 PRIORS_FILE = Path(__file__).with_name("cost_priors.json")
 PROBS_VARIANTS_PREFIX = "broken."
 PROBS_VARIANTS = ("eager", "eager_fp32")
-COMPILED_VARIANTS = ("compiled", "compiled_unfused", "flex")
+COMPILED_VARIANTS = ("compiled", "compiled_unfused", "flex", "hf:flex_attention")
+NO_CPU_BACKWARD = ("flex", "hf:flex_attention")   # FlexAttention: forward only on the CPU
 ENERGY_EDGE_WAIT_S = 0.1     # waiting for two energy-counter updates (20-100 ms apart)
 ENERGY_MAX_WALL_S = 0.3
 
@@ -115,6 +116,7 @@ HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
 
 
 def _family(variant: str) -> str:
+    variant = {"hf:sdpa": "sdpa", "hf:flex_attention": "flex"}.get(variant, variant)
     if variant.startswith("sdpa") or variant in ("flex", "compiled[fused]"):
         return "eager" if variant == "sdpa_math" else "fused"
     if variant.startswith("compiled"):
@@ -421,7 +423,7 @@ class CostModel:
                 rows.append(self._row(case, status, reason, phases, shared_s=shared + phases["golden"]))
                 continue
             t_f = self.call_s(shape, "fwd", ceil)
-            backward = not (case.variant == "flex" and dev == "cpu")
+            backward = not (case.variant in NO_CPU_BACKWARD and dev == "cpu")
             t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
             if case.variant in COMPILED_VARIANTS:
                 key = compile_key(shape)

@@ -44,6 +44,9 @@ class Variant:
     unsupported: Mapping[str, str] = field(default_factory=dict)
     # ... and those it needs a cell to have -> why (a GQA negative control has nothing to show on MHA)
     requires: Mapping[str, str] = field(default_factory=dict)
+    # The causal alignment it implements when q_len != kv_len: top-left (the contract's) or
+    # bottom-right (KV-cache decoding: flash-attn's, transformers'); its golden follows it.
+    causal_alignment: str = "top-left"
 
     @property
     def negative_control(self) -> bool:
@@ -452,7 +455,20 @@ def _first_line(exc: BaseException) -> str:
 
 
 def is_plugin_name(name: str) -> bool:
-    return ":" in name
+    """A user's `package.module:function` (hf: names are transformers' functions, not plug-ins)."""
+    from .hf import is_hf_name
+    return ":" in name and not is_hf_name(name)
+
+
+def hf_variant(spec: str) -> Variant:
+    """`hf:NAME` -> the Variant of transformers' attention function NAME (audit.workload.hf)."""
+    from . import hf
+    name = spec[len(hf.HF_PREFIX):]
+    hf.check_name(name)
+    return Variant(spec, f"transformers' {name} attention function, called as a model calls it "
+                         f"(mask from masking_utils, KV-cache causal alignment)",
+                   lambda: hf.build(name), compiled=hf.split(name)[1] == "flex_attention", family="plugin",
+                   unsupported=hf.capabilities(name), causal_alignment="bottom-right")
 
 
 def load_plugin(spec: str) -> Variant:
@@ -479,10 +495,22 @@ def load_plugin(spec: str) -> Variant:
         raise UsageError(f"--variant: {spec!r} is a {type(fn).__name__}, not a callable")
     doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
     description = doc[0] if doc else f"user plug-in {spec}"
-    return Variant(spec, description, lambda: fn, family="plugin", unsupported=_undeclared(spec, fn))
+    return Variant(spec, description, lambda: fn, family="plugin", unsupported=_undeclared(spec, fn),
+                   causal_alignment=_declared_alignment(spec, fn))
 
 
 SUPPORTS_ATTRIBUTE = "audit_supports"
+ALIGNMENT_ATTRIBUTE = "audit_causal_alignment"
+CAUSAL_ALIGNMENTS: tuple[str, ...] = ("top-left", "bottom-right")
+
+
+def _declared_alignment(spec: str, fn: Any) -> str:
+    """A plug-in's causal alignment: its `audit_causal_alignment` attribute, top-left without one."""
+    declared = getattr(fn, ALIGNMENT_ATTRIBUTE, "top-left")
+    if declared not in CAUSAL_ALIGNMENTS:
+        raise UsageError(f"--variant: {spec}.{ALIGNMENT_ATTRIBUTE} is {declared!r}; allowed: "
+                         f"{', '.join(CAUSAL_ALIGNMENTS)}")
+    return declared
 
 
 def _undeclared(spec: str, fn: Any) -> dict[str, str]:
@@ -505,12 +533,16 @@ def _undeclared(spec: str, fn: Any) -> dict[str, str]:
 
 
 def resolve(name: str) -> Variant:
-    """Built-in name or plug-in spec -> Variant; UsageError listing the valid names."""
+    """Built-in name, hf: name or plug-in spec -> Variant; UsageError listing the valid names."""
+    from .hf import is_hf_name
+    if is_hf_name(name):
+        return hf_variant(name)
     if is_plugin_name(name):
         return load_plugin(name)
     table = builtin_variants()
     if name not in table:
         raise UsageError(f"--variant: unknown variant {name!r}; allowed: {', '.join(table)}, "
+                         "hf:NAME (transformers' attention functions: python -m audit list) "
                          "or package.module:function")
     return table[name]
 

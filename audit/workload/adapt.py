@@ -1,0 +1,157 @@
+"""Declared kernels: `audit.adapt(fn, ...)` turns a library's attention function into a plug-in.
+
+A kernel from a library has its own tensor layout, mask forms, causal convention and argument
+names. Wrapping it by hand takes 10-20 lines a user can get wrong, and then the audit measures
+the wrapper. Here the user declares what the kernel takes; the audit converts each cell's
+inputs into those forms, and skips (status `skipped`, with the reason) the cells whose mask or
+causal case the kernel cannot take. Nothing is computed some other way.
+
+    flash = adapt(flash_attn_func, layout="bthd", causal="bottom-right", causal_arg="causal",
+                  scale_arg="softmax_scale", softcap_arg="softcap", gqa=True)
+    xformers = adapt(memory_efficient_attention, layout="bthd", causal="bottom-right",
+                     causal_arg=("attn_bias", LowerTriangularFromBottomRightMask()),
+                     masks=("additive",), mask_arg="attn_bias", scale_arg="scale")
+
+The result is a plug-in like any other (docs/variants.md): `--variant mymodule:flash`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from ..core.errors import Unsupported, UsageError
+
+LAYOUTS: tuple[str, ...] = ("bhtd", "bthd")
+CAUSAL_KINDS: tuple[str | None, ...] = ("top-left", "bottom-right", None)
+MASK_FORMS: tuple[str, ...] = ("none", "bool", "additive", "key_padding")
+RETURNS: tuple[str, ...] = ("out", "first")
+
+
+def _check(name: str, value: Any, allowed: Iterable[Any]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise UsageError(f"audit.adapt: {name}={value!r}; allowed: {', '.join(map(repr, allowed))}")
+
+
+def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = "top-left",
+          causal_arg: str | tuple[str, Any] | None = "causal", masks: Iterable[str] = ("none",),
+          mask_arg: str = "attn_mask", key_padding_arg: str = "key_padding_mask",
+          scale_arg: str | None = "scale", softcap_arg: str | None = None, gqa: bool = False,
+          returns: str = "out", name: str | None = None, **fixed: Any) -> Callable[..., Any]:
+    """A plug-in calling `fn` the way it is declared to be called.
+
+    layout: "bhtd" (q (B, H, T, d), SDPA's) or "bthd" (q (B, T, H, d), flash-attn's and xFormers').
+    causal: the alignment the kernel's own causal masking follows when q_len != kv_len
+      ("top-left", "bottom-right"), or None when it has none (causal cells then go to it as a
+      mask, when it takes one; its golden follows the declared alignment).
+    causal_arg: the keyword that turns causal masking on: a name (given True/False) or a
+      (name, value) pair given only in causal cells (xFormers' attn_bias=LowerTriangular...).
+    masks: the mask forms it takes besides none: "bool" (True = may attend), "additive" (a float
+      tensor added to the scores), "key_padding" ((B, Tk) bool, True = a real key); given as
+      `mask_arg` (bool, additive) or `key_padding_arg` (key padding).
+    scale_arg: the keyword of the softmax scale (None: the kernel always uses 1/sqrt(d)).
+    softcap_arg: the keyword of tanh soft-capping (flash-attn's softcap), if it has one.
+    gqa: it takes k and v with fewer heads than q (query head h meets key/value head h // group).
+    returns: "out" (a tensor) or "first" (a tuple whose first element is the output).
+    fixed: keyword arguments passed on every call (dropout_p=0.0, ...).
+    """
+    _check("layout", layout, LAYOUTS)
+    _check("causal", causal, CAUSAL_KINDS)
+    _check("returns", returns, RETURNS)
+    masks = (masks,) if isinstance(masks, str) else tuple(masks)
+    bad = [m for m in masks if m not in MASK_FORMS]
+    if bad:
+        raise UsageError(f"audit.adapt: masks names unknown form(s) {', '.join(map(repr, bad))}; "
+                         f"allowed: {', '.join(MASK_FORMS)}")
+    if causal is not None and causal_arg is None:
+        raise UsageError("audit.adapt: causal is declared but causal_arg is None: name the argument "
+                         "that turns it on, or give causal=None")
+    if not (causal_arg is None or isinstance(causal_arg, str)
+            or (isinstance(causal_arg, tuple) and len(causal_arg) == 2 and isinstance(causal_arg[0], str))):
+        raise UsageError(f"audit.adapt: causal_arg={causal_arg!r}; allowed: an argument name, "
+                         "(name, value) or None")
+    takes = frozenset(m for m in masks if m != "none")
+    label = name or getattr(fn, "__qualname__", None) or type(fn).__name__
+
+    def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+        # q: (B, H, Tq, d); k, v: (B, Hkv, Tk, d): the audit's contract (variants.py)
+        kwargs = dict(fixed)
+        if score_mod is not None:
+            if softcap_arg is None or getattr(score_mod, "kind", None) != "softcap":
+                raise Unsupported(f"{label} declares no {score_mod.kind} argument (softcap_arg)")
+            kwargs[softcap_arg] = score_mod.cap
+        if scale is not None:
+            if scale_arg is None:
+                raise Unsupported(f"{label} declares no scale argument (scale_arg) and this cell's scale "
+                                  f"is not 1/sqrt(d)")
+            kwargs[scale_arg] = scale
+        tensor_mask, key_padding, causal_flag = _convert_mask(
+            label, takes, q, k, mask, causal, declared, causal_arg, mask_arg)
+        if tensor_mask is not None:
+            kwargs[mask_arg] = tensor_mask
+        if key_padding is not None:
+            kwargs[key_padding_arg] = key_padding
+        if isinstance(causal_arg, str):
+            kwargs[causal_arg] = causal_flag
+        elif causal_arg is not None and causal_flag:
+            kwargs[causal_arg[0]] = causal_arg[1]
+        if layout == "bthd":
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))      # (B, T, H, d) views, last dim contiguous
+        out = fn(q, k, v, **kwargs)
+        if returns == "first":
+            out = out[0]
+        return out.transpose(1, 2) if layout == "bthd" else out  # (B, H, Tq, d)
+
+    declared = causal
+    attention.__doc__ = (f"{label} by declaration (audit.adapt): layout {layout}, causal {causal or 'none'}, "
+                         f"masks {', '.join(sorted(takes)) or 'none'}")
+    attention.__name__ = attention.__qualname__ = f"adapted_{getattr(fn, '__name__', 'kernel')}"
+    attention.audit_supports = tuple(f for f, ok in (("gqa", gqa), ("score_mod", softcap_arg is not None)) if ok)
+    attention.audit_causal_alignment = causal or "top-left"
+    attention.audit_declaration = dict(layout=layout, causal=causal, masks=sorted(takes), gqa=gqa,
+                                       returns=returns)
+    return attention
+
+
+def _convert_mask(label: str, takes: frozenset, q: Any, k: Any, mask: Any, causal: bool,
+                  declared: str | None, causal_arg: Any, mask_arg: str) -> tuple[Any, Any, bool]:
+    """The cell's mask and causal flag in forms the kernel takes: (tensor mask for mask_arg,
+    (B, Tk) key padding, causal flag). Raises Unsupported where no declared form fits."""
+    import torch
+
+    # Causal goes to the kernel as its own flag, unless it has none or the flag shares the
+    # mask's argument (xFormers' attn_bias): then it is folded into the mask, in the kernel's
+    # declared alignment (top-left, the contract's, when it declares none).
+    shares_arg = isinstance(causal_arg, tuple) and causal_arg[0] == mask_arg
+    fold = causal and (declared is None or (mask is not None and shares_arg))
+    if fold and not takes & {"bool", "additive"}:
+        why = "no causal masking" if declared is None else f"causal and a mask both through {mask_arg!r}"
+        raise Unsupported(f"{label} declares {why}, and no bool or additive mask to fold causal into")
+    if mask is None and not fold:
+        return None, None, causal
+    tq, tk = q.shape[-2], k.shape[-2]
+    if fold:
+        i = torch.arange(tq, device=q.device)[:, None]                           # (Tq, 1)
+        j = torch.arange(tk, device=q.device)[None, :]                           # (1, Tk)
+        keep = (j <= i + (tk - tq if declared == "bottom-right" else 0))[None, None]  # (1, 1, Tq, Tk)
+        if mask is None:
+            mask = keep
+        elif mask.dtype == torch.bool:
+            mask = mask & keep
+        else:
+            mask = mask.masked_fill(~keep, float("-inf"))
+        causal = False
+    if mask.dtype == torch.bool:
+        if "bool" in takes:
+            return mask, None, causal
+        if "key_padding" in takes and mask.shape[-2] == 1:                       # (B|1, 1, 1, Tk)
+            return None, mask[:, 0, 0, :].expand(q.shape[0], tk), causal        # (B, Tk)
+        if "additive" in takes:
+            zeros = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
+            return zeros.masked_fill(~mask, float("-inf")), None, causal         # (B|1, 1, Tq|1, Tk)
+        form = "a per-row bool mask" if mask.shape[-2] > 1 else "a key padding mask"
+        raise Unsupported(f"{label} takes masks: {', '.join(sorted(takes)) or 'none'}; this cell has {form} "
+                          f"of shape {tuple(mask.shape)}")
+    if "additive" in takes:
+        return mask, None, causal
+    raise Unsupported(f"{label} takes masks: {', '.join(sorted(takes)) or 'none'}; this cell has an additive "
+                      f"float mask (its scenario tests how a kernel treats its values)")
