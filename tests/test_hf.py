@@ -19,8 +19,9 @@ PLUGINS = Path(__file__).resolve().parent / "plugins"
 SCENARIOS = ("normal", "padding", "left_padding", "fully_masked_bool", "fully_masked_neginf", "sliding_window",
              "cross_causal", "decode", "softcap", "shifted_bias")
 VARIANTS = ("hf:eager", "hf:sdpa", "hf:flex_attention", "sdpa", "hf:hf_plugin:mine", "hf:hf_plugin:nomask")
-# hf:flex_attention compiles for each kind of cell (about 2 s each on 2 cores): a few kinds only
-FLEX_CELLS = {("normal", True), ("cross_causal", True), ("softcap", False), ("fully_masked_neginf", False)}
+# hf:flex_attention compiles for each kind of cell (about 5 s each on 2 cores, Inductor's cache
+# cold, as in CI): two kinds, and one it declines before compiling
+FLEX_CELLS = {("normal", True), ("cross_causal", True), ("fully_masked_neginf", False)}
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,8 @@ def test_causal_hf_cells_follow_the_kv_cache_alignment(cells):
 
 def test_what_transformers_cannot_give_a_cell_is_skipped_with_the_reason(cells):
     assert "ignores softcap" in cells["hf:eager", "fp32", "softcap", False]["reason"]
-    assert cells["hf:flex_attention", "fp32", "softcap", False]["status"] == "ok"
+    from audit.workload import variants
+    assert variants.resolve("hf:flex_attention").refusal({"score_mod"}) is None    # it takes softcap
     assert "SIGSEGV" in cells["hf:flex_attention", "fp32", "fully_masked_neginf", False]["reason"]
     nomask = cells["hf:hf_plugin:nomask", "fp32", "padding", False]
     assert nomask["status"] == "skipped" and "no mask function" in nomask["reason"]

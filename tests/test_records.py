@@ -87,9 +87,23 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_5_with_migrations_from_1_to_4():
-    assert SCHEMA_VERSION == 5
-    assert set(MIGRATIONS) == {1, 2, 3, 4}
+def test_schema_is_6_with_migrations_from_1_to_5():
+    assert SCHEMA_VERSION == 6
+    assert set(MIGRATIONS) == {1, 2, 3, 4, 5}
+
+
+def test_a_v5_record_reads_with_the_top_left_golden_where_an_alignment_was_measured(tmp_path):
+    """Schema 5 had no golden_alignment: every golden then was top-left, and only causal cells
+    with q_len != seq_len have an alignment at all."""
+    cross, plain = full_record(), full_record()
+    for rec, alignment in ((cross, "bottom-right"), (plain, None)):
+        rec.pop("golden_alignment", None)
+        rec.update(schema=5, causal_alignment=alignment)
+    (tmp_path / RECORDS_FILE).write_text(dumps(cross) + "\n" + dumps(plain) + "\n")
+    back = read_records(tmp_path)
+    assert [r["schema"] for r in back] == [SCHEMA_VERSION] * 2
+    assert [r["golden_alignment"] for r in back] == ["top-left", None]
+    assert back[0]["causal_alignment"] == "bottom-right"
 
 
 def _v1_record(**values):

@@ -59,13 +59,16 @@ def test_every_scenario_builds_with_the_documented_shapes(scenario):
     assert inp.causal is False
     if inp.mask is None:
         assert inp.visible is None and inp.mask_form == "none"
+    elif inp.mask_form == "bias":               # a finite additive bias that masks nothing
+        assert inp.visible is None and inp.mask.dtype == torch.float32 and torch.isfinite(inp.mask).all()
+        assert inp.mask.shape == (1, 1, tq, T)
     else:
         # (B|1, 1, Tq|1, Tk): broadcastable against (B, H, Tq, Tk)
         assert inp.mask.dim() == 4 and inp.mask.shape[1] == 1 and inp.mask.shape[-1] == T
         assert inp.mask.shape[0] in (1, B) and inp.mask.shape[2] in (1, tq)
         assert inp.visible.dtype == torch.bool
         assert inp.visible.shape == inp.mask.shape
-    assert inp.mask_form in ("none", "bool", "neginf", "finfo_min")
+    assert inp.mask_form in ("none", "bool", "neginf", "finfo_min", "bias")
 
 
 def test_decode_and_cross_causal_query_lengths():
