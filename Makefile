@@ -17,6 +17,8 @@ TEST_WORKERS ?= 2
 TEST_THREADS ?= 1
 TEST_BENCH_OPTS ?= --benchmark-min-rounds=3 --benchmark-max-time=0.05
 TEST_OPTS ?=
+# The files holding serial tests (a `mark.serial` in them): the serial phase collects only these.
+SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/*.py suites/*.py)
 
 .PHONY: deps test-deps audit quick test report bench-save bench-check gpu-check clean
 
@@ -35,7 +37,7 @@ quick: deps  ## the quick preset (60 s budget; 39 s on a 2-core AMD EPYC, Induct
 test: test-deps  ## unit tests and quick suites: in parallel what times nothing, then alone what times things
 	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS); \
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) -m "not serial" $(TEST_OPTS) tests suites; parallel=$$?; \
-	$(PYTHON) -m pytest -q -p no:xdist -m serial $(TEST_BENCH_OPTS) $(TEST_OPTS) tests suites; serial=$$?; \
+	$(PYTHON) -m pytest -q -p no:xdist -m serial $(TEST_BENCH_OPTS) $(TEST_OPTS) $(SERIAL_FILES); serial=$$?; \
 	exit $$(( parallel != 0 || serial != 0 ))
 
 report:  ## rebuild the report of DIR (default reports/latest)

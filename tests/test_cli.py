@@ -128,9 +128,12 @@ def test_report_without_records_is_a_usage_error(tmp_path):
 
 # --------------------------------------------------------------------------- list and dry runs
 
-def test_list_prints_every_builtin_variant_and_preset():
-    proc = cli("list")
+def test_list_prints_every_builtin_variant_and_preset(capsys, monkeypatch):
+    from audit.workload import hf
+    monkeypatch.setattr(hf, "transformers_version", lambda: None)   # tests/test_hf.py lists the hf: names
+    proc = here(capsys, "list")
     assert proc.returncode == 0, proc.stderr
+    assert "hf:NAME            transformers' attention functions: pip install 'attn-audit[hf]'" in proc.stdout
     listed = {line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ") and line.strip()}
     for name in BUILTIN_NAMES:
         assert name in listed

@@ -1,10 +1,11 @@
-"""`audit list`: the built-in variants and the presets."""
+"""`audit list`: the built-in variants, transformers' attention functions (hf:) of this
+environment, and the presets."""
 from __future__ import annotations
 
 import argparse
 from typing import Sequence
 
-HELP = "print the built-in variants and the presets"
+HELP = "print the built-in variants, the hf: names of this environment and the presets"
 DESCRIPTION = HELP
 
 

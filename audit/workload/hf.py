@@ -190,27 +190,30 @@ def build(name: str) -> Callable[..., Any]:
     _, name = split(name)
     _, mask_functions = _registry()
     make_mask = mask_functions.get(name) if name in mask_functions.valid_keys() else None
-    built: list = []        # [(mask tensor, causal, attention_mask)]: the last one built
+    built: list = []        # [(mask tensor, causal, q shape, (module, attention_mask))]: the last one built
 
     def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
         reason = unavailable(name, q.device.type)
+        if name == "flex_attention" and q.device.type == "cpu" and mask is not None \
+                and mask.dtype != torch.bool:
+            reason = FLEX_CPU_TENSOR_MASK
         if reason:
             raise Unsupported(reason)
         if name == "flex_attention" and q.device.type == "cpu" and torch.is_grad_enabled() \
                 and any(t.requires_grad for t in (q, k, v)):
             raise BackwardUnsupported("FlexAttention has no backward on CPU in this torch "
                                       "(NotImplementedError); forward measured without grad")
-        if name == "flex_attention" and q.device.type == "cpu" and mask is not None \
-                and mask.dtype != torch.bool:
-            raise Unsupported(FLEX_CPU_TENSOR_MASK)
         scaling = q.shape[-1] ** -0.5 if scale is None else scale
-        module = _module(name, q, k, causal, scaling)
-        if not (built and built[0][0] is mask and built[0][1] == causal and built[0][3] == q.shape[0]):
-            built[:] = [(mask, causal, _attention_mask(name, make_mask, q, k, mask, causal), q.shape[0])]
+        # A model holds its attention module and builds its mask once per forward: once here per
+        # mask (compared by identity while held) and shape, outside what a call costs.
+        if not (built and built[0][0] is mask and built[0][1] == causal and built[0][2] == (q.shape, k.shape)):
+            built[:] = [(mask, causal, (q.shape, k.shape),
+                         (_module(name, q, k, causal, scaling), _attention_mask(name, make_mask, q, k, mask, causal)))]
+        module, attention_mask = built[0][3]
         kwargs: dict[str, Any] = {}
         if score_mod is not None:
             kwargs["softcap"] = score_mod.cap
-        out, _ = fn(module, q, k, v, built[0][2], dropout=0.0, scaling=scaling, **kwargs)
+        out, _ = fn(module, q, k, v, attention_mask, dropout=0.0, scaling=scaling, **kwargs)
         return out.transpose(1, 2)                           # (B, Tq, H, d) -> (B, H, Tq, d)
 
     attention.__doc__ = f"transformers' {name} attention function, called as a model calls it"
