@@ -66,3 +66,19 @@ def test_no_finding_message_holds_a_pandas_repr():
     assert any(f["check"] == "fully_masked_rows" for f in found)
     for f in found:
         assert "Name:" not in f["message"] and "dtype:" not in f["message"], f["message"]
+
+
+def test_no_finding_message_of_the_quick_run_holds_a_pandas_repr(quick_run):
+    """The session's quick run has cells with kv_heads 4, 2 and 1 (its GQA sub-grid) beside
+    multi-head ones: every finding message it got is plain text."""
+    import json
+
+    from audit.core import records
+    from audit.core.runfolder import FINDINGS_FILE
+
+    kv = {r["kv_heads"] for r in records.read_records(quick_run) if r["heads"] == 4}
+    assert kv >= {4, 2}
+    found = json.loads((quick_run / FINDINGS_FILE).read_text())
+    assert len(found) >= 5
+    for f in found:
+        assert "Name:" not in f["message"] and "dtype:" not in f["message"], f["message"]

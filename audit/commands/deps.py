@@ -40,6 +40,12 @@ TEST_REQUIREMENTS: dict[str, str] = {
     "xdist": "pytest-xdist>=3.5",   # `make test` runs the tests that time nothing on every core
 }
 
+# Test extras pip installs without byte-compiling: large packages (ray 2.6k, transformers 2.9k
+# .py files) of which the tests import a few hundred modules, in a handful of processes. Compiling
+# those at import costs under a second per process; compiling every file at install took about
+# 15 s each (2-core AMD EPYC). Everything else is compiled: every process imports it.
+NO_COMPILE: tuple[str, ...] = ("ray", "transformers")
+
 # The browsers tests/test_html_browser.py drives, by command name; Debian's package otherwise.
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 DEBIAN_BROWSER = "chromium"
@@ -103,10 +109,11 @@ def install(test: bool = False) -> int:
     print(f"attn-audit: installing {' '.join(todo)}", flush=True)
     # torch first and alone, so no other package's dependency resolution picks a CUDA build.
     torch_req = [r for r in todo if r.startswith("torch")]
-    rest = [r for r in todo if not r.startswith("torch")]
-    for group in (torch_req, rest):
+    bare = [r for r in todo if r.startswith(NO_COMPILE)]
+    rest = [r for r in todo if r not in torch_req and r not in bare]
+    for group, flags in ((torch_req, []), (rest, []), (bare, ["--no-compile"])):
         if group:
-            code = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", *group])
+            code = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", *flags, *group])
             if code != 0:
                 print(f"attn-audit: pip install {' '.join(group)} failed (exit {code})", file=sys.stderr)
                 return code
