@@ -68,7 +68,8 @@ SHOWS: dict[str, Callable[[dict], bool]] = {
 # The record columns a script prints as "audit recorded" beside what it measures now.
 RECORDED_COLUMNS = ("out_nonfinite_visible", "grad_nan", "grad_inf", "rmse", "max_abs_err", "err_ratio",
                     "within_budget", "leak_max_change", "leak_mass", "masked_rows", "onehot_frac",
-                    "golden_onehot_frac", "max_logit", "fused_sdpa", "causal_alignment", "underflow_frac",
+                    "golden_onehot_frac", "max_logit", "fused_sdpa", "causal_alignment", "golden_alignment",
+                    "underflow_frac",
                     "leaked_bytes", "status", "reason")
 
 
