@@ -135,3 +135,29 @@ def test_list_shows_the_hf_names_of_this_environment(capsys):
     out = capsys.readouterr().out
     assert "hf:sdpa                  available" in out and "hf:eager" in out
     assert "hf:flash_attention_2     not here" in out
+
+
+def test_an_hf_finding_has_a_script_that_reproduces_it(cells, tmp_path):
+    """hf:eager's leak on fully masked rows: its reproduction script (which imports transformers,
+    whose code the variant is) measures the audit's number again and exits 1."""
+    import subprocess
+    import sys as _sys
+
+    from audit.analysis.findings import compute_findings
+    from audit.core import records
+    from audit.repro.scripts import write_repro_scripts
+
+    keep = [r for (v, dtype, scenario, _), r in cells.items()
+            if v in ("hf:eager", "sdpa") and dtype == "fp32" and scenario == "fully_masked_bool"]
+    with records.RecordWriter(tmp_path) as writer:
+        for rec in keep:
+            writer.write(rec)
+    found = [f for f in compute_findings(records.to_frame(keep))
+             if (f["check"], f["variant"]) == ("masked_leakage", "hf:eager")]
+    [entry] = write_repro_scripts(tmp_path, found)
+    assert "repro" in entry, entry.get("repro_reason")
+    script = tmp_path / entry["repro"]
+    done = subprocess.run([_sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "REPRODUCED" in done.stdout and "import transformers" in script.read_text()

@@ -1,6 +1,7 @@
 """Copy live audit objects into a standalone script as source code.
 
-A reproduction script (audit.repro.scripts) must run with torch alone, yet compute exactly
+A reproduction script (audit.repro.scripts) must run with torch alone (and, for an hf: variant,
+transformers, whose code it is), yet compute exactly
 what the audit computed: the same input builder, the same variant, the same metric
 code. Rather than keeping hand-written copies in step, `Embedder` starts from the
 objects themselves (a scenario's draw function, a variant's built callable, a metric)
@@ -47,10 +48,11 @@ def _is_ours(obj: Any) -> bool:
     return module == "audit" or module.startswith("audit.")
 
 
-def _external_root(module_name: str) -> bool:
-    """Modules a script may import: torch and the standard library."""
+def _external_root(module_name: str, libraries: tuple[str, ...] = ()) -> bool:
+    """Modules a script may import: torch, the standard library, and the libraries the variant
+    under test is made of (transformers, for an hf: variant)."""
     root = module_name.split(".")[0]
-    return root == "torch" or root in sys.stdlib_module_names
+    return root == "torch" or root in sys.stdlib_module_names or root in libraries
 
 
 def _loaded_names(code: Any) -> Iterator[str]:
@@ -89,7 +91,8 @@ _SCRIPT_OWN = object()   # what a reserved name is bound to (Embedder.reserve)
 class Embedder:
     """Collects the source that binds chosen names to copies of live objects."""
 
-    def __init__(self) -> None:
+    def __init__(self, libraries: tuple[str, ...] = ()) -> None:
+        self.libraries = libraries                 # importable besides torch and the standard library
         self.imports: dict[str, None] = {}        # import statements, in first-use order
         self._chunks: list[str] = []               # definitions, dependencies first
         self._bound: dict[str, Any] = {}           # script-level name -> the object it copies
@@ -186,7 +189,7 @@ class Embedder:
                                f"own code, torch and the standard library can be)")
 
     def _module(self, module: Any) -> str:
-        if not _external_root(module.__name__):
+        if not _external_root(module.__name__, self.libraries):
             raise NotSelfContained(f"module {module.__name__} is neither torch nor the standard library")
         self.imports[f"import {module.__name__}"] = None
         return module.__name__
@@ -205,7 +208,7 @@ class Embedder:
                 exported += [n for n, v in vars(home).items() if v is kind and n != kind.__qualname__]
             candidates += [(kind.__module__, f"{n}.{name}") for n in exported]
         for module, qualname in candidates:
-            if "<" in qualname or not _external_root(module):
+            if "<" in qualname or not _external_root(module, self.libraries):
                 continue
             path = f"{module}.{qualname}"
             try:

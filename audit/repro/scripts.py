@@ -150,7 +150,9 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     case = Case.from_mapping(cell)
     if case.scenario not in SCENARIOS:
         raise NotSelfContained(f"scenario {case.scenario!r} is unknown to this version of the audit")
-    emb = Embedder()
+    from ..workload.hf import is_hf_name
+    # an hf: variant is transformers' code: its script imports transformers (and needs it)
+    emb = Embedder(libraries=("transformers",) if is_hf_name(case.variant) else ())
     emb.reserve(*SCRIPT_CONSTANTS)
     needs_variant = check != "input_saturation"
     plugin = needs_variant and is_plugin_name(case.variant)

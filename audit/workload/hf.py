@@ -184,15 +184,21 @@ def _mask_function(q: Any, k: Any, mask: Any, causal: bool) -> tuple[Callable, A
 
 
 def build(name: str) -> Callable[..., Any]:
-    """The audit-contract callable of transformers' attention function `name`."""
-    import torch
+    """The audit-contract callable of transformers' attention function `name` (torch is imported
+    in the call, not captured: audit.repro copies the closure into reproduction scripts)."""
     fn = _function(name)
     _, name = split(name)
+    if name == "flex_attention":
+        # transformers compiles flex_attention once, and Dynamo recompiles it per kind of cell:
+        # past its default limit (8) it would run the unfused eager flex, silently
+        from .variants import configure_dynamo
+        configure_dynamo()
     _, mask_functions = _registry()
     make_mask = mask_functions.get(name) if name in mask_functions.valid_keys() else None
     built: list = []        # [(mask tensor, causal, q shape, (module, attention_mask))]: the last one built
 
     def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+        import torch
         reason = unavailable(name, q.device.type)
         if name == "flex_attention" and q.device.type == "cpu" and mask is not None \
                 and mask.dtype != torch.bool:

@@ -226,6 +226,16 @@ def _compiled_fn(fn: AttentionFn, options: dict | None) -> AttentionFn:
     compile would be (automatic dynamic shapes would also change what Inductor fuses).
     """
     import torch
+    configure_dynamo()
+    fn = _private_copy(fn)
+    return torch.compile(fn, options=options, dynamic=False) if options else torch.compile(fn, dynamic=False)
+
+
+def configure_dynamo() -> None:
+    """Dynamo and Inductor as every compiled variant needs them: a recompile limit that a run's
+    shapes never reach, hitting it an error (never a silent eager fallback), and no FX-graph or
+    AOT-autograd cache, so fusion is always observed (see _compiled_fn)."""
+    import torch
     import torch._dynamo
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
@@ -244,8 +254,6 @@ def _compiled_fn(fn: AttentionFn, options: dict | None) -> AttentionFn:
     if hasattr(config, "fail_on_recompile_limit_hit"):
         # Past the recompile limit Dynamo silently runs eager; make that an error instead.
         config.fail_on_recompile_limit_hit = True
-    fn = _private_copy(fn)
-    return torch.compile(fn, options=options, dynamic=False) if options else torch.compile(fn, dynamic=False)
 
 
 def _compiled(options: dict | None) -> AttentionFn:
