@@ -191,7 +191,7 @@ def build(name: str) -> Callable[..., Any]:
     if name == "flex_attention":
         # transformers compiles flex_attention once, and Dynamo recompiles it per kind of cell:
         # past its default limit (8) it would run the unfused eager flex, silently
-        from .variants import configure_dynamo
+        from .compiling import configure_dynamo
         configure_dynamo()
     _, mask_functions = _registry()
     make_mask = mask_functions.get(name) if name in mask_functions.valid_keys() else None

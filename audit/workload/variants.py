@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from ..core.errors import BackwardUnsupported, Unsupported, UsageError
+from .compiling import configure_dynamo
 
 AttentionFn = Callable[..., Any]
 
@@ -196,8 +197,6 @@ def broken_gqa_wrong_head_probs(q, k, *, mask=None, causal=False, scale=None, sc
 
 # --------------------------------------------------------------------------- compiled
 
-RECOMPILE_LIMIT = 1024   # a safety margin: each build compiles its own copy of the function
-
 
 def _private_copy(fn: AttentionFn) -> AttentionFn:
     """The same function with its own code object.
@@ -229,31 +228,6 @@ def _compiled_fn(fn: AttentionFn, options: dict | None) -> AttentionFn:
     configure_dynamo()
     fn = _private_copy(fn)
     return torch.compile(fn, options=options, dynamic=False) if options else torch.compile(fn, dynamic=False)
-
-
-def configure_dynamo() -> None:
-    """Dynamo and Inductor as every compiled variant needs them: a recompile limit that a run's
-    shapes never reach, hitting it an error (never a silent eager fallback), and no FX-graph or
-    AOT-autograd cache, so fusion is always observed (see _compiled_fn)."""
-    import torch
-    import torch._dynamo
-    config = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(config, name):
-            setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
-    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
-        if hasattr(config, name):
-            setattr(config, name, max(getattr(config, name), 8 * RECOMPILE_LIMIT))
-    # A graph served from Inductor's FX-graph or AOT-autograd cache skips the pattern matcher,
-    # so its fuse_attention counter would not move and `fused_sdpa` would read false: compile for real.
-    import torch._inductor.config as inductor_config
-    inductor_config.fx_graph_cache = False
-    functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
-    if functorch_config is not None and hasattr(functorch_config, "enable_autograd_cache"):
-        functorch_config.enable_autograd_cache = False
-    if hasattr(config, "fail_on_recompile_limit_hit"):
-        # Past the recompile limit Dynamo silently runs eager; make that an error instead.
-        config.fail_on_recompile_limit_hit = True
 
 
 def _compiled(options: dict | None) -> AttentionFn:
