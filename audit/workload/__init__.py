@@ -1,2 +1,3 @@
 """What is measured: presets (grids), input scenarios and their inputs, the variants and
-plug-ins. May import core only."""
+plug-ins, transformers' attention functions (hf) and declared kernels (adapt).
+May import core only."""
