@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from ..core.errors import Unsupported, UsageError
+from .inputs import causal_keep
 
 LAYOUTS: tuple[str, ...] = ("bhtd", "bthd")
 CAUSAL_KINDS: tuple[str | None, ...] = ("top-left", "bottom-right", None)
@@ -71,6 +72,7 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
                          "(name, value) or None")
     takes = frozenset(m for m in masks if m != "none")
     label = name or getattr(fn, "__qualname__", None) or type(fn).__name__
+    declared = causal        # the kernel's alignment (the call's `causal` is the cell's flag)
 
     def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
         # q: (B, H, Tq, d); k, v: (B, Hkv, Tk, d): the audit's contract (variants.py)
@@ -101,7 +103,6 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
             out = out[0]
         return out.transpose(1, 2) if layout == "bthd" else out  # (B, H, Tq, d)
 
-    declared = causal
     attention.__doc__ = (f"{label} by declaration (audit.adapt): layout {layout}, causal {causal or 'none'}, "
                          f"masks {', '.join(sorted(takes)) or 'none'}")
     attention.__name__ = attention.__qualname__ = f"adapted_{getattr(fn, '__name__', 'kernel')}"
@@ -130,10 +131,8 @@ def _convert_mask(label: str, takes: frozenset, q: Any, k: Any, mask: Any, causa
         return None, None, causal
     tq, tk = q.shape[-2], k.shape[-2]
     if fold:
-        i = torch.arange(tq, device=q.device)[:, None]                           # (Tq, 1)
-        j = torch.arange(tk, device=q.device)[None, :]                           # (1, Tk)
-        keep = (j <= i + (tk - tq if declared == "bottom-right" else 0))[None, None]  # (1, 1, Tq, Tk)
-        if mask is None:
+        keep = causal_keep(tq, tk, q.device, tk - tq if declared == "bottom-right" else 0)[None, None]
+        if mask is None:                                                         # keep: (1, 1, Tq, Tk)
             mask = keep
         elif mask.dtype == torch.bool:
             mask = mask & keep

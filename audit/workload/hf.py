@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..core.errors import BackwardUnsupported, Unsupported, UsageError
+from .inputs import causal_keep
 
 HF_PREFIX = "hf:"
 EAGER = "eager"     # not registered in ALL_ATTENTION_FUNCTIONS: each model defines its own
@@ -167,9 +168,7 @@ def _mask_function(q: Any, k: Any, mask: Any, causal: bool) -> tuple[Callable, A
     if mask.dtype != torch.bool:
         full = mask.expand(q.shape[0], 1, tq, tk)                                # (B, 1, Tq, Tk)
         if causal:
-            i = torch.arange(tq, device=q.device)[:, None] + q_offset
-            j = torch.arange(tk, device=q.device)[None, :]
-            hidden = ~(j <= i)                                                   # (Tq, Tk)
+            hidden = ~causal_keep(tq, tk, q.device, q_offset)                   # (Tq, Tk)
             # finfo.min where the mask says less already (-inf) would unmask: keep the lower
             full = torch.where(hidden, full.clamp(max=torch.finfo(full.dtype).min), full)
         return base, None, full.to(q.dtype), q_offset

@@ -140,6 +140,13 @@ def _fp16_range(case, gen, tq, tk) -> dict:
     return dict(q=along(H, tq, 576.0), k=along(Hkv, tk, 383.0), v=_randn(gen, (B, Hkv, tk, d)))
 
 
+def causal_keep(tq: int, tk: int, device: Any, offset: int = 0) -> Any:
+    """(Tq, Tk) bool, True where query i may see key j: j <= i + offset (0: top-left, the
+    contract's; Tk - Tq: bottom-right, KV-cache decoding)."""
+    import torch
+    return torch.ones(tq, tk, dtype=torch.bool, device=device).tril(offset)
+
+
 def _valid_lengths(batch: int, tk: int) -> list[int]:
     """Key lengths per sequence: 3/4 of T for the first, shorter after, at least 1."""
     return [max(1, (tk * 3) // 4 - b * tk // (2 * max(batch, 2))) for b in range(batch)]

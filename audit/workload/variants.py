@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..core.errors import BackwardUnsupported, Unsupported, UsageError
 from .compiling import configure_dynamo
+from .inputs import causal_keep
 
 AttentionFn = Callable[..., Any]
 
@@ -73,12 +74,6 @@ FEATURE_NAMES = {"gqa": "GQA/MQA (kv_heads < heads)", "mqa": "MQA (kv_heads = 1)
 
 # --------------------------------------------------------------------------- eager
 
-def _causal_keep(tq: int, tk: int, device) -> Any:
-    """(Tq, Tk) bool, True where query i may see key j (top-left: j <= i)."""
-    import torch
-    return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
-
-
 def kv_for_queries(q, t):
     """k or v (B, Hkv, Tk, d) with each head repeated for its H / Hkv query heads: (B, H, Tk, d).
     Query head h meets key/value head h // (H / Hkv), the hand-written form of GQA."""
@@ -97,7 +92,7 @@ def _masked_scores(q, k, mask, causal, scale, upcast: bool, score_mod=None):
     if score_mod is not None:
         scores = score_mod(scores)
     if causal:
-        keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)    # (Tq, Tk)
+        keep = causal_keep(q.shape[-2], k.shape[-2], q.device)    # (Tq, Tk)
         scores = scores.masked_fill(~keep, float("-inf"))
     if mask is not None:
         if mask.dtype == torch.bool:
@@ -141,7 +136,7 @@ eager_fp32_attention = _from_probs(eager_fp32_probs)
 def _keep_mask(q, k, mask, causal):
     """Bool (…, Tq, Tk) of allowed pairs from causal and a bool or float mask, or None."""
     import torch
-    keep = _causal_keep(q.shape[-2], k.shape[-2], q.device) if causal else None
+    keep = causal_keep(q.shape[-2], k.shape[-2], q.device) if causal else None
     if mask is not None:
         m = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
         keep = m if keep is None else (keep & m)
@@ -289,7 +284,7 @@ def _fold_causal(q, k, mask, causal):
     import torch
     if mask is None or not causal:
         return mask, causal
-    keep = _causal_keep(q.shape[-2], k.shape[-2], q.device)
+    keep = causal_keep(q.shape[-2], k.shape[-2], q.device)
     mask = (mask & keep) if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
     return mask, False
 
