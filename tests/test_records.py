@@ -87,9 +87,22 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_6_with_migrations_from_1_to_5():
-    assert SCHEMA_VERSION == 6
-    assert set(MIGRATIONS) == {1, 2, 3, 4, 5}
+def test_schema_is_7_with_migrations_from_1_to_6():
+    assert SCHEMA_VERSION == 7
+    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6}
+
+
+def test_a_v6_record_reads_with_no_diagnosis_or_determinism_measured(tmp_path):
+    """Schema 6 measured neither: the new columns read as null, not as "deterministic"."""
+    old = full_record()
+    for col in ("diagnosis", "diagnosis_err", "diagnosis_golden_err", "repeat_runs", "repeat_differs",
+                "repeat_max_diff", "deterministic_algorithms", "deterministic_refused"):
+        old.pop(col, None)
+    old["schema"] = 6
+    (tmp_path / RECORDS_FILE).write_text(dumps(old) + "\n")
+    back = read_records(tmp_path)[0]
+    assert back["schema"] == SCHEMA_VERSION
+    assert back["repeat_differs"] is None and back["diagnosis"] is None and back["deterministic_algorithms"] is None
 
 
 def test_a_v5_record_reads_with_the_top_left_golden_where_an_alignment_was_measured(tmp_path):

@@ -22,6 +22,7 @@ FINFO_MIN_SCENARIO = "fully_masked_finfo_min"
 FP16_RANGE_SCENARIO = "fp16_range"
 SATURATION_EXCESS = 0.25     # a variant's one-hot row fraction above the golden's by more: `saturation`
 INPUT_SATURATION = 0.5       # the golden's one-hot row fraction above which inputs saturate softmax
+LEAK_OVER_NOISE = 10.0       # a leak changes the output by more than this × the variant's run-to-run difference
 UNDERFLOW_FRAC = 0.01        # probabilities exactly 0 where float64 is positive, above which: `underflow`
 
 
@@ -101,11 +102,19 @@ def check_error_budget(frame: pd.DataFrame) -> list[dict]:
     return _per_variant(rows, make)
 
 
+def _changes_with_masked_keys(frame: pd.DataFrame) -> pd.Series:
+    """leak_max_change above the variant's own run-to-run noise: a nondeterministic kernel's
+    output differs between any two calls, perturbed keys or not, so only a change well above
+    its largest repeat difference (repeat_max_diff) is a leak."""
+    noise = _num(frame, "repeat_max_diff").fillna(0)
+    return _num(frame, "leak_max_change").fillna(0) > LEAK_OVER_NOISE * noise
+
+
 def check_masked_leakage(frame: pd.DataFrame) -> list[dict]:
     """Weight on masked or future keys (finfo.min masks are reported separately)."""
     ok = _ok(frame)
     ok = ok[ok["scenario"] != FINFO_MIN_SCENARIO]
-    leak = (_num(ok, "leak_max_change").fillna(0) > 0) | (_num(ok, "leak_mass").fillna(0) > 0)
+    leak = _changes_with_masked_keys(ok) | (_num(ok, "leak_mass").fillna(0) > 0)
     rows = ok[leak]
 
     def make(variant: str, g: pd.DataFrame) -> dict:
@@ -123,7 +132,7 @@ def check_masked_leakage(frame: pd.DataFrame) -> list[dict]:
 def check_finfo_min_masks(frame: pd.DataFrame) -> list[dict]:
     """A finfo.min float mask is finite: fully masked rows attend uniformly to masked keys."""
     ok = _real_code(_ok(frame))
-    rows = ok[(ok["scenario"] == FINFO_MIN_SCENARIO) & (_num(ok, "leak_max_change").fillna(0) > 0)]
+    rows = ok[(ok["scenario"] == FINFO_MIN_SCENARIO) & _changes_with_masked_keys(ok)]
     if rows.empty:
         return []
     names = ", ".join(sorted(set(rows["variant"])))
@@ -245,6 +254,56 @@ def check_memory_leak(frame: pd.DataFrame) -> list[dict]:
     return _per_variant(rows, make)
 
 
+def _differs(frame: pd.DataFrame) -> list[tuple | None]:
+    """repeat_differs per row as a tuple of names (() for bitwise identical, None where not checked)."""
+    if "repeat_differs" not in frame:
+        return [None] * len(frame)
+    return [tuple(v) if isinstance(v, (list, tuple)) else None for v in frame["repeat_differs"]]
+
+
+def _differing(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows where some tensor differed between runs."""
+    return frame[[bool(d) for d in _differs(frame)]]
+
+
+def check_nondeterministic(frame: pd.DataFrame) -> list[dict]:
+    """Outputs or gradients that are not bitwise identical across runs on identical inputs."""
+    ok = _ok(frame)
+    rows = _differing(ok)
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        checked = sum(d is not None for d in _differs(ok[ok["variant"] == variant]))
+        names = [n for n in ("out", "dq", "dk", "dv") if any(n in d for d in _differs(g))]
+        mode = (" even under torch.use_deterministic_algorithms(True)"
+                if g.get("deterministic_algorithms", pd.Series(dtype=object)).astype("object").eq(True).any()
+                else "")
+        return _finding("nondeterministic", "warning", variant,
+                        f"{variant} is not run-to-run deterministic{mode}: {', '.join(names)} differ between "
+                        f"runs on identical inputs in {len(g)} of {checked} cell(s), by up to "
+                        f"{_num(g, 'repeat_max_diff').max():.3g} ({_where(g)}). Training with it is not "
+                        f"bitwise reproducible.", g["id"])
+    return _per_variant(rows, make)
+
+
+def check_deterministic_mode(frame: pd.DataFrame) -> list[dict]:
+    """Under --deterministic: which variants refuse (raise), and which run bitwise identically."""
+    if "deterministic_refused" not in frame:
+        return []
+    mode = frame[frame["deterministic_refused"].astype("object").isin([True, False])]
+    if mode.empty:
+        return []
+    refused = set(mode.loc[mode["deterministic_refused"].astype("object").eq(True), "variant"])
+    ran = _ok(mode)
+    still = set(_differing(ran)["variant"])
+    identical = set(ran["variant"]) - still - refused
+    parts = [f"{label}: {', '.join(sorted(names)) or 'none'}" for label, names in
+             (("refuse (an operation has no deterministic implementation)", refused),
+              ("bitwise identical across runs", identical), ("still differ", still))]
+    return [_finding("deterministic_mode", "warning" if refused or still else "info", "*",
+                     "Under torch.use_deterministic_algorithms(True) (--deterministic) — "
+                     + "; ".join(parts) + ".", mode["id"])]
+
+
 def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
     rows = frame[frame["status"].isin(["error", "oom", "timeout"])]
 
@@ -258,7 +317,8 @@ def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
 RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
     check_nonfinite, check_error_budget, check_masked_leakage, check_fully_masked_rows,
     check_finfo_min_masks, check_fp16_range, check_saturation, check_compiled_rewrite,
-    check_alignment, check_underflow, check_memory_leak, check_failed_cells,
+    check_alignment, check_underflow, check_memory_leak, check_nondeterministic, check_deterministic_mode,
+    check_failed_cells,
 )
 
 

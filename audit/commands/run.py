@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -67,6 +68,11 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--cuda-graph", action="store_true",
                      help="CUDA: time CUDA-graph replays of the call (less launch overhead); "
                           "recorded per cell, falls back to eager calls where capture fails")
+    run.add_argument("--deterministic", action="store_true",
+                     help="measure every cell under torch.use_deterministic_algorithms(True) (CUDA: with "
+                          "CUBLAS_WORKSPACE_CONFIG=:4096:8): a variant that raises is recorded as skipped "
+                          "with deterministic_refused; the others' repeat_differs says whether they became "
+                          "deterministic")
     run.add_argument("--dry-run", action="store_true",
                      help="print the cells, each with its predicted time, and the predicted total per phase "
                           "and per variant (docs/planning.md); measure nothing but the ceilings")
@@ -162,6 +168,8 @@ def _preset(args: argparse.Namespace) -> Any:
         overrides["l2_flush"] = True
     if args.cuda_graph:
         overrides["cuda_graph"] = True
+    if args.deterministic:
+        overrides["deterministic"] = True
     if args.energy_window_s is not None:
         if args.energy_window_s < 0:
             raise UsageError(f"--energy-window-s: {args.energy_window_s!r} is negative (0 turns energy off)")
@@ -197,6 +205,9 @@ def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
             raise UsageError("--device: cuda is not available on this machine "
                              "(torch.cuda.is_available() is False); allowed here: cpu")
 
+    if preset.deterministic:      # before the first cuBLAS handle, here and in the measuring processes
+        from ..measure.repeats import CUBLAS_WORKSPACE
+        os.environ.setdefault(*CUBLAS_WORKSPACE)
     run_dir = resolve_out(args.out)
     if args.worker:
         return work(cases, run_dir, preset, progress=not args.no_progress)

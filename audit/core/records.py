@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator
 
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 # Every column a user can rely on, with its meaning. docs/output.md's column table is
@@ -89,6 +89,14 @@ COLUMNS: dict[str, str] = {
     "masked_rows": "what the variant returns on fully masked rows: nan, zero, uniform, other or mixed (null when none)",
     "causal_alignment": "causal with q_len != seq_len: which alignment the output follows (top-left, bottom-right, neither)",
     "golden_alignment": "causal with q_len != seq_len: the alignment the golden, the error columns, the leak check and the masked-row check follow: the variant's declared one (top-left unless a plug-in declares bottom-right; docs/variants.md)",
+    "diagnosis": "cells with a numerics defect (outside the error budget, a leak, NaN/inf where the golden is finite): the known mistake (docs/numerics.md, Diagnosis) whose float64 output the variant's output matches within the dtype's budget, or none; null where nothing was diagnosed",
+    "diagnosis_err": "RMSE of the output against the matched mistake's float64 output, on the diagnosis slices (null when none matched)",
+    "diagnosis_golden_err": "RMSE of the output against the correct float64 golden on the same slices",
+    "repeat_runs": "how many times forward and forward+backward ran on identical inputs (the two warm-up calls and the numerics call: 3)",
+    "repeat_differs": "which of out, dq, dk, dv were not bitwise identical across those runs ([] = deterministic; null when not checked)",
+    "repeat_max_diff": "largest |difference| between runs over the tensors that differed (0 when bitwise identical; inf when NaN appeared in one run only)",
+    "deterministic_algorithms": "true when the cell ran under torch.use_deterministic_algorithms(True) (--deterministic)",
+    "deterministic_refused": "with --deterministic: true on the skipped cell of a variant that raised because an operation has no deterministic implementation (false when it ran)",
     "pct_of_limit": "forward: max(FLOPs / measured matmul FLOP/s, bytes / measured copy bandwidth) / fwd time (1 = at the machine's measured limit)",
     "fwd_bwd_pct_of_limit": "the same for forward+backward (FLOPs 3.5x forward; bytes of both passes)",
     "bound": "which limit binds the forward: compute or memory",
@@ -249,7 +257,12 @@ def _v5_to_v6(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}
+def _v6_to_v7(record: dict[str, Any]) -> dict[str, Any]:
+    """v7 added the diagnosis and determinism columns (not measured before: null)."""
+    return _with_columns(record, 7)
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7}
 
 
 class NewerSchema(ValueError):

@@ -21,6 +21,7 @@ from ..core.runfolder import INFLIGHT_FILE, RUN_FILE
 from ..measure import compile_cache
 from ..measure.cellcache import BuildCache, InputCache
 from ..measure.measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason, measure_cell
+from ..measure.repeats import deterministic_algorithms, refuses_determinism
 from ..measure.memory import pin_malloc_threshold
 from ..workload.inputs import cell_needs
 from ..workload.presets import Preset
@@ -59,7 +60,7 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
     rec["started_at"] = _utc_now()
     rec["env"] = env
     start = time.perf_counter()
-    oom = False
+    oom = refused = False
     variant = None
     try:
         variant = resolve(case.variant)
@@ -68,8 +69,9 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
             raise Unsupported(refusal)
         _check_memory(case)
         inputs, ref = cache.get(case, variant.causal_alignment)
-        rec.update(measure_cell(case, variant, inputs, ref, preset,
-                                ceilings=(ceilings or {}).get(case.device), meter=meter, builds=builds))
+        with deterministic_algorithms(preset.deterministic):
+            rec.update(measure_cell(case, variant, inputs, ref, preset,
+                                    ceilings=(ceilings or {}).get(case.device), meter=meter, builds=builds))
         rec["status"] = "ok"
     except (Unsupported, CellSkipped) as exc:
         rec["status"], rec["reason"] = "skipped", str(exc)
@@ -84,7 +86,12 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
             rec["status"], rec["reason"] = "error", failure_reason(exc)
     except BaseException as exc:  # noqa: BLE001 - one cell's failure must not stop the run
         oom = _is_oom(exc)
-        rec["status"], rec["reason"] = ("oom" if oom else "error"), failure_reason(exc)
+        if preset.deterministic and refuses_determinism(exc):
+            rec["status"], rec["reason"] = ("skipped", "refuses torch.use_deterministic_algorithms(True) "
+                                            f"(--deterministic): {failure_reason(exc)}")
+            refused = True
+        else:
+            rec["status"], rec["reason"] = ("oom" if oom else "error"), failure_reason(exc)
     if oom:
         # Outside the except block: the traceback (and the tensors its frames hold) is gone.
         cache.clear()
@@ -96,6 +103,7 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
             if col not in case.axes() and col not in ("schema", "id", "status", "reason", "env",
                                                        "started_at", "elapsed_s"):
                 rec[col] = None
+    rec["deterministic_refused"] = True if refused else (False if preset.deterministic else None)
     return rec
 
 
@@ -185,7 +193,7 @@ def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: 
             **_compile_cache_info(axes.get("variant", ())),
             "timing": {"min_samples": preset.min_samples, "min_time_s": preset.min_time_s,
                        "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s,
-                       "ceilings_s": preset.ceilings_s,
+                       "ceilings_s": preset.ceilings_s, "deterministic": preset.deterministic,
                        "budget_s": preset.budget_s}, **(extra or {})}
     (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
 

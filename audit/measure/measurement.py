@@ -24,6 +24,7 @@ from .numerics import (BACKWARD_FLOP_FACTOR, SaturationAccumulator, attention_fl
                        classify_masked_rows, error_vs_reference, nonfinite_counts, relative_error,
                        within_budget)
 from .reference import Golden, golden_prob_chunks
+from .repeats import Repeats, deterministic_algorithms_enabled
 from .timing import (DeviceTimingFailed, Samples, cache_flusher, cuda_graph_replay, measure, measure_device,
                      sync_for, time_call)
 
@@ -188,16 +189,24 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
         q, k, v = q.detach(), k.detach(), v.detach()
         first_fwd = time_call(first_forward, sync=sync)
     check_output(first_out[-1], q, v)
-    first_out.clear()
-    warm_fwd = time_call(forward, sync=sync)
+    # The warm-up calls and the numerics call run on identical inputs: three runs of each
+    # output, compared bitwise (repeats.py) at no extra calls.
+    repeats = Repeats()
+    repeats.add("out", first_out.pop())
+    warm_fwd = time_call(lambda: first_out.append(forward()), sync=sync)
+    repeats.add("out", first_out.pop())
     limit_s = math.inf if preset.max_cell_s is None else preset.max_cell_s
     if warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s:
         raise CellSkipped(
             f"too slow for this device: one forward took {warm_fwd:.3g} s, so this cell would "
             f"take about {warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed:.0f} s "
             f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
-    first_fb = time_call(forward_backward, sync=sync) if backward_reason is None else 0.0
-    warm_fb = time_call(forward_backward, sync=sync) if backward_reason is None else 0.0
+    first_fb = warm_fb = 0.0
+    if backward_reason is None:
+        first_fb = time_call(lambda: first_out.append(forward_backward()), sync=sync)
+        repeats.add_grads(first_out.pop())
+        warm_fb = time_call(lambda: first_out.append(forward_backward()), sync=sync)
+        repeats.add_grads(first_out.pop())
     if (warm_fwd + warm_fb) * n_timed > limit_s:
         raise CellSkipped(
             f"too slow for this device: one forward+backward took {warm_fb:.3g} s, so this cell "
@@ -216,6 +225,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     golden = ref.golden
     out, m["peak_bytes"] = peak_during(forward, case.device)
     out = out.detach()
+    repeats.add("out", out)
     m["out_nan"], m["out_inf"] = nonfinite_counts([out])
     seeing = ref.row_visible.expand(out.shape[:-1])                                # (B, H, Tq)
     m["out_nonfinite_visible"] = int((~torch.isfinite(out) & seeing[..., None]).sum())
@@ -237,11 +247,14 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
 
     if backward_reason is None:
         grads, m["peak_fwd_bwd_bytes"] = peak_during(forward_backward, case.device)
+        repeats.add_grads(grads)
         m["grad_nan"], m["grad_inf"] = nonfinite_counts(grads)
         for name, got, want, take in zip(("dq_err", "dk_err", "dv_err"), grads, (golden.dq, golden.dk, golden.dv),
                                          (ref.take, ref.take_kv, ref.take_kv)):
             m[name] = relative_error(take(got), want)
         del grads
+    m.update(repeats.columns(), deterministic_algorithms=deterministic_algorithms_enabled())
+    repeats.release()
 
     fwd, fb, timer = _time_cell(case, preset, forward, forward_backward if backward_reason is None else None,
                                 warm_fwd, warm_fb)

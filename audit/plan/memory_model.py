@@ -72,10 +72,14 @@ def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
     if copies:
         how += f", plus k and v repeated per query head ({copies:.3g} bytes)"
     grads = gradient_elements(case, q_len) * size
+    # the determinism check (measure/repeats.py) holds the first run's out, dq, dk and dv meanwhile
+    held = (case.batch * case.heads * q_len * case.d_k * size) + grads
+    kept = f", plus the first run's out and gradients kept for the determinism check ({held:.3g} bytes)"
     if grads > n * per + copies:
-        return grads, (f"the gradients dq, dk, dv: B·d·(H·Tq + 2·kv_heads·Tk) = "
-                       f"{gradient_elements(case, q_len):.3g} elements of {size} bytes (more than {how})")
-    return n * per + copies, how
+        return grads + held, (f"the gradients dq, dk, dv: B·d·(H·Tq + 2·kv_heads·Tk) = "
+                              f"{gradient_elements(case, q_len):.3g} elements of {size} bytes (more than {how})"
+                              + kept)
+    return n * per + copies + held, how + kept
 
 
 def free_bytes(device: str) -> int | None:

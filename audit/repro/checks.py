@@ -23,13 +23,14 @@ import traceback
 import types
 from typing import Any, Callable
 
-from ..analysis.findings import INPUT_SATURATION, SATURATION_EXCESS, UNDERFLOW_FRAC
+from ..analysis.findings import INPUT_SATURATION, LEAK_OVER_NOISE, SATURATION_EXCESS, UNDERFLOW_FRAC
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..measure.cellcache import build_reference
 from ..measure.measurement import (LEAK_REPORT_BYTES, _alignment, _variant_weight_metrics, check_output,
                                    input_grads)
 from ..measure.memory import held_bytes, pin_malloc_threshold
+from ..measure.repeats import Repeats
 from ..measure.numerics import (BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows,
                                 error_vs_reference, within_budget)
 from ..workload.inputs import draw_inputs, seed_for
@@ -97,6 +98,15 @@ def _probe_rows(attention: Any, inputs: Any, ref: Any, q: Any, out: Any) -> list
                       f"keys/values hidden from them change (at {_at(where)}: {_values(out[tuple(where)])} "
                       f"-> {_values(after[tuple(where)])}; expected no change)"))
     return found
+
+
+def _rerun_change(attention: Any, inputs: Any, q: Any, out: Any) -> float:
+    """Largest output change when the same call runs again on the same inputs: a nondeterministic
+    variant's noise floor, which a leak must clear (findings.LEAK_OVER_NOISE)."""
+    import torch
+    k, v = (t.detach().requires_grad_(q.requires_grad) for t in (inputs.k, inputs.v))
+    again = attention(q, k, v, **inputs.call_kwargs()).detach()                  # (B, H, Tq, d)
+    return changed_max(out, again, torch.ones(out.shape[:-1], dtype=torch.bool, device=out.device))
 
 
 def _weights(probs: Any, inputs: Any, ref: Any) -> dict[str, Any]:
@@ -172,13 +182,15 @@ def verify_masked_leakage(case: Any, inputs: Any, load_variant: Callable, record
     q, _, _, out = call_variant(attention, inputs)
     probes = _probe_rows(attention, inputs, ref, q, out.detach())
     change = max((c for c, _, _ in probes), default=None)          # the audit's leak_max_change
-    lines = [line for _, _, line in probes]
+    noise = _rerun_change(attention, inputs, q, out.detach())
+    lines = [line for _, _, line in probes] + [f"the same call again, unperturbed, changes the output by up to "
+                                               f"{noise:.4g} (a leak must be over {LEAK_OVER_NOISE:g}x that)"]
     measured = {"leak_max_change": change, "leak_mass": None}
     if probs is not None:
         measured["leak_mass"] = _weights(probs, inputs, ref)["leak_mass"]
         lines.append(f"the variant's own attention weights put up to {measured['leak_mass']:.4g} of a row's "
                      f"probability on masked keys (expected 0)")
-    defect = (change or 0) > 0 or (measured["leak_mass"] or 0) > 0
+    defect = (change or 0) > LEAK_OVER_NOISE * noise or (measured["leak_mass"] or 0) > 0
     return defect, lines or ["this input set masks nothing: no leak to look for"], measured
 
 
@@ -223,7 +235,8 @@ def verify_finfo_min_mask(case: Any, inputs: Any, load_variant: Callable, record
         mean_v = inputs.v.double().mean(-2)[where[0], where[1]]
         lines.append(f"e.g. {_at(where)}: {_values(out[tuple(where)])}; mean of v: {_values(mean_v)}")
     lines += [line for _, _, line in probes]
-    return (change or 0) > 0, lines, {"leak_max_change": change, "masked_rows": kind}
+    noise = _rerun_change(attention, inputs, q, out)
+    return (change or 0) > LEAK_OVER_NOISE * noise, lines, {"leak_max_change": change, "masked_rows": kind}
 
 
 def verify_fp16_overflow(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
@@ -335,6 +348,26 @@ def verify_memory_leak(case: Any, inputs: Any, load_variant: Callable, recorded:
     return kept > LEAK_REPORT_BYTES, lines, {"leaked_bytes": kept}
 
 
+def verify_nondeterministic(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
+    """out, dq, dk, dv of three runs on identical inputs, compared bitwise with the first run's
+    (under torch.use_deterministic_algorithms(True) where the audit ran the cell so)."""
+    import torch
+    attention, _ = load_variant()
+    torch.use_deterministic_algorithms(bool(recorded.get("deterministic_algorithms")))
+    repeats = Repeats()
+    for _ in range(3):
+        q, k, v, out = call_variant(attention, inputs)
+        repeats.add("out", out)
+        if q.requires_grad:
+            repeats.add_grads(input_grads(out, (q, k, v), inputs.grad_out))
+    measured = repeats.columns()
+    differs = measured["repeat_differs"] or []
+    lines = [f"three runs on identical inputs: {', '.join(differs) or 'nothing'} differ from the first run "
+             f"(bitwise); largest difference {measured['repeat_max_diff']:.4g}",
+             "torch.use_deterministic_algorithms: " + str(torch.are_deterministic_algorithms_enabled())]
+    return bool(differs), lines, {"repeat_differs": differs, "repeat_max_diff": measured["repeat_max_diff"]}
+
+
 def verify_cell_failed(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
     """The cell failed (error, oom, timeout): run the call in a child process, as the audit's
     worker did, and report how it ends. The variant is imported in the child only."""
@@ -435,4 +468,5 @@ VERIFIERS: dict[str, Callable[..., tuple]] = {
     "saturation": verify_saturation, "input_saturation": verify_input_saturation,
     "compiled_rewritten": verify_compiled_rewritten, "causal_alignment": verify_causal_alignment,
     "underflow": verify_underflow, "memory_leak": verify_memory_leak, "cell_failed": verify_cell_failed,
+    "nondeterministic": verify_nondeterministic,
 }

@@ -57,6 +57,7 @@ WORST: dict[str, tuple[Callable[[dict], tuple], str]] = {
     "underflow": (lambda r: (_num(r, "underflow_frac"),), "largest underflow fraction"),
     "memory_leak": (lambda r: (_num(r, "leaked_bytes"),), "most memory kept"),
     "cell_failed": (lambda r: (_STATUS_RANK.get(r.get("status"), -1),), "first error, else oom, else timeout"),
+    "nondeterministic": (lambda r: (_num(r, "repeat_max_diff"),), "largest difference between runs"),
 }
 
 # Checks whose finding lists cells that do not show the defect themselves (fp16_overflow lists
@@ -69,7 +70,7 @@ SHOWS: dict[str, Callable[[dict], bool]] = {
 RECORDED_COLUMNS = ("out_nonfinite_visible", "grad_nan", "grad_inf", "rmse", "max_abs_err", "err_ratio",
                     "within_budget", "leak_max_change", "leak_mass", "masked_rows", "onehot_frac",
                     "golden_onehot_frac", "max_logit", "fused_sdpa", "causal_alignment", "golden_alignment",
-                    "underflow_frac",
+                    "underflow_frac", "repeat_differs", "repeat_max_diff", "deterministic_algorithms",
                     "leaked_bytes", "status", "reason")
 
 

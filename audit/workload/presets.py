@@ -33,6 +33,7 @@ class Preset:
     l2_flush: bool = False        # overwrite a cache-sized buffer before every timed sample
     cuda_graph: bool = False      # CUDA: time CUDA-graph replays of the call
     ceilings_s: float = 2.5       # seconds per device the run's ceilings (roofline limits) take to measure
+    deterministic: bool = False   # measure under torch.use_deterministic_algorithms(True) (--deterministic)
 
     @property
     def axes(self) -> dict[str, tuple]:
