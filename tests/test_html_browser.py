@@ -1,5 +1,6 @@
 """The HTML report in a real browser at 1400 px: no sideways page scrolling, a working table of
-contents, and the findings' severity badges drawn.
+contents, the findings' severity badges drawn, and the verdict (its table and what to use) above
+the fold of a 1400 × 1000 window.
 
 Headless Chromium opens a copy of a built report folder with a probe script appended, which
 writes what it measured (the page's scrollWidth and clientWidth, the contents' links and their
@@ -34,8 +35,16 @@ PROBE = """<script>window.addEventListener('load', function () {
     var box = b.getBoundingClientRect();
     return {cls: b.className, text: b.textContent, bg: getComputedStyle(b).backgroundColor,
             width: box.width, height: box.height};});
+  function tableBottomAfter(id) {   // page y of the bottom of the first table under heading #id
+    for (var el = document.getElementById(id); el && (el = el.nextElementSibling);) {
+      if (/^H[1-3]$/.test(el.tagName)) break;
+      if (el.classList.contains('table-wrap')) return el.getBoundingClientRect().bottom + window.scrollY;
+    }
+    return null;}
   var probe = document.createElement('pre'); probe.id = 'probe';
   probe.textContent = JSON.stringify({scroll: doc.scrollWidth, client: doc.clientWidth,
+    fold: window.innerHeight, verdict_bottom: tableBottomAfter('verdict'),
+    recommendations_bottom: tableBottomAfter('what-to-use'),
     toc: links.length, toc_width: document.querySelector('nav.toc') ?
       document.querySelector('nav.toc').getBoundingClientRect().width : 0,
     toc_dangling: Array.prototype.filter.call(links, function (a) {
@@ -107,3 +116,33 @@ def test_the_probe_sees_a_page_that_scrolls_sideways(tmp_path):
     report = _report(cpu_run("quick", tmp_path / "runs"))
     seen = probe_page(report, tmp_path / "browser", '<div style="width: 3000px">a wide table</div>')
     assert seen["scroll"] > seen["client"] > 1000
+
+
+@pytest.mark.parametrize("unpack, name", [(cpu_run, "cpu"), (h200_run, "full")])
+def test_the_verdict_and_what_to_use_are_above_the_fold(unpack, name, tmp_path):
+    """Opened at 1400 × 1000, the page shows the verdict table and the table of what to use
+    without scrolling: both end within the first viewport height."""
+    seen = probe_page(_report(unpack(name, tmp_path / "runs")), tmp_path / "browser")
+    assert_above_the_fold(seen)
+
+
+FOLD_PX = int(WINDOW.split(",")[1])      # the first viewport height of a 1400 × 1000 window
+
+
+def assert_above_the_fold(seen: dict) -> None:
+    """Both tables end within the first FOLD_PX of the page (laid out at the window's width; the
+    headless window's own innerHeight, seen["fold"], is smaller by its frame, so it is not the measure)."""
+    assert seen["client"] > 1000
+    assert seen["verdict_bottom"] is not None and seen["recommendations_bottom"] is not None, seen
+    assert 0 < seen["verdict_bottom"] < seen["recommendations_bottom"]
+    assert seen["recommendations_bottom"] <= FOLD_PX, (
+        f"what to use ends at {seen['recommendations_bottom']:.0f} px, below the {FOLD_PX} px fold")
+
+
+def test_the_fold_check_sees_a_verdict_pushed_down(tmp_path):
+    """The check above can fail: the same report with 400 px more above the verdict puts what to use
+    below the fold."""
+    report = _report(cpu_run("cpu", tmp_path / "runs"))
+    seen = probe_page(report, tmp_path / "browser", "<style>h1 { margin-bottom: 400px; }</style>")
+    with pytest.raises(AssertionError, match="below the"):
+        assert_above_the_fold(seen)

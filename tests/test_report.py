@@ -10,7 +10,7 @@ import pytest
 
 from audit.core.grid import Case
 from audit.core.records import RecordWriter, load, new_record
-from audit.render import alignment_table, budget_table, build_report, describe_values, findings_summary, format_value, fp16_overflow_table, gradient_table, html_table, leakage_table, markdown_table, masked_rows_table, median_table, memory_ratio_vs_baseline, saturation_sweep_table, saturation_table, scenario_alpha, scenario_table, seed_claims_table, speedup_vs_baseline
+from audit.render import alignment_table, budget_table, build_report, describe_values, findings_summary, format_value, fp16_overflow_table, gradient_table, html_table, leakage_table, markdown_table, masked_rows_table, memory_ratio_vs_baseline, saturation_sweep_table, saturation_table, scenario_alpha, scenario_table, seed_claims_table, shape_table, speedup_vs_baseline, stated_shape
 
 VARIANTS = ("eager", "sdpa", "compiled", "broken.unscaled")
 # Latency of each variant relative to eager: sdpa exactly 2x faster, compiled 1.25x faster,
@@ -215,8 +215,8 @@ def test_findings_open_the_report_most_severe_first(tmp_path: Path) -> None:
     md = result["index_md"].read_text(encoding="utf-8")
     assert md.index("## Findings") < md.index("## Environment")
     findings_md = _section(md, "## Findings")
-    error_row = findings_md.index("| error | nonfinite | sdpa | NaN in outputs | 3 |")
-    info_row = findings_md.index("| info | saturation | eager |")
+    error_row = findings_md.index('| <a id="finding-nonfinite-sdpa"></a>error | nonfinite | sdpa | NaN in outputs | 3 |')
+    info_row = findings_md.index('| <a id="finding-saturation-eager"></a>info | saturation | eager |')
     assert error_row < info_row
     assert "2 findings about real code: 1 error, 1 info." in findings_md
     assert "NaN in the control's outputs" not in md        # negative controls: self-check only
@@ -482,28 +482,30 @@ def test_seed_claims_table_and_section(tmp_path: Path) -> None:
     assert "illustrative" in section
 
 
+def _at_shape(frame: pd.DataFrame, dtype: str, metric: str = "fwd_ms") -> pd.DataFrame:
+    rows, _ = stated_shape(frame, "cpu", dtype)
+    return shape_table(rows, metric).set_index("variant")
+
+
 def test_speed_tables_ignore_other_scenarios(tmp_path: Path) -> None:
-    """A 1000x slower cell of another scenario must change neither medians nor speed-ups."""
+    """A 1000x slower cell of another scenario must change neither the stated-shape tables nor speed-ups."""
     normal = [_measured(case) for case in _cases()]
     frame_normal = load(_write(tmp_path / "normal", normal))
     slow = []
     for variant in ("eager", "sdpa", "broken.unscaled"):
-        rec = _measured(Case(variant=variant, device="cpu", dtype="fp32", d_k=32, seq_len=64,
+        rec = _measured(Case(variant=variant, device="cpu", dtype="fp32", d_k=64, seq_len=64,
                              batch=1, heads=2, causal=False, scenario="scaled_x4"))
         rec.update(fwd_ms=rec["fwd_ms"] * (1000 if variant == "sdpa" else 1),
                    peak_bytes=rec["peak_bytes"] * 1000)
         slow.append(rec)
     run_dir = _write(tmp_path / "mixed", normal + slow)
     frame = load(run_dir)
-    before = median_table(frame_normal, "fp32").set_index("variant")
-    after = median_table(frame, "fp32").set_index("variant")
-    # sdpa at T=64 has two normal cells (d_k 32, 64); a third 1000x cell would move the median.
+    before, after = _at_shape(frame_normal, "fp32"), _at_shape(frame, "fp32")
+    # d_k 32 and 64 are equally common: the larger is stated; one cell per entry, nothing pooled.
     assert after.loc["sdpa", "T=64"] == pytest.approx(before.loc["sdpa", "T=64"])
-    assert after.loc["sdpa", "T=64"] == pytest.approx(
-        0.5 * (0.01 * 64 ** 2 * 32 / 4096 + 0.01 * 64 ** 2 * 64 / 4096) * 0.5)
+    assert after.loc["sdpa", "T=64"] == pytest.approx(0.01 * 64 ** 2 * 64 / 4096 * 0.5)
     assert "broken.unscaled" not in after.index
-    mem = median_table(frame, "fp32", "peak_bytes").set_index("variant")
-    mem_before = median_table(frame_normal, "fp32", "peak_bytes").set_index("variant")
+    mem, mem_before = _at_shape(frame, "fp32", "peak_bytes"), _at_shape(frame_normal, "fp32", "peak_bytes")
     assert mem.loc["eager", "T=64"] == pytest.approx(mem_before.loc["eager", "T=64"])
     fwd = speedup_vs_baseline(frame).set_index("variant")
     assert fwd.loc["sdpa", "speedup"] == pytest.approx(2.0, rel=1e-12)
@@ -513,7 +515,27 @@ def test_speed_tables_ignore_other_scenarios(tmp_path: Path) -> None:
     speed = _section(md, "## Speed")
     assert "scenario `normal` only" in speed
     assert "scaled_x4" not in speed
+    assert "pooled" not in speed.replace("no other axis pooled", "")
+    assert "*cpu fp32, B=1, H=2, kv_heads=2, d_k=64, scenario normal: median forward latency (ms)" in speed
+    assert ("python -m audit run --variant V --device cpu --dtype fp32 --d-k 64 --seq-len T --batch 1 "
+            "--heads 2 --kv-heads 2 --causal C --scenario normal") in speed
     assert "scenario normal only" in md  # the error figure's caption
+
+
+def test_stated_shape_tables_split_full_and_causal_and_state_a_varying_batch() -> None:
+    """Causal and full cells are separate columns; a sweep at fixed B·T names B per column."""
+    base = {"device": "cuda", "dtype": "bf16", "d_k": 128, "heads": 16, "kv_heads": 16,
+            "scenario": "normal", "status": "ok"}
+    rows = [{**base, "variant": v, "seq_len": t, "batch": 16384 // t, "causal": c,
+             "fwd_ms": t / 512 * (2 if c else 1) * (1 if v == "sdpa" else 3)}
+            for v in ("sdpa", "eager") for t in (512, 2048, 8192) for c in (False, True)]
+    frame = pd.DataFrame(rows)
+    chosen, shape = stated_shape(frame, "cuda", "bf16")
+    assert shape["batch"] is None and shape["tokens"] == 16384
+    table = shape_table(chosen, "fwd_ms").set_index("variant")
+    assert list(table.columns) == ["full T=512 B=32", "full T=2048 B=8", "full T=8192 B=2",
+                                   "causal T=512 B=32", "causal T=2048 B=8", "causal T=8192 B=2"]
+    assert table.loc["eager", "causal T=2048 B=8"] == pytest.approx(2048 / 512 * 2 * 3)
 
 
 def test_saturation_sweep_figure_and_table(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from audit.core.records import load
 from audit.render import Contents, Heading, Table, build_report, findings_table, negative_control_check, numeric_columns, para, render_html, render_markdown, write_page
 from audit.render.data import prepare
 from audit.render.sections import findings_section, overview_section
+from audit.render.verdict import determinism_text, masked_rows_text, recommendations, verdict_rows, verdict_section
 from audit.workload.variants import NEGATIVE_CONTROLS
 from tests.helpers import cpu_run
 from tests.test_report import _cell, _section, _write, _write_run
@@ -107,18 +108,19 @@ def test_html_contents_link_every_section_heading(built: dict) -> None:
     assert targets <= set(parsed.ids), targets - set(parsed.ids)
     sections = {i for tag, i in parsed.heading_ids if tag in ("h2", "h3")}
     assert sections and sections == targets
-    assert {"findings", "environment", "grid", "speed-up-vs-eager", "figures"} <= targets
+    assert {"verdict", "what-to-use", "findings", "environment", "grid", "speed-up-vs-eager", "figures"} <= targets
     page = built["index_html"].read_text(encoding="utf-8")
     assert page.index('<nav class="toc">') < page.index('<h2 id="findings">')
 
 
 def test_markdown_contents_first_and_anchors_match_headings(built: dict) -> None:
     md = built["index_md"].read_text(encoding="utf-8")
-    assert md.index("**Contents**") < md.index("\n## ")
+    # The verdict is read first, then the contents, which list it too, then everything else.
+    assert md.index("\n## ") == md.index("\n## Verdict") < md.index("**Contents**") < md.index("\n## Findings")
     anchors = re.findall(r"^\s*- \[[^\]]+\]\(#([^)]+)\)$", md, flags=re.M)
     headings = re.findall(r"^#{2,3} (.+)$", md, flags=re.M)
     assert len(anchors) == len(headings) > 5
-    assert "self-check-negative-controls" in anchors and "speed-up-vs-eager" in anchors
+    assert {"verdict", "what-to-use", "self-check-negative-controls", "speed-up-vs-eager"} <= set(anchors)
 
 
 def test_text_columns_left_numeric_columns_right(built: dict) -> None:
@@ -175,8 +177,9 @@ def test_severity_badges_in_findings_and_summary(built: dict) -> None:
 
 def test_repro_links_only_when_findings_have_them(built: dict, tmp_path: Path) -> None:
     md = built["index_md"].read_text(encoding="utf-8")
-    assert "| error | nonfinite | sdpa | NaN in outputs | 2 | [nonfinite_sdpa.py](repro/nonfinite_sdpa.py) |" in md
-    assert "| info | saturation | eager | attention is near one-hot | 1 | — |" in md
+    assert ('| <a id="finding-nonfinite-sdpa"></a>error | nonfinite | sdpa | NaN in outputs | 2 | '
+            '[nonfinite_sdpa.py](repro/nonfinite_sdpa.py) |') in md
+    assert '| <a id="finding-saturation-eager"></a>info | saturation | eager | attention is near one-hot | 1 | — |' in md
     assert '<a href="repro/nonfinite_sdpa.py">nonfinite_sdpa.py</a>' in built["index_html"].read_text("utf-8")
     without = [{k: v for k, v in f.items() if k != "repro"} for f in FINDINGS]
     assert "repro" not in findings_table(without).columns
@@ -286,3 +289,199 @@ def test_report_reads_findings_json_and_leaves_it_whole(built: dict) -> None:
     md = built["index_md"].read_text(encoding="utf-8")
     assert "the control's NaN" not in md
     assert "1/1 negative controls flagged: broken.unscaled (nonfinite)." in _section(md, "## Findings")
+
+
+# --------------------------------------------------------------------------- the verdict
+
+def _verdict_md(md: str) -> str:
+    return _section(md, "## Verdict")
+
+
+def _md_rows(section: str, first_header: str) -> dict[str, list[str]]:
+    """The rows of the first markdown table whose first header is `first_header`, by first cell."""
+    lines = section[section.index(f"| {first_header} |"):].splitlines()
+    rows = {}
+    for line in lines[2:]:
+        if not line.startswith("| "):
+            break
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_the_verdict_is_the_first_section_and_leaves_out_controls(built: dict) -> None:
+    md = built["index_md"].read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", md, flags=re.M)
+    assert headings[0] == "Verdict" and headings[1] == "Findings"
+    verdict = _verdict_md(md)
+    rows = _md_rows(verdict, "variant")
+    assert set(rows) == {"sdpa", "compiled", "eager"}                  # broken.unscaled left out
+    assert "broken." not in verdict
+    # The synthetic run: sdpa 2x faster than eager, compiled 1.25x; peaks 1/4 and 1/2 of eager's.
+    assert rows["sdpa"][:5] == ["baseline"] * 4 + ["—"]
+    assert rows["compiled"][:5] == ["1.60× slower", "1.60× slower", "2.00× more", "2.00× more", "12"]
+    assert rows["eager"][:5] == ["2.00× slower", "2.00× slower", "4.00× more", "4.00× more", "12"]
+    parsed = _parse(built["index_html"].read_text(encoding="utf-8"))
+    h2 = [i for tag, i in parsed.heading_ids if tag == "h2"]
+    assert h2[:2] == ["verdict", "findings"]
+    page = built["index_html"].read_text(encoding="utf-8")
+    assert page.index('<h2 id="verdict">') < page.index('<nav class="toc">') < page.index('<h2 id="findings">')
+
+
+def test_the_verdict_geomean_on_matched_cells_only() -> None:
+    """fast vs sdpa: 4x and 1x faster on the two matched cells (geometric mean 2x); its unmatched cell,
+    its cell of another scenario and the negative control count for nothing."""
+    base = {"device": "cpu", "dtype": "fp32", "d_k": 32, "batch": 1, "heads": 2, "kv_heads": 2,
+            "causal": False, "scenario": "normal", "status": "ok"}
+    rows = [
+        {**base, "variant": "sdpa", "seq_len": 64, "fwd_ms": 4.0, "fwd_bwd_ms": 3.0, "peak_bytes": 4e6,
+         "peak_fwd_bwd_bytes": 8e6},
+        {**base, "variant": "fast", "seq_len": 64, "fwd_ms": 1.0, "fwd_bwd_ms": 6.0, "peak_bytes": 1e6,
+         "peak_fwd_bwd_bytes": 8e6},
+        {**base, "variant": "sdpa", "seq_len": 128, "fwd_ms": 8.0, "fwd_bwd_ms": 3.0, "peak_bytes": 1e6,
+         "peak_fwd_bwd_bytes": 8e6},
+        {**base, "variant": "fast", "seq_len": 128, "fwd_ms": 8.0, "fwd_bwd_ms": 6.0, "peak_bytes": 1e6,
+         "peak_fwd_bwd_bytes": 8e6},
+        {**base, "variant": "fast", "seq_len": 256, "fwd_ms": 0.001},                    # no sdpa cell
+        {**base, "variant": "fast", "seq_len": 64, "scenario": "outliers", "fwd_ms": 0.001},
+        {**base, "variant": "sdpa", "seq_len": 64, "scenario": "outliers", "fwd_ms": 100.0},
+        {**base, "variant": "broken.unscaled", "seq_len": 64, "fwd_ms": 0.5},
+    ]
+    frame = prepare(pd.DataFrame(rows).assign(id=lambda f: [f"c{i}" for i in range(len(f))]))
+    table = verdict_rows(frame).set_index("variant")
+    assert list(table.index) == ["fast", "sdpa"]
+    assert table.loc["fast", "speedup"] == pytest.approx(2.0)
+    assert table.loc["fast", "fwd_cells"] == 2
+    assert table.loc["fast", "fwd_bwd_speedup"] == pytest.approx(0.5)
+    assert table.loc["fast", "memory"] == pytest.approx(0.5)                 # sqrt(1/4 * 1)
+    assert table.loc["fast", "fwd_bwd_memory"] == pytest.approx(1.0)
+    md = render_markdown(verdict_section(frame, []))
+    assert _md_rows(md, "variant")["fast"][:5] == ["2.00× faster", "2.00× slower", "2.00× less", "same", "2"]
+
+
+def _slice_frame() -> pd.DataFrame:
+    """fastx fastest everywhere, then sdpa, then slowy; fp32 and fp16, no mask and key padding."""
+    base = {"device": "cpu", "d_k": 32, "batch": 1, "heads": 2, "kv_heads": 2, "causal": False,
+            "status": "ok"}
+    factor = {"fastx": 1.0, "sdpa": 2.0, "slowy": 3.0}
+    rows = [{**base, "variant": v, "dtype": dt, "seq_len": t, "scenario": sc, "fwd_ms": f * t / 64}
+            for v, f in factor.items() for dt in ("fp32", "fp16") for t in (64, 128)
+            for sc in ("normal", "padding", "fp16_range")]
+    frame = pd.DataFrame(rows)
+    frame["id"] = [f"{v}-{dt}-T{t}-{sc}" for v, dt, t, sc in
+                   zip(frame["variant"], frame["dtype"], frame["seq_len"], frame["scenario"])]
+    return prepare(frame)
+
+
+def test_a_recommendation_skips_a_fastest_variant_with_an_error_finding() -> None:
+    """fastx's error finding covers an fp32 cell without a mask (scenario fp16_range): fp32 without
+    a mask recommends sdpa and says why; fp32 key padding and fp16 still recommend fastx."""
+    frame = _slice_frame()
+    finding = {"check": "nonfinite", "severity": "error", "variant": "fastx", "message": "NaN",
+               "cells": ["fastx-fp32-T64-fp16_range"]}
+    warning = {"check": "saturation", "severity": "warning", "variant": "sdpa", "message": "one-hot",
+               "cells": ["sdpa-fp32-T64-normal"]}                        # a warning rules nothing out
+    recs = {(r.dtype, r.kind): r for r in recommendations(frame, [finding, warning])}
+    assert set(recs) == {("fp32", "none"), ("fp32", "padding"), ("fp16", "none"), ("fp16", "padding")}
+    ruled_out = recs[("fp32", "none")]
+    assert [v for v, _ in ruled_out.ranking] == ["fastx", "sdpa", "slowy"]
+    assert ruled_out.recommended == "sdpa" and ruled_out.faster_but_flagged == ["fastx"]
+    assert ruled_out.lead == pytest.approx(1.5) and ruled_out.shared_cells == 2
+    assert recs[("fp32", "padding")].recommended == "fastx"
+    assert recs[("fp32", "padding")].lead == pytest.approx(2.0)
+    assert recs[("fp16", "none")].recommended == "fastx"
+    md = render_markdown(verdict_section(frame, [finding, warning]))
+    why = _md_rows(md, "device, dtype, mask")["cpu fp32, no mask"]
+    assert why[0] == "sdpa"
+    assert why[1].startswith("fastx is fastest but has an error finding: "
+                             "[nonfinite (1 cell)](#finding-nonfinite-fastx), so we recommend sdpa.")
+    assert "sdpa: 1.50× faster than slowy" in why[1]
+    matrix = _md_rows(md, "device\u00a0dtype")
+    assert matrix["cpu fp32"][0].startswith("sdpa, 1.50× faster than slowy; fastx is faster but has an "
+                                            "[error finding](#finding-nonfinite-fastx)")
+    assert matrix["cpu fp16"][0] == "fastx, 2.00× faster than sdpa"
+    assert "fastx's error finding [nonfinite](#finding-nonfinite-fastx) covers no cell" in \
+        _md_rows(md, "device, dtype, mask")["cpu fp32, key padding"][1]
+
+
+def test_without_any_error_finding_the_fastest_is_recommended() -> None:
+    recs = recommendations(_slice_frame(), [])
+    assert {r.recommended for r in recs} == {"fastx"} and not any(r.flagged for r in recs)
+
+
+def test_determinism_text_from_the_repeat_columns_and_their_absence() -> None:
+    base = {"variant": "sdpa", "status": "ok", "dtype": "fp32", "causal": False}
+    old = pd.DataFrame([base] * 3)                                          # records before the columns
+    assert determinism_text(old) == "not checked"
+    assert determinism_text(old.assign(repeat_differs=None)) == "not checked"
+    same = pd.DataFrame([{**base, "repeat_differs": [], "repeat_max_diff": 0.0}] * 42)
+    assert determinism_text(same) == "bitwise (42 cells)"
+    under_mode = same.assign(deterministic_algorithms=True)
+    assert determinism_text(under_mode) == "bitwise (42 cells, deterministic mode)"
+    differing = pd.DataFrame([{**base, "repeat_differs": ["dk", "dq"], "repeat_max_diff": 2e-7}] * 2
+                             + [{**base, "repeat_differs": ["dq"], "repeat_max_diff": 1e-7}]
+                             + [{**base, "repeat_differs": [], "repeat_max_diff": 0.0}] * 37
+                             + [{**base, "repeat_differs": None}])            # not checked: not counted
+    assert determinism_text(differing) == "differs: dq, dk in 3 of 40 cells (max 2e-7)"
+    refused = pd.DataFrame([{**base, "status": "skipped", "deterministic_refused": True, "repeat_differs": None}])
+    assert determinism_text(refused) == "refuses deterministic mode (1 cell)"
+    assert determinism_text(pd.concat([refused, same])) == "refuses deterministic mode (1 cell); bitwise (42 cells)"
+
+
+def test_masked_rows_text_pools_cells_with_fully_masked_rows() -> None:
+    rows = pd.DataFrame({
+        "variant": "v", "status": "ok", "causal": False,
+        "dtype": ["fp16", "fp32", "fp16", "fp32", "fp32"],
+        "scenario": ["fully_masked_bool", "fully_masked_bool", "fully_masked_neginf", "fully_masked_neginf",
+                     "fully_masked_finfo_min"],
+        "masked_rows": ["nan", "zero", "nan", "zero", "uniform"]})          # finfo.min: finite, left out
+    assert masked_rows_text(rows) == "zero (fp32), NaN (fp16)"            # widest dtype first, as elsewhere
+    assert masked_rows_text(rows.assign(masked_rows=None)) == "not tested"
+    assert masked_rows_text(rows.drop(columns="masked_rows")) == "not tested"
+    by_form = rows.assign(dtype="fp32", masked_rows=["other", "other", "zero", "zero", "uniform"])
+    assert masked_rows_text(by_form) == "bool: other; -inf float: zero"
+
+
+def test_the_worst_finding_names_its_diagnosis_and_links_to_its_row(tmp_path: Path) -> None:
+    diagnosed = {"check": "error_budget", "severity": "error", "variant": "compiled", "message": "outside",
+                 "cells": ["x", "y"], "diagnosis": "gqa_interleaved", "diagnosis_title": "GQA heads paired interleaved"}
+    undiagnosed = {"check": "error_budget", "severity": "error", "variant": "eager", "message": "outside too",
+                   "cells": ["z"], "diagnosis": "none", "diagnosis_title": None}
+    info = {"check": "saturation", "severity": "info", "variant": "compiled", "message": "one-hot", "cells": ["a"] * 5}
+    result = build_report(_write_run(tmp_path, findings=[info, diagnosed, undiagnosed]))
+    md = result["index_md"].read_text(encoding="utf-8")
+    rows = _md_rows(_verdict_md(md), "variant")
+    assert rows["compiled"][5] == ("error [error budget — matches: GQA heads paired interleaved]"
+                                   "(#finding-error_budget-compiled)")
+    assert rows["eager"][5] == "error [error budget](#finding-error_budget-eager)"
+    assert rows["sdpa"][5] == "none"
+    assert '<a id="finding-error_budget-compiled"></a>error | error_budget | compiled |' in md
+    page = result["index_html"].read_text(encoding="utf-8")
+    parsed = _parse(page)
+    targets = set(re.findall(r'href="#([^"]+)"', page))
+    assert {"finding-error_budget-compiled", "finding-error_budget-eager"} <= targets
+    assert targets <= set(parsed.ids), targets - set(parsed.ids)             # every in-page link lands
+    assert '<span class="badge sev-error">error</span> <a href="#finding-error_budget-eager">' in page
+
+
+def test_the_verdict_of_the_stored_cpu_run(cpu_data) -> None:
+    """1508 real cells: every real variant that ran has a row, the controls none; eager's NaN on fully
+    masked rows and sdpa's zero; each recommendation is a variant without an error finding there."""
+    frame, findings = cpu_data
+    md = render_markdown(verdict_section(frame, findings))
+    rows = _md_rows(md, "variant")
+    ran = {v for v in frame.loc[frame["status"] == "ok", "variant"] if not v.startswith("broken.")}
+    assert set(rows) == ran
+    assert rows["eager"][6] == "NaN" and rows["sdpa"][6] == "zero"
+    assert all(r[7] == "not checked" for r in rows.values())               # recorded before the columns
+    recs = recommendations(frame, findings)
+    assert {(r.dtype, r.kind) for r in recs} == {(d, k) for d in ("fp32", "fp16", "bf16")
+                                                 for k in ("none", "causal", "padding")}
+    assert all(r.recommended and r.recommended not in r.flagged for r in recs)
+    # The NaN/inf findings cover fp16_range cells, which have no mask: eager's and compiled_unfused's
+    # full and causal ones, compiled's only a causal one. So they count against fp16 without a mask
+    # or causal, as the cells say, and not against bf16.
+    by_slice = {(r.dtype, r.kind): set(r.flagged) for r in recs}
+    assert by_slice[("fp16", "none")] == {"eager", "compiled_unfused"}
+    assert by_slice[("fp16", "causal")] == {"eager", "compiled_unfused", "compiled"}
+    assert by_slice[("bf16", "none")] == set()

@@ -7,12 +7,13 @@ May import core, workload, analysis; never torch, so a report is rebuilt anywher
   stability_sections.py the report's sections: prose and tables as blocks
   plotting.py, figures.py  matplotlib: shared helpers, one draw function per PNG
   page.py               blocks, cell formatting, Markdown and HTML renderers, write_page
+  verdict.py            the verdict at the top: each variant against sdpa, what to use and why
   build.py              build_report: all of the above for one run folder
   compare_page.py       the page of `compare A B`
 """
 from .build import build_report
 from .data import (BASELINE_VARIANT, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, SEVERITY_ORDER,
-                   describe_values, is_negative_control, median_table, memory_ratio_vs_baseline,
+                   describe_values, is_negative_control, memory_ratio_vs_baseline,
                    representative_slice, scenario_alpha, scenario_descriptions, speedup_vs_baseline)
 from .figures import FIGURES, draw_figures
 from .page import (MISSING, Badge, Block, Code, Contents, Figure, Heading, Link, Mono, Paragraph, Table,
@@ -22,7 +23,10 @@ from .plotting import DTYPE_COLORS, legend_below, overflowing_artists, save_figu
 from .tables import (alignment_table, budget_cuts_table, budget_table, ceilings_table, findings_summary,
                      findings_table, fp16_overflow_table, gradient_table, host_bound_table,
                      is_control_finding, leakage_table, masked_rows_table, negative_control_check,
-                     saturation_sweep_table, saturation_table, scenario_table, seed_claims_table)
+                     saturation_sweep_table, saturation_table, scenario_table, seed_claims_table, shape_table,
+                     stated_shape)
+from .verdict import (Recommendation, determinism_text, masked_rows_text, recommendations, verdict_rows,
+                      verdict_section)
 
 # Old private names that tests still use.
 _save = save_figure
@@ -40,11 +44,14 @@ __all__ = [
     "overflowing_artists",
     # data and tables
     "BASELINE_VARIANT", "NEGATIVE_CONTROL_PREFIX", "NORMAL_SCENARIO", "SEVERITY_ORDER",
-    "is_negative_control", "is_control_finding", "describe_values", "median_table",
+    "is_negative_control", "is_control_finding", "describe_values",
     "memory_ratio_vs_baseline", "speedup_vs_baseline", "representative_slice",
     "scenario_alpha", "scenario_descriptions", "alignment_table", "budget_cuts_table",
     "budget_table", "ceilings_table", "findings_summary", "findings_table",
     "fp16_overflow_table", "gradient_table", "host_bound_table", "leakage_table",
     "masked_rows_table", "negative_control_check", "saturation_sweep_table",
-    "saturation_table", "scenario_table", "seed_claims_table",
+    "saturation_table", "scenario_table", "seed_claims_table", "shape_table", "stated_shape",
+    # the verdict
+    "Recommendation", "determinism_text", "masked_rows_text", "recommendations",
+    "verdict_rows", "verdict_section",
 ]

@@ -13,6 +13,7 @@ from .sections import (compile_section, environment_section, findings_section, g
                        title_section)
 from .stability_sections import (budget_section, figures_section, fp16_section, leakage_section,
                                  masked_rows_section, saturation_section, scenarios_section, seed_section)
+from .verdict import verdict_section
 
 PAGE_TITLE = "attn-audit report"
 
@@ -32,6 +33,7 @@ def build_report(run_dir: str | Path) -> dict[str, Path | list[Path]]:
     blocks: list[Block] = [
         *title_section(run_dir, run_info, frame),
         *overview_section(findings, frame),
+        *verdict_section(frame, findings),
         Contents(),
         *findings_section(findings, frame),
         *environment_section(run_info, records),

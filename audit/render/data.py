@@ -132,22 +132,6 @@ def memory_ratio_vs_baseline(frame: pd.DataFrame, metric: str = "peak_bytes",
     return result.sort_values("ratio", kind="stable").reset_index(drop=True)
 
 
-def _median_pivot(rows: pd.DataFrame, value: str, scale: float = 1.0) -> pd.DataFrame:
-    """Median of `value` by variant (rows) x seq_len (columns), other axes pooled."""
-    pivot = (rows.assign(value=rows[value] / scale)
-             .pivot_table(index="variant", columns="seq_len", values="value", aggfunc="median"))
-    pivot.columns = [f"T={c}" for c in pivot.columns]
-    return pivot.reset_index()
-
-
-def median_table(frame: pd.DataFrame, dtype: str, metric: str = "fwd_ms",
-                  scale: float = 1.0) -> pd.DataFrame:
-    """Median `metric` / scale by variant x seq_len for one dtype, over the speed cells
-    (ok, scenario normal, no negative controls), other axes pooled. Columns: variant, T=..."""
-    rows = prepare(speed_rows(frame))
-    return _median_pivot(rows[rows["dtype"] == dtype], metric, scale)
-
-
 def representative_slice(rows: pd.DataFrame,
                          vary: tuple[str, ...] = ()) -> tuple[pd.DataFrame, str]:
     """Fix the axes a plot does not show, so its lines compare like with like.

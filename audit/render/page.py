@@ -50,8 +50,30 @@ class Badge:
     kind: str = ""
 
 
-Inline = Union[str, Mono, Link, Badge]
-INLINE_TYPES = (Mono, Link, Badge)
+@dataclass(frozen=True)
+class Anchor:
+    """A link target inside a paragraph or a table cell (`#name` lands on it), so a table row
+    such as one finding can be linked to from elsewhere on the page, in Markdown and HTML."""
+
+    name: str
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Span:
+    """Several inline parts in one table cell (a badge and a link, an anchor and a badge);
+    keep_together: one unbroken line in HTML (a short badge and its words)."""
+
+    parts: tuple["Inline", ...]
+    keep_together: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(p if isinstance(p, str) else p.text for p in self.parts)
+
+
+Inline = Union[str, Mono, Link, Badge, Anchor, Span]
+INLINE_TYPES = (Mono, Link, Badge, Anchor, Span)
 
 
 # --------------------------------------------------------------------------- blocks
@@ -87,7 +109,8 @@ class Figure:
 
 @dataclass(frozen=True)
 class Contents:
-    """Where the table of contents goes: links to every heading of `levels` that follows."""
+    """Where the table of contents goes: links to every heading of `levels` on the page, those
+    above it too (the verdict comes before the contents, so it is read first)."""
 
     levels: tuple[int, ...] = (2, 3)
 
@@ -165,10 +188,17 @@ def severity_badges(frame: pd.DataFrame, column: str = "severity") -> pd.DataFra
 
 # --------------------------------------------------------------------------- markdown
 
-def _markdown_inline(parts: Iterable[Inline]) -> str:
+def _markdown_inline(parts: Iterable[Inline], in_table: bool = False) -> str:
+    """Inline parts as Markdown; in a table cell a badge is plain text (bold is noise there)."""
     out = []
     for part in parts:
-        if isinstance(part, Mono):
+        if isinstance(part, Span):
+            out.append(_markdown_inline(part.parts, in_table))
+        elif isinstance(part, Anchor):
+            out.append(f'<a id="{html.escape(part.name)}"></a>{part.text}')
+        elif isinstance(part, Badge) and in_table:
+            out.append(part.text)
+        elif isinstance(part, Mono):
             out.append(f"`{part.text}`")
         elif isinstance(part, Link):
             out.append(f"[{part.text}]({quote(part.href, safe='/#.-_~')})")
@@ -183,7 +213,7 @@ def markdown_table(frame: pd.DataFrame) -> str:
     """A DataFrame (index ignored) as a GitHub-flavoured markdown table; numeric
     columns right-aligned."""
     def cell(value: Any) -> str:
-        text = (_markdown_inline([value]) if isinstance(value, (Mono, Link))
+        text = (_markdown_inline([value], in_table=True) if isinstance(value, INLINE_TYPES)
                 else format_value(value))
         return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
@@ -213,11 +243,11 @@ def heading_ids(blocks: Iterable[Block]) -> dict[int, str]:
     return ids
 
 
-def _contents_entries(blocks: list[Block], start: int, levels: tuple[int, ...],
+def _contents_entries(blocks: list[Block], levels: tuple[int, ...],
                       ids: dict[int, str]) -> list[tuple[int, str, str]]:
-    """(depth, text, anchor) of the headings after blocks[start] whose level is listed."""
+    """(depth, text, anchor) of the page's headings whose level is listed, in page order."""
     top = min(levels)
-    return [(b.level - top, b.text, ids[id(b)]) for b in blocks[start + 1:]
+    return [(b.level - top, b.text, ids[id(b)]) for b in blocks
             if isinstance(b, Heading) and b.level in levels]
 
 
@@ -225,7 +255,7 @@ def render_markdown(blocks: Iterable[Block]) -> str:
     blocks = list(blocks)
     ids = heading_ids(blocks)
     out: list[str] = []
-    for position, block in enumerate(blocks):
+    for block in blocks:
         if isinstance(block, Heading):
             out.append("#" * block.level + " " + block.text)
         elif isinstance(block, Paragraph):
@@ -236,7 +266,7 @@ def render_markdown(blocks: Iterable[Block]) -> str:
             caption = f"*{block.caption}*\n\n" if block.caption else ""
             out.append(caption + markdown_table(block.frame))
         elif isinstance(block, Contents):
-            entries = _contents_entries(blocks, position, block.levels, ids)
+            entries = _contents_entries(blocks, block.levels, ids)
             if entries:
                 out.append("**Contents**\n\n" + "\n".join(
                     "  " * depth + f"- [{text}](#{anchor})" for depth, text, anchor in entries))
@@ -250,7 +280,12 @@ def render_markdown(blocks: Iterable[Block]) -> str:
 def _html_inline(parts: Iterable[Inline]) -> str:
     out = []
     for part in parts:
-        if isinstance(part, Mono):
+        if isinstance(part, Span):
+            inner = _html_inline(part.parts)
+            out.append(f'<span class="keep">{inner}</span>' if part.keep_together else inner)
+        elif isinstance(part, Anchor):
+            out.append(f'<span id="{html.escape(part.name)}">{html.escape(part.text)}</span>')
+        elif isinstance(part, Mono):
             out.append(f"<code>{html.escape(part.text)}</code>")
         elif isinstance(part, Link):
             out.append(f'<a href="{html.escape(part.href)}">{html.escape(part.text)}</a>')
@@ -324,6 +359,7 @@ nav.toc li { break-inside: avoid; }
 .sev-warning { background: #fff1c2; color: #7a4d00; border: 1px solid #f0cf6c; }
 .sev-info { background: #e1edfb; color: #0b4a8b; border: 1px solid #a9c8ee; }
 .sev-other { background: #eee; color: #333; border: 1px solid #ccc; }
+.keep { white-space: nowrap; }
 """
 
 
@@ -348,7 +384,7 @@ def render_html(blocks: Iterable[Block], title: str = "attn-audit report") -> st
     blocks = list(blocks)
     ids = heading_ids(blocks)
     out: list[str] = []
-    for position, block in enumerate(blocks):
+    for block in blocks:
         if isinstance(block, Heading):
             out.append(f'<h{block.level} id="{html.escape(ids[id(block)])}">'
                        f"{html.escape(block.text)}</h{block.level}>")
@@ -361,7 +397,7 @@ def render_html(blocks: Iterable[Block], title: str = "attn-audit report") -> st
                        if block.caption else "")
             out.append(caption + html_table(block.frame))
         elif isinstance(block, Contents):
-            entries = _contents_entries(blocks, position, block.levels, ids)
+            entries = _contents_entries(blocks, block.levels, ids)
             if entries:
                 out.append(_html_contents(entries))
         else:

@@ -13,11 +13,12 @@ import pandas as pd
 from ..core.grid import AXES
 from ..core.runfolder import FINDINGS_FILE, RUN_FILE
 from .data import (BASELINE_VARIANT, MIB, NEGATIVE_CONTROL_PREFIX, NONFINITE_COLUMNS, NORMAL_SCENARIO,
-                   REASON_WIDTH, SEVERITY_ORDER, dtype_order, is_negative_control, median_table,
+                   REASON_WIDTH, SEVERITY_ORDER, dtype_order, is_negative_control,
                    memory_ratio_vs_baseline, normal_rows, numeric, ok_rows, sorted_values, speed_rows)
-from .page import Badge, Block, Code, Heading, Link, Mono, Table, format_value, para, severity_badges, slugify
-from .tables import (budget_cuts_table, budget_kind, ceilings_table, findings_summary, findings_table,
-                     host_bound_table, is_control_finding, negative_control_check, speedup_table)
+from .page import Anchor, Badge, Block, Code, Heading, Link, Mono, Span, Table, format_value, para, slugify
+from .tables import (budget_cuts_table, anchored_findings, budget_kind, ceilings_table, describe_shape,
+                     findings_summary, findings_table, host_bound_table, is_control_finding,
+                     negative_control_check, rerun_command, shape_table, speedup_table, stated_shape)
 
 
 def read_json(path: Path) -> Any:
@@ -45,7 +46,7 @@ def title_section(run_dir: Path, run_info: dict | None, frame: pd.DataFrame) -> 
              f"Preset: {info.get('preset') or 'unknown'}."),
     ]
     if info.get("argv"):
-        blocks += [para("Command line:"), Code(shlex.join(str(a) for a in info["argv"]))]
+        blocks.append(para("Command line: ", Mono(shlex.join(str(a) for a in info["argv"]))))
     if run_info is None:
         blocks.append(para("No ", Mono(RUN_FILE), ": environment from the first record, "
                            "axes from the data."))
@@ -55,9 +56,10 @@ def title_section(run_dir: Path, run_info: dict | None, frame: pd.DataFrame) -> 
 SELF_CHECK_HEADING = "Self-check: negative controls"
 
 
-def _findings_display(table: pd.DataFrame) -> pd.DataFrame:
-    """findings_table for reading: severity as a badge, repro as a link."""
-    shown = severity_badges(table)
+def _findings_display(table: pd.DataFrame, anchors: list[str]) -> pd.DataFrame:
+    """findings_table for reading: severity as a badge carrying the finding's anchor (the
+    verdict links there), repro as a link."""
+    shown = table.assign(severity=[Span((Anchor(a), Badge(str(s)))) for a, s in zip(anchors, table["severity"])])
     if "repro" in shown.columns:
         shown["repro"] = [Link(Path(p).name, p) if isinstance(p, str) and p.endswith(".py") else p
                           for p in shown["repro"]]
@@ -95,12 +97,14 @@ def findings_section(findings: list[dict] | None, frame: pd.DataFrame) -> list[B
                 "are expected and left out here; see the self-check below. "
                 if controls else " ")
     if real:
+        anchored = anchored_findings(findings)
+        real = [f for f, _ in anchored]
         blocks += [
             para(findings_summary(real, about="about real code"),
                  " Most severe first; ", Mono("cells"), " is the number of cells a finding "
                  "covers.", left_out, "Every finding, with its cell ids, is in ",
                  Mono(FINDINGS_FILE), "."),
-            Table(_findings_display(findings_table(real))),
+            Table(_findings_display(findings_table(real), [a for _, a in anchored])),
         ]
     else:
         blocks.append(para("No findings about real code.", left_out))
@@ -209,9 +213,7 @@ def speed_section(frame: pd.DataFrame) -> list[Block]:
         ") are left out of speed and memory; they appear under Numerics.")]
     if rows.empty:
         return blocks + [para(f"No ok cells of scenario {NORMAL_SCENARIO} to compare.")]
-    for dtype in dtype_order(rows["dtype"].unique()):
-        blocks.append(Table(median_table(frame, dtype),
-                            caption=f"{dtype}: median forward latency (ms), other axes pooled"))
+    blocks += _stated_shape_blocks(frame, rows, "fwd_ms", 1.0, "median forward latency (ms)", show_commands=True)
     blocks += _host_bound_blocks(rows)
     blocks.append(Heading(3, f"Speed-up vs {BASELINE_VARIANT}"))
     if BASELINE_VARIANT not in set(rows["variant"]):
@@ -222,6 +224,32 @@ def speed_section(frame: pd.DataFrame) -> list[Block]:
              f"{BASELINE_VARIANT} latency / variant latency; above 1 is faster."),
         Table(speedup_table(frame)),
     ]
+
+
+def _stated_shape_blocks(frame: pd.DataFrame, rows: pd.DataFrame, metric: str, scale: float,
+                         what: str, show_commands: bool = False) -> list[Block]:
+    """One table per device and dtype at one stated shape: every entry is one cell's own number
+    (no pooling over other axes), with the shape in the caption and the command that remeasures it."""
+    blocks: list[Block] = []
+    commands: list[str] = []
+    for device in sorted(rows["device"].astype(str).unique()):
+        for dtype in dtype_order(rows.loc[rows["device"] == device, "dtype"].unique()):
+            shape_rows, shape = stated_shape(frame, device, dtype)
+            table = shape_table(shape_rows, metric, scale)
+            if len(table.columns) < 2:
+                continue
+            blocks.append(Table(table, caption=f"{describe_shape(shape)}: {what} of one cell per entry"))
+            commands.append(rerun_command(shape))
+    if not blocks:
+        return []
+    if not show_commands:
+        return [para("Each entry is one cell's own number (nothing pooled), at the shapes of the Speed "
+                     "tables; the commands there measure them again."), *blocks]
+    intro = para("Each entry is one cell's median (no other axis pooled), at the shape its caption "
+                 "states; the figures draw the same shapes. An entry is measured again by "
+                 "(V, T, C: its variant, sequence length and causal flag; the cell's id is in ",
+                 Mono("records.jsonl"), "):")
+    return [intro, Code("\n".join(dict.fromkeys(commands))), *blocks]
 
 
 def _host_bound_blocks(rows: pd.DataFrame) -> list[Block]:
@@ -252,11 +280,7 @@ def memory_section(frame: pd.DataFrame) -> list[Block]:
         ]
     else:
         blocks.append(para(f"No ok cells of the {BASELINE_VARIANT} variant: no memory ratio."))
-    for dtype in dtype_order(rows["dtype"].unique()):
-        blocks.append(Table(median_table(frame, dtype, "peak_bytes", MIB),
-                            caption=f"{dtype}: median forward peak memory (MiB), "
-                                    "other axes pooled"))
-    return blocks
+    return blocks + _stated_shape_blocks(frame, rows, "peak_bytes", MIB, "forward peak memory (MiB)")
 
 
 def compile_section(frame: pd.DataFrame) -> list[Block]:

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from ..core.runfolder import SEED_CLAIMS_FILE
-from .data import ALIGNMENT_SCENARIOS, FP16_RANGE_SCENARIO, GOLDEN_SOURCE_PREFERENCE, MASK_FORMS, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, OUTLIERS_SCENARIO, SCALED_PREFIX, SEVERITY_ORDER, describe_values, dtype_order, flag_equals, is_negative_control, normal_rows, numeric, ok_rows, scenario_alpha, scenario_descriptions, scenario_order, sorted_values, speedup_vs_baseline, variant_order
+from .page import slugify
+from .data import ALIGNMENT_SCENARIOS, FP16_RANGE_SCENARIO, GOLDEN_SOURCE_PREFERENCE, MASK_FORMS, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, OUTLIERS_SCENARIO, SCALED_PREFIX, SEVERITY_ORDER, describe_values, dtype_order, flag_equals, is_negative_control, normal_rows, numeric, ok_rows, representative_slice, scenario_alpha, scenario_descriptions, scenario_order, sorted_values, speed_rows, speedup_vs_baseline, variant_order
 
 
 def scenario_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -46,6 +47,33 @@ def findings_table(findings: list[dict]) -> pd.DataFrame:
             .fillna(len(SEVERITY_ORDER)))
     return (table.assign(rank=rank).sort_values("rank", kind="stable").drop(columns="rank")
             .reset_index(drop=True))
+
+
+def finding_anchors(findings: list[dict]) -> list[str]:
+    """One page anchor per finding, in list order: `finding-<check>-<variant>` ("all" for a finding
+    about several, "*"), -1, -2 for a repeat. The verdict links to the findings table through these."""
+    seen: dict[str, int] = {}
+    anchors = []
+    for f in findings:
+        variant = str(f.get("variant"))
+        slug = slugify(f"finding {f.get('check')} {'all' if variant == '*' else variant}")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.append(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def by_severity(findings: list[dict]) -> list[dict]:
+    """Most severe first, the list's order kept within a severity (as findings_table sorts)."""
+    rank = {s: i for i, s in enumerate(SEVERITY_ORDER)}
+    return sorted(findings, key=lambda f: rank.get(f.get("severity"), len(SEVERITY_ORDER)))
+
+
+def anchored_findings(findings: list[dict] | None) -> list[tuple[dict, str]]:
+    """The findings about real code, most severe first, each with its page anchor: what the
+    findings table shows and what the verdict links to (one function, so the two agree)."""
+    real = by_severity([f for f in findings or [] if not is_control_finding(f)])
+    return list(zip(real, finding_anchors(real)))
 
 
 def findings_summary(findings: list[dict], about: str = "") -> str:
@@ -391,6 +419,78 @@ def wide_by_variant(long: pd.DataFrame, column: str, value: str,
     columns = order if order is not None else list(dict.fromkeys(long[column]))
     wide = (long.set_index(["variant", column])[value].astype(object).unstack(column)
             .reindex(index=variants, columns=columns))
+    wide.columns = [str(c) for c in wide.columns]
+    wide.insert(0, "variant", wide.index.astype(str))
+    return wide.reset_index(drop=True)
+
+
+def _most_common_largest(values: pd.Series) -> Any:
+    """The most common value; among equally common ones, the largest (the harder shape)."""
+    counts = values.value_counts()
+    return max(counts[counts == counts.max()].index)
+
+
+def stated_shape(frame: pd.DataFrame, device: str, dtype: str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The speed cells of one device and dtype at one stated shape, so a table of them holds one
+    cell per entry (nothing pooled) and each number can be measured again.
+
+    Fixes what representative_slice fixes (batch, or tokens B·T; heads, kv_heads, scenario) and
+    d_k (its most common value, the largest on a tie); causal and seq_len stay free. Returns the
+    rows and the shape: device, dtype, d_k, heads, kv_heads, scenario, batch (None when B·T is
+    fixed instead), tokens (B·T, or None).
+    """
+    rows = speed_rows(frame)
+    rows = rows[(rows["device"] == device) & (rows["dtype"] == dtype)]
+    if rows.empty:
+        return rows, {}
+    rows, _ = representative_slice(rows, vary=("causal",))
+    d_k = _most_common_largest(rows["d_k"])
+    rows = rows[rows["d_k"] == d_k]
+    batches = set(rows["batch"].astype(int))
+    tokens = set((rows["batch"].astype(int) * rows["seq_len"].astype(int)))
+    shape = {"device": device, "dtype": dtype, "d_k": int(d_k), "heads": int(rows["heads"].iloc[0]),
+             "kv_heads": int(rows["kv_heads"].iloc[0]), "scenario": str(rows["scenario"].iloc[0]),
+             "batch": next(iter(batches)) if len(batches) == 1 else None,
+             "tokens": next(iter(tokens)) if len(batches) > 1 and len(tokens) == 1 else None}
+    return rows, shape
+
+
+def describe_shape(shape: dict[str, Any]) -> str:
+    """'cpu fp32, B=1, H=2, kv_heads=2, d_k=64, scenario normal' (B·T=16384 when the batch varies)."""
+    batch = f"B={shape['batch']}" if shape.get("batch") is not None else f"B·T={shape.get('tokens')}"
+    return (f"{shape['device']} {shape['dtype']}, {batch}, H={shape['heads']}, kv_heads={shape['kv_heads']}, "
+            f"d_k={shape['d_k']}, scenario {shape['scenario']}")
+
+
+def rerun_command(shape: dict[str, Any]) -> str:
+    """The command line that measures one entry of a stated-shape table again (V, T, C: the
+    entry's variant, seq_len and causal flag)."""
+    batch = str(shape["batch"]) if shape.get("batch") is not None else f"{shape.get('tokens')}/T"
+    return (f"python -m audit run --variant V --device {shape['device']} --dtype {shape['dtype']} "
+            f"--d-k {shape['d_k']} --seq-len T --batch {batch} --heads {shape['heads']} "
+            f"--kv-heads {shape['kv_heads']} --causal C --scenario {shape['scenario']}")
+
+
+def shape_table(rows: pd.DataFrame, metric: str, scale: float = 1.0) -> pd.DataFrame:
+    """variant (rows) x one column per (causal, seq_len) of stated_shape's rows: metric / scale
+    of that one cell. Column names 'T=128' (with 'causal ' or 'full ' in front when both occur;
+    ' B=32' after when the batch varies with T)."""
+    if rows.empty:
+        return pd.DataFrame(columns=["variant"])
+    both = rows["causal"].astype(bool).nunique() > 1
+    varying_batch = rows["batch"].nunique() > 1
+
+    def label(causal: bool, seq_len: int, batch: int) -> str:
+        mask = ("causal " if causal else "full ") if both else ""
+        return f"{mask}T={seq_len}" + (f" B={batch}" if varying_batch else "")
+
+    keyed = rows.assign(_col=[label(bool(c), int(t), int(b)) for c, t, b in
+                              zip(rows["causal"], rows["seq_len"], rows["batch"])],
+                        _order=[(bool(c), int(t)) for c, t in zip(rows["causal"], rows["seq_len"])],
+                        _value=numeric(rows, metric) / scale)
+    order = list(dict.fromkeys(keyed.sort_values("_order")["_col"]))
+    wide = keyed.pivot_table(index="variant", columns="_col", values="_value", aggfunc="first")
+    wide = wide.reindex(index=variant_order(keyed["variant"]), columns=order)
     wide.columns = [str(c) for c in wide.columns]
     wide.insert(0, "variant", wide.index.astype(str))
     return wide.reset_index(drop=True)
