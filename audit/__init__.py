@@ -9,7 +9,7 @@ Layers, each a subpackage that imports only those listed before it (tests/test_s
   workload  what is measured: presets, input scenarios, variants and plug-ins
   measure   measuring one cell: timing, memory, numerics, float64 golden, ceilings, energy
   plan      predicting cells: cost model and its fit, budget, memory model, shards
-  analysis  reading records: findings, compare statistics, pytest-benchmark JSON
+  analysis  reading records: findings (with the diagnosis of known mistakes), compare statistics, pytest-benchmark JSON
   render    the report and compare pages (records only: no torch)
   repro     a reproduction script per finding, checked by running it
   execute   running a grid: runner, supervisor and worker, lock, merge, Ray

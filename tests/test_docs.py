@@ -147,3 +147,9 @@ def test_readme_plugin_example_runs(tmp_path, monkeypatch):
         assert rec["status"] == "ok", rec["reason"]
         assert rec["within_budget"] is True and rec["rel_err"] < 1e-5
         assert rec["leak_max_change"] == (None if scenario == "normal" else 0.0)  # None: nothing is masked
+
+
+def test_every_known_mistake_documented():
+    from audit.workload.mistakes import MISTAKES
+    missing = [name for name in MISTAKES if f"| `{name}` |" not in PAGES["numerics.md"]]
+    assert not missing, f"docs/numerics.md's Diagnosis table lacks {missing}"

@@ -82,3 +82,52 @@ def test_no_finding_message_of_the_quick_run_holds_a_pandas_repr(quick_run):
     assert len(found) >= 5
     for f in found:
         assert "Name:" not in f["message"] and "dtype:" not in f["message"], f["message"]
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+# Each negative control and the known mistake (workload.mistakes) that is its own defect.
+OWN_DEFECT = {"broken.unscaled": "scale_missing", "broken.mask_after_softmax": "mask_after_softmax_renormalised",
+              "broken.gqa_wrong_head": "gqa_interleaved", "broken.softmax_wrong_dim": "softmax_wrong_dim",
+              "broken.clamped": "probs_clamped", "broken.no_max_subtraction": "no_max_subtraction"}
+
+
+def test_every_negative_control_gets_an_error_finding_diagnosed_as_its_own_defect(quick_run):
+    import json
+
+    from audit.core import records
+    from audit.core.runfolder import FINDINGS_FILE
+    from audit.workload.variants import NEGATIVE_CONTROLS
+
+    assert set(OWN_DEFECT) == set(NEGATIVE_CONTROLS)
+    found = json.loads((quick_run / FINDINGS_FILE).read_text())
+    for control, mistake in OWN_DEFECT.items():
+        named = {f.get("diagnosis") for f in found if f["variant"] == control and f["severity"] == "error"}
+        assert mistake in named, (control, named)
+        finding = next(f for f in found if f["variant"] == control and f.get("diagnosis") == mistake)
+        assert "Diagnosis: in" in finding["message"] and finding["diagnosis_title"] in finding["message"]
+        golden_err = finding["diagnosis_golden_err"]                  # None: NaN against the golden
+        assert golden_err is None or finding["diagnosis_err"] < golden_err
+    # correct code has no numerics defect, so nothing diagnosed: no diagnosis at all
+    recs = records.read_records(quick_run)
+    for variant in ("sdpa", "sdpa_math", "sdpa_flash"):
+        rows = [r for r in recs if r["variant"] == variant and r["status"] == "ok"]
+        assert rows and all(r["diagnosis"] is None for r in rows), variant
+
+
+def test_a_finding_names_the_diagnosis_most_of_its_cells_match_and_says_when_none_does():
+    frame = _frame([{"variant": "mine", "within_budget": False, "err_ratio": 9.0, "diagnosis": d,
+                     "diagnosis_err": 1e-7, "diagnosis_golden_err": 0.4} for d in
+                    ("gqa_interleaved", "gqa_interleaved", "scale_missing", "none")])
+    [finding] = [f for f in compute_findings(frame) if f["check"] == "error_budget"]
+    assert (finding["diagnosis"], finding["diagnosis_cells"]) == ("gqa_interleaved", 2)
+    assert finding["diagnosis_title"] == "GQA heads paired interleaved"
+    assert "in 2 of 4 diagnosed cell(s)" in finding["message"]
+    assert "h % kv_heads" in finding["message"]                      # what the code does
+    assert "Other cells match: scale_missing (1)" in finding["message"]
+    frame["diagnosis"] = "none"
+    [finding] = [f for f in compute_findings(frame) if f["check"] == "error_budget"]
+    assert finding["diagnosis"] == "none" and "no known mistake matches" in finding["message"]
+    old = frame.drop(columns=["diagnosis", "diagnosis_err", "diagnosis_golden_err"])   # records before schema 7
+    [finding] = [f for f in compute_findings(old) if f["check"] == "error_budget"]
+    assert "diagnosis" not in finding and "Diagnosis" not in finding["message"]

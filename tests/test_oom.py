@@ -7,7 +7,7 @@ import pytest
 from audit.core.grid import Case
 from audit.execute import runner
 from audit.measure import cellcache
-from audit.plan.memory_model import predicted_peak_bytes, too_big
+from audit.plan.memory_model import FREE_FRACTION, predicted_peak_bytes, too_big
 from audit.workload import presets
 
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
@@ -22,12 +22,11 @@ def _case(variant: str, **axes) -> Case:
 
 def test_hand_written_memory_grows_with_the_score_matrix():
     need, how = predicted_peak_bytes(_case("eager", seq_len=65536, heads=16, d_k=128), 65536)
-    held = 4 * 16 * 65536 * 128 * 4               # out, dq, dk, dv of the first run (determinism check)
-    assert need == 16 * 65536 ** 2 * 16 + held    # fp32: 4 x 4 bytes per score element
-    assert "score element" in how and "determinism check" in how
-    need_bf16, _ = predicted_peak_bytes(_case("eager", seq_len=65536, heads=16, d_k=128, dtype="bf16"), 65536)
+    assert need == 16 * 65536 ** 2 * 16           # fp32: 4 x 4 bytes per score element
+    assert "score element" in how
+    need_bf16, _ = predicted_peak_bytes(_case("eager", seq_len=65536, heads=16, dtype="bf16"), 65536)
     assert need_bf16 == need // 2
-    assert predicted_peak_bytes(_case("broken.clamped", seq_len=64), 64)[0] == 2 * 64 * 64 * 16 + 4 * 2 * 64 * 16 * 4
+    assert predicted_peak_bytes(_case("broken.clamped", seq_len=64), 64)[0] == 2 * 64 * 64 * 16
 
 
 def test_fused_kernels_and_plugins_are_not_predicted():
@@ -36,8 +35,13 @@ def test_fused_kernels_and_plugins_are_not_predicted():
 
 
 def test_too_big_only_past_the_free_memory():
-    case = _case("eager", seq_len=65536, heads=16, d_k=128)        # 256 GiB of scores, 1 TiB peak (+ 2 GiB held)
-    assert too_big(case, 65536, 139 * 2**30).startswith("predicted peak 1026.0 GiB")
+    case = _case("eager", seq_len=65536, heads=16, d_k=128)        # 256 GiB of scores, 1 TiB peak
+    assert too_big(case, 65536, 139 * 2**30).startswith("predicted peak 1024.0 GiB")
+    assert "plus 2.0 GiB of the first run's out and gradients" in too_big(case, 65536, 139 * 2**30)
+    # the held copies count: a cell whose peak alone would fit, with them does not
+    need = predicted_peak_bytes(case, 65536)[0]
+    assert too_big(case, 65536, int((need + 2**30) / FREE_FRACTION)) is not None
+    assert too_big(case, 65536, int((need + 2**31) / FREE_FRACTION) + 1) is None
     assert too_big(case, 65536, 2048 * 2**30) is None
     assert too_big(case, 65536, None) is None                      # free memory unknown: run it
     assert too_big(_case("sdpa", seq_len=65536), 65536, 1) is None

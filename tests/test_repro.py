@@ -4,7 +4,7 @@ Two audit runs: the session's quick run (conftest.py: quick_run, the whole quick
 without a time budget, so that no cell is skipped for time on a busy machine), and a small
 run of faulty plug-ins beside a negative control and eager, made here, which fires the checks
 the quick preset does not (cell_failed, memory_leak, finfo_min_mask, saturation,
-causal_alignment). Every script of both runs is executed with torch alone: in one clean
+causal_alignment, nondeterministic). Every script of both runs is executed with torch alone: in one clean
 process (cwd elsewhere, no PYTHONPATH, `audit` not importable), each in a fresh namespace as
 `__main__`; a sample also as `python script.py`.
 """
@@ -30,12 +30,13 @@ from audit.workload.inputs import SCENARIOS, make_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = Path(__file__).resolve().parent / "plugins"
-FAULTS = ["--preset", "quick", "--variant", "faults:raises", "faults:leaks", "faults:returns_nan", "broken.unscaled",
+FAULTS = ["--preset", "quick", "--variant", "faults:raises", "faults:leaks", "faults:returns_nan", "racy:racy",
+          "broken.unscaled",
           "eager", "--scenario", "fully_masked_finfo_min", "cross_causal", "--dtype", "fp32", "--d-k", "64",
           "--seq-len", "64", "--batch", "1", "--heads", "2", "--kv-heads", "2", "--causal", "true", "--budget", "none", "--no-report"]
 EVERY_CHECK = {"nonfinite", "error_budget", "masked_leakage", "fully_masked_rows", "finfo_min_mask", "fp16_overflow",
                "saturation", "input_saturation", "compiled_rewritten", "causal_alignment", "underflow",
-               "memory_leak", "cell_failed"}
+               "memory_leak", "cell_failed", "nondeterministic"}
 
 # Runs every script given on the command line in this one process, each as __main__ in a
 # fresh namespace, and prints one JSON line per script: its exit status and output.
@@ -160,6 +161,29 @@ def test_a_script_alone_exits_1_and_with_the_control_corrected_0(quick_run, tmp_
     done = run_alone(fixed, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "NOT REPRODUCED" in done.stdout and "changes by up to 0 " in done.stdout
+
+
+def test_a_diagnosed_finding_checks_its_diagnosis_too(quick_run, tmp_path):
+    """The script names the mistake its output matches; a diagnosis that no longer holds (here a
+    record claiming another mistake) makes it exit 0."""
+    finding = next(f for f in findings_of(quick_run)
+                   if f["variant"] == "broken.unscaled" and f.get("diagnosis") == "scale_missing")
+    done = run_alone(quick_run / finding["repro"], tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "diagnosis: the output matches the known mistake scale_missing" in done.stdout
+    run = tmp_path / "run"
+    shutil.copytree(quick_run, run)
+    lines = [json.loads(line) for line in (run / "records.jsonl").open()]
+    for rec in lines:
+        if rec["id"] in finding["cells"]:
+            rec["diagnosis"] = "gqa_interleaved"
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    from audit.analysis.findings import write_findings
+    again = next(f for f in write_repro_scripts(run, write_findings(run))
+                 if f["variant"] == "broken.unscaled" and f.get("diagnosis") == "gqa_interleaved")
+    done = run_alone(run / again["repro"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the audit diagnosed gqa_interleaved: the diagnosis no longer holds" in done.stdout
 
 
 def test_a_corrected_plugin_exits_0_and_a_crashing_one_exits_1(fault_run, tmp_path):
@@ -292,6 +316,8 @@ def test_stale_scripts_go_when_the_findings_do(tmp_path, quick_run):
     ("causal_alignment", "eager", "cross_causal", "fp32", {"causal_alignment": "bottom-right"}),
     ("underflow", "eager", "normal", "fp32", {}),
     ("memory_leak", "eager", "normal", "fp32", {}),
+    ("error_budget", "eager", "normal", "fp32", {"diagnosis": "scale_missing"}),
+    ("nondeterministic", "eager", "padding", "fp32", {}),
 ])
 def test_a_verifier_finds_nothing_on_correct_code(check, variant, scenario, dtype, recorded):
     """Each check's verifier says "gone" (exit 0) where the finding does not hold; the scripts

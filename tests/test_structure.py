@@ -27,7 +27,7 @@ LAYERS: dict[str, set[str]] = {
     "workload": {"core"},
     "measure": {"core", "workload"},
     "plan": {"core", "workload", "measure"},          # constants and the machine's ceilings ...
-    "analysis": {"core"},
+    "analysis": {"core", "workload"},                # the known mistakes' explanations (workload.mistakes), no torch
     "render": {"core", "workload", "analysis"},       # records and findings only: no torch
     "repro": {"core", "workload", "measure", "analysis"},
     "execute": {"core", "workload", "measure", "plan", "analysis"},

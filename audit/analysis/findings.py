@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
+from ..core.defects import leaks, nonfinite
 from ..core.grid import INPUT_AXES
 from ..core.runfolder import FINDINGS_FILE
 
@@ -22,7 +23,6 @@ FINFO_MIN_SCENARIO = "fully_masked_finfo_min"
 FP16_RANGE_SCENARIO = "fp16_range"
 SATURATION_EXCESS = 0.25     # a variant's one-hot row fraction above the golden's by more: `saturation`
 INPUT_SATURATION = 0.5       # the golden's one-hot row fraction above which inputs saturate softmax
-LEAK_OVER_NOISE = 10.0       # a leak changes the output by more than this × the variant's run-to-run difference
 UNDERFLOW_FRAC = 0.01        # probabilities exactly 0 where float64 is positive, above which: `underflow`
 
 
@@ -70,7 +70,8 @@ def check_nonfinite(frame: pd.DataFrame) -> list[dict]:
     ok = _ok(frame)
     out_bad = _num(ok, "out_nonfinite_visible").fillna(0) > 0
     grad_bad = (_num(ok, "grad_nan").fillna(0) + _num(ok, "grad_inf").fillna(0)) > 0
-    rows = ok[out_bad | grad_bad].assign(_out=out_bad[out_bad | grad_bad], _grad=grad_bad[out_bad | grad_bad])
+    bad = _rows_where(ok, nonfinite)
+    rows = ok[bad].assign(_out=out_bad[bad], _grad=grad_bad[bad])
 
     def make(variant: str, g: pd.DataFrame) -> dict:
         n_out, n_grad = int(g["_out"].sum()), int(g["_grad"].sum())
@@ -102,19 +103,16 @@ def check_error_budget(frame: pd.DataFrame) -> list[dict]:
     return _per_variant(rows, make)
 
 
-def _changes_with_masked_keys(frame: pd.DataFrame) -> pd.Series:
-    """leak_max_change above the variant's own run-to-run noise: a nondeterministic kernel's
-    output differs between any two calls, perturbed keys or not, so only a change well above
-    its largest repeat difference (repeat_max_diff) is a leak."""
-    noise = _num(frame, "repeat_max_diff").fillna(0)
-    return _num(frame, "leak_max_change").fillna(0) > LEAK_OVER_NOISE * noise
+def _rows_where(frame: pd.DataFrame, test: Callable[[dict], bool]) -> pd.Series:
+    """A bool per row: `test` (a core.defects rule) on the row as a record."""
+    return pd.Series([bool(test(r)) for r in frame.to_dict("records")], index=frame.index, dtype=bool)
 
 
 def check_masked_leakage(frame: pd.DataFrame) -> list[dict]:
     """Weight on masked or future keys (finfo.min masks are reported separately)."""
     ok = _ok(frame)
     ok = ok[ok["scenario"] != FINFO_MIN_SCENARIO]
-    leak = _changes_with_masked_keys(ok) | (_num(ok, "leak_mass").fillna(0) > 0)
+    leak = _rows_where(ok, leaks)
     rows = ok[leak]
 
     def make(variant: str, g: pd.DataFrame) -> dict:
@@ -132,7 +130,7 @@ def check_masked_leakage(frame: pd.DataFrame) -> list[dict]:
 def check_finfo_min_masks(frame: pd.DataFrame) -> list[dict]:
     """A finfo.min float mask is finite: fully masked rows attend uniformly to masked keys."""
     ok = _real_code(_ok(frame))
-    rows = ok[(ok["scenario"] == FINFO_MIN_SCENARIO) & _changes_with_masked_keys(ok)]
+    rows = ok[(ok["scenario"] == FINFO_MIN_SCENARIO) & _rows_where(ok, leaks)]
     if rows.empty:
         return []
     names = ", ".join(sorted(set(rows["variant"])))
@@ -322,11 +320,70 @@ RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
 )
 
 
+# Error findings about numerics: their cells carry a diagnosis (measure/diagnosis.py).
+DIAGNOSED_CHECKS = ("nonfinite", "error_budget", "masked_leakage")
+
+
+def _add_diagnosis(finding: dict, frame: pd.DataFrame) -> None:
+    """The known mistake most of the finding's diagnosed cells match, with its explanation, on
+    the finding (diagnosis, diagnosis_title, diagnosis_cells, diagnosis_err, diagnosis_golden_err)
+    and at the end of its message; "none" when no mistake matched any of them."""
+    from ..workload.mistakes import MISTAKES
+
+    if "diagnosis" not in frame:
+        return
+    cells = frame[frame["id"].isin(finding["cells"]) & frame["diagnosis"].notna()]
+    if cells.empty:
+        return
+    matched = cells[cells["diagnosis"] != "none"]
+    if matched.empty:
+        finding.update(diagnosis="none", diagnosis_cells=0)
+        finding["message"] += (f" Diagnosis: no known mistake matches its output in the {len(cells)} "
+                               f"diagnosed cell(s) (docs/numerics.md, Diagnosis).")
+        return
+    counts = matched["diagnosis"].value_counts()
+    name = str(sorted(counts.index, key=lambda n: (-counts[n], n))[0])
+    best = matched[matched["diagnosis"] == name]
+    example = best.loc[_num(best, "diagnosis_golden_err").idxmax()] if _num(best, "diagnosis_golden_err").notna().any() \
+        else best.iloc[0]
+    known = MISTAKES.get(name)
+    title = known.title if known else name
+    finding.update(diagnosis=name, diagnosis_title=title, diagnosis_cells=int(len(best)),
+                   diagnosis_err=_float(example.get("diagnosis_err")),
+                   diagnosis_golden_err=_float(example.get("diagnosis_golden_err")))
+    others = [f"{n} ({int(counts[n])})" for n in counts.index if n != name]
+    text = (f" Diagnosis: in {len(best)} of {len(cells)} diagnosed cell(s) the output matches a known mistake, "
+            f"{title} (RMSE {_fmt(finding['diagnosis_err'])} against it, {_fmt(finding['diagnosis_golden_err'])} "
+            f"against the correct golden, at {example['id']}).")
+    if known:
+        text += f" {known.what} Usually {known.where}"
+        if not text.endswith("."):
+            text += "."
+    if others:
+        text += f" Other cells match: {', '.join(others)}."
+    finding["message"] += text
+
+
+def _float(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(out) else out
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
 def compute_findings(frame: pd.DataFrame) -> list[dict]:
-    """Every rule over the frame, most severe first."""
+    """Every rule over the frame, most severe first; numerics errors with their diagnosis."""
     if frame.empty:
         return []
     found = [f for rule in RULES for f in rule(frame)]
+    for finding in found:
+        if finding["check"] in DIAGNOSED_CHECKS:
+            _add_diagnosis(finding, frame)
     return sorted(found, key=lambda f: (SEVERITY_ORDER[f["severity"]], f["check"], f["variant"]))
 
 

@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from ..core.defects import numerics_defect
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..workload.inputs import TORCH_DTYPES, Inputs
@@ -19,6 +20,7 @@ from ..workload.presets import Preset
 from ..workload.variants import Variant, compiled_graph_count, fused_attention_count
 from . import compile_cache
 from .cellcache import BuildCache, Reference
+from .diagnosis import diagnose_cell
 from .memory import held_bytes, peak_during
 from .numerics import (BACKWARD_FLOP_FACTOR, SaturationAccumulator, attention_flops, changed_max,
                        classify_masked_rows, error_vs_reference, nonfinite_counts, relative_error,
@@ -243,7 +245,6 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
         m["causal_alignment"] = _alignment(ref.take(out), ref.by_alignment["top-left"],
                                            ref.by_alignment["bottom-right"])
         m["golden_alignment"] = ref.alignment
-    del out
 
     if backward_reason is None:
         grads, m["peak_fwd_bwd_bytes"] = peak_during(forward_backward, case.device)
@@ -255,6 +256,9 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
         del grads
     m.update(repeats.columns(), deterministic_algorithms=deterministic_algorithms_enabled())
     repeats.release()
+    if numerics_defect(m):      # the cells of an error finding about numerics: why is it wrong?
+        m.update(_diagnosis(out, inputs, ref, case.dtype, m))
+    del out
 
     fwd, fb, timer = _time_cell(case, preset, forward, forward_backward if backward_reason is None else None,
                                 warm_fwd, warm_fb)
@@ -295,7 +299,18 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     else:
         m.update({key: golden.saturation[key] for key in ("max_prob", "entropy", "min_entropy", "onehot_frac")})
         m["saturation_source"] = "golden"
+    if m.get("diagnosis") is None and numerics_defect(m):     # a leak only the variant's own weights show
+        m.update(_diagnosis(forward().detach(), inputs, ref, case.dtype, m))
     return m
+
+
+def _diagnosis(out: Any, inputs: Inputs, ref: Reference, dtype: str, m: dict[str, Any]) -> dict[str, Any]:
+    """diagnose_cell's columns; if the audit's own diagnosis fails, the cell keeps its measurements
+    and its reason says so (a diagnosis is an explanation, not a measurement)."""
+    try:
+        return diagnose_cell(out, inputs, ref, dtype, ref.baseline_rmse)
+    except Exception as exc:  # noqa: BLE001
+        return {"reason": "; ".join(filter(None, [m.get("reason"), f"diagnosis failed: {failure_reason(exc)}"]))}
 
 
 _CUDA_CLOCK: Any = None

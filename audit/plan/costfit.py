@@ -239,9 +239,10 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
                 resid += row["compile_s"] - compile_s.get(f"{typical}|{cache}", compile_s.get(typical, row["compile_s"]))
             _n, gflops, gchunks = golden_cost_inputs(shape, run.settings)
             weights = exposes_weights(case.variant)
+            diagnosed = isinstance(row.get("diagnosis"), str)
             x = np.array([1.0, gchunks * first_of_set, gflops * first_of_set,
                           gchunks * weights, gflops / BACKWARD_FLOP_FACTOR * weights, float(new_config),
-                          masked_rows_checked(shape) * run.settings.masked_rows_loop])
+                          masked_rows_checked(shape) * run.settings.masked_rows_loop, float(diagnosed)])
             by_dev.setdefault(dev, []).append((x, resid, {"first_use": first_use, "first": i == 0,
                                                            "first_compiled": first_compiled,
                                                            "cache": cache if isinstance(cache, str) else None,
@@ -264,6 +265,8 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
         out.weights_chunk_s[dev] = float(coef[3])
         out.cudnn_config_s[dev] = float(coef[5])
         out.masked_row_s[dev] = float(coef[6])
+        if any(x[7] for x, _ in regular):
+            out.diagnosis_s[dev] = float(coef[7])
         first_use: dict[str, list[float]] = {}
         starts: list[float] = []
         compile_starts: dict[str, list[float]] = {}

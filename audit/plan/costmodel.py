@@ -44,6 +44,7 @@ from ..measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from ..measure.roofline import CEILINGS_BUDGET_S, DTYPE_BYTES
 from ..measure.timing import MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
 from ..workload.presets import Preset
+from ..workload.variants import BROKEN_PREFIX
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
 PRIORS_FILE = Path(__file__).with_name("cost_priors.json")
@@ -113,6 +114,9 @@ FAMILY_DEFAULTS: dict[str, dict[str, tuple[float, float, float, float]]] = {
 }
 BACKWARD_DEFAULT_FACTOR = 3.0
 HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
+# A diagnosed cell's float64 mistakes (measure/diagnosis.py), where nothing was fitted: about
+# 15 ms at the quick preset's sizes on 2 cores of an AMD EPYC; a GPU runs them as a few launches each.
+DIAGNOSIS_DEFAULT_S = {"cpu": 0.015, "cuda": 0.01}
 
 
 def _family(variant: str) -> str:
@@ -136,6 +140,7 @@ class Params:
     golden_chunk_s: dict[str, float] = field(default_factory=dict)
     golden_flops_per_s: dict[str, float] = field(default_factory=dict)
     weights_chunk_s: dict[str, float] = field(default_factory=dict)
+    diagnosis_s: dict[str, float] = field(default_factory=dict)   # "cpu" -> s per diagnosed cell (schema 7)
     # s per compile: "cpu|flex|hit" / "cpu|flex|miss" by Inductor's cache, "cpu|flex" outcome unknown
     compile_s: dict[str, float] = field(default_factory=dict)
     init_s: dict[str, float] = field(default_factory=dict)        # "cuda|sdpa" -> first cell of a run
@@ -459,6 +464,8 @@ class CostModel:
             phases["numerics"] = t_f * (1 + leak_probe_count(case)) + t_fb
             if settings.masked_rows_loop:
                 phases["numerics"] += masked_rows_checked(shape) * self._const("masked_row_s", dev, 0.0)
+            if case.variant.startswith(BROKEN_PREFIX):     # made to fail: its cells get a diagnosis
+                phases["numerics"] += self._const("diagnosis_s", dev, DIAGNOSIS_DEFAULT_S[dev])
             if exposes_weights(case.variant):
                 _n, flops, chunks = golden_cost_inputs(shape, settings)
                 phases["numerics"] += (chunks * self._const("weights_chunk_s", dev, 1e-3)

@@ -72,14 +72,10 @@ def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
     if copies:
         how += f", plus k and v repeated per query head ({copies:.3g} bytes)"
     grads = gradient_elements(case, q_len) * size
-    # the determinism check (measure/repeats.py) holds the first run's out, dq, dk and dv meanwhile
-    held = (case.batch * case.heads * q_len * case.d_k * size) + grads
-    kept = f", plus the first run's out and gradients kept for the determinism check ({held:.3g} bytes)"
     if grads > n * per + copies:
-        return grads + held, (f"the gradients dq, dk, dv: B·d·(H·Tq + 2·kv_heads·Tk) = "
-                              f"{gradient_elements(case, q_len):.3g} elements of {size} bytes (more than {how})"
-                              + kept)
-    return n * per + copies + held, how + kept
+        return grads, (f"the gradients dq, dk, dv: B·d·(H·Tq + 2·kv_heads·Tk) = "
+                       f"{gradient_elements(case, q_len):.3g} elements of {size} bytes (more than {how})")
+    return n * per + copies, how
 
 
 def free_bytes(device: str) -> int | None:
@@ -108,7 +104,15 @@ def too_big(case: Case, q_len: int, free: int | None) -> str | None:
     if predicted is None or free is None:
         return None
     need, how = predicted
-    if need <= FREE_FRACTION * free:
+    held = held_copy_bytes(case, q_len)
+    if need + held <= FREE_FRACTION * free:
         return None
-    return (f"predicted peak {gib(need)} for one forward+backward ({how}) exceeds the "
-            f"{gib(free)} free on {case.device}; not run")
+    return (f"predicted peak {gib(need)} for one forward+backward ({how}), plus {gib(held)} of the first "
+            f"run's out and gradients the determinism check keeps, exceeds the {gib(free)} free on "
+            f"{case.device}; not run")
+
+
+def held_copy_bytes(case: Case, q_len: int) -> int:
+    """What the determinism check (measure/repeats.py) holds while the cell runs: the first run's
+    out (B·H·Tq·d) and gradients, in the input dtype: memory beside the peak, not in it."""
+    return (case.batch * case.heads * q_len * case.d_k + gradient_elements(case, q_len)) * DTYPE_BYTES[case.dtype]

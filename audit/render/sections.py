@@ -124,7 +124,8 @@ def self_check_blocks(frame: pd.DataFrame, findings: list[dict]) -> list[Block]:
                               "audit did not check itself.")]
     flagged = check[check["flagged"].astype(bool)]
     missed = check[~check["flagged"].astype(bool)]
-    listed = ", ".join(f"{c} ({checks})" for c, checks in zip(flagged["control"], flagged["checks"]))
+    listed = ", ".join(f"{c} ({checks}{'; diagnosed: ' + named if named else ''})"
+                       for c, checks, named in zip(flagged["control"], flagged["checks"], flagged["diagnosed"]))
     blocks.append(para(f"{len(flagged)}/{len(check)} negative controls flagged"
                        + (f": {listed}." if listed else ".")))
     if not missed.empty:

@@ -99,18 +99,23 @@ def negative_control_check(frame: pd.DataFrame, findings: list[dict]) -> pd.Data
 
     One row per negative control with at least one ok record (a control that never ran
     cannot be caught). Columns control, flagged (some error-severity finding names it),
-    checks (the checks of those findings, comma-separated; "" when none).
+    checks (the checks of those findings, comma-separated; "" when none), diagnosed (the
+    known mistakes those findings' diagnoses name, most cells first; "" when none).
     """
-    columns = ["control", "flagged", "checks"]
+    columns = ["control", "flagged", "checks", "diagnosed"]
     ok = ok_rows(frame) if "status" in frame.columns else frame.iloc[0:0]
     if ok.empty:
         return pd.DataFrame(columns=columns)
     controls = variant_order(ok.loc[is_negative_control(ok["variant"]), "variant"])
     rows = []
     for control in controls:
-        checks = sorted({str(f.get("check")) for f in findings
-                         if f.get("variant") == control and f.get("severity") == "error"})
-        rows.append({"control": control, "flagged": bool(checks), "checks": ", ".join(checks)})
+        errors = [f for f in findings if f.get("variant") == control and f.get("severity") == "error"]
+        checks = sorted({str(f.get("check")) for f in errors})
+        named = sorted((f for f in errors if f.get("diagnosis") not in (None, "none")),
+                       key=lambda f: -int(f.get("diagnosis_cells") or 0))
+        diagnosed = list(dict.fromkeys(str(f.get("diagnosis_title") or f["diagnosis"]) for f in named))
+        rows.append({"control": control, "flagged": bool(checks), "checks": ", ".join(checks),
+                     "diagnosed": ", ".join(diagnosed)})
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -23,10 +23,12 @@ import traceback
 import types
 from typing import Any, Callable
 
-from ..analysis.findings import INPUT_SATURATION, LEAK_OVER_NOISE, SATURATION_EXCESS, UNDERFLOW_FRAC
+from ..analysis.findings import INPUT_SATURATION, SATURATION_EXCESS, UNDERFLOW_FRAC
+from ..core.defects import LEAK_OVER_NOISE
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..measure.cellcache import build_reference
+from ..measure.diagnosis import diagnose_cell
 from ..measure.measurement import (LEAK_REPORT_BYTES, _alignment, _variant_weight_metrics, check_output,
                                    input_grads)
 from ..measure.memory import held_bytes, pin_malloc_threshold
@@ -102,7 +104,7 @@ def _probe_rows(attention: Any, inputs: Any, ref: Any, q: Any, out: Any) -> list
 
 def _rerun_change(attention: Any, inputs: Any, q: Any, out: Any) -> float:
     """Largest output change when the same call runs again on the same inputs: a nondeterministic
-    variant's noise floor, which a leak must clear (findings.LEAK_OVER_NOISE)."""
+    variant's noise floor, which a leak must clear (core.defects.LEAK_OVER_NOISE)."""
     import torch
     k, v = (t.detach().requires_grad_(q.requires_grad) for t in (inputs.k, inputs.v))
     again = attention(q, k, v, **inputs.call_kwargs()).detach()                  # (B, H, Tq, d)
@@ -116,6 +118,26 @@ def _weights(probs: Any, inputs: Any, ref: Any) -> dict[str, Any]:
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _with_diagnosis(defect: bool, case: Any, inputs: Any, ref: Any, out: Any, recorded: dict,
+                    lines: list[str], measured: dict) -> tuple:
+    """A verifier's result with the cell's diagnosis checked again where the audit recorded one: the
+    same known mistakes (measure.diagnosis) on the same inputs, which must name the same one."""
+    if recorded.get("diagnosis") is None:
+        return defect, lines, measured
+    found = diagnose_cell(out.detach(), inputs, ref, case.dtype, ref.baseline_rmse)
+    measured.update({k: found[k] for k in ("diagnosis", "diagnosis_err", "diagnosis_golden_err")})
+    if found["diagnosis"] == "none":
+        lines.append("diagnosis: no known mistake matches the output")
+    else:
+        lines.append(f"diagnosis: the output matches the known mistake {found['diagnosis']} (RMSE "
+                     f"{found['diagnosis_err']:.4g} against it, {found['diagnosis_golden_err']:.4g} against "
+                     f"the correct golden)")
+    same = found["diagnosis"] == recorded["diagnosis"]
+    if not same:
+        lines.append(f"the audit diagnosed {recorded['diagnosis']}: the diagnosis no longer holds")
+    return defect and same, lines, measured
 
 
 # --------------------------------------------------------------------------- one verifier per check
@@ -149,7 +171,7 @@ def verify_nonfinite(case: Any, inputs: Any, load_variant: Callable, recorded: d
             parts.append(f"{name} {int(torch.isnan(g).sum())} NaN, {int(torch.isinf(g).sum())} inf of {g.numel()}")
         lines.append("gradients (backward of the output with the audit's seeded grad_out): " + "; ".join(parts))
     defect = measured["out_nonfinite_visible"] > 0 or bool(measured["grad_nan"]) or bool(measured["grad_inf"])
-    return defect, lines, measured
+    return _with_diagnosis(defect, case, inputs, ref, out, recorded, lines, measured)
 
 
 def verify_error_budget(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
@@ -171,7 +193,7 @@ def verify_error_budget(case: Any, inputs: Any, load_variant: Callable, recorded
              + ("within it" if ok else "OUTSIDE it" if ok is False else "no finite baseline to judge by")
              + ("" if ratio is None else f" ({ratio:.4g}x the baseline's error)")]
     measured = {"rmse": err["rmse"], "max_abs_err": err["max_abs_err"], "err_ratio": ratio, "within_budget": ok}
-    return ok is False, lines, measured
+    return _with_diagnosis(ok is False, case, inputs, ref, out, recorded, lines, measured)
 
 
 def verify_masked_leakage(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
@@ -191,7 +213,8 @@ def verify_masked_leakage(case: Any, inputs: Any, load_variant: Callable, record
         lines.append(f"the variant's own attention weights put up to {measured['leak_mass']:.4g} of a row's "
                      f"probability on masked keys (expected 0)")
     defect = (change or 0) > LEAK_OVER_NOISE * noise or (measured["leak_mass"] or 0) > 0
-    return defect, lines or ["this input set masks nothing: no leak to look for"], measured
+    return _with_diagnosis(defect, case, inputs, ref, out, recorded,
+                           lines or ["this input set masks nothing: no leak to look for"], measured)
 
 
 def verify_fully_masked_rows(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:

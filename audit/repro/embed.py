@@ -39,6 +39,19 @@ _RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.|^\s*import\s+\.", re.MULTILINE)
 _LITERAL_TYPES = (type(None), bool, int, str, bytes)
 
 
+def _without_decorators(src: str) -> str:
+    """A function's source from its `def` line: where the live function is the one its source
+    defines (a decorator that registers it, as workload.mistakes' @mistake, and returns it
+    unchanged), the decorator lines would only re-run the registration, which can refer back
+    to the function being copied."""
+    import ast
+    tree = ast.parse(src)
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.decorator_list:
+        return src
+    return "\n".join(src.splitlines()[node.lineno - 1:]) + "\n"
+
+
 class NotSelfContained(Exception):
     """An object cannot be copied into a standalone script (the message says which and why)."""
 
@@ -247,6 +260,8 @@ class Embedder:
             src = textwrap.dedent(inspect.getsource(target))   # decorators included
         except (OSError, TypeError) as exc:
             raise NotSelfContained(f"no source for {qual}: {exc}") from None
+        if target is obj and not inspect.isclass(obj):
+            src = _without_decorators(src)
         if _RELATIVE_IMPORT.search(src):
             raise NotSelfContained(f"{qual} imports from the audit package inside its body "
                                    f"(move the import to the module's top)")

@@ -70,7 +70,7 @@ SHOWS: dict[str, Callable[[dict], bool]] = {
 RECORDED_COLUMNS = ("out_nonfinite_visible", "grad_nan", "grad_inf", "rmse", "max_abs_err", "err_ratio",
                     "within_budget", "leak_max_change", "leak_mass", "masked_rows", "onehot_frac",
                     "golden_onehot_frac", "max_logit", "fused_sdpa", "causal_alignment", "golden_alignment",
-                    "underflow_frac", "repeat_differs", "repeat_max_diff", "deterministic_algorithms",
+                    "underflow_frac", "diagnosis", "diagnosis_err", "diagnosis_golden_err", "repeat_differs", "repeat_max_diff", "deterministic_algorithms",
                     "leaked_bytes", "status", "reason")
 
 
@@ -83,7 +83,9 @@ def ranked_cells(finding: dict, by_id: dict[str, dict]) -> list[dict]:
         from ..workload.presets import COMPILED
         return sorted(cells, key=lambda r: (str(r.get("variant")).startswith("broken."), r.get("variant") in COMPILED,
                                             *(-x for x in key(r))))
-    return sorted(cells, key=lambda r: tuple(-x for x in key(r)))
+    named = finding.get("diagnosis")     # a diagnosed finding: shown on a cell of its diagnosis first
+    return sorted(cells, key=lambda r: (named not in (None, "none") and r.get("diagnosis") != named,
+                                        *(-x for x in key(r))))
 
 
 def script_name(finding: dict, worst: dict, taken: set[str]) -> str:

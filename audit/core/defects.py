@@ -1,0 +1,36 @@
+"""Which cells show a numerics defect: one definition for the measuring side (the cells that get
+a diagnosis, measure/diagnosis.py) and for the findings (the cells an error finding covers)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+LEAK_OVER_NOISE = 10.0   # a leak changes the output by more than this × the variant's run-to-run difference
+
+
+def _number(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return 0.0 if math.isnan(out) else out
+
+
+def leaks(rec: Mapping[str, Any]) -> bool:
+    """Masked keys reach the output: it changes with them by more than the variant's own
+    run-to-run noise (a nondeterministic kernel differs between any two calls), or its own
+    weights put probability on them."""
+    return (_number(rec.get("leak_max_change")) > LEAK_OVER_NOISE * _number(rec.get("repeat_max_diff"))
+            or _number(rec.get("leak_mass")) > 0)
+
+
+def nonfinite(rec: Mapping[str, Any]) -> bool:
+    """NaN/inf in output rows that see a key, or in the gradients (the golden is finite there)."""
+    return (_number(rec.get("out_nonfinite_visible")) > 0
+            or _number(rec.get("grad_nan")) + _number(rec.get("grad_inf")) > 0)
+
+
+def numerics_defect(rec: Mapping[str, Any]) -> bool:
+    """Outside the error budget, leaking, or non-finite where the golden is finite: the cells the
+    error findings nonfinite, error_budget and masked_leakage are made of."""
+    return rec.get("within_budget") is False or leaks(rec) or nonfinite(rec)

@@ -1,0 +1,217 @@
+"""Why a variant's output is wrong: the known mistake (workload.mistakes) its output matches.
+
+Computed only for the cells the caller asks about (those with a numerics finding), in float64
+on the cell's own inputs, on a bounded subset of the golden's (batch, head) slices
+(diagnosis_slices). A mistake matches when
+
+- the variant's output is within the dtype's budget of the mistake's output
+  (err <= BUDGET_FACTOR · rmse(baseline) + atol(dtype), numerics.within_budget's rule;
+  without a finite baseline, FALLBACK_ROUNDING × the golden's own rounding to the dtype
+  stands in for the baseline's RMSE),
+  — or of the mistake's own budget, when larger: BUDGET_FACTOR × the error the mistaken code
+  itself has in the cell's dtype (the mistake run in that dtype against float64) + atol
+  (a mistake of precision "cell" is evaluated in the cell's dtype only, at the cell's budget),
+- the mistake is distinguishable on this cell: its output is further from the golden than
+  the two budgets together, so no output can be within both (triangle inequality), and
+- the variant's output is nearer to it than to the golden, with at least one compared row
+  finite in both (a NaN pattern alone is no evidence).
+
+The best match (smallest error) wins, except that the matches whose outputs are within their
+tolerance of the best's (the two mistakes are indistinguishable on this cell) tie with it, and
+a tie goes to the higher specificity, then to the mistake registered first.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..workload.inputs import Inputs, torch_dtype
+from ..workload.mistakes import MISTAKES, Attempt, Mistake, sq_diff
+from .numerics import BUDGET_ATOL, BUDGET_FACTOR, attention_flops, error_vs_reference
+
+# Float64 FLOPs one mistake may spend (one forward over the diagnosis slices); like
+# reference.GOLDEN_FLOP_BUDGET, per device type. gqa_permuted spends about twice that (a fit
+# on 1/kv_heads of the rows against every kv head, then one forward).
+DIAGNOSIS_FLOP_BUDGET = {"cpu": 1e8, "cuda": 1e11}
+# Without a finite baseline (eager overflowed: fp16_range in fp16) its RMSE is taken as this many
+# times the RMSE of the golden rounded to the dtype: eager's ratio to that on the T=256 cells of
+# the cpu preset is 3.9 (bf16) and 3.7 (fp16) at the median, from 2.0 (in fp32 atol dominates).
+FALLBACK_ROUNDING = 4.0
+
+
+@dataclass
+class Diagnosis:
+    """What the matcher found: the mistake named ("none" when none matched) and its evidence."""
+
+    name: str
+    err: float | None                      # RMSE of the output against the named mistake's
+    golden_err: float                      # RMSE against the golden (rows that see a key)
+    tolerance: float
+    # every evaluated mistake: (err against it, its distance from the golden, its tolerance, matched)
+    scores: dict[str, tuple[float, float, float, bool]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)   # mistakes whose function raised
+
+
+def _rmse(x: Any, y: Any, rows: Any) -> float:
+    """RMSE over the elements of the selected rows (b, h, Tq), NaN matching NaN (sq_diff)."""
+    sel = sq_diff(x, y)[rows]                                                # (n, d)
+    return math.sqrt(float(sel.mean())) if sel.numel() else math.nan
+
+
+def tolerance(baseline_rmse: float | None, dtype: str, golden_out: Any = None, rows: Any = None) -> float:
+    """The budget a match must meet: BUDGET_FACTOR · baseline + atol(dtype), as within_budget;
+    with no finite baseline, FALLBACK_ROUNDING × the RMSE of the golden rounded to the dtype."""
+    atol = BUDGET_ATOL[dtype]
+    if baseline_rmse is not None and math.isfinite(baseline_rmse):
+        return BUDGET_FACTOR * baseline_rmse + atol
+    if golden_out is None:
+        return atol
+    rounded = golden_out.to(torch_dtype(dtype)).double()
+    rounding = error_vs_reference(rounded, golden_out, rows)["rmse"]
+    return BUDGET_FACTOR * FALLBACK_ROUNDING * rounding + atol
+
+
+def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
+             mistakes: Mapping[str, Mistake] | None = None, own_error: bool = True) -> Diagnosis:
+    """Match `observed` (b, h, Tq, d) against every mistake on `attempt` (golden_out: the correct
+    (b, h, Tq, d) float64 output, 0 on rows that see no key); see the module docstring.
+
+    tol is the cell's budget (tolerance()). own_error: a mistake's budget is also at least
+    BUDGET_FACTOR × the error of the mistaken code itself in the cell's dtype (the mistake run
+    on the attempt in that dtype, against float64) + atol: unscaled scores, say, carry sqrt(d)
+    times the rounding of scaled ones, so the correct code's baseline would be too tight. It is
+    computed only where it can decide (tol < err < distance - tol): any budget b a match is
+    judged at needs distance > tol + b, so a correct output (within tol of the golden) never
+    matches, whatever b.
+    A mistake of precision "cell" is evaluated in the cell's dtype only (its tolerance is tol).
+    """
+    import torch
+    observed, golden_out = observed.double(), golden_out.double()
+    shape = observed.shape[:-1]                                              # (b, h, Tq)
+    seen = attempt.seen().expand(shape)
+    result = Diagnosis("none", None, error_vs_reference(observed, golden_out, seen)["rmse"], tol)
+    if attempt.observed is None:
+        attempt.observed = observed
+    twin = attempt.in_dtype()                                                # q, k, v in the cell dtype
+    finite_obs = torch.isfinite(observed).all(-1)                            # (b, h, Tq)
+    matches = []
+    for order, m in enumerate((MISTAKES if mistakes is None else mistakes).values()):
+        try:
+            out = m.fn(twin if m.precision == "cell" else attempt)
+        except Exception as exc:  # noqa: BLE001 - a broken (plug-in) mistake must not lose the cell
+            result.failed[m.name] = f"{type(exc).__name__}: {exc}"
+            continue
+        if out is None:
+            continue
+        out = out.double()
+        if m.rows == "seen":
+            rows = seen & ~torch.isnan(out).any(-1)                          # rows it leaves a key
+        else:
+            rows = torch.ones(shape, dtype=torch.bool, device=observed.device)
+        if not bool((rows & finite_obs & torch.isfinite(out).all(-1)).any()):
+            continue                                                         # no finite evidence
+        err, dist = _rmse(observed, out, rows), _rmse(out, golden_out, rows)
+        tol_m = tol
+        if own_error and m.precision != "cell" and tol < err < dist - tol:  # only where it can decide
+            try:
+                own = _rmse(m.fn(twin).double(), out, rows)
+            except Exception as exc:  # noqa: BLE001
+                result.failed[m.name] = f"{type(exc).__name__}: {exc}"
+                continue
+            if math.isfinite(own):
+                tol_m = max(tol, BUDGET_FACTOR * own + BUDGET_ATOL[attempt.dtype])
+        ok = err <= tol_m and dist > tol + tol_m and err < _rmse(observed, golden_out, rows)
+        result.scores[m.name] = (err, dist, tol_m, ok)
+        if ok:
+            matches.append((err, -m.specificity, order, m.name, out, rows, tol_m))
+    if matches:
+        best = min(matches, key=lambda t: t[:3])
+        tied = [t for t in matches if t is best or
+                _rmse(t[4], best[4], t[5] & best[5]) <= max(t[6], best[6])]   # indistinguishable here
+        name = min(tied, key=lambda t: (t[1], t[2]))[3]
+        result.name, result.err = name, result.scores[name][0]
+    return result
+
+
+def diagnosis_slices(batch: int, heads: int, kv_heads: int, tq: int, tk: int, d: int, device: str,
+                     allowed: list[tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
+    """(batches, heads) whose product the diagnosis covers: within the golden's slices `allowed`
+    (None: all), at most DIAGNOSIS_FLOP_BUDGET // one slice's forward FLOPs slices, at least one.
+
+    The first batch's heads, whole when they fit (so every kv head is there for the GQA
+    mistakes); capped, they keep a head whose interleaved pairing (h % kv_heads) differs from
+    the grouped one (h // group). Then further batches with the same heads, while they fit.
+    Deterministic in the shapes and device type.
+    """
+    budget = DIAGNOSIS_FLOP_BUDGET["cuda" if str(device).startswith("cuda") else "cpu"]
+    n_max = max(1, int(budget // max(1, attention_flops(1, 1, tq, tk, d, causal=False))))
+    by_batch: dict[int, list[int]] = {}
+    for b, h in (allowed if allowed is not None else [(b, h) for b in range(batch) for h in range(heads)]):
+        by_batch.setdefault(b, []).append(h)
+    first = min(by_batch)
+    chosen = sorted(by_batch[first])
+    if len(chosen) > n_max:
+        group = heads // kv_heads
+        telling = [h for h in chosen if h // group != h % kv_heads]
+        picked = telling[:1]
+        picked += [h for h in chosen if h not in picked][:n_max - len(picked)]
+        chosen = sorted(picked)
+    batches = [first]
+    for b in sorted(by_batch):
+        if b != first and (len(batches) + 1) * len(chosen) <= n_max and set(chosen) <= set(by_batch[b]):
+            batches.append(b)
+    return batches, chosen
+
+
+def _golden_for(ref: Any, batches: list[int], heads: list[int]) -> Any:
+    """The reference's float64 golden output on batches × heads: (b, h, Tq, d)."""
+    import torch
+    out = ref.golden.out
+    if ref.slices is None:
+        return out[batches][:, heads]
+    pos = {tuple(s): i for i, s in enumerate(ref.slices)}
+    return torch.stack([torch.stack([out[0, pos[(b, h)]] for h in heads]) for b in batches])
+
+
+def attempt_for(inputs: Inputs, batches: list[int], heads: list[int], *, alignment: str = "top-left",
+                dtype: str = "fp32", observed: Any = None) -> Attempt:
+    """The float64 Attempt of `inputs` on batches × heads (k and v: every kv head of those batches)."""
+    import torch
+    b_index = torch.tensor(batches, device=inputs.q.device)
+    h_index = torch.tensor(heads, device=inputs.q.device)
+    q = inputs.q.detach().index_select(0, b_index).index_select(1, h_index).double()   # (b, h, Tq, d)
+    k, v = (t.detach().index_select(0, b_index).double() for t in (inputs.k, inputs.v))  # (b, Hkv, Tk, d)
+    vis = inputs.visible
+    if vis is not None and vis.shape[0] > 1:
+        vis = vis.index_select(0, b_index)                                   # (b, 1, Tq|1, Tk)
+    bias = inputs.mask.detach().double() if inputs.mask_form == "bias" else None
+    if bias is not None and bias.shape[0] > 1:
+        bias = bias.index_select(0, b_index)                                 # (b, 1, Tq|1, Tk)
+    if observed is not None:
+        observed = observed.detach().index_select(0, b_index).index_select(1, h_index).double()
+    return Attempt(q=q, k=k, v=v, heads=tuple(heads), n_heads=inputs.q.shape[1], causal=inputs.causal,
+                   alignment=alignment, visible=vis, bias=bias, score_mod=inputs.score_mod, observed=observed,
+                   dtype=dtype)
+
+
+def diagnose_cell(out: Any, inputs: Inputs, ref: Any, dtype: str,
+                  baseline_rmse: float | None) -> dict[str, Any]:
+    """The diagnosis columns of one cell: `diagnosis` (a mistake's name, "none" when none
+    matched), `diagnosis_err`, `diagnosis_golden_err` and `diagnosis_slices` ([[b, h], ...]).
+
+    out: the variant's full (B, H, Tq, d) output in the cell dtype; ref: the cell's
+    cellcache.Reference (golden of ref.alignment on ref.slices); baseline_rmse: ref.baseline_rmse.
+    """
+    import torch
+    B, H, Tq, d = out.shape
+    Hkv, Tk = inputs.k.shape[1], inputs.k.shape[-2]
+    batches, heads = diagnosis_slices(B, H, Hkv, Tq, Tk, d, str(out.device), ref.slices)
+    with torch.no_grad():
+        attempt = attempt_for(inputs, batches, heads, alignment=ref.alignment, dtype=dtype, observed=out)
+        golden = _golden_for(ref, batches, heads).double()                  # (b, h, Tq, d)
+        seen = attempt.seen().expand(golden.shape[:-1])
+        found = diagnose(attempt.observed, attempt, golden, tolerance(baseline_rmse, dtype, golden, seen))
+    return {"diagnosis": found.name, "diagnosis_err": found.err,
+            "diagnosis_golden_err": found.golden_err,
+            "diagnosis_slices": [[b, h] for b in batches for h in heads]}

@@ -1,0 +1,483 @@
+"""Known attention mistakes, each a float64 function of one cell's inputs: the diagnosis library.
+
+When a variant's output is wrong, audit.measure.diagnosis evaluates every mistake here on the
+cell's own inputs (the golden's (batch, head) slices, in float64) and names the one the variant's
+output matches within its dtype's error budget. A mistake is a few lines on an Attempt (the
+cell's float64 context, with `attend`: correct attention with one thing overridden), returning
+the (b, h, Tq, d) float64 output the mistaken code would give, or None when the mistake cannot
+differ on this cell (a GQA pairing on multi-head attention, a causal mistake on a non-causal cell).
+
+Rows a mistake is compared on (`rows`): "seen" — rows that see a key in the golden and that the
+mistaken code leaves a key (its output there is not NaN; a row it empties gets a convention of
+the code's, 0 or NaN, which says nothing); "all" — every row, NaN matching NaN: the fully-masked
+row conventions and the mistakes whose point is a NaN (overflow, underflow). Ties (two mistakes
+explaining the output equally, e.g. bottom-right alignment and causal ignored on a decode cell)
+go to the higher `specificity`, then to the one registered first.
+
+Precision: a mistake is evaluated in float64 (and once more in the cell's dtype, for the error
+the mistaken code itself has there: the tolerance of a match), except those of precision
+"cell", whose whole effect is the working dtype's range (softmax without max subtraction
+overflows; masking after softmax flushes visible weights to zero). In float64 they equal
+correct attention but for rows with no key and scores past float64's own range (the
+fp16_range and shifted_bias scenarios), and whether a row overflows or underflows is decided
+by the last bits of its scores, so they are evaluated on q, k, v in the cell's dtype
+(Attempt.in_dtype) as the mistaken code computes them, and compared NaN for NaN.
+
+Your own mistake, from the plug-in module your variant lives in (imported when the variant is
+loaded, so its mistakes are registered before any cell is diagnosed):
+
+    from audit.workload.mistakes import Attempt, mistake
+
+    @mistake("bias_twice", title="additive bias added twice",
+             what="The additive bias is added to the scores twice.",
+             where="a bias folded into the scores and passed to the kernel as well")
+    def bias_twice(a: Attempt):
+        if a.bias is None:
+            return None                   # cannot differ: the cell has no bias
+        return a.attend(weights=lambda scores, keep: a.softmax(scores + a.bias, keep))
+
+Imports no torch at module level (the report's texts come from here); the functions do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from .inputs import torch_dtype
+
+ROWS = ("seen", "all")
+PRECISIONS = ("float64", "cell")
+class _SAME:
+    """Default of an Attempt override: "as in the cell" (a class, so a reproduction script can
+    copy it: the script compares against the same object)."""
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One known mistake: its texts for the report, its float64 function, how it is compared."""
+
+    name: str
+    title: str                    # a few words
+    what: str                     # what the mistaken code does, one plain sentence
+    where: str                    # where such a mistake usually sits
+    fn: Callable[["Attempt"], Any]
+    rows: str = "seen"            # ROWS: which rows the comparison covers (module docstring)
+    specificity: int = 1          # ties go to the higher: 0 a fit, 2 a special case of another
+    precision: str = "float64"    # PRECISIONS: "cell" evaluates it in the cell's dtype (module docstring)
+
+
+MISTAKES: dict[str, Mistake] = {}
+
+
+def mistake(name: str, *, title: str, what: str, where: str, rows: str = "seen",
+            specificity: int = 1, precision: str = "float64") -> Callable[[Callable], Callable]:
+    """Register a mistake (its function returns the mistaken float64 output or None).
+    The same name twice is an error unless it is the same function again (a module reload)."""
+    if rows not in ROWS:
+        raise ValueError(f"mistake {name!r}: rows must be one of {ROWS}, not {rows!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"mistake {name!r}: precision must be one of {PRECISIONS}, not {precision!r}")
+
+    def register(fn: Callable) -> Callable:
+        old = MISTAKES.get(name)
+        if old is not None and (old.fn.__module__, old.fn.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ValueError(f"mistake {name!r} is already registered by {old.fn.__module__}."
+                             f"{old.fn.__qualname__}")
+        MISTAKES[name] = Mistake(name, title, what, where, fn, rows, specificity, precision)
+        return fn
+    return register
+
+
+@dataclass
+class Attempt:
+    """The float64 context of one cell's diagnosis slices, and correct attention with overrides.
+
+    q holds the selected query heads of the selected batches; k and v every key/value head of
+    those batches, so any pairing of query head and kv head can be computed.
+    """
+
+    q: Any                        # (b, h, Tq, d) float64
+    k: Any                        # (b, Hkv, Tk, d) float64: all kv heads of the selected batches
+    v: Any                        # (b, Hkv, Tk, d) float64
+    heads: tuple[int, ...]        # the cell's index of each of q's h heads
+    n_heads: int                  # H, the cell's query heads
+    causal: bool = False
+    alignment: str = "top-left"   # the golden's causal alignment (reference.causal_offset)
+    visible: Any = None           # (b|1, 1, Tq|1, Tk) bool from the scenario, causal not applied, or None
+    bias: Any = None              # (b|1, 1, Tq|1, Tk) a finite additive bias (masks nothing), or None
+    scale: float | None = None    # None: d ** -0.5
+    score_mod: Any = None         # callable on the scaled scores, or None
+    observed: Any = None          # (b, h, Tq, d) float64: the variant's output (for fits), or None
+    dtype: str = "fp32"           # the cell's dtype: the range of the mistakes that depend on it
+
+    def __post_init__(self) -> None:
+        if self.scale is None:
+            self.scale = self.q.shape[-1] ** -0.5
+
+    def in_dtype(self) -> "Attempt":
+        """The same attempt on q, k, v (and bias) in the cell's dtype: a mistake run there gives
+        the error the mistaken code itself has in that precision (the diagnosis's tolerance)."""
+        dt = torch_dtype(self.dtype)
+        cast = {n: getattr(self, n).to(dt) for n in ("q", "k", "v")}
+        bias = None if self.bias is None else self.bias.to(dt)
+        return replace(self, **cast, bias=bias)
+
+    @property
+    def tq(self) -> int:
+        return self.q.shape[-2]
+
+    @property
+    def tk(self) -> int:
+        return self.k.shape[-2]
+
+    @property
+    def kv_heads(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def group(self) -> int:
+        return self.n_heads // self.kv_heads
+
+    @property
+    def gqa(self) -> bool:
+        """1 < kv_heads < heads: the only case where pairings of query and kv heads can differ."""
+        return 1 < self.kv_heads < self.n_heads
+
+    @property
+    def offset(self) -> int:
+        """Query i sees keys j <= i + offset under the golden's alignment (reference.causal_offset's
+        rule; measure is a layer above, so it is restated in _offset)."""
+        return _offset(self.tq, self.tk, self.alignment)
+
+    def pairing(self) -> list[int]:
+        """The correct kv head of each selected query head: h // (H / Hkv)."""
+        return [h // self.group for h in self.heads]
+
+    def pair(self, t: Any, pairing: list[int] | None = None) -> Any:
+        """k or v (b, Hkv, Tk, d) -> (b, h, Tk, d), query head i reading kv head pairing[i]."""
+        import torch
+        index = torch.tensor(self.pairing() if pairing is None else pairing, device=t.device)
+        return t.index_select(1, index)                                      # (b, h, Tk, d)
+
+    def keep(self, *, causal: bool | None = None, offset: int | None = None, upper: bool = False,
+             visible: Any = _SAME, rows: Any = None) -> Any:
+        """(b|1, 1, rows, Tk) bool of the keys each query may see, or None when all: causal as the
+        cell's (j <= i + offset; upper: j >= i + offset) and the scenario's visibility."""
+        import torch
+        causal = self.causal if causal is None else causal
+        visible = self.visible if visible is _SAME else visible
+        out = None
+        if causal:
+            i = torch.arange(self.tq, device=self.q.device)[:, None]         # (Tq, 1)
+            i = i if rows is None else i[rows]                               # (rows, 1)
+            j = torch.arange(self.tk, device=self.q.device)[None, :]         # (1, Tk)
+            off = self.offset if offset is None else offset
+            out = ((j >= i + off) if upper else (j <= i + off))[None, None]  # (1, 1, rows, Tk)
+        if visible is not None:
+            vis = visible[..., rows, :] if rows is not None and visible.shape[-2] > 1 else visible
+            out = vis if out is None else out & vis
+        return out
+
+    def seen(self) -> Any:
+        """(b|1, 1, Tq) bool: rows that see at least one key in the golden."""
+        import torch
+        keep = self.keep()
+        if keep is None:
+            return torch.ones(1, 1, self.tq, dtype=torch.bool, device=self.q.device)
+        return keep.expand(*keep.shape[:2], self.tq, self.tk).any(-1)      # (b|1, 1, Tq)
+
+    @staticmethod
+    def softmax(scores: Any, keep: Any, dim: int = -1) -> Any:
+        """Hidden scores to -inf, softmax over `dim`: an empty row (or column) becomes NaN."""
+        import torch
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        return torch.softmax(scores, dim=dim)
+
+    def stored(self, t: Any) -> Any:
+        """t as the cell's dtype stores it (rounded, overflow to inf, underflow to 0), in float64:
+        for the mistakes whose outcome depends on the working precision's range."""
+        return t.to(torch_dtype(self.dtype)).double()
+
+    def attend(self, *, pairing: list[int] | None = None, scale: float | None = None,
+               score_mod: Any = _SAME, keep: Any = _SAME, dim: int = -1,
+               weights: Callable[[Any, Any], Any] | None = None, k: Any = None, v: Any = None,
+               rows: Any = None) -> Any:
+        """Attention as the cell defines it, except what is overridden: -> (b, h, rows, d), in the
+        attempt's dtype (float64, or the cell's for Attempt.in_dtype).
+
+        weights(scores (b, h, rows, Tk), keep or None) -> probabilities replaces the masked
+        softmax; rows (a slice or index) computes only those query rows.
+        """
+        q = self.q if rows is None else self.q[:, :, rows]                   # (b, h, rows, d)
+        kk = self.pair(self.k if k is None else k, pairing)                  # (b, h, Tk, d)
+        vv = self.pair(self.v if v is None else v, pairing)
+        scores = (q @ kk.transpose(-2, -1)) * (self.scale if scale is None else scale)  # (b, h, rows, Tk)
+        mod = self.score_mod if score_mod is _SAME else score_mod
+        if mod is not None:
+            scores = mod(scores)
+        if self.bias is not None:
+            bias = self.bias[..., rows, :] if rows is not None and self.bias.shape[-2] > 1 else self.bias
+            scores = scores + bias                                           # after score_mod, as a mask
+        keep = self.keep(rows=rows) if keep is _SAME else keep
+        probs = weights(scores, keep) if weights is not None else self.softmax(scores, keep, dim)
+        return probs.to(vv.dtype) @ vv                                       # (b, h, rows, d)
+
+
+def _offset(tq: int, tk: int, alignment: str) -> int:
+    if alignment == "top-left":
+        return 0
+    if alignment == "bottom-right":
+        return tk - tq
+    raise ValueError(f"unknown causal alignment {alignment!r}")
+
+
+def sq_diff(x: Any, y: Any) -> Any:
+    """Elementwise squared difference, NaN matching NaN (0) and any other non-finite pair
+    that is not equal counting as inf (a NaN where the other is finite is a mismatch)."""
+    import torch
+    both_nan = torch.isnan(x) & torch.isnan(y)
+    diff = torch.where(x == y, torch.zeros_like(x), (x - y) ** 2)            # inf - inf: NaN
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    return torch.where(both_nan, torch.zeros_like(diff), diff)
+
+
+# --------------------------------------------------------------------------- GQA
+
+@mistake("gqa_interleaved", title="GQA heads paired interleaved",
+         what="Query head h reads key/value head h % kv_heads (k and v tiled with repeat instead of "
+              "repeat_interleave) instead of h // (heads / kv_heads).",
+         where="where k and v are expanded to the query heads: repeat vs repeat_interleave, or a "
+               "reshape of (kv_heads, group) in the wrong order.")
+def gqa_interleaved(a: Attempt) -> Any:
+    wrong = [h % a.kv_heads for h in a.heads]
+    return a.attend(pairing=wrong) if a.gqa and wrong != a.pairing() else None
+
+
+@mistake("gqa_permuted", title="GQA heads paired wrongly",
+         what="Some query heads read another key/value head than h // (heads / kv_heads) (the "
+              "pairing is fitted per query head to the variant's output).",
+         where="where k and v are expanded or indexed per query head: a head index, view or "
+               "transpose over the head dimension.", specificity=0)
+def gqa_permuted(a: Attempt) -> Any:
+    import torch
+    if not a.gqa or a.observed is None:
+        return None
+    rows = slice(0, a.tq, max(1, a.kv_heads))            # fit on every kv_heads-th row: bounded cost
+    obs = a.observed[:, :, rows]                                             # (b, h, r, d)
+    seen = a.seen()[..., rows]                                               # (b|1, 1, r)
+    misfit = torch.stack([sq_diff(a.attend(pairing=[g] * len(a.heads), rows=rows), obs).sum(-1)
+                          .masked_fill(~seen, 0.0).sum((0, 2))
+                          for g in range(a.kv_heads)])                       # (Hkv, h)
+    best = misfit.argmin(0).tolist()
+    return None if best == a.pairing() else a.attend(pairing=best)
+
+
+# --------------------------------------------------------------------------- causal
+
+@mistake("causal_alignment_swapped", title="causal mask aligned to the other corner",
+         what="The causal mask is aligned bottom-right (query i sees keys j <= i + Tk - Tq, as KV-cache "
+              "decoding does) where top-left is meant, or top-left where bottom-right is meant.",
+         where="the causal flag of a kernel with its own convention (flash-attn, xformers are "
+               "bottom-right; SDPA is top-left), or tril(diagonal=...) when q_len != kv_len.",
+         specificity=2)
+def causal_alignment_swapped(a: Attempt) -> Any:
+    if not a.causal or a.tq == a.tk:
+        return None
+    other = "bottom-right" if a.alignment == "top-left" else "top-left"
+    return a.attend(keep=a.keep(offset=_offset(a.tq, a.tk, other)))
+
+
+@mistake("causal_diagonal_excluded", title="causal mask off by one (diagonal hidden)",
+         what="Query i sees keys j < i + offset: its own position is masked too.",
+         where="triu(diagonal=0) where triu(diagonal=1) was meant, or `j < i` for `j <= i`.")
+def causal_diagonal_excluded(a: Attempt) -> Any:
+    return a.attend(keep=a.keep(offset=a.offset - 1)) if a.causal else None
+
+
+@mistake("causal_next_key", title="causal mask off by one (next key visible)",
+         what="Query i sees keys j <= i + offset + 1: one future key leaks in.",
+         where="tril(diagonal=1) for tril(), or triu(diagonal=2) for triu(diagonal=1).")
+def causal_next_key(a: Attempt) -> Any:
+    return a.attend(keep=a.keep(offset=a.offset + 1)) if a.causal else None
+
+
+@mistake("causal_upper", title="causal mask transposed",
+         what="Query i sees keys j >= i + offset (the future) instead of j <= i + offset.",
+         where="triu where tril was meant (or the keep/mask sense of one swapped).")
+def causal_upper(a: Attempt) -> Any:
+    return a.attend(keep=a.keep(upper=True)) if a.causal else None
+
+
+@mistake("causal_ignored", title="causal mask not applied",
+         what="Every query sees every key the scenario's mask allows: no causal mask.",
+         where="is_causal or causal=True not passed on (dropped when a mask is given, or by a wrapper).")
+def causal_ignored(a: Attempt) -> Any:
+    return a.attend(keep=a.keep(causal=False)) if a.causal else None
+
+
+# --------------------------------------------------------------------------- masks
+
+@mistake("mask_ignored", title="attention mask not applied",
+         what="The scenario's mask (padding, window, fully masked rows) is dropped; causal still applies.",
+         where="a mask argument not passed on, or passed where the kernel expects another form.")
+def mask_ignored(a: Attempt) -> Any:
+    return a.attend(keep=a.keep(visible=None)) if a.visible is not None else None
+
+
+@mistake("mask_inverted", title="attention mask inverted",
+         what="Keys the mask hides are seen and keys it allows are hidden (True read as 'masked out').",
+         where="a bool mask's sense (SDPA: True = attend; key_padding_mask: True = ignore), or ~mask.")
+def mask_inverted(a: Attempt) -> Any:
+    return a.attend(keep=a.keep(visible=~a.visible)) if a.visible is not None else None
+
+
+def _masks_anything(a: Attempt) -> bool:
+    return a.causal or (a.visible is not None and not bool(a.visible.all()))
+
+
+@mistake("mask_after_softmax", title="mask applied after softmax",
+         what="Softmax over every key, then the masked weights set to zero without renormalising: "
+              "each row's weights sum to less than 1.",
+         where="probs.masked_fill(~mask, 0) (or probs * mask) after the softmax instead of -inf before it.")
+def mask_after_softmax(a: Attempt) -> Any:
+    if not _masks_anything(a):
+        return None
+    return a.attend(weights=lambda s, keep: a.softmax(s, None) * keep)
+
+
+@mistake("mask_after_softmax_renormalised", title="mask applied after softmax, renormalised",
+         what="Softmax over every key, then masked weights zeroed and the rest renormalised. Exact in "
+              "arithmetic except rows with no visible key (0/0 = NaN), but in the working dtype the "
+              "masked keys can push a row's visible weights below its smallest number: they flush "
+              "to zero and the row becomes NaN or keeps a few keys.",
+         where="probs * mask / (probs * mask).sum(-1) after the softmax instead of -inf before it.",
+         rows="all", precision="cell")
+def mask_after_softmax_renormalised(a: Attempt) -> Any:
+    if not _masks_anything(a):
+        return None
+
+    def weights(scores: Any, keep: Any) -> Any:
+        kept = a.stored(a.softmax(scores, None)) * keep                     # (b, h, Tq, Tk)
+        return kept / kept.sum(-1, keepdim=True)                             # 0/0: NaN
+    return a.attend(weights=weights)
+
+
+def _no_key_rows(a: Attempt) -> Any:
+    """(b|1, 1, Tq, 1) bool of the rows that see no key in the golden, or None when there are none."""
+    unseen = ~a.seen()
+    return unseen[..., None] if bool(unseen.any()) else None
+
+
+@mistake("fully_masked_nan", title="NaN on fully masked rows",
+         what="A row that sees no key gets softmax of all -inf: NaN, which poisons the loss and every "
+              "gradient; the other rows are right.",
+         where="masked_fill(-inf) and softmax with no guard for empty rows (SDPA returns 0 there).",
+         rows="all", specificity=2)
+def fully_masked_nan(a: Attempt) -> Any:
+    return a.attend() if _no_key_rows(a) is not None else None      # the plain softmax already gives NaN
+
+
+@mistake("fully_masked_uniform", title="uniform weights on fully masked rows",
+         what="A row that sees no key attends equally to every key (the mean of v; with causal "
+              "masking as -inf, every key up to its position): what a finite mask value such as "
+              "finfo.min gives; the other rows are right.",
+         where="a float mask of finfo(dtype).min or -1e9 instead of -inf (or a bool mask).",
+         rows="all", specificity=2)
+def fully_masked_uniform(a: Attempt) -> Any:
+    import torch
+    empty = _no_key_rows(a)
+    if empty is None:
+        return None
+    out = torch.nan_to_num(a.attend(), nan=0.0)                              # (b, h, Tq, d)
+    forms = [a.pair(a.v).mean(-2, keepdim=True).expand_as(out)]              # every key equally
+    if a.causal:                                                             # the causal keys equally
+        forms.append(torch.nan_to_num(a.attend(keep=a.keep(visible=None), scale=0.0), nan=0.0))
+    fills = [torch.where(empty, f, out) for f in forms]
+    if a.observed is None or len(fills) == 1:
+        return fills[-1]
+    return min(fills, key=lambda f: float(sq_diff(f, a.observed).sum()))     # the form it uses
+
+
+# --------------------------------------------------------------------------- scale
+
+@mistake("scale_squared", title="scores scaled by 1/d",
+         what="Scores are multiplied by 1/d_k instead of 1/sqrt(d_k) (or 1/sqrt(d_k) applied twice).",
+         where="q pre-scaled and the kernel's own scale left on, or scale = 1 / d_k.")
+def scale_squared(a: Attempt) -> Any:
+    return a.attend(scale=a.scale ** 2)
+
+
+@mistake("scale_missing", title="scores not scaled",
+         what="Scores are Q Kᵀ without 1/sqrt(d_k): softmax saturates.",
+         where="scale=1.0 passed, or the division by sqrt(d_k) left out of hand-written attention.")
+def scale_missing(a: Attempt) -> Any:
+    return a.attend(scale=1.0)
+
+
+@mistake("scale_inverted", title="scores multiplied by sqrt(d)",
+         what="Scores are multiplied by sqrt(d_k) instead of divided by it.",
+         where="scale = sqrt(d_k) (or d_k ** 0.5) where d_k ** -0.5 was meant.")
+def scale_inverted(a: Attempt) -> Any:
+    return a.attend(scale=1.0 / a.scale)
+
+
+# --------------------------------------------------------------------------- softmax and scores
+
+@mistake("softmax_wrong_dim", title="softmax over the query axis",
+         what="Softmax normalises each key's column over the queries (dim=-2) instead of each "
+              "query's row over the keys.",
+         where="softmax(dim=-2) or dim=2 on (B, H, Tq, Tk) scores, or dim=1 after a transpose.")
+def softmax_wrong_dim(a: Attempt) -> Any:
+    return a.attend(dim=-2)
+
+
+@mistake("qk_swapped", title="queries and keys swapped",
+         what="Scores are K Qᵀ (the transpose of Q Kᵀ): query i gets the weights that key i gives "
+              "the queries.",
+         where="scores = k @ q.transpose(-2, -1), or q and k passed in each other's place.")
+def qk_swapped(a: Attempt) -> Any:
+    if a.tq != a.tk:
+        return None
+    return a.attend(weights=lambda s, keep: a.softmax(s.transpose(-2, -1), keep))
+
+
+@mistake("last_key_dropped", title="last key dropped",
+         what="The last key and value are left out of every row.",
+         where="an exclusive end (range(T - 1), [:-1], a length minus one) in a loop or slice over keys.")
+def last_key_dropped(a: Attempt) -> Any:
+    if a.tk < 2:
+        return None
+    keep = a.keep()
+    return a.attend(k=a.k[..., :-1, :], v=a.v[..., :-1, :],
+                    keep=None if keep is None else keep[..., :-1])
+
+
+@mistake("probs_clamped", title="probabilities clamped from below",
+         what="After the softmax, probabilities are clamped to at least 1e-6 (and not renormalised): "
+              "weight returns to masked keys and every row sums to more than 1.",
+         where="probs.clamp(min=1e-6) (or + eps) to avoid log(0) or division by zero downstream.")
+def probs_clamped(a: Attempt) -> Any:
+    return a.attend(weights=lambda s, keep: a.softmax(s, keep).clamp(min=1e-6))
+
+
+@mistake("no_max_subtraction", title="softmax without max subtraction",
+         what="exp(scores) / sum without subtracting the row max: right in exact arithmetic, but "
+              "exp overflows the working dtype (inf / inf = NaN) on large scores and underflows "
+              "on very negative ones (0 / 0 = NaN).",
+         where="a hand-written softmax: scores.exp() / scores.exp().sum(-1) with no .amax() subtracted.",
+         rows="all", precision="cell")
+def no_max_subtraction(a: Attempt) -> Any:
+    def weights(scores: Any, keep: Any) -> Any:
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        e = a.stored(scores.exp())                                           # (b, h, Tq, Tk)
+        return e / a.stored(e.sum(-1, keepdim=True))
+    return a.attend(weights=weights)
+
+
+@mistake("score_mod_ignored", title="score modification not applied",
+         what="The score modification (e.g. logit soft-capping) is not applied to the scores.",
+         where="a softcap or score_mod argument not passed on (a kernel or path that lacks it).")
+def score_mod_ignored(a: Attempt) -> Any:
+    return a.attend(score_mod=None) if a.score_mod is not None else None

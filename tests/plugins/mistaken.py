@@ -1,0 +1,163 @@
+"""Attention implementations that each make one known mistake (audit.workload.mistakes), written
+as such code is, independently of the library: the diagnosis must name each one's mistake.
+
+Every function has the variants' signature fn(q, k, v, *, mask=None, causal=False, scale=None,
+score_mod=None); `correct` makes none (0 on rows that see no key, SDPA's convention).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def grouped(q, t):
+    """k or v (B, Hkv, Tk, d) -> (B, H, Tk, d): query head h reads kv head h // (H / Hkv)."""
+    return t.repeat_interleave(q.shape[1] // t.shape[1], dim=1)
+
+
+def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, pair=grouped,
+              diagonal=0, upper=False, use_causal=True, use_mask=True, invert=False, fill=float("-inf"),
+              dim=-1, swap_qk=False, empty_rows_zero=False):
+    """Hand-written attention in fp32 with switches for the mistakes; all off: correct (NaN on
+    rows that see no key unless empty_rows_zero)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    kk, vv = pair(q, k), pair(q, v)                                          # (B, H, Tk, d)
+    scores = ((kk @ q.transpose(-2, -1)) if swap_qk else (q @ kk.transpose(-2, -1))) * scale
+    if score_mod is not None:
+        scores = score_mod(scores)                                           # (B, H, Tq, Tk)
+    keep = None
+    if causal and use_causal:
+        ones = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+        keep = ones.triu(diagonal) if upper else ones.tril(diagonal)         # (Tq, Tk)
+    if mask is not None and use_mask:
+        if mask.dtype == torch.bool:
+            m = ~mask if invert else mask
+            keep = m if keep is None else keep & m
+        else:
+            scores = scores + mask
+    if keep is not None:
+        scores = scores.masked_fill(~keep, fill)
+    probs = torch.softmax(scores, dim=dim)
+    if empty_rows_zero:
+        probs = torch.nan_to_num(probs, nan=0.0)
+    return probs @ vv                                                        # (B, H, Tq, d)
+
+
+def _keep(q, k, mask, causal):
+    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+    if causal:
+        keep = keep.tril()
+    if mask is not None:
+        keep = keep & (mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min)
+    return keep                                                              # (…, Tq, Tk)
+
+
+def correct(q, k, v, **kw):
+    return attention(q, k, v, empty_rows_zero=True, **kw)
+
+
+def gqa_interleaved(q, k, v, **kw):
+    return attention(q, k, v, pair=lambda q, t: t.repeat(1, q.shape[1] // t.shape[1], 1, 1), **kw)
+
+
+def gqa_permuted(q, k, v, **kw):
+    """Groups rotated by one: query head h reads kv head (h // group + 1) % kv_heads."""
+    def rotated(q, t):
+        group = q.shape[1] // t.shape[1]
+        index = torch.tensor([(h // group + 1) % t.shape[1] for h in range(q.shape[1])], device=t.device)
+        return t.index_select(1, index)
+    return attention(q, k, v, pair=rotated, **kw)
+
+
+def causal_alignment_swapped(q, k, v, **kw):
+    return attention(q, k, v, diagonal=k.shape[-2] - q.shape[-2], **kw)     # bottom-right
+
+
+def causal_diagonal_excluded(q, k, v, **kw):
+    return attention(q, k, v, diagonal=-1, **kw)
+
+
+def causal_next_key(q, k, v, **kw):
+    return attention(q, k, v, diagonal=1, **kw)
+
+
+def causal_upper(q, k, v, **kw):
+    return attention(q, k, v, upper=True, **kw)
+
+
+def causal_ignored(q, k, v, **kw):
+    return attention(q, k, v, use_causal=False, **kw)
+
+
+def mask_ignored(q, k, v, **kw):
+    return attention(q, k, v, use_mask=False, **kw)
+
+
+def mask_inverted(q, k, v, **kw):
+    return attention(q, k, v, invert=True, **kw)
+
+
+def mask_after_softmax(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    probs = torch.softmax((q @ grouped(q, k).transpose(-2, -1)) * scale, dim=-1)   # over every key ...
+    return (probs * _keep(q, k, mask, causal)) @ grouped(q, v)               # ... then zero the masked
+
+
+def mask_after_softmax_renormalised(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    probs = torch.softmax((q @ grouped(q, k).transpose(-2, -1)) * scale, dim=-1)
+    probs = probs * _keep(q, k, mask, causal)
+    return (probs / probs.sum(-1, keepdim=True)) @ grouped(q, v)
+
+
+def fully_masked_nan(q, k, v, **kw):
+    return attention(q, k, v, **kw)                                          # softmax of all -inf: NaN
+
+
+def fully_masked_uniform(q, k, v, **kw):
+    return attention(q, k, v, fill=torch.finfo(q.dtype).min, **kw)
+
+
+def scale_squared(q, k, v, **kw):
+    kw.pop("scale", None)
+    return attention(q, k, v, scale=1.0 / q.shape[-1], **kw)
+
+
+def scale_missing(q, k, v, **kw):
+    kw.pop("scale", None)
+    return attention(q, k, v, scale=1.0, **kw)
+
+
+def scale_inverted(q, k, v, **kw):
+    kw.pop("scale", None)
+    return attention(q, k, v, scale=q.shape[-1] ** 0.5, **kw)
+
+
+def softmax_wrong_dim(q, k, v, **kw):
+    return attention(q, k, v, dim=-2, **kw)
+
+
+def qk_swapped(q, k, v, **kw):
+    return attention(q, k, v, swap_qk=True, **kw)
+
+
+def last_key_dropped(q, k, v, *, mask=None, **kw):
+    mask = None if mask is None else mask[..., :-1]
+    return attention(q, k[..., :-1, :], v[..., :-1, :], mask=mask, **kw)
+
+
+def probs_clamped(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = (q @ grouped(q, k).transpose(-2, -1)) * scale
+    probs = torch.softmax(scores.masked_fill(~_keep(q, k, mask, causal), float("-inf")), dim=-1)
+    return probs.clamp(min=1e-6) @ grouped(q, v)
+
+
+def no_max_subtraction(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = (q @ grouped(q, k).transpose(-2, -1)) * scale
+    e = scores.masked_fill(~_keep(q, k, mask, causal), float("-inf")).exp()
+    return (e / e.sum(-1, keepdim=True)) @ grouped(q, v)
+
+
+def score_mod_ignored(q, k, v, *, score_mod=None, **kw):
+    return attention(q, k, v, **kw)
