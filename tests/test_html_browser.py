@@ -87,13 +87,15 @@ def test_the_quick_runs_report_at_1400px(quick_run, tmp_path):
 
 @pytest.mark.parametrize("unpack, name", [(cpu_run, "cpu"), (h200_run, "full")])
 def test_a_stored_runs_report_at_1400px(unpack, name, tmp_path):
-    """The stored CPU and H200 runs (wide real tables), rebuilt by today's report code."""
-    check_page(_report(unpack(name, tmp_path / "runs")), tmp_path)
+    """The stored CPU and H200 runs (wide real tables), rebuilt by today's report code: the checks
+    below, and the verdict and what to use above the fold of a 1400 × 1000 window."""
+    seen = check_page(_report(unpack(name, tmp_path / "runs")), tmp_path)
+    assert_above_the_fold(seen)
 
 
-def check_page(report_dir: Path, tmp_path: Path) -> None:
+def check_page(report_dir: Path, tmp_path: Path) -> dict:
     """No sideways scroll, a contents link per section landing on its section, and a drawn,
-    coloured badge for every severity among the findings."""
+    coloured badge for every severity among the findings. Returns what the probe saw."""
     seen = probe_page(report_dir, tmp_path / "browser")
     assert seen["client"] > 1000
     assert seen["scroll"] <= seen["client"], f"page is {seen['scroll']} px wide in a {seen['client']} px window"
@@ -109,21 +111,18 @@ def check_page(report_dir: Path, tmp_path: Path) -> None:
         assert badge["bg"] not in (seen["page_bg"], "rgba(0, 0, 0, 0)"), badge   # coloured by its CSS
     colours = {b["cls"]: b["bg"] for b in seen["badges"]}
     assert len({colours[c] for c in colours if "sev-" in c}) == len(drawn)   # one colour per severity
+    return seen
 
 
-def test_the_probe_sees_a_page_that_scrolls_sideways(tmp_path):
-    """The check above can fail: the same report with one 3000-px-wide element scrolls sideways."""
+def test_the_probe_sees_a_page_that_scrolls_sideways_and_a_verdict_pushed_down(tmp_path):
+    """The checks above can fail: the same report with one 3000-px-wide element scrolls sideways,
+    and with 400 px more above the verdict it puts what to use below the fold (one page load)."""
     report = _report(cpu_run("quick", tmp_path / "runs"))
-    seen = probe_page(report, tmp_path / "browser", '<div style="width: 3000px">a wide table</div>')
+    seen = probe_page(report, tmp_path / "browser", '<div style="width: 3000px">a wide table</div>'
+                      '<style>h1 { margin-bottom: 400px; }</style>')
     assert seen["scroll"] > seen["client"] > 1000
-
-
-@pytest.mark.parametrize("unpack, name", [(cpu_run, "cpu"), (h200_run, "full")])
-def test_the_verdict_and_what_to_use_are_above_the_fold(unpack, name, tmp_path):
-    """Opened at 1400 × 1000, the page shows the verdict table and the table of what to use
-    without scrolling: both end within the first viewport height."""
-    seen = probe_page(_report(unpack(name, tmp_path / "runs")), tmp_path / "browser")
-    assert_above_the_fold(seen)
+    with pytest.raises(AssertionError, match="below the"):
+        assert_above_the_fold(seen)
 
 
 FOLD_PX = int(WINDOW.split(",")[1])      # the first viewport height of a 1400 × 1000 window
@@ -137,12 +136,3 @@ def assert_above_the_fold(seen: dict) -> None:
     assert 0 < seen["verdict_bottom"] < seen["recommendations_bottom"]
     assert seen["recommendations_bottom"] <= FOLD_PX, (
         f"what to use ends at {seen['recommendations_bottom']:.0f} px, below the {FOLD_PX} px fold")
-
-
-def test_the_fold_check_sees_a_verdict_pushed_down(tmp_path):
-    """The check above can fail: the same report with 400 px more above the verdict puts what to use
-    below the fold."""
-    report = _report(cpu_run("cpu", tmp_path / "runs"))
-    seen = probe_page(report, tmp_path / "browser", "<style>h1 { margin-bottom: 400px; }</style>")
-    with pytest.raises(AssertionError, match="below the"):
-        assert_above_the_fold(seen)
