@@ -451,7 +451,7 @@ def test_the_worst_finding_names_its_diagnosis_and_links_to_its_row(tmp_path: Pa
     result = build_report(_write_run(tmp_path, findings=[info, diagnosed, undiagnosed]))
     md = result["index_md"].read_text(encoding="utf-8")
     rows = _md_rows(_verdict_md(md), "variant")
-    assert rows["compiled"][5] == ("error [error budget — matches: GQA heads paired interleaved]"
+    assert rows["compiled"][5] == ("error [error budget: GQA heads paired interleaved]"
                                    "(#finding-error_budget-compiled)")
     assert rows["eager"][5] == "error [error budget](#finding-error_budget-eager)"
     assert rows["sdpa"][5] == "none"

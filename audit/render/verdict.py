@@ -106,11 +106,11 @@ def _rank(finding: dict) -> tuple[int, int]:
 
 def finding_words(finding: dict, with_cells: bool = False) -> str:
     """A finding in a few words: its check and the mistake it matches when the numerics diagnosis
-    names one ("error budget — matches: GQA heads paired interleaved"); the cells it covers if asked."""
+    names one ("error budget: GQA heads paired interleaved"); the cells it covers if asked."""
     words = str(finding.get("check") or "finding").replace("_", " ")
     diagnosis, title = finding.get("diagnosis"), finding.get("diagnosis_title")
     if diagnosis and str(diagnosis) != "none" and title:
-        words += f" — matches: {title}"
+        words += f": {title}"
     if not with_cells:
         return words
     cells = len(finding.get("cells") or [])
@@ -481,9 +481,8 @@ def verdict_section(frame: pd.DataFrame, findings: list[dict] | None) -> list[Bl
     rows = verdict_rows(frame, baseline)
     instead = "" if baseline == VERDICT_BASELINE else f" (no {VERDICT_BASELINE} cell is ok)"
     blocks += [
-        para(f"Time and peak memory against {baseline}{instead}: geometric mean over matched cells (same inputs "
-             "and shape, scenario ", Mono(NORMAL_SCENARIO), ", both ok) of the per-cell ratio. Fully masked rows: "
-             "bool and -inf masks. 3 runs on the same inputs: bitwise = out, dq, dk, dv identical."),
+        para(f"Against {baseline}{instead}: geometric means over matched cells (scenario ", Mono(NORMAL_SCENARIO),
+             "). 3 runs: out, dq, dk, dv bitwise identical on the same inputs."),
         Table(verdict_display(rows, findings, baseline)),
     ]
     unrun = [v for v in _real_variants(frame) if v not in real]
