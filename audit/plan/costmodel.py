@@ -114,9 +114,23 @@ FAMILY_DEFAULTS: dict[str, dict[str, tuple[float, float, float, float]]] = {
 }
 BACKWARD_DEFAULT_FACTOR = 3.0
 HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
-# A diagnosed cell's float64 mistakes (measure/diagnosis.py), where nothing was fitted: about
-# 15 ms at the quick preset's sizes on 2 cores of an AMD EPYC; a GPU runs them as a few launches each.
-DIAGNOSIS_DEFAULT_S = {"cpu": 0.015, "cuda": 0.01}
+# A diagnosed cell (measure/diagnosis.py), where nothing was fitted: a fixed part, plus every known
+# mistake's float64 forward over the diagnosis slices at this rate. Measured on 2 cores of an AMD
+# EPYC: 11 ms at T=64 (H=4, d=64), 47 ms at T=256 with GQA, 180 ms at T=1024 (one slice).
+DIAGNOSIS_DEFAULT_S = {"cpu": 0.005, "cuda": 0.002}   # cuda: ~10 launches per mistake, unmeasured
+DIAGNOSIS_FLOPS_PER_S = {"cpu": 3e10, "cuda": 2e13}   # cuda: an H200 at a third of its float64 peak, unmeasured
+
+
+def diagnosis_flops(shape: "CellShape") -> float:
+    """Float64 FLOPs of one cell's diagnosis: every registered mistake's forward over the
+    diagnosis slices (the cell's (batch, head) slices, capped by the FLOP budget, at least one)."""
+    from ..measure.diagnosis import DIAGNOSIS_FLOP_BUDGET
+    from ..workload.mistakes import MISTAKES
+    case = shape.case
+    per_slice = attention_flops(1, 1, shape.q_len, case.seq_len, case.d_k, causal=False)
+    budget = DIAGNOSIS_FLOP_BUDGET[device_type(case.device)]
+    slices = max(1, min(case.batch * case.heads, int(budget // max(1, per_slice))))
+    return float(len(MISTAKES) * slices * per_slice)
 
 
 def _family(variant: str) -> str:
@@ -465,7 +479,8 @@ class CostModel:
             if settings.masked_rows_loop:
                 phases["numerics"] += masked_rows_checked(shape) * self._const("masked_row_s", dev, 0.0)
             if case.variant.startswith(BROKEN_PREFIX):     # made to fail: its cells get a diagnosis
-                phases["numerics"] += self._const("diagnosis_s", dev, DIAGNOSIS_DEFAULT_S[dev])
+                phases["numerics"] += (self._const("diagnosis_s", dev, DIAGNOSIS_DEFAULT_S[dev])
+                                       + diagnosis_flops(shape) / DIAGNOSIS_FLOPS_PER_S[dev])
             if exposes_weights(case.variant):
                 _n, flops, chunks = golden_cost_inputs(shape, settings)
                 phases["numerics"] += (chunks * self._const("weights_chunk_s", dev, 1e-3)
