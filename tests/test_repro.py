@@ -174,17 +174,13 @@ def test_a_diagnosed_finding_checks_its_diagnosis_too(quick_run, tmp_path):
     done = run_alone(quick_run / finding["repro"], tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "diagnosis: the output matches the known mistake scale_missing" in done.stdout
-    run = tmp_path / "run"
-    shutil.copytree(quick_run, run)
-    lines = [json.loads(line) for line in (run / "records.jsonl").open()]
-    for rec in lines:
-        if rec["id"] in finding["cells"]:
-            rec["diagnosis"] = "gqa_interleaved"
-    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    from audit.analysis.findings import write_findings
-    again = next(f for f in write_repro_scripts(run, write_findings(run))
-                 if f["variant"] == "broken.unscaled" and f.get("diagnosis") == "gqa_interleaved")
-    done = run_alone(run / again["repro"], tmp_path)
+    by_id = {json.loads(line)["id"]: json.loads(line) for line in (quick_run / "records.jsonl").open()}
+    cell = next(by_id[c] for c in finding["cells"] if by_id[c].get("diagnosis") == "scale_missing")
+    claimed = dict(cell, diagnosis="gqa_interleaved")
+    script = tmp_path / "claimed.py"
+    script.write_text(build_script(dict(finding, diagnosis="gqa_interleaved"), claimed,
+                                   json.loads((quick_run / "run.json").read_text()), 1, "a cell"))
+    done = run_alone(script, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "the audit diagnosed gqa_interleaved: the diagnosis no longer holds" in done.stdout
 
