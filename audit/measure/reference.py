@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from ..workload.inputs import causal_offset
 from .numerics import BACKWARD_FLOP_FACTOR, SaturationAccumulator, attention_flops
 
 CHUNK_BYTES = 32 * 2**20        # float64 score block per chunk on the CPU; backward holds a few
@@ -37,15 +38,6 @@ class Golden:
     row_visible: Any              # (B|1, H|1, Tq) bool: row sees at least one key
     saturation: dict[str, Any]    # max_prob, entropy, min_entropy, onehot_frac, max_logit, max_qk
     alignment: str = "top-left"
-
-
-def causal_offset(tq: int, tk: int, alignment: str) -> int:
-    """Query i may see keys j <= i + offset: 0 top-left, Tk - Tq bottom-right."""
-    if alignment == "top-left":
-        return 0
-    if alignment == "bottom-right":
-        return tk - tq
-    raise ValueError(f"unknown causal alignment {alignment!r}")
 
 
 def visibility(tq: int, tk: int, r0: int, r1: int, *, causal: bool, device: Any,

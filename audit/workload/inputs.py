@@ -140,6 +140,15 @@ def _fp16_range(case, gen, tq, tk) -> dict:
     return dict(q=along(H, tq, 576.0), k=along(Hkv, tk, 383.0), v=_randn(gen, (B, Hkv, tk, d)))
 
 
+def causal_offset(tq: int, tk: int, alignment: str) -> int:
+    """Query i may see keys j <= i + offset: 0 top-left, Tk - Tq bottom-right."""
+    if alignment == "top-left":
+        return 0
+    if alignment == "bottom-right":
+        return tk - tq
+    raise ValueError(f"unknown causal alignment {alignment!r}")
+
+
 def causal_keep(tq: int, tk: int, device: Any, offset: int = 0) -> Any:
     """(Tq, Tk) bool, True where query i may see key j: j <= i + offset (0: top-left, the
     contract's; Tk - Tq: bottom-right, KV-cache decoding)."""

@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from .inputs import torch_dtype
+from .inputs import causal_offset, torch_dtype
 
 ROWS = ("seen", "all")
 PRECISIONS = ("float64", "cell")
@@ -102,7 +102,7 @@ class Attempt:
     heads: tuple[int, ...]        # the cell's index of each of q's h heads
     n_heads: int                  # H, the cell's query heads
     causal: bool = False
-    alignment: str = "top-left"   # the golden's causal alignment (reference.causal_offset)
+    alignment: str = "top-left"   # the golden's causal alignment (inputs.causal_offset)
     visible: Any = None           # (b|1, 1, Tq|1, Tk) bool from the scenario, causal not applied, or None
     bias: Any = None              # (b|1, 1, Tq|1, Tk) a finite additive bias (masks nothing), or None
     scale: float | None = None    # None: d ** -0.5
@@ -145,9 +145,9 @@ class Attempt:
 
     @property
     def offset(self) -> int:
-        """Query i sees keys j <= i + offset under the golden's alignment (reference.causal_offset's
+        """Query i sees keys j <= i + offset under the golden's alignment (inputs.causal_offset's
         rule; measure is a layer above, so it is restated in _offset)."""
-        return _offset(self.tq, self.tk, self.alignment)
+        return causal_offset(self.tq, self.tk, self.alignment)
 
     def pairing(self) -> list[int]:
         """The correct kv head of each selected query head: h // (H / Hkv)."""
@@ -224,14 +224,6 @@ class Attempt:
         return probs.to(vv.dtype) @ vv                                       # (b, h, rows, d)
 
 
-def _offset(tq: int, tk: int, alignment: str) -> int:
-    if alignment == "top-left":
-        return 0
-    if alignment == "bottom-right":
-        return tk - tq
-    raise ValueError(f"unknown causal alignment {alignment!r}")
-
-
 def sq_diff(x: Any, y: Any) -> Any:
     """Elementwise squared difference, NaN matching NaN (0) and any other non-finite pair
     that is not equal counting as inf (a NaN where the other is finite is a mismatch)."""
@@ -285,7 +277,7 @@ def causal_alignment_swapped(a: Attempt) -> Any:
     if not a.causal or a.tq == a.tk:
         return None
     other = "bottom-right" if a.alignment == "top-left" else "top-left"
-    return a.attend(keep=a.keep(offset=_offset(a.tq, a.tk, other)))
+    return a.attend(keep=a.keep(offset=causal_offset(a.tq, a.tk, other)))
 
 
 @mistake("causal_diagonal_excluded", title="causal mask off by one (diagonal hidden)",
