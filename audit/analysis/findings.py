@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
-from ..core.defects import leaks, nonfinite
+from ..core.defects import REPEATED_TENSORS, leaks, nonfinite
 from ..core.grid import INPUT_AXES
 from ..core.runfolder import FINDINGS_FILE
 
@@ -271,7 +271,7 @@ def check_nondeterministic(frame: pd.DataFrame) -> list[dict]:
 
     def make(variant: str, g: pd.DataFrame) -> dict:
         checked = sum(d is not None for d in _differs(ok[ok["variant"] == variant]))
-        names = [n for n in ("out", "dq", "dk", "dv") if any(n in d for d in _differs(g))]
+        names = [n for n in REPEATED_TENSORS if any(n in d for d in _differs(g))]
         mode = (" even under torch.use_deterministic_algorithms(True)"
                 if g.get("deterministic_algorithms", pd.Series(dtype=object)).astype("object").eq(True).any()
                 else "")

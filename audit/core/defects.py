@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+# The tensors the determinism check compares between runs (measure/repeats.py), in this order in
+# repeat_differs.
+REPEATED_TENSORS = ("out", "dq", "dk", "dv")
 LEAK_OVER_NOISE = 10.0   # a leak changes the output by more than this × the variant's run-to-run difference
 
 

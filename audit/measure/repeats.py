@@ -15,7 +15,7 @@ import math
 import os
 from typing import Any, Iterator
 
-REPEATED = ("out", "dq", "dk", "dv")
+from ..core.defects import REPEATED_TENSORS
 
 
 def bitwise_equal(a: Any, b: Any) -> bool:
@@ -57,13 +57,13 @@ class Repeats:
             self._max_diff[name] = max(self._max_diff.get(name, 0.0), largest_difference(self._first[name], t))
 
     def add_grads(self, grads: tuple[Any, Any, Any]) -> None:
-        for name, grad in zip(REPEATED[1:], grads):
+        for name, grad in zip(REPEATED_TENSORS[1:], grads):
             self.add(name, grad)
 
     def columns(self) -> dict[str, Any]:
-        """repeat_runs, repeat_differs (names not bitwise identical, in REPEATED order) and
+        """repeat_runs, repeat_differs (names not bitwise identical, in REPEATED_TENSORS order) and
         repeat_max_diff; null columns when nothing ran twice."""
-        repeated = [n for n in REPEATED if self._runs.get(n, 0) >= 2]
+        repeated = [n for n in REPEATED_TENSORS if self._runs.get(n, 0) >= 2]
         if not repeated:
             return {"repeat_runs": None, "repeat_differs": None, "repeat_max_diff": None}
         differs = [n for n in repeated if n in self._max_diff]

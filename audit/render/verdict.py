@@ -17,7 +17,9 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.findings import FINFO_MIN_SCENARIO
-from .data import (BASELINE_VARIANT, MATCH_AXES, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, describe_values, dtype_order, is_negative_control,
+from ..core.defects import REPEATED_TENSORS
+from .data import (BASELINE_VARIANT, MATCH_AXES, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, SEVERITY_ORDER,
+                   describe_values, dtype_order, is_negative_control,
                    memory_ratio_vs_baseline, numeric, ok_rows, speedup_vs_baseline, variant_order)
 from .page import MISSING, UNBROKEN_CH, Badge, Block, Heading, Inline, Link, Mono, Span, Table, format_value, para
 from .tables import anchored_findings
@@ -29,8 +31,7 @@ DEVICE_DTYPE = "device\u00a0dtype"        # one unbroken header: the column stay
 MASK_KIND_LABELS = {"none": "no mask", "causal": "causal", "padding": "key padding"}
 CLOSE_LEAD = 1.10                   # a lead under 10% is within one run's noise (design notes: 10-40% on 2 cores)
 MIN_SHARED_FRACTION = 0.5           # a variant joins a comparison if the shared cells stay >= half of the slice's
-REPEAT_TENSORS = ("out", "dq", "dk", "dv")
-SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+SEVERITY_RANK = {severity: rank for rank, severity in enumerate(SEVERITY_ORDER)}
 # Masks whose "fully masked" rows are finite (finfo.min): every variant attends uniformly there by
 # design, so they say nothing about what a variant does with a row that sees no key.
 FINITE_MASK_SCENARIOS = (FINFO_MIN_SCENARIO,)
@@ -170,7 +171,7 @@ def determinism_text(rows: pd.DataFrame) -> str:
             parts.append(f"bitwise ({', '.join([f'{len(checked)} cells', *mode])})")
         else:
             tensors = {str(t) for value in differing["repeat_differs"] for t in value}
-            named = [t for t in REPEAT_TENSORS if t in tensors] + sorted(tensors - set(REPEAT_TENSORS))
+            named = [t for t in REPEATED_TENSORS if t in tensors] + sorted(tensors - set(REPEATED_TENSORS))
             largest = numeric(differing, "repeat_max_diff").max()
             notes = ([f"max {_short_number(largest)}"] if pd.notna(largest) else []) + mode
             parts.append(f"differs: {', '.join(named)} in {len(differing)} of {len(checked)} cells"
