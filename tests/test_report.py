@@ -628,6 +628,14 @@ def test_roofline_figure_and_ceilings_table(tmp_path: Path) -> None:
     assert table["fp16 matmul (n=512)"] == "null"
     assert table["device-to-device copy (read + write)"] == "44 GB/s"
     assert ceilings_table(None).empty
+    stuck = {"ceilings": {"cuda": {"matmul_flops_per_s": {"bf16": 1.05e12, "fp16": 7.6e14},
+                                   "matmul_n": {"bf16": 128, "fp16": 8192},
+                                   "matmul_believable": {"bf16": False, "fp16": True},
+                                   "matmul_believable_why": {"bf16": "bf16: stopped growing at n=128", "fp16": "x"}}}}
+    table = ceilings_table(stuck).set_index("what")["measured"]
+    assert table["bf16 matmul (n=128)"].startswith("1.05 TFLOP/s — not believable")
+    assert "stopped growing at n=128" in table["bf16 matmul (n=128)"]
+    assert table["fp16 matmul (n=8192)"] == "760 TFLOP/s"
 
 
 def test_host_bound_table_counts_measured_cells_only() -> None:

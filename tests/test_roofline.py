@@ -165,16 +165,21 @@ def test_measure_ceilings_dtype_failure_is_null_with_reason(monkeypatch):
     json.dumps(out)
 
 
-def _fake_hardware(monkeypatch, flops_per_s: float, bytes_per_s: float = 1e10):
+def _fake_hardware(monkeypatch, flops_per_s: float, bytes_per_s: float = 1e10, *, setup_s: float = 0.0,
+                   launch_s: float = 0.0):
     """Matmul and copy calls that take the time a machine of these rates would need, on a
-    fake clock: returns the clock, which also counts every timed second."""
+    fake clock: returns the clock, which also counts every timed second. `setup_s` is added to
+    the process's first call (cuBLAS setup, workspace, lazy kernel loading), `launch_s` to
+    every call (launch and sync)."""
     from audit.measure import roofline
 
-    clock = {"now": 0.0}
+    clock = {"now": 0.0, "calls": 0}
 
     def fake_timed(fn, sync):                      # never runs fn: its time is the fake machine's
         nbytes = getattr(fn, "nbytes", None)
         seconds = 2.0 * nbytes / bytes_per_s if nbytes else 2.0 * fake_timed.n ** 3 / flops_per_s
+        seconds += launch_s + (setup_s if clock["calls"] == 0 else 0.0)
+        clock["calls"] += 1
         clock["now"] += seconds
         return seconds
 
@@ -207,6 +212,40 @@ def test_measure_ceilings_grows_each_probe_to_its_share_of_the_budget(monkeypatc
     assert out["matmul_flops_per_s"]["bf16"] == pytest.approx(flops_per_s)
     assert clock["now"] <= 2.5 * 1.1
     assert roofline.CEILINGS_BUDGET_S <= 3.0
+
+
+def test_a_slow_first_matmul_does_not_stop_the_probe_growing(monkeypatch):
+    """The H200 case: bf16 is the first CUDA work of the process, so its first 128x128 matmul
+    carries ~0.4 s of cuBLAS setup. Counted as growth it stopped the probe at n=128, a
+    launch-bound 1 TFLOP/s against the hardware's 790 (pct_of_limit inflated ~700x)."""
+    clock = _fake_hardware(monkeypatch, 790e12, 4.3e12, setup_s=0.4, launch_s=4e-6)
+    out = measure_ceilings("cpu", ("bf16", "fp16", "fp32"), budget_s=2.5, copy_bytes=1 << 20,
+                           matmul_n={"bf16": 8192, "fp16": 8192, "fp32": 8192})
+    assert out["matmul_n"]["bf16"] == 8192
+    assert out["matmul_flops_per_s"]["bf16"] > 600e12
+    assert out["matmul_setup_s"]["bf16"] == pytest.approx(0.4, rel=0.01)
+    assert out["matmul_setup_s"]["fp16"] < 1e-3 and out["matmul_n_max"]["bf16"] == 8192
+    assert clock["now"] <= 2.5 * 1.1 + 0.4
+
+
+def test_matmul_plausibility_needs_growth_or_the_devices_floor():
+    from audit.measure.roofline import matmul_plausibility
+
+    h200 = {"device": "cuda", "multiprocessors": 132, "copy_bytes_per_s": 4.3e12,
+            "matmul_n_max": {"bf16": 8192, "fp32": 8192}}
+    stuck = dict(h200, matmul_flops_per_s={"bf16": 1.05e12}, matmul_n={"bf16": 128})
+    ok, why = matmul_plausibility(stuck, "bf16")
+    assert ok is False and "n=128 of 8192" in why and "overhead" in why
+    grown = dict(h200, matmul_flops_per_s={"bf16": 7.9e14}, matmul_n={"bf16": 8192})
+    assert matmul_plausibility(grown, "bf16")[0] is True
+    # stopped short of the cap by the budget, but at a rate no overhead-bound probe reaches
+    short = dict(h200, matmul_flops_per_s={"fp32": 5.1e13}, matmul_n={"fp32": 4096})
+    assert matmul_plausibility(short, "fp32")[0] is True
+    assert matmul_plausibility(dict(short, matmul_flops_per_s={"fp32": 9e12}), "fp32")[0] is False
+    # not judged: ceilings of an older attn-audit, or a CPU
+    assert matmul_plausibility({"device": "cuda", "matmul_flops_per_s": {"bf16": 7.8e14},
+                                "matmul_n": {"bf16": 4096}}, "bf16")[0] is None
+    assert matmul_plausibility(dict(stuck, device="cpu"), "bf16")[0] is None
 
 
 def test_best_rate_takes_the_fastest_block():

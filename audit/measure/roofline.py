@@ -32,6 +32,7 @@ MIN_COPY_BYTES = 4 * 2**20
 CEILINGS_BUDGET_S = 2.5           # per device, every dtype and the copy together (issue: at most 3 s)
 GROW_FRACTION = 0.25              # the growing probes may use this share of a measurement's time
 STATISTIC = "max of repeats"
+CEILINGS_METHOD = 2               # bump when a change makes earlier (cached) ceilings wrong: 2 = setup call not growth
 
 # Columns cell_roofline() produces, for the record schema.
 ROOFLINE_COLUMNS: tuple[str, ...] = (
@@ -61,24 +62,32 @@ def _timed_call(fn: Callable[[], object], sync: Callable[[], None] | None) -> fl
 
 def _grow(make: Callable[[int], Callable[[], object]], size: int, max_size: int, factor: int,
           cost_growth: float, budget_s: float, sync: Callable[[], None] | None
-          ) -> tuple[Callable[[], object], int, float, float]:
+          ) -> tuple[Callable[[], object], int, float, float, float]:
     """Grow a problem from `size` by `factor` while the next one's warm call (this one's
     times `cost_growth`) still fits GROW_FRACTION of the budget. Returns (the call, its
-    size, one warm call's time, time spent growing)."""
+    size, one warm call's time, time spent growing, the setup call's time).
+
+    The very first call is a warm-up left out of the growth budget: as the first CUDA work
+    of a process it carries cuBLAS/cuBLASLt setup, workspace allocation and lazy kernel
+    loading (hundreds of ms), and counting it stopped growth at the smallest, host-bound
+    size, whose rate is a thousandth of the hardware's. Each later size's first call (its
+    allocation) does count."""
+    fn = make(size)
+    setup = _timed_call(fn, sync)                  # library init, workspace, kernel loading
     spent = 0.0
     while True:
-        fn = make(size)
-        spent += _timed_call(fn, sync)             # first call: allocation, library init
         warm = _timed_call(fn, sync)
         spent += warm
         if size * factor > max_size or spent + warm * cost_growth * 2 > GROW_FRACTION * budget_s:
-            return fn, size, warm, spent
+            return fn, size, warm, spent, setup
         size *= factor
+        fn = make(size)
+        spent += _timed_call(fn, sync)             # first call at this size: allocation
 
 
 def _matmul_rate(device: str, dtype: str, max_n: int, budget_s: float,
-                 sync: Callable[[], None] | None) -> tuple[float, int]:
-    """(FLOP/s, n used) of an n×n @ n×n matmul in `dtype` within `budget_s` seconds.
+                 sync: Callable[[], None] | None) -> tuple[float, int, float]:
+    """(FLOP/s, n used, the setup call's seconds) of an n×n @ n×n matmul in `dtype` within `budget_s` seconds.
 
     n starts at MIN_MATMUL_N (or max_n if smaller) and doubles (8x the work) while the
     next size fits the budget, up to max_n; the rest of the budget repeats the call.
@@ -95,8 +104,9 @@ def _matmul_rate(device: str, dtype: str, max_n: int, budget_s: float,
         b = torch.randn(n, n, generator=gen, device=device).to(torch_dtype(dtype))   # (n, n)
         return lambda: torch.matmul(a, b)                                             # (n, n)
 
-    fn, n, warm, spent = _grow(make, min(MIN_MATMUL_N, max_n), max_n, 2, 8.0, budget_s, sync)
-    return _best_rate(fn, 2.0 * n ** 3, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm), n
+    fn, n, warm, spent, setup = _grow(make, min(MIN_MATMUL_N, max_n), max_n, 2, 8.0, budget_s, sync)
+    rate = _best_rate(fn, 2.0 * n ** 3, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm)
+    return rate, n, setup
 
 
 def _copy_rate(device: str, max_bytes: int, budget_s: float,
@@ -121,10 +131,11 @@ def _copy_rate(device: str, max_bytes: int, budget_s: float,
         return fn
 
     try:
-        fn, nbytes, warm, spent = _grow(make, min(MIN_COPY_BYTES, max_bytes), max_bytes, 4, 4.0, budget_s, sync)
+        fn, nbytes, warm, spent, _setup = _grow(make, min(MIN_COPY_BYTES, max_bytes), max_bytes, 4, 4.0,
+                                                budget_s, sync)
     except torch.OutOfMemoryError:
-        fn, nbytes, warm, spent = _grow(make, min(MIN_COPY_BYTES, max_bytes), MIN_COPY_BYTES, 4, 4.0, budget_s,
-                                        sync)
+        fn, nbytes, warm, spent, _setup = _grow(make, min(MIN_COPY_BYTES, max_bytes), MIN_COPY_BYTES, 4, 4.0,
+                                                budget_s, sync)
     numel = nbytes // 4
     return _best_rate(fn, 2.0 * numel * 4, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm), \
         numel * 4
@@ -150,7 +161,10 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
 
     A dtype whose matmul fails gets null and a reason in `matmul_reason`; a failed
     copy gives `copy_bytes_per_s` null and `copy_reason`. Nothing is faked.
-    `matmul_n` (one n or per dtype) and `copy_bytes` cap the sizes the probes grow to.
+    `matmul_n` (one n or per dtype) and `copy_bytes` cap the sizes the probes grow to;
+    `matmul_n_max` records the cap, `matmul_setup_s` the first (warm-up) call's seconds, and on
+    CUDA `multiprocessors` the SM count; `matmul_believable` and `matmul_believable_why` hold
+    matmul_plausibility()'s verdict per dtype (None off CUDA), for the report.
     """
     import torch
 
@@ -161,7 +175,9 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
     out: dict[str, Any] = {
         "device": device,
         "device_name": torch.cuda.get_device_name(torch.device(device)) if cuda else None,
-        "matmul_flops_per_s": {}, "matmul_n": {}, "matmul_reason": {},
+        "matmul_flops_per_s": {}, "matmul_n": {}, "matmul_n_max": {}, "matmul_setup_s": {}, "matmul_reason": {},
+        "multiprocessors": (torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+                            if cuda else None),
         "copy_bytes_per_s": None, "copy_tensor_bytes": None, "copy_reason": None,
         "statistic": STATISTIC, "budget_s": budget_s,
         "threads": torch.get_num_threads(),
@@ -175,12 +191,13 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
             n = matmul_n[dt]
         else:
             n = defaults.get(dt, 1024)
+        out["matmul_n_max"][dt], out["matmul_setup_s"][dt] = n, None
         try:
-            rate, used_n = _matmul_rate(device, dt, n, share, sync)
+            rate, used_n, setup_s = _matmul_rate(device, dt, n, share, sync)
             if not (math.isfinite(rate) and rate > 0):
                 raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
             out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = rate, used_n
-            out["matmul_reason"][dt] = None
+            out["matmul_setup_s"][dt], out["matmul_reason"][dt] = setup_s, None
         except Exception as exc:  # unsupported dtype on this device, OOM, ...
             out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = None, None
             out["matmul_reason"][dt] = f"{type(exc).__name__}: {exc}"[:500]
@@ -194,8 +211,50 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
         out["copy_reason"] = f"{type(exc).__name__}: {exc}"[:500]
     if cuda:
         torch.cuda.empty_cache()
+    verdicts = {dt: matmul_plausibility(out, dt) for dt in dtypes}
+    out["matmul_believable"] = {dt: ok for dt, (ok, _) in verdicts.items()}
+    out["matmul_believable_why"] = {dt: why for dt, (_, why) in verdicts.items()}
     out["elapsed_s"] = time.perf_counter() - started
     return out
+
+
+# The fewest FLOP/s per streaming multiprocessor any NVIDIA GPU since Volta does in plain FP32
+# (64 FMA lanes = 128 FLOP per clock) at 1 GHz (datacenter GPUs since Pascal boost above 1.3 GHz).
+# Tensor-core dtypes do 4-16x more: a measured matmul under this floor timed overhead, not arithmetic.
+SM_FLOOR_FLOPS_PER_S = 128 * 1e9
+
+
+def matmul_plausibility(ceilings: Mapping[str, Any], dtype: str) -> tuple[bool | None, str]:
+    """(whether a CUDA matmul ceiling is believable, why) for one dtype of measure_ceilings().
+
+    Believable when the probe grew to its largest size, or when its rate reaches the floor the
+    device itself sets at the size it stopped at: min(SM count × SM_FLOOR_FLOPS_PER_S, the
+    measured copy bandwidth × that matmul's arithmetic intensity, 2n³ FLOPs over 3n² elements).
+    A probe stuck at a small size measures launch and sync overhead (1 TFLOP/s on an H200 that
+    does 790), and every cell's pct_of_limit would be inflated by the same factor. None (not
+    judged) off CUDA, or for ceilings recorded before the sizes and SM count were.
+    """
+    if not str(ceilings.get("device") or "cuda").startswith("cuda"):
+        return None, f"{dtype}: judged on CUDA only (a CPU's probe may rightly stay small)"
+    rate = (ceilings.get("matmul_flops_per_s") or {}).get(dtype)
+    n = (ceilings.get("matmul_n") or {}).get(dtype)
+    n_max = (ceilings.get("matmul_n_max") or {}).get(dtype)
+    sms = ceilings.get("multiprocessors")
+    if not rate or not n:
+        return None, f"{dtype}: no matmul rate measured"
+    if n_max is None or sms is None:
+        return None, f"{dtype}: matmul_n_max or multiprocessors not recorded (ceilings of an older attn-audit)"
+    if n >= n_max:
+        return True, f"{dtype}: grew to its largest size n={n}"
+    floor = sms * SM_FLOOR_FLOPS_PER_S
+    bandwidth = ceilings.get("copy_bytes_per_s")
+    if bandwidth:
+        floor = min(floor, bandwidth * 2 * n / (3 * DTYPE_BYTES.get(dtype, 4)))
+    if rate >= floor:
+        return True, (f"{dtype}: stopped at n={n} of {n_max}, but {rate / 1e12:.3g} TFLOP/s reaches the "
+                      f"device's floor {floor / 1e12:.3g} TFLOP/s ({sms} SMs, copy bandwidth)")
+    return False, (f"{dtype}: stopped growing at n={n} of {n_max} at {rate / 1e12:.3g} TFLOP/s, under the "
+                   f"{floor / 1e12:.3g} TFLOP/s floor of {sms} SMs and the copy bandwidth: it timed overhead")
 
 
 def attention_bytes(batch: int, heads: int, q_len: int, kv_len: int, d: int, dtype: str, *,

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from ..core.grid import Case
 from ..core.paths import cache_dir, reports_root
 from ..core.runfolder import RECORDS_FILE, RUN_FILE
-from ..measure.roofline import CEILINGS_BUDGET_S
+from ..measure.roofline import CEILINGS_BUDGET_S, CEILINGS_METHOD, matmul_plausibility
 from ..workload.presets import Preset
 from .costfit import RunData, fit
 from .costmodel import CostModel, Params, Settings, device_type, load_priors
@@ -59,8 +59,9 @@ CEILINGS_CACHE_S = 24 * 3600    # a dry-run measures this machine's ceilings aga
 def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None,
                      measured: dict | None = None, budget_s: float = CEILINGS_BUDGET_S) -> tuple[dict, str]:
     """This machine's ceilings for planning, the same for a dry-run and a run so that both make
-    one plan: kept a day in the cache (audit.core.paths; keyed by device name, torch version, thread
-    count and the CPU capability torch uses). Where the cache has none fresh: `measured` (what
+    one plan: kept a day in the cache (audit.core.paths; keyed by device name, the measuring method's
+    version, torch version, thread count and the CPU capability torch uses), unless a matmul's
+    rate is not believable (roofline.matmul_plausibility). Where the cache has none fresh: `measured` (what
     a run just measured for its records), else a measurement now; the cache keeps either.
     A real run's records always use its own measurement (run.json)."""
     import hashlib
@@ -70,7 +71,7 @@ def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None,
     import torch
 
     from ..measure.roofline import measure_ceilings
-    key = hashlib.sha1(repr((device, name, torch.__version__, torch.get_num_threads(),
+    key = hashlib.sha1(repr((device, name, CEILINGS_METHOD, torch.__version__, torch.get_num_threads(),
                              torch.backends.cpu.get_cpu_capability(),
                              os.environ.get("ONEDNN_MAX_CPU_ISA"))).encode()).hexdigest()[:16]
     path = cache_dir() / f"ceilings-{key}.json"
@@ -85,6 +86,9 @@ def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None,
         how = "measured by this run"
     else:
         measured, how = measure_ceilings(device, tuple(dtypes), budget_s=budget_s), "measured now"
+    doubtful = [why for ok, why in (matmul_plausibility(measured, d) for d in dtypes) if ok is False]
+    if doubtful:       # plan with it once, but never keep a ceiling that timed overhead for a day
+        return measured, how + " (not cached: " + "; ".join(doubtful) + ")"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(measured))
