@@ -289,5 +289,61 @@ def test_before_sample_runs_before_every_single_call_sample():
     flushes = []
     s = measure_device(fn, estimate_s=10e-6, clock=gpu, min_samples=3, min_time_s=0.0,
                        before_sample=lambda: (flushes.append(1), gpu.launch(1e-4)), host_clock=gpu.clock)
-    assert s.calls_per_sample == 1 and s.n == 3 and len(flushes) == 3
+    assert s.calls_per_sample == 1 and s.n == 3 and len(flushes) == 4    # a warm-up, then one per sample
     assert s.per_call_s == pytest.approx([10e-6] * 3)    # the flush is outside the events
+
+
+def _varying_kernel(gpu, device_s, host_s_of_call):
+    """fn() whose host cost is host_s_of_call(i) for its i-th call (from 0); counts calls."""
+    calls = []
+
+    def fn():
+        gpu.host(host_s_of_call(len(calls)))
+        calls.append(1)
+        gpu.launch(device_s)
+    fn.calls = calls
+    return fn
+
+
+def test_scattered_host_hiccups_do_not_abandon_device_timing():
+    """A 5 ms pause (a GC pass, say) in every 150th call: a late block now and then over 60
+    samples. Only late blocks in a row mean the call cannot be device-timed; these are thrown
+    away and every kept sample is the kernel's time."""
+    gpu = FakeGPU()
+    fn = _varying_kernel(gpu, 37e-6, lambda i: 20e-6 + (5e-3 if i % 150 == 149 else 0.0))
+    s = measure_device(fn, estimate_s=37e-6, clock=gpu, min_samples=60, min_time_s=0.0,
+                       host_clock=gpu.clock)
+    assert s.n == 60 and s.per_call_s == pytest.approx([37e-6] * 60)
+    discarded = len(fn.calls) // s.calls_per_sample - s.n
+    assert discarded >= 4                                  # enough to have given up before
+
+
+def test_host_time_varying_between_blocks_fits_the_spin():
+    """Autograd-heavy calls: the host takes 60 us per call in one block and 100 us in the next.
+    The spin is sized with margin enough that no block is late and none is wasted."""
+    gpu = FakeGPU()
+    per_block = 28                                          # ceil(1 ms / 37 us)
+    fn = _varying_kernel(gpu, 37e-6, lambda i: 100e-6 if (i // per_block) % 2 else 60e-6)
+    s = measure_device(fn, estimate_s=37e-6, clock=gpu, min_samples=20, min_time_s=0.0,
+                       host_clock=gpu.clock)
+    assert s.calls_per_sample == per_block
+    assert len(fn.calls) == s.n * per_block                 # no late block thrown away
+    assert s.per_call_s == pytest.approx([37e-6] * s.n)
+
+
+def test_a_first_flush_that_loads_its_kernel_costs_no_sample():
+    """The L2 flusher's first fill_ loads its kernel (20 ms of host time): it runs before the
+    first sample, so no block is late and none is thrown away (the call takes the host longer
+    to issue, 200 us, than the flush keeps the device busy, 100 us)."""
+    gpu = FakeGPU()
+    fn = gpu.kernel(device_s=50e-6, host_s=200e-6)
+    flushes = []
+
+    def flush():
+        gpu.host(20e-3 if not flushes else 5e-6)
+        flushes.append(1)
+        gpu.launch(1e-4)
+    s = measure_device(fn, estimate_s=50e-6, clock=gpu, min_samples=3, min_time_s=0.0, before_sample=flush,
+                       host_clock=gpu.clock)
+    assert s.n == 3 and len(fn.calls) == 3
+    assert s.per_call_s == pytest.approx([50e-6] * 3)

@@ -64,6 +64,7 @@ def cache_flusher(device: str, nbytes: int | None = None) -> Callable[[], None]:
     import torch
     size = nbytes or (256 * 2**20 if device.startswith("cuda") else 64 * 2**20)
     buffer = torch.empty(size, dtype=torch.uint8, device=device)
+    buffer.fill_(1)         # warm: the first fill_ loads its kernel, which must not happen inside a sample
     return lambda: buffer.fill_(1)
 
 
@@ -189,7 +190,9 @@ class CudaClock:
 
 
 MAX_DEVICE_BLOCK = 32      # calls queued per block (the launch queue holds ~1000 kernels)
-MAX_LATE_BLOCKS = 4        # blocks whose spin ended too early before giving up on device timing
+MAX_LATE_BLOCKS = 4        # consecutive blocks whose spin ended too early before giving up on device timing
+HOLD_MARGIN = 2.0          # the spin lasts this many times the host's last queueing time ...
+HOLD_EXTRA_S = 5e-4        # ... plus this: autograd-heavy calls vary more than 1.5x from block to block
 
 
 class DeviceTimingFailed(RuntimeError):
@@ -209,7 +212,13 @@ def measure_device(fn: Callable[[], object], *, estimate_s: float, clock, min_sa
     `host_per_call_s` (a call is host-bound when that exceeds its device time).
     `min_time_s` counts the wall time of the samples (spin included), so a host-bound
     cell costs about as long as with measure().
-    Raises DeviceTimingFailed when MAX_LATE_BLOCKS blocks could not be queued in time.
+
+    A late block (the spin ended before the host had queued it) is thrown away and the spin
+    doubled. Only MAX_LATE_BLOCKS late blocks in a row raise DeviceTimingFailed: a call that
+    synchronizes is late every time, while a GC pause or a first-time kernel load is late
+    once, and scattered hiccups over 200 samples must not switch a cell to host timing.
+    `before_sample` runs once, untimed, before the first sample (its first call may load a
+    kernel), and its host time counts in the spin.
     """
     if min_samples < 1:
         raise ValueError("min_samples must be >= 1")
@@ -217,14 +226,19 @@ def measure_device(fn: Callable[[], object], *, estimate_s: float, clock, min_sa
         min(MAX_DEVICE_BLOCK, max(1, math.ceil(min_block_s / estimate_s)))
     samples = Samples(calls_per_sample=per_block, method="device events")
     hold_s = per_block * max(estimate_s, 1e-4) + 2e-3     # first guess; then learned from the host
+    if before_sample is not None:
+        before_sample()
+        clock.synchronize()
     spent, late = 0.0, 0
     while samples.n < max_samples and (samples.n < min_samples or spent < min_time_s):
         clock.synchronize()
         clock.hold(hold_s)
+        t_flush = host_clock()
         if before_sample is not None:
             before_sample()
         start, end = clock.event(), clock.event()
         sample_start = host_clock()
+        flush_s = sample_start - t_flush
         start.record()
         t0 = host_clock()
         for _ in range(per_block):
@@ -239,12 +253,13 @@ def measure_device(fn: Callable[[], object], *, estimate_s: float, clock, min_sa
             if late >= MAX_LATE_BLOCKS:
                 raise DeviceTimingFailed(
                     f"the host could not queue {per_block} call(s) before the device reached them "
-                    f"{late} times (host {host_s * 1e3:.3g} ms per block; does the call synchronize?)")
-            hold_s = 2 * max(hold_s, host_s)
+                    f"{late} times in a row (host {host_s * 1e3:.3g} ms per block; does the call synchronize?)")
+            hold_s = 2 * max(hold_s, host_s + flush_s)
             continue
+        late = 0
         elapsed = start.elapsed_time(end) / 1e3
         spent += wall
         samples.per_call_s.append(elapsed / per_block)
         samples.host_per_call_s.append(host_s / per_block)
-        hold_s = max(1.5 * host_s + 2e-4, 1e-4)
+        hold_s = max(HOLD_MARGIN * (host_s + flush_s) + HOLD_EXTRA_S, 1e-4)
     return samples

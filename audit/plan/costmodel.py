@@ -42,7 +42,7 @@ from ..core.grid import AXES, Case
 from ..core.units import format_duration
 from ..measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from ..measure.roofline import CEILINGS_BUDGET_S, DTYPE_BYTES
-from ..measure.timing import MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
+from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
 from ..workload.presets import Preset
 from ..workload.variants import BROKEN_PREFIX
 
@@ -310,7 +310,7 @@ def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call
         return 0.0
     if device_timing:
         block = min(MAX_DEVICE_BLOCK, max(1, math.ceil(MIN_BLOCK_S / t)))
-        per_sample = 1.5 * block * host_call_s + 2e-4 + block * t
+        per_sample = HOLD_MARGIN * block * host_call_s + HOLD_EXTRA_S + block * t   # the spin, then the block
     else:
         block = max(1, math.ceil(MIN_BLOCK_S / t))
         per_sample = block * t
