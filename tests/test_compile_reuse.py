@@ -20,6 +20,7 @@ def test_compiled_code_is_reused_by_cells_of_the_same_shapes_dtype_and_mask_kind
     assert [r["compile_reused"] for r in recs] == [False, True, False]
     assert recs[0]["compile_s"] > 0 and recs[1]["compile_s"] is None and recs[2]["compile_s"] > 0
     assert recs[1]["fused_sdpa"] == recs[0]["fused_sdpa"] is False
+    assert [r["graph_breaks"] for r in recs] == [0, 0, 0]                 # one graph each
 
 
 def test_build_cache_keys_on_shapes_dtype_causal_and_mask_kind():
@@ -70,3 +71,40 @@ def test_only_new_compiled_binaries_make_a_miss(tmp_path, monkeypatch):
     assert compile_cache.outcome(before) == "miss"
     assert compile_cache.outcome(compile_cache.snapshot()) == "hit"     # nothing new since
     assert compile_cache.warm(root)
+
+
+def _breaking(attention):
+    """`attention` with a graph break before it, as an untraceable call would make."""
+    def breaking_attention(q, k, v, **kwargs):
+        import torch
+        torch._dynamo.graph_break()
+        return attention(q, k, v, **kwargs)
+    return breaking_attention
+
+
+def test_graph_breaks_are_counted_and_kept_for_the_cells_that_reuse_the_code(monkeypatch):
+    from audit.workload import variants
+    monkeypatch.setattr(variants, "eager_attention", _breaking(variants.eager_attention))
+    cache, builds = cellcache.InputCache(), cellcache.BuildCache()
+    recs = [runner.run_cell(Case("compiled", "cpu", "fp32", 8, 24, 1, 2, False, s), cache, PRESET, {},
+                            builds=builds) for s in ("normal", "scaled_x4")]
+    assert [r["status"] for r in recs] == ["ok", "ok"], [r["reason"] for r in recs]
+    assert recs[0]["graph_breaks"] >= 1
+    assert recs[1]["compile_reused"] is True and recs[1]["graph_breaks"] == recs[0]["graph_breaks"]
+
+
+def test_flex_fails_on_a_graph_break_instead_of_running_eagerly():
+    """Without fullgraph, a break inside flex_attention made Dynamo run it eagerly (flex then
+    builds the full score matrix) and the cell was timed as "flex"."""
+    import pytest
+    import torch
+
+    from audit.workload.variants import resolve
+
+    def breaking_score_mod(score):
+        torch._dynamo.graph_break()
+        return score
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    flex = resolve("flex").build()         # (flex cells of the quick preset run it without a break)
+    with pytest.raises(RuntimeError, match="did not compile as one graph"):
+        flex(q, k, v, score_mod=breaking_score_mod)

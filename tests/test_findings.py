@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from audit.analysis.findings import (check_alignment, check_finfo_min_masks, check_fp16_range,
-                                     check_fully_masked_rows, compute_findings)
+                                     check_fully_masked_rows, check_graph_breaks, compute_findings)
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
@@ -131,3 +131,13 @@ def test_a_finding_names_the_diagnosis_most_of_its_cells_match_and_says_when_non
     old = frame.drop(columns=["diagnosis", "diagnosis_err", "diagnosis_golden_err"])   # records before schema 7
     [finding] = [f for f in compute_findings(old) if f["check"] == "error_budget"]
     assert "diagnosis" not in finding and "Diagnosis" not in finding["message"]
+
+
+def test_graph_breaks_finding_fires_on_a_broken_compile_only():
+    frame = _frame([{"variant": "compiled", "graph_breaks": 0}, {"variant": "compiled_unfused", "graph_breaks": 2},
+                    {"variant": "sdpa", "graph_breaks": None}])
+    [finding] = check_graph_breaks(frame)
+    assert finding["variant"] == "compiled_unfused" and finding["severity"] == "warning"
+    assert "up to 2 graph break(s)" in finding["message"] and finding["cells"] == ["compiled_unfused-1"]
+    assert check_graph_breaks(frame.assign(graph_breaks=0)) == []
+    assert check_graph_breaks(frame.drop(columns="graph_breaks")) == []

@@ -255,6 +255,29 @@ def test_sdpa_real_errors_are_not_hidden_as_unsupported():
     assert not isinstance(info.value, Unsupported)
 
 
+@pytest.mark.parametrize("message, limit", [
+    ("No available kernel. Aborting execution.", True),
+    ("No viable backend for scaled_dot_product_attention was found.", True),
+    ("cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph: "
+     "operation not supported on this device", False),
+    ("CUDA driver error: operation not supported", False),
+])
+def test_only_torchs_own_refusals_of_a_forced_backend_are_a_backend_limit(monkeypatch, message, limit):
+    """A forced backend's error is `skipped` (Unsupported) only when it is torch's refusal; a
+    cuDNN or driver failure that happens to say "not supported" stays an error."""
+    import torch.nn.functional as F
+
+    def failing(*args, **kwargs):
+        raise RuntimeError(message)
+    fn = resolve("sdpa_math").build()
+    monkeypatch.setattr(F, "scaled_dot_product_attention", failing)
+    q, k, v = qkv()
+    with pytest.raises((RuntimeError, Unsupported)) as info:
+        fn(q, k, v)
+    assert isinstance(info.value, Unsupported) is limit
+    assert ("SDPA backend MATH cannot run this cell" in str(info.value)) is limit
+
+
 # --------------------------------------------------------------------------- plug-ins
 
 def test_plugin_loads_function_and_first_docstring_line(plugins_on_path):

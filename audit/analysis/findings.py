@@ -199,6 +199,21 @@ def check_compiled_rewrite(frame: pd.DataFrame) -> list[dict]:
     return _per_variant(fused, make)
 
 
+def check_graph_breaks(frame: pd.DataFrame) -> list[dict]:
+    """A compiled variant whose code Dynamo split (graph_breaks > 0): between the pieces it ran
+    eagerly, so its time and memory are partly not the compiled code's."""
+    ok = _ok(frame)
+    rows = ok[_num(ok, "graph_breaks") > 0]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        return _finding("graph_breaks", "warning", variant,
+                        f"Dynamo broke {variant}'s compiled code into pieces in {len(g)} cell(s) ({_where(g)}), "
+                        f"up to {int(_num(g, 'graph_breaks').max())} graph break(s): the code between them ran "
+                        f"eagerly, so these times are partly eager Python's. TORCH_LOGS=graph_breaks names them.",
+                        g["id"])
+    return _per_variant(rows, make)
+
+
 def check_fp16_range(frame: pd.DataFrame) -> list[dict]:
     ok = _real_code(_ok(frame))
     rows = ok[(ok["scenario"] == FP16_RANGE_SCENARIO) & (ok["dtype"] == "fp16")]
@@ -314,7 +329,7 @@ def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
 
 RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
     check_nonfinite, check_error_budget, check_masked_leakage, check_fully_masked_rows,
-    check_finfo_min_masks, check_fp16_range, check_saturation, check_compiled_rewrite,
+    check_finfo_min_masks, check_fp16_range, check_saturation, check_compiled_rewrite, check_graph_breaks,
     check_alignment, check_underflow, check_memory_leak, check_nondeterministic, check_deterministic_mode,
     check_failed_cells,
 )

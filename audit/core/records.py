@@ -52,6 +52,7 @@ COLUMNS: dict[str, str] = {
     "compile_s": "compiled variants: first-call time minus steady-state time, forward plus forward+backward, in the cell that compiled (null for eager variants and reused code)",
     "compile_reused": "compiled variants: true when the cell reused code compiled by an earlier cell of the same shapes, dtype, causal flag and mask kind (no compile here)",
     "compile_cache": "compiled variants, in the cell that compiled: hit (every kernel was already built in Inductor's on-disk cache, TORCHINDUCTOR_CACHE_DIR) or miss (the compile built some: it wrote new files there); null without a compile here, or before schema 5",
+    "graph_breaks": "compiled variants: graph breaks Dynamo met compiling and running this cell's code (kept across the cells that reuse it; 0 = one graph each time); the code between the pieces ran eagerly. flex compiles with fullgraph=True, so a break is its error instead. Plug-ins that compile inside: set when they broke",
     "fused_sdpa": "compiled variants: true when Inductor rewrote the code into fused SDPA (its numerics are then SDPA's)",
     "sdpa_backend": "SDPA variants: the backend that ran (the forced one, or the dispatcher's choice for `sdpa`)",
     "peak_bytes": "peak memory of one forward call above the baseline, bytes (cpu: VmHWM; cuda: allocator peak)",

@@ -169,10 +169,12 @@ def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Gold
 
 @dataclass
 class Build:
-    """A variant's callable for one kind of cell, and whether compiling it fused SDPA."""
+    """A variant's callable for one kind of cell, whether compiling it fused SDPA, and the graph
+    breaks Dynamo met compiling and running it."""
 
     fn: Callable[..., Any]
     fused: bool | None = None
+    graph_breaks: int | None = None
 
 
 class BuildCache:

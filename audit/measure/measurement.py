@@ -17,7 +17,7 @@ from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..workload.inputs import TORCH_DTYPES, Inputs
 from ..workload.presets import Preset
-from ..workload.variants import Variant, compiled_graph_count, fused_attention_count
+from ..workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
 from . import compile_cache
 from .cellcache import BuildCache, Reference
 from .diagnosis import diagnose_cell
@@ -162,6 +162,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     sync = sync_for(case.device)
     fn, build = (builds or BuildCache()).get(variant, inputs)
     graphs_before = compiled_graph_count() if variant.compiled else 0
+    breaks_before = graph_break_count()
     fused_before = fused_attention_count() if variant.compiled else 0
     cache_before = compile_cache.snapshot() if variant.compiled else None
     q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
@@ -288,6 +289,15 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
                               + (max(0.0, first_fb - fb.median_s) if fb else 0.0))
             m["compile_cache"] = cache_use
         m["fused_sdpa"] = build.fused
+    # Graph breaks: the code between the pieces ran eagerly. Counted over the whole cell (warm-up,
+    # leak probes, timing: a recompile there counts too) and kept on the build, so a cell that
+    # reuses compiled code reports the breaks of the compile it reuses.
+    breaks = max(0, graph_break_count() - breaks_before)
+    if variant.compiled:
+        build.graph_breaks = (build.graph_breaks or 0) + breaks
+        m["graph_breaks"] = build.graph_breaks
+    elif breaks:                  # a plug-in that compiles inside
+        m["graph_breaks"] = breaks
 
     for key in ("max_logit", "max_qk"):
         m[key] = golden.saturation[key]

@@ -209,7 +209,7 @@ def _private_copy(fn: AttentionFn) -> AttentionFn:
     return copy
 
 
-def _compiled_fn(fn: AttentionFn, options: dict | None) -> AttentionFn:
+def _compiled_fn(fn: AttentionFn, options: dict | None, *, fullgraph: bool = False) -> AttentionFn:
     """torch.compile(fn) with static shapes, compiled for real, never silently eager.
 
     One compiled callable serves every cell of one shape, dtype and mask kind (the
@@ -218,11 +218,13 @@ def _compiled_fn(fn: AttentionFn, options: dict | None) -> AttentionFn:
     Hitting Dynamo's recompile limit is an error rather than a silent eager fallback.
     dynamic=False keeps every graph specialized to its shapes, as a user's static-shape
     compile would be (automatic dynamic shapes would also change what Inductor fuses).
+    fullgraph=True makes a graph break an error instead of running that frame eagerly.
     """
     import torch
     configure_dynamo()
     fn = _private_copy(fn)
-    return torch.compile(fn, options=options, dynamic=False) if options else torch.compile(fn, dynamic=False)
+    extra = {"options": options} if options else {}
+    return torch.compile(fn, dynamic=False, fullgraph=fullgraph, **extra)
 
 
 def _compiled(options: dict | None) -> AttentionFn:
@@ -235,6 +237,13 @@ def fused_attention_count() -> int:
     return int(counters["inductor"]["fuse_attention"])
 
 
+def graph_break_count() -> int:
+    """How many graph breaks Dynamo has met in this process so far (each one splits a compiled
+    function, and the code between the pieces runs eagerly)."""
+    from torch._dynamo.utils import counters
+    return int(sum(counters["graph_break"].values()))
+
+
 def compiled_graph_count() -> int:
     """How many graphs Dynamo has compiled in this process so far (a compile happened when it grows)."""
     from torch._dynamo.utils import counters
@@ -243,7 +252,11 @@ def compiled_graph_count() -> int:
 
 # --------------------------------------------------------------------------- SDPA
 
-_NO_KERNEL_MARKERS = ("No available kernel", "No viable backend", "not supported", "not compiled")
+# torch's own refusals of a forced backend: "No available kernel. Aborting execution." (CUDA:
+# every kernel of the forced set declined, with the reasons as warnings) and "No viable backend
+# for scaled_dot_product_attention was found." (CPU). Nothing else is a backend limit: a cuDNN
+# frontend or driver failure that says "not supported" is an error, and recorded as one.
+_NO_KERNEL_MARKERS = ("No available kernel", "No viable backend for scaled_dot_product_attention")
 
 
 def _sdpa(backend_name: str | None) -> AttentionFn:
@@ -305,12 +318,17 @@ def _forced(name: str) -> Callable[..., str]:
 # --------------------------------------------------------------------------- FlexAttention
 
 def _flex() -> AttentionFn:
-    """torch.compile(flex_attention); causal and bool masks as block masks, float masks and the
-    cell's ScoreMod as score_mod, GQA with enable_gqa."""
+    """torch.compile(flex_attention, fullgraph=True); causal and bool masks as block masks, float
+    masks and the cell's ScoreMod as score_mod, GQA with enable_gqa.
+
+    fullgraph: a graph break inside flex_attention would make Dynamo run the frame eagerly, and
+    flex's eager branch only warns, then builds the whole score matrix: such a cell would be
+    timed and reported as "flex". With fullgraph the break is the cell's error instead.
+    """
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    compiled = _compiled_fn(flex_attention, None)
+    compiled = _compiled_fn(flex_attention, None, fullgraph=True)
     block_mask_for: list = []     # [(mask tensor, causal, BlockMask)]: the last one built
 
     def call(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
@@ -353,8 +371,12 @@ def _flex() -> AttentionFn:
                                       create_block_mask(mask_mod, batch, None, tq, tk, device=q.device.type))]
             block_mask = block_mask_for[0][2]
         gqa = {"enable_gqa": True} if k.shape[-3] != q.shape[-3] else {}
-        return compiled(q, k, v, block_mask=block_mask, scale=scale, **gqa,
-                        score_mod=flex_score_mod if (modify is not None or float_mask is not None) else None)
+        try:
+            return compiled(q, k, v, block_mask=block_mask, scale=scale, **gqa,
+                            score_mod=flex_score_mod if (modify is not None or float_mask is not None) else None)
+        except torch._dynamo.exc.Unsupported as exc:
+            raise RuntimeError(f"flex_attention did not compile as one graph (fullgraph=True), so it "
+                               f"would have run eagerly: {_first_line(exc)}") from exc
 
     return call
 
