@@ -92,32 +92,78 @@ class FakeEvent:
 
 
 class FieldValue:
-    class _V:
-        def __init__(self, mw):
-            self.uiVal = mw
+    """One nvmlFieldValue_t: the value lives in the union member its valueType names."""
 
-    def __init__(self, mw: int, ret: int = 0) -> None:
-        self.nvmlReturn, self.value = ret, self._V(mw)
+    MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+    class _V:
+        pass
+
+    def __init__(self, value: float, ret: int = 0, value_type: int = 1) -> None:
+        self.nvmlReturn, self.valueType, self.value = ret, value_type, self._V()
+        for member in self.MEMBERS.values():      # the other members hold garbage bits
+            setattr(self.value, member, 0xDEAD)
+        setattr(self.value, self.MEMBERS[value_type], value)
+
+
+class FakeNVMLError(Exception):
+    """pynvml.NVMLError: `value` is the nvmlReturn code."""
+
+    def __init__(self, value: int = 999) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
 
 
 class GpuNVML:
-    """The slice of pynvml EnergyMeter uses, reading the FakeGPU's power and energy."""
+    """The slice of pynvml EnergyMeter uses, reading the FakeGPU's power and energy.
+
+    Every query costs the host time (the FakeGPU clock advances): `costs` maps a query name
+    ("energy", "field_values", "power_usage", "clock", "temperature", "throttle") to seconds,
+    or to a sequence of seconds used in turn (cycled), e.g. the energy counter's 2.4 ms median
+    with an occasional 6.6 ms. Unnamed queries cost `gpu.nvml_call_s` (energy, field values,
+    power usage) or nothing (clock, temperature, throttle), as before. Faults:
+    `counter_scale` multiplies the published energy (a mis-scaled counter), `counter_stuck`
+    publishes the first value forever, `instant_failures` are the indices (0-based) of the
+    field-value reads that fail transiently (`instant_failure`: "raise" an NVMLError, or
+    "return" nvmlReturn 15 in the field), `instant_type` is the valueType the power comes in
+    (1 unsigned int; 0 double).
+    """
 
     NVML_CLOCK_SM = 1
     NVML_TEMPERATURE_GPU = 0
     NVML_FI_DEV_POWER_INSTANT = 186
+    NVMLError = FakeNVMLError
 
-    class NVMLError_NotSupported(Exception):
-        value = 3
+    class NVMLError_NotSupported(FakeNVMLError):
+        def __init__(self) -> None:
+            super().__init__(3)
 
     def __init__(self, gpu: FakeGPU, *, counter: bool = True, instant: bool = True,
-                 throttle: int = 0) -> None:
+                 throttle: int = 0, costs: dict | None = None, counter_scale: float = 1.0,
+                 counter_stuck: bool = False, instant_failures: tuple = (),
+                 instant_failure: str = "raise", instant_type: int = 1) -> None:
         self.gpu, self.counter, self.instant, self.throttle = gpu, counter, instant, throttle
+        self.costs = dict(costs or {})
+        self.counter_scale, self.counter_stuck = counter_scale, counter_stuck
+        self.instant_failures, self.instant_failure = set(instant_failures), instant_failure
+        self.instant_type = instant_type
         self.reads = 0
+        self.calls: dict[str, int] = {}
+        self._stuck_mj: int | None = None
 
-    def _call(self) -> None:
+    def _call(self, name: str = "energy") -> int:
+        """Charge the host one `name` query; return how many came before it."""
+        n = self.calls.get(name, 0)
+        self.calls[name] = n + 1
+        default = self.gpu.nvml_call_s if name in ("energy", "field_values", "power_usage") else None
+        cost = self.costs.get(name, default)
+        if cost is None:
+            return n
         self.reads += 1
-        self.gpu.host(self.gpu.nvml_call_s)
+        if not isinstance(cost, (int, float)):
+            cost = cost[n % len(cost)]
+        self.gpu.host(cost)
+        return n
 
     def nvmlInit(self):
         pass
@@ -135,28 +181,40 @@ class GpuNVML:
         return "GPU-00000000-0000-0000-0000-000000000000"
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h):
-        self._call()
+        self._call("energy")
         if not self.counter:
             raise self.NVMLError_NotSupported()
         published = math.floor(self.gpu.now / self.gpu.counter_period_s) * self.gpu.counter_period_s
-        return int(self.gpu.energy_j(published) * 1000)
+        mj = int(self.gpu.energy_j(published) * 1000 * self.counter_scale)
+        if self.counter_stuck:
+            self._stuck_mj = mj if self._stuck_mj is None else self._stuck_mj
+            return self._stuck_mj
+        return mj
 
     def nvmlDeviceGetFieldValues(self, h, fields):
-        self._call()
+        n = self._call("field_values")
         assert fields == [self.NVML_FI_DEV_POWER_INSTANT]
         if not self.instant:
             return [FieldValue(0, ret=3)]
-        return [FieldValue(int(self.gpu.power_w(self.gpu.now) * 1000))]
+        if n in self.instant_failures:
+            if self.instant_failure == "raise":
+                raise FakeNVMLError(15)                    # NVML_ERROR_TIMEOUT
+            return [FieldValue(0, ret=15)]
+        mw = self.gpu.power_w(self.gpu.now) * 1000
+        return [FieldValue(mw if self.instant_type == 0 else int(mw), value_type=self.instant_type)]
 
     def nvmlDeviceGetPowerUsage(self, h):
-        self._call()
+        self._call("power_usage")
         return int(self.gpu.idle_w * 1000)      # a lagging 1 s average: still the idle power
 
     def nvmlDeviceGetClockInfo(self, h, kind):
+        self._call("clock")
         return 1980
 
     def nvmlDeviceGetTemperature(self, h, sensor):
+        self._call("temperature")
         return 60
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        self._call("throttle")
         return self.throttle

@@ -87,3 +87,76 @@ def test_energy_only_on_cuda_speed_cells(gpu):
     masked = measurement._telemetry(Case("sdpa", "cuda", "bf16", 8, 16, 1, 2, False, "padding"), None, None, None,
                                _meter(gpu), PRESET)
     assert "speed cells" in masked["telemetry_reason"]
+
+
+L2_FLUSH = presets.Preset(name="t", description="", grids=(), min_samples=5, min_time_s=0.01,
+                          max_cell_s=60.0, energy_window_s=0.05, l2_flush=True)
+
+
+def test_with_l2_flush_the_idle_fraction_uses_a_hot_call_time(gpu, monkeypatch):
+    """--l2-flush: the timed 60 us is a cold-cache time while the window runs hot (20 us). Eager
+    calls the host issues in 80 us: the GPU idles 75% of the window, but the cold time made it
+    1 - 3 × 25% = 25%. Timing the unit hot (device events behind a spin) gives 75%."""
+    def no_capture(fn, calls=1):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(measurement, "cuda_graph_replay", no_capture)
+    forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
+    out = measurement._telemetry(CUDA_CASE, forward, Samples(per_call_s=[60e-6] * 5), gpu.synchronize,
+                                 _meter(gpu), L2_FLUSH)
+    assert out["energy_idle_frac"] == pytest.approx(0.75, abs=0.03)
+    assert "host-bound" in out["telemetry_reason"]
+
+
+def test_with_l2_flush_fed_graph_replays_show_no_idle(gpu, monkeypatch):
+    monkeypatch.setattr(measurement, "cuda_graph_replay",
+                        lambda fn, calls=1: gpu.kernel(device_s=calls * 20e-6, host_s=10e-6))
+    forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
+    out = measurement._telemetry(CUDA_CASE, forward, Samples(per_call_s=[60e-6] * 5), gpu.synchronize,
+                                 _meter(gpu), L2_FLUSH)
+    assert out["energy_idle_frac"] == pytest.approx(0.0, abs=0.02)
+    assert out["energy_per_call_j"] == pytest.approx(500.0 * 20e-6, rel=0.05)
+    assert out["telemetry_reason"] is None
+
+
+def test_with_l2_flush_calls_that_cannot_be_timed_hot_get_no_idle_fraction(gpu, monkeypatch):
+    """Calls that synchronize cannot be queued behind a spin: no hot time, so no idle fraction
+    (the cold one would say nothing), and the reason says why."""
+    def no_capture(fn, calls=1):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(measurement, "cuda_graph_replay", no_capture)
+    kernel = gpu.kernel(device_s=20e-6, host_s=10e-6)
+
+    def syncing():
+        kernel()
+        gpu.synchronize()
+    out = measurement._telemetry(CUDA_CASE, syncing, Samples(per_call_s=[60e-6] * 5), gpu.synchronize,
+                                 _meter(gpu), L2_FLUSH)
+    assert out["energy_idle_frac"] is None
+    assert "--l2-flush" in out["telemetry_reason"] and "cold" in out["telemetry_reason"]
+    assert out["energy_per_call_j"] is not None
+
+
+def test_slow_nvml_queries_cost_a_cell_at_most_its_limit(monkeypatch):
+    """The gpu-check preset's window (0.05 s) with a counter publishing every 100 ms and NVML
+    queries of 1-6.6 ms: the GPU stays fed and the whole measurement, timed on the fake
+    clock, fits gpu-check's 0.3 s per cell (ENERGY_MAX_COST_S)."""
+    from audit.commands.gpu_check import ENERGY_MAX_COST_S
+
+    gpu = FakeGPU(counter_period_s=0.1)
+    gpu.host(0.0123)
+    monkeypatch.setattr(measurement, "cuda_clock", lambda: gpu)
+    monkeypatch.setattr(measurement, "cuda_graph_replay",
+                        lambda fn, calls=1: gpu.kernel(device_s=calls * 20e-6, host_s=10e-6))
+    costs = {"energy": [2.4e-3] * 9 + [6.6e-3], "field_values": 1e-3, "clock": 1e-3,
+             "temperature": 1e-3, "throttle": 1e-3}
+    meter = EnergyMeter(GpuNVML(gpu, costs=costs), 0, cuda_uuid=lambda i: None, visible_env=None,
+                        clock=gpu.clock)
+    forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
+    start = gpu.now
+    out = measurement._telemetry(CUDA_CASE, forward, Samples(per_call_s=[20e-6] * 5), gpu.synchronize,
+                                 meter, PRESET)
+    assert out["energy_idle_frac"] <= 0.05
+    assert out["energy_per_call_j"] == pytest.approx(500.0 * 20e-6, rel=0.04)
+    assert out["energy_cost_s"] == pytest.approx(gpu.now - start)      # the meter's (fake) clock
+    assert out["energy_cost_s"] <= ENERGY_MAX_COST_S
+    assert out["energy_read_s"] == pytest.approx(2.4e-3)

@@ -87,9 +87,21 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_7_with_migrations_from_1_to_6():
-    assert SCHEMA_VERSION == 7
-    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6}
+def test_schema_is_8_with_migrations_from_1_to_7():
+    assert SCHEMA_VERSION == 8
+    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7}
+
+
+def test_a_v7_record_reads_with_no_graph_breaks_or_power_source_recorded(tmp_path):
+    """Schema 7 counted no graph breaks: null (unknown), not 0 (one graph)."""
+    old = full_record()
+    for col in ("graph_breaks", "sampled_power_source", "energy_read_s"):
+        old.pop(col, None)
+    old["schema"] = 7
+    (tmp_path / RECORDS_FILE).write_text(dumps(old) + "\n")
+    back = read_records(tmp_path)[0]
+    assert back["schema"] == SCHEMA_VERSION
+    assert back["graph_breaks"] is None and back["sampled_power_source"] is None and back["energy_read_s"] is None
 
 
 def test_a_v6_record_reads_with_no_diagnosis_or_determinism_measured(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from tests.fake_gpu import FakeGPU, GpuNVML
 
-from audit.measure.energy import TELEMETRY_COLUMNS, EnergyMeter, null_telemetry
+from audit.measure.energy import TELEMETRY_COLUMNS, EnergyMeter, field_value_number, null_telemetry
 from audit.measure.nvml import decode_throttle_reasons, nvml_device_info, nvml_index_for, nvml_info
 
 UUIDS = ["GPU-aaaaaaaa-0000-0000-0000-000000000000",
@@ -328,6 +328,188 @@ def test_throttle_reasons_during_the_window_are_decoded():
     out = gpu_meter(gpu, throttle=0x0).measure(replay, calls_per_unit=100, kernel_s=20e-6,
                                                device=gpu, min_window_s=0.1)
     assert out["throttle_reasons"] == []
+
+
+# -- slow NVML queries (issue 20): the queue, the read cadence, the edges' timestamps ---------
+
+# Host time of each NVML query on real boards: nvmlDeviceGetTotalEnergyConsumption measured
+# 2.4 ms median and 6.6 ms max (here every tenth read); the other queries about 1 ms each.
+SLOW_NVML = {"energy": [2.4e-3] * 9 + [6.6e-3], "field_values": 1e-3, "power_usage": 1e-3,
+             "clock": 1e-3, "temperature": 1e-3, "throttle": 1e-3}
+PHASES = [i * 0.0049 for i in range(21)]       # where in the counter's 100 ms period a cell starts
+
+
+def slow_nvml_cell(phase, **nvml_options):
+    """One cell of 2 ms graph replays (100 calls of 20 us) with slow NVML queries and a counter
+    publishing every 100 ms, measured as the gpu and gpu-check presets do (window 0.05 s)."""
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0, counter_period_s=0.1)
+    meter = gpu_meter(gpu, **{"costs": SLOW_NVML, **nvml_options})
+    replay = gpu.kernel(device_s=100 * 20e-6, host_s=10e-6)
+    gpu.host(phase)
+    start = gpu.now
+    out = meter.measure(replay, calls_per_unit=100, kernel_s=20e-6, device=gpu, min_window_s=0.05,
+                        max_wall_s=0.3)
+    return out, gpu, meter, gpu.now - start
+
+
+def test_slow_nvml_reads_do_not_let_the_gpu_idle_in_the_window():
+    """Three 2 ms units queued and a counter read (2.4-6.6 ms) after each: the GPU waited for
+    the host more than half the time (idle 0.55, mean power 43% low). With at least 10 ms, and
+    twice the longest query, queued: idle 0, power within 4% whatever the phase, at most 0.3 s."""
+    runs = [slow_nvml_cell(phase) for phase in PHASES]
+    for out, gpu, _, cost in runs:
+        assert out["energy_method"] == "counter"
+        assert out["energy_idle_frac"] <= 0.05
+        assert len(gpu.busy) == 1                        # the device never waited, start to end
+        assert out["mean_power_w"] == pytest.approx(500.0, rel=0.04)
+        assert out["energy_per_call_j"] == pytest.approx(500.0 * 20e-6, rel=0.04)
+        assert out["sampled_power_w"] == pytest.approx(500.0)
+        assert cost <= 0.3 and out["energy_cost_s"] <= 0.3        # gpu-check's ENERGY_MAX_COST_S
+    errors = sorted(abs(out["mean_power_w"] / 500.0 - 1.0) for out, *_ in runs)
+    assert errors[len(errors) // 2] <= 0.01                        # median power error
+
+
+def test_the_nvml_read_cost_is_recorded_and_sizes_the_queue():
+    out, _, meter, _ = slow_nvml_cell(0.0123)
+    assert out["energy_read_s"] == pytest.approx(2.4e-3)           # the median counter read
+    assert meter.queue_target_s() == pytest.approx(2 * 6.6e-3)     # twice the longest query seen
+    fast, *_ = slow_nvml_cell(0.0123, costs={})
+    assert fast["energy_read_s"] == pytest.approx(20e-6)            # FakeGPU.nvml_call_s
+
+
+def test_the_first_cell_is_sized_from_timed_nvml_queries():
+    """Counter reads of 12 ms: before its calls run, the run's first cell times the queries and
+    keeps 24 ms queued (the GPU never waits, not even at the start), and lengthens the window
+    to 20 reads (0.24 s, so an edge is at most ~5% of it) within a 1 s budget."""
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0, counter_period_s=0.1)
+    meter = gpu_meter(gpu, costs={"energy": 12e-3})
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    gpu.host(0.0123)
+    out = meter.measure(replay, calls_per_unit=100, kernel_s=20e-6, device=gpu, min_window_s=0.05,
+                        max_wall_s=1.0)
+    assert len(gpu.busy) == 1 and out["energy_idle_frac"] <= 0.05
+    assert meter.queue_target_s() == pytest.approx(0.024)
+    assert out["energy_window_s"] >= 0.24
+    assert out["mean_power_w"] == pytest.approx(500.0, rel=0.02)
+
+
+def test_edges_are_timed_by_the_counter_reads_not_before_the_other_queries():
+    """50 ms calls, a fast counter, slow context queries (2 ms each): an edge timestamped before
+    the power, clock, temperature and throttle reads of its poll was 8 ms early (power 9% off
+    at one phase). Timed by the counter reads around it, every phase is right."""
+    costs = {"field_values": 2e-3, "clock": 2e-3, "temperature": 2e-3, "throttle": 2e-3}
+    for i in range(40):
+        gpu = FakeGPU(busy_w=500.0, idle_w=100.0, counter_period_s=0.05)
+        call = gpu.kernel(device_s=0.05, host_s=50e-6)
+        gpu.host(i * 0.00123)
+        out = gpu_meter(gpu, costs=costs).measure(call, calls_per_unit=1, kernel_s=0.05, device=gpu,
+                                                  min_window_s=0.05)
+        assert out["mean_power_w"] == pytest.approx(500.0, rel=0.01), i
+
+
+def test_context_readings_are_rarer_than_counter_reads():
+    out, _, meter, _ = slow_nvml_cell(0.0123)
+    calls = meter.nvml.calls
+    assert calls["energy"] > 3 * calls["field_values"]
+    assert calls["clock"] == calls["temperature"] == calls["field_values"]
+    assert out["sm_clock_mhz"] == 1980 and out["temperature_c"] == 60
+
+
+# -- instantaneous power: transient failures, value types, its source ---------------------------
+
+@pytest.mark.parametrize("failure", ["raise", "return"])
+def test_one_failed_instant_power_read_skips_only_that_reading(failure):
+    """A timeout of nvmlDeviceGetFieldValues in the middle of the window used to turn instant
+    power off for the run: the rest of the cell read the lagging 1 s average (the idle power)."""
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
+    meter = gpu_meter(gpu, instant_failures=(2,), instant_failure=failure)
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    out = meter.measure(replay, calls_per_unit=100, kernel_s=20e-6, device=gpu, min_window_s=0.1)
+    assert out["sampled_power_w"] == pytest.approx(500.0)
+    assert meter.nvml.calls["field_values"] > 3                     # the failure was mid-cell
+    assert out["sampled_power_source"] == "instant"
+    later = meter.measure(replay, calls_per_unit=100, kernel_s=20e-6, device=gpu, min_window_s=0.1)
+    assert later["sampled_power_source"] == "instant"               # still on for the next cell
+
+
+def test_repeated_instant_power_failures_fall_back_to_the_average():
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
+    meter = gpu_meter(gpu, instant_failures=tuple(range(100)))
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    out = meter.measure(replay, calls_per_unit=100, kernel_s=20e-6, device=gpu, min_window_s=0.1)
+    assert meter.nvml.calls["field_values"] == 3                    # off after three in a row
+    assert out["sampled_power_source"] == "average"
+    assert out["sampled_power_w"] == pytest.approx(100.0)           # only average readings
+
+
+def test_instant_power_not_supported_turns_it_off_at_once():
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
+    meter = gpu_meter(gpu, instant=False)                           # nvmlReturn 3 in the field
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    out = meter.measure(replay, calls_per_unit=100, kernel_s=20e-6, device=gpu, min_window_s=0.1)
+    assert meter.nvml.calls["field_values"] == 1
+    assert out["sampled_power_source"] == "average"
+
+
+def test_a_double_typed_instant_power_is_read_by_its_type():
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    out = gpu_meter(gpu, instant_type=0).measure(replay, calls_per_unit=100, kernel_s=20e-6,
+                                                 device=gpu, min_window_s=0.1)
+    assert out["sampled_power_w"] == pytest.approx(500.0)           # dVal, not uiVal's garbage
+    assert out["sampled_power_source"] == "instant"
+
+
+@pytest.mark.parametrize("value_type, member", [(0, "dVal"), (1, "uiVal"), (2, "ulVal"), (3, "ullVal"),
+                                                (4, "sllVal"), (5, "siVal")])
+def test_field_values_are_read_from_the_member_their_type_names(value_type, member):
+    import pynvml
+
+    assert getattr(pynvml, {0: "NVML_VALUE_TYPE_DOUBLE", 1: "NVML_VALUE_TYPE_UNSIGNED_INT",
+                            2: "NVML_VALUE_TYPE_UNSIGNED_LONG", 3: "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG",
+                            4: "NVML_VALUE_TYPE_SIGNED_LONG_LONG",
+                            5: "NVML_VALUE_TYPE_SIGNED_INT"}[value_type]) == value_type
+    value = pynvml.c_nvmlFieldValue_t()
+    value.valueType = value_type
+    setattr(value.value, member, 250)
+    assert field_value_number(value) == 250.0
+    value.valueType = 99
+    assert field_value_number(value) is None
+
+
+# -- the counter against the sampled instantaneous power -----------------------------------------
+
+def test_a_mis_scaled_counter_disagrees_with_sampled_power_and_says_so():
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    out = gpu_meter(gpu, counter_scale=10.0).measure(replay, calls_per_unit=100, kernel_s=20e-6,
+                                                     device=gpu, min_window_s=0.1)
+    assert out["energy_method"] == "counter" and out["mean_power_w"] == pytest.approx(5000.0, rel=0.03)
+    assert "sampled instantaneous power" in out["telemetry_reason"]
+    assert "mis-scaled" in out["telemetry_reason"]
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    right = gpu_meter(gpu).measure(replay, calls_per_unit=100, kernel_s=20e-6, device=gpu, min_window_s=0.1)
+    assert right["telemetry_reason"] is None
+
+
+def test_a_stuck_counter_is_reported_and_sampled_power_used():
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    out = gpu_meter(gpu, counter_stuck=True).measure(replay, calls_per_unit=100, kernel_s=20e-6,
+                                                     device=gpu, min_window_s=0.1)
+    assert out["energy_method"] == "power×time"
+    assert "did not advance" in out["telemetry_reason"]
+    assert out["energy_per_call_j"] == pytest.approx(500.0 * 20e-6, rel=0.03)
+
+
+def test_average_power_is_not_held_against_the_counter():
+    """The 1 s average lags a cell behind: it is no check of the counter, so no note."""
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    out = gpu_meter(gpu, instant=False).measure(replay, calls_per_unit=100, kernel_s=20e-6,
+                                                device=gpu, min_window_s=0.1)
+    assert out["sampled_power_source"] == "average" and out["telemetry_reason"] is None
 
 
 def test_init_failure_gives_null_columns_and_never_calls_fn():

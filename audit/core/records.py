@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator
 
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 # Every column a user can rely on, with its meaning. docs/output.md's column table is
@@ -111,13 +111,15 @@ COLUMNS: dict[str, str] = {
     "energy_method": "counter (NVML energy counter, window between two of its updates), counter (unaligned), or power×time (no counter), then 'over' the calls: CUDA-graph replays or eager calls",
     "mean_power_w": "CUDA: mean board power during the energy window from the energy counter, W",
     "sampled_power_w": "CUDA: mean of instantaneous power readings during the window, W (an independent check of mean_power_w)",
-    "energy_idle_frac": "CUDA: fraction of the window the GPU waited between calls (1 - calls × fwd time / device time); above 0.05 the reason says the energy includes idle power",
+    "sampled_power_source": "CUDA: where sampled_power_w came from: instant (NVML_FI_DEV_POWER_INSTANT), average (nvmlDeviceGetPowerUsage, a lagging 1 s average on Ampere and newer), null when no power was read",
+    "energy_idle_frac": "CUDA: fraction of the window the GPU waited between calls: the larger of the gaps between the window's units (CUDA events) and 1 - calls × per-call time / device time (with --l2-flush the per-call time is timed hot, without the flush; null when it cannot be); above 0.05 the reason says the energy includes idle power",
     "sm_clock_mhz": "CUDA: median SM clock during the window, MHz",
     "temperature_c": "CUDA: highest GPU temperature during the window, °C",
     "throttle_reasons": "CUDA: clock throttle reasons seen during the window (names)",
     "energy_calls": "forward calls run while measuring energy",
     "energy_window_s": "length of the energy window (between two updates of the energy counter), s",
     "energy_cost_s": "CUDA: wall time the energy measurement added to the cell (graph capture and window), s",
+    "energy_read_s": "CUDA: median host time one read of NVML's energy counter took in the cell, s (the GPU's queued work must outlast it; an edge of the window is timed to about one read)",
     "telemetry_reason": "why telemetry columns are null or partial (no GPU, no driver, ...)",
     "elapsed_s": "wall time spent on the cell, seconds",
     "predicted_s": "the cost model's prediction of the cell's wall time when the run was planned, seconds (docs/planning.md)",
@@ -264,7 +266,12 @@ def _v6_to_v7(record: dict[str, Any]) -> dict[str, Any]:
     return _with_columns(record, 7)
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7}
+def _v7_to_v8(record: dict[str, Any]) -> dict[str, Any]:
+    """v8 added graph_breaks, sampled_power_source and energy_read_s (not recorded before: null)."""
+    return _with_columns(record, 8)
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8}
 
 
 class NewerSchema(ValueError):

@@ -14,10 +14,40 @@ from .nvml import (NVML_CLOCK_SM, NVML_TEMPERATURE_GPU, as_text, decode_throttle
 
 # Columns EnergyMeter.measure() and null_telemetry() produce, in this order.
 TELEMETRY_COLUMNS: tuple[str, ...] = (
-    "energy_per_call_j", "energy_method", "mean_power_w", "sampled_power_w", "energy_idle_frac",
-    "sm_clock_mhz", "temperature_c", "throttle_reasons", "energy_calls", "energy_window_s",
-    "energy_cost_s", "telemetry_reason",
+    "energy_per_call_j", "energy_method", "mean_power_w", "sampled_power_w", "sampled_power_source",
+    "energy_idle_frac", "sm_clock_mhz", "temperature_c", "throttle_reasons", "energy_calls",
+    "energy_window_s", "energy_cost_s", "energy_read_s", "telemetry_reason",
 )
+
+# How EnergyMeter.measure keeps the GPU fed while it reads NVML (docs/measurement.md, "Telemetry
+# on NVIDIA GPUs"). One NVML query takes milliseconds (nvmlDeviceGetTotalEnergyConsumption:
+# 2.4 ms median, 6.6 ms max measured on real boards), and the host queues no work meanwhile.
+MAX_WALL_S = 0.3             # the energy measurement's wall-time limit per cell (gpu-check holds it to this)
+MIN_QUEUED_S = 0.01          # device work kept queued at all times, at least ...
+QUEUE_MARGIN = 2.0           # ... and this many times the longest NVML query seen in the run
+UNKNOWN_UNIT_QUEUE = 3       # units kept queued while a unit's device time is still unknown
+TOP_UP_HOST_S = 1e-3         # host time spent queueing units before NVML is read again (host-bound units)
+EDGE_SHARE = 0.05            # an edge's timing uncertainty (about one counter read) over the window, at most
+CALIBRATION_READS = 5        # counter reads timed on the first measure() (each other query once)
+SLOW_COUNTER_S = 0.1         # no counter update after this long: sample as if it had none
+UNIT_TIMES_KEPT = 8          # units whose device time is measured (CUDA events) to size the queue
+INSTANT_MAX_FAILURES = 3     # consecutive failed instant-power reads that turn it off for the run
+COUNTER_VS_SAMPLED_TOL = 0.15  # counter power vs sampled instantaneous power, relative
+NVML_ERROR_NOT_SUPPORTED = 3   # pynvml.NVML_ERROR_NOT_SUPPORTED
+# nvmlValue_t's member for each nvmlValueType_t (pynvml.NVML_VALUE_TYPE_*)
+NVML_VALUE_MEMBERS: dict[int, str] = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal",
+                                      5: "siVal", 6: "usVal"}
+
+
+def field_value_number(value: Any) -> float | None:
+    """The number in an nvmlFieldValue_t, read from the union member its valueType names
+    (None for an unknown type): reading uiVal of a double gives garbage, not an error."""
+    member = NVML_VALUE_MEMBERS.get(int(getattr(value, "valueType", 1)))
+    if member is None:
+        return None
+    number = getattr(value.value, member, None)
+    return None if number is None else float(number)
+
 
 def null_telemetry(reason: str) -> dict[str, Any]:
     """Every telemetry column None, with the reason telemetry is missing."""
@@ -38,20 +68,26 @@ class EnergyMeter:
 
     `nvml`: the NVML module (default: import pynvml); `cuda_uuid(index)` returns
     torch's UUID of that device (None when unknown) and raises without CUDA (the
-    default asks torch); `visible_env` defaults to $CUDA_VISIBLE_DEVICES.
+    default asks torch); `visible_env` defaults to $CUDA_VISIBLE_DEVICES. `clock` is the
+    host clock (seconds); power, clock, temperature and throttle reasons are read once every
+    `sample_every_s` while a cell runs (the energy counter as often as the host can).
     """
 
     def __init__(self, nvml: Any = None, device_index: int = 0, *,
                  cuda_uuid: Callable[[int], str | None] | None = None,
                  visible_env: Any = _VISIBLE_FROM_ENV,
                  clock: Callable[[], float] | None = None,
-                 sample_every_s: float = 0.01) -> None:
+                 sample_every_s: float = 0.025) -> None:
         import time
 
         self.device_index = device_index
         self.clock = clock or time.perf_counter
         self.sample_every_s = sample_every_s
-        self._instant_unsupported = False
+        self._instant_off = False           # NVML_FI_DEV_POWER_INSTANT unsupported, or failing
+        self._instant_failures = 0          # consecutive failed instant-power reads
+        self._longest_query_s = 0.0         # longest NVML query seen in the run
+        self._counter_reads_s: list[float] = []   # the run's recent energy-counter read times
+        self._calibrated = False
         self.nvml = nvml
         self.handle: Any = None
         self.nvml_index: int | None = None
@@ -117,198 +153,362 @@ class EnergyMeter:
         self.close()
 
     # -- readings -----------------------------------------------------------
+    def _timed(self, query: Callable[[], Any]) -> Any:
+        """query(), noting how long it held the host: the queued work must outlast the longest."""
+        t0 = self.clock()
+        try:
+            return query()
+        finally:
+            self._longest_query_s = max(self._longest_query_s, self.clock() - t0)
+
+    def _read_counter(self) -> tuple[float, float, float]:
+        """(total energy in mJ, host time right after the read, seconds the read took).
+        Raises what NVML raises."""
+        t0 = self.clock()
+        try:
+            mj = float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
+        finally:
+            t1 = self.clock()
+            self._longest_query_s = max(self._longest_query_s, t1 - t0)
+        self._counter_reads_s.append(t1 - t0)
+        del self._counter_reads_s[:-64]
+        return mj, t1, t1 - t0
+
     def _throttle_mask(self) -> int | None:
         for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
             fn = getattr(self.nvml, name, None)
             if fn is None:
                 continue
             try:
-                return int(fn(self.handle))
+                return int(self._timed(lambda: fn(self.handle)))
             except Exception:
                 continue
         return None
 
-    def _sample(self, power: list[float], clocks: list[float], temps: list[float]) -> int | None:
-        """One reading of power (instantaneous where NVML has it, else its 1 s average), SM clock
-        and temperature (each optional); returns the throttle mask."""
-        p = self._instant_power_w()
-        if p is None:
-            mw = try_call(lambda: self.nvml.nvmlDeviceGetPowerUsage(self.handle))       # mW
-            p = None if mw is None else float(mw) / 1000.0
-        if p is not None:
-            power.append(p)
-        c = try_call(lambda: self.nvml.nvmlDeviceGetClockInfo(
-            self.handle, getattr(self.nvml, "NVML_CLOCK_SM", NVML_CLOCK_SM)))       # MHz
-        if c is not None:
-            clocks.append(float(c))
-        t = try_call(lambda: self.nvml.nvmlDeviceGetTemperature(
-            self.handle, getattr(self.nvml, "NVML_TEMPERATURE_GPU", NVML_TEMPERATURE_GPU)))
-        if t is not None:
-            temps.append(float(t))
-        return self._throttle_mask()
+    def _sm_clock_mhz(self) -> float | None:
+        mhz = try_call(lambda: self._timed(lambda: self.nvml.nvmlDeviceGetClockInfo(
+            self.handle, getattr(self.nvml, "NVML_CLOCK_SM", NVML_CLOCK_SM))))
+        return None if mhz is None else float(mhz)
 
-    def _energy_mj(self) -> float:
-        return float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
+    def _temperature_c(self) -> float | None:
+        c = try_call(lambda: self._timed(lambda: self.nvml.nvmlDeviceGetTemperature(
+            self.handle, getattr(self.nvml, "NVML_TEMPERATURE_GPU", NVML_TEMPERATURE_GPU))))
+        return None if c is None else float(c)
+
+    def _read_power(self, instant: list[float], average: list[float]) -> None:
+        """One power reading, instantaneous where NVML has it, else its 1 s average. A transient
+        failure of the instantaneous read skips this reading: mixing in the lagging average
+        would bias the mean."""
+        w = self._instant_power_w()
+        if w is not None:
+            instant.append(w)
+        elif self._instant_off:
+            mw = try_call(lambda: self._timed(lambda: self.nvml.nvmlDeviceGetPowerUsage(self.handle)))
+            if mw is not None:
+                average.append(float(mw) / 1000.0)
 
     def _instant_power_w(self) -> float | None:
-        """Instantaneous board power (NVML_FI_DEV_POWER_INSTANT), or None where unsupported.
+        """Instantaneous board power (NVML_FI_DEV_POWER_INSTANT, mW), or None.
 
         nvmlDeviceGetPowerUsage is a 1-second average on Ampere and newer GPUs: over a
         0.1-0.3 s window it mostly reports the cell before. The instant field does not lag.
+        Only NVML_ERROR_NOT_SUPPORTED, or INSTANT_MAX_FAILURES failures in a row, turn it off
+        for the run; a single failure (a timeout, say) costs one reading.
         """
-        if self._instant_unsupported:
+        if self._instant_off:
             return None
         field = getattr(self.nvml, "NVML_FI_DEV_POWER_INSTANT", None)
         get = getattr(self.nvml, "nvmlDeviceGetFieldValues", None)
         if field is None or get is None:
-            self._instant_unsupported = True
+            self._instant_off = True
             return None
         try:
-            value = get(self.handle, [field])[0]
-            if getattr(value, "nvmlReturn", 0) != 0:
-                raise RuntimeError(f"nvmlReturn {value.nvmlReturn}")
-            return float(value.value.uiVal) / 1000.0
-        except Exception:
-            self._instant_unsupported = True
-            return None
+            value = self._timed(lambda: get(self.handle, [field]))[0]
+            ret = int(getattr(value, "nvmlReturn", 0))
+            mw = field_value_number(value) if ret == 0 else None
+        except Exception as exc:
+            return self._instant_failed(is_not_supported(self.nvml, exc))
+        if ret != 0:
+            return self._instant_failed(ret == NVML_ERROR_NOT_SUPPORTED)
+        if mw is None or not 0.0 <= mw < float("inf"):
+            return self._instant_failed(False)
+        self._instant_failures = 0
+        return mw / 1000.0
+
+    def _instant_failed(self, unsupported: bool) -> None:
+        self._instant_failures += 1
+        if unsupported or self._instant_failures >= INSTANT_MAX_FAILURES:
+            self._instant_off = True
+        return None
+
+    def _calibrate(self) -> None:
+        """Time every NVML query once per run (on the first measure()), so the first cell's
+        queue depth and window are sized from them too; later cells add their own reads."""
+        if self._calibrated:
+            return
+        self._calibrated = True
+        for _ in range(CALIBRATION_READS):
+            try:
+                self._read_counter()
+            except Exception:
+                break
+        self._read_power([], [])
+        self._sm_clock_mhz()
+        self._temperature_c()
+        self._throttle_mask()
+
+    def _window_needed(self, min_window_s: float, max_wall_s: float) -> float:
+        """Least time between the window's edges: `min_window_s`, or longer where one counter
+        read (the timing uncertainty of an edge) would be more than EDGE_SHARE of it; at most
+        half of `max_wall_s`, leaving the other half to find the first edge."""
+        import statistics
+
+        if not self._counter_reads_s:
+            return min_window_s
+        needed = statistics.median(self._counter_reads_s) / EDGE_SHARE
+        return max(min_window_s, min(needed, max_wall_s / 2))
+
+    def queue_target_s(self) -> float:
+        """Device work kept queued: it must outlast the longest NVML query seen, with margin."""
+        return max(MIN_QUEUED_S, QUEUE_MARGIN * self._longest_query_s)
 
     def measure(self, run_unit: Callable[[], object], *, calls_per_unit: int = 1,
-                kernel_s: float | None = None, device: Any = None, min_window_s: float = 0.1,
-                max_wall_s: float = 0.3, sync: Callable[[], None] | None = None) -> dict[str, Any]:
+                kernel_s: float | None = None, unit_device_s: float | None = None, device: Any = None,
+                min_window_s: float = 0.1, max_wall_s: float = 0.3,
+                sync: Callable[[], None] | None = None) -> dict[str, Any]:
         """Energy per call of back-to-back calls; every telemetry column.
 
         `run_unit()` queues `calls_per_unit` calls without synchronizing (a CUDA-graph replay
-        of them, or a loop); `kernel_s` is one call's measured device time; `device` gives
-        CUDA events (timing.CudaClock). Units keep running, at most two in flight, while:
+        of them, or a loop); `kernel_s` is one call's device time as the window runs it (None
+        when unknown); `unit_device_s` one unit's device time (default kernel_s ×
+        calls_per_unit; corrected by CUDA events once units finish); `device` gives CUDA
+        events (timing.CudaClock). Units are queued so that at least queue_target_s() of
+        device work is always waiting (10 ms, or twice the longest NVML query seen: the host
+        queues nothing while it is inside NVML), and between two checks of the queue the
+        host makes one NVML query:
 
-        1. the total-energy counter is polled until it changes (it is updated every
-           20-100 ms, not continuously): the window opens on that edge, E0 at t0;
-        2. after at least `min_window_s` the counter is polled until it changes again:
-           the window closes on that edge, E1 at t1.
+        1. the total-energy counter is read until it changes (it is updated every 20-100 ms,
+           not continuously): the window opens on that edge, E0 at t0, the midpoint of the
+           host times right after the read that saw it and the read before;
+        2. after at least _window_needed() (`min_window_s`, longer where one counter read is
+           over 5% of it) the counter is read until it changes again: E1 at t1 closes it;
+           where the two edges are timed worse than 5% of the window and the next update
+           fits the budget, it closes on that one instead;
+        3. every `sample_every_s`, power, SM clock, temperature and throttle reasons are read,
+           one query between two counter reads, and none while an edge is awaited.
 
         mean_power_w = (E1 - E0) / (t1 - t0): the GPU's power while running the calls,
-        with no partial update period at either end. CUDA events around all units give
-        the device time per call; energy_per_call_j = mean power × that time, and
-        energy_idle_frac = 1 - calls × kernel_s / device time says how much of it the GPU
-        waited for the host (energy then includes idle power, and the reason says so).
-        sampled_power_w is the mean of the instantaneous power readings in the window, an
-        independent check of the counter. When no edge comes within `max_wall_s` the
-        energy is the counter's difference over the whole run (method "counter
-        (unaligned)"), or sampled power × time where the counter fails ("power×time").
+        with no partial update period at either end. CUDA events around each unit give the
+        device time per call; energy_per_call_j = mean power × that time, and
+        energy_idle_frac says how much of it the GPU waited: the larger of the gaps between
+        units (events) and 1 - calls × kernel_s / device time (energy then includes idle
+        power, and the reason says so). sampled_power_w is the mean of the power readings,
+        an independent check of the counter (sampled_power_source says which reading). When
+        no edge comes within `max_wall_s` the energy is the counter's difference over the
+        whole run (method "counter (unaligned)"), or sampled power × time where the counter
+        fails ("power×time"). The first call also times NVML's queries (_calibrate).
         """
         if not self.available:
             return null_telemetry(self.reason or "NVML unavailable")
         import statistics
         from collections import deque
 
+        started = self.clock()
+        self._calibrate()
         notes: list[str] = []
-        power: list[float] = []
+        instant: list[float] = []
+        average: list[float] = []
         clocks: list[float] = []
         temps: list[float] = []
         masks_outside: list[int] = []
         masks_during: list[int] = []
-        inflight: deque = deque()
-        units = 0
+        units: list[tuple[Any, Any]] = []          # (start, end) CUDA events of every unit queued
+        pending: deque = deque()                   # the units the device has not finished
+        unit_times: list[float] = []               # device seconds of finished units
+        counter_reads: list[float] = []            # seconds each of this cell's counter reads took
+        counter_error: str | None = None
+        n_units = 0
+        estimate = unit_device_s or (kernel_s * calls_per_unit if kernel_s else None)
+        window_needed = self._window_needed(min_window_s, max_wall_s)
 
-        def read_counter() -> float | None:
+        def read_counter() -> tuple[float, float] | None:
+            """(mJ, host time right after the read), or None with counter_error saying why."""
             nonlocal counter_error
             try:
-                return self._energy_mj()
+                mj, after, took = self._read_counter()
             except Exception as exc:
                 counter_error = ("energy counter not supported" if is_not_supported(self.nvml, exc)
                                  else f"energy counter failed: {type(exc).__name__}: {exc}")
                 return None
+            counter_reads.append(took)
+            return mj, after
 
-        def sample() -> None:
-            m = self._sample(power, clocks, temps)
+        def retire() -> None:
+            while pending and pending[0][1].query():
+                start, end = pending.popleft()
+                if len(unit_times) < UNIT_TIMES_KEPT:
+                    unit_times.append(start.elapsed_time(end) / 1e3)
+
+        def unit_s() -> float | None:
+            """One unit's device time: the shortest measured, else the caller's estimate."""
+            return min(unit_times) if unit_times else estimate
+
+        def queued_s() -> float:
+            return len(pending) * (unit_s() or 0.0)
+
+        def queued_enough() -> bool:
+            retire()
+            one = unit_s()
+            if not one or one <= 0:
+                return len(pending) >= UNKNOWN_UNIT_QUEUE
+            # the unit running now may be nearly done: count only the ones behind it
+            return len(pending) >= 1 and (len(pending) - 1) * one >= self.queue_target_s()
+
+        def run_more() -> None:
+            """Top the device's queue up (host-timed: run one unit and wait for it)."""
+            nonlocal n_units
+            if device is None:
+                run_unit()
+                n_units += 1
+                if sync:
+                    sync()
+                return
+            t0 = self.clock()
+            while not queued_enough():
+                start = device.event()
+                start.record()
+                run_unit()
+                end = device.event()
+                end.record()
+                units.append((start, end))
+                pending.append((start, end))
+                n_units += 1
+                if self.clock() - t0 >= TOP_UP_HOST_S:     # host-bound units: read NVML too
+                    return
+
+        def read_throttle() -> None:
+            m = self._throttle_mask()
             if m is not None:
                 masks_during.append(m)
 
-        def poll() -> None:
-            """Read the counter (and, every sample_every_s, power and clocks); note an edge."""
-            nonlocal last, last_sample
-            now = self.clock()
-            if now - last_sample >= self.sample_every_s:
-                sample()
-                last_sample = now
-            e = read_counter() if e_begin is not None else None
-            if e is not None and last is not None and e != last:
-                if not edges or now - edges[0][0] >= min_window_s:
-                    edges.append((now, e))
-                last = e
+        def read_clock() -> None:
+            c = self._sm_clock_mhz()
+            if c is not None:
+                clocks.append(c)
 
-        def unit() -> None:
-            """Queue one unit; keep at most two queued, polling the counter while waiting."""
-            nonlocal units
-            run_unit()
-            units += 1
-            if device is not None:
-                ev = device.event()
-                ev.record()
-                inflight.append(ev)
-                while len(inflight) > 2:
-                    if e_begin is None:                 # nothing to poll: just wait
-                        inflight.popleft().synchronize()
-                    elif inflight[0].query():
-                        inflight.popleft()
-                    else:
-                        poll()
-                        if len(edges) == 2:
-                            return
-            elif sync:
-                sync()
+        def read_temperature() -> None:
+            t = self._temperature_c()
+            if t is not None:
+                temps.append(t)
+
+        context_readers = (lambda: self._read_power(instant, average), read_clock, read_temperature,
+                           read_throttle)
 
         if sync:
             sync()
         m = self._throttle_mask()
         if m is not None:
             masks_outside.append(m)
-        counter_error: str | None = None
-        first = None
-        if device is not None:
-            first = device.event()
-            first.record()
         begin = self.clock()
-        e_begin = read_counter()
-        edges: list[tuple[float, float]] = []      # (host time, counter mJ) at counter updates
-        last, last_sample = e_begin, -1.0
+        for read_context in context_readers:       # the first round, before the counter matters
+            if device is not None:
+                run_more()                          # (host-timed units would wait for each)
+            read_context()
+        run_more()
+        first = read_counter()
+        e_begin = None if first is None else first[0]
+        last_e, last_read_at = e_begin, begin if first is None else first[1]
+        edges: list[tuple[float, float, float]] = []   # (host time, mJ, uncertainty ± s) of the edges
+        passed_over: tuple[float, float, float] | None = None   # a closing edge too uncertain for its window
+        last_change_at: float | None = None
+        context: deque = deque()                    # context readings still due in this round
+        next_round = begin + self.sample_every_s
+        counter_next = False
+
+        def context_allowed(now: float) -> bool:
+            """Context readings stay away from the edges: an edge is timed by the counter reads
+            around it, and a reading between them widens the gap."""
+            if e_begin is None:
+                return True
+            if not edges:       # waiting for the opening edge; it is late: the counter is slow
+                return now - begin >= SLOW_COUNTER_S
+            return now - edges[0][0] < window_needed - 2 * self._longest_query_s
+
         while True:
-            unit()
-            if len(edges) < 2:
-                poll()
             now = self.clock()
+            if not context and now >= next_round:
+                context.extend(context_readers)
+                next_round = now + self.sample_every_s
+            if context and (not counter_next or e_begin is None) and context_allowed(now):
+                context.popleft()()
+                counter_next = True
+            elif e_begin is not None:
+                counter_next = False
+                read = read_counter()
+                if read is not None:
+                    e, t = read
+                    if e != last_e:     # it changed between the previous read and this one
+                        at, half = (last_read_at + t) / 2, (t - last_read_at) / 2
+                        period = None if last_change_at is None else at - last_change_at
+                        last_change_at, last_e = at, e
+                        if not edges:
+                            edges.append((at, e, half))
+                        elif at - edges[0][0] >= window_needed:
+                            # edges timed worse than EDGE_SHARE of the window (a slow read at one):
+                            # close on the next update instead, if it comes within the budget
+                            if (edges[0][2] + half > EDGE_SHARE * (at - edges[0][0]) and period
+                                    and t - started + period + queued_s() + 2 * self._longest_query_s
+                                    <= max_wall_s):
+                                passed_over = (at, e, half)
+                            else:
+                                edges.append((at, e, half))
+                    last_read_at = t
+            elif pending:
+                pending[0][1].synchronize()         # nothing to read: wait for the device
             if len(edges) == 2:
                 break
-            if now - begin >= max_wall_s and (not edges or now - edges[0][0] >= min_window_s):
+            now = self.clock()
+            elapsed = now - started
+            if not edges and elapsed + queued_s() >= max_wall_s:    # (the queued work must run too)
                 break
-            if now - begin >= 2 * max_wall_s + min_window_s:
+            if edges and elapsed >= max_wall_s and now - edges[0][0] >= min_window_s:
                 break
+            if elapsed >= 2 * max_wall_s + min_window_s:
+                break
+            run_more()
+        if len(edges) == 1 and passed_over is not None:
+            edges.append(passed_over)
         end_host = self.clock()
-        e_end = read_counter() if e_begin is not None else None
-        span_s = None
-        if device is not None:
-            final = device.event()
-            final.record()
-            final.synchronize()
-            span_s = first.elapsed_time(final) / 1e3
+        last = read_counter() if e_begin is not None else None
+        span_s = gaps_s = None
+        if units:
+            units[-1][1].synchronize()
+            span_s = units[0][0].elapsed_time(units[-1][1]) / 1e3
+            gaps_s = sum(max(0.0, prev_end.elapsed_time(start))
+                         for (_, prev_end), (start, _) in zip(units, units[1:])) / 1e3
         elif sync:
             sync()
         m = self._throttle_mask()
         if m is not None:
             masks_outside.append(m)
 
-        calls = units * calls_per_unit
+        calls = n_units * calls_per_unit
         per_call_s = (span_s if span_s else end_host - begin) / calls
-        sampled = statistics.fmean(power) if power else None
+        source = "instant" if instant else "average" if average else None
+        sampled = statistics.fmean(instant or average) if source else None
         method: str | None = None
         mean_power: float | None = None
         window = end_host - begin
         if len(edges) == 2:
-            (t0, e0), (t1, e1) = edges
+            (t0, e0, u0), (t1, e1, u1) = edges
             window = t1 - t0
             mean_power, method = (e1 - e0) / 1000.0 / window, "counter"
-        elif e_begin is not None and e_end is not None and e_end > e_begin:
-            mean_power, method = (e_end - e_begin) / 1000.0 / window, "counter (unaligned)"
+            if u0 + u1 > EDGE_SHARE * window:
+                notes.append(f"the energy window's edges are timed to ±{(u0 + u1) * 1e3:.1f} ms "
+                             f"({(u0 + u1) / window:.0%} of it): NVML reads were slow")
+        elif first is not None and last is not None and last[0] > first[0]:
+            window = last[1] - first[1]
+            mean_power, method = (last[0] - first[0]) / 1000.0 / window, "counter (unaligned)"
             notes.append(f"the energy counter changed {len(edges)} time(s) in {window:.2f} s: "
                          "window not aligned to its updates")
         else:
@@ -317,12 +517,22 @@ class EnergyMeter:
                 mean_power, method = sampled, "power×time"
         energy = mean_power * per_call_s if mean_power is not None else None
         idle = None
-        if kernel_s and span_s:
-            idle = max(0.0, 1.0 - calls * kernel_s / span_s)
+        if span_s:
+            idle = gaps_s / span_s
+            if kernel_s:
+                idle = max(idle, 1.0 - calls * kernel_s / span_s)
             if idle > 0.05:
                 notes.append(f"GPU idle {idle:.0%} of the window between calls (host-bound): "
                              "energy per call includes idle power")
-        if not power:
+        if (source == "instant" and method == "counter" and mean_power
+                and (idle is None or idle <= 0.05)
+                and abs(mean_power / sampled - 1.0) > COUNTER_VS_SAMPLED_TOL):
+            # instantaneous samples of a GPU that idles between calls alias with the calls:
+            # only a busy GPU's must agree with the counter
+            notes.append(f"the energy counter's mean power ({mean_power:.0f} W) is "
+                         f"{mean_power / sampled:.2f}x the sampled instantaneous power ({sampled:.0f} W): "
+                         "the counter may be stuck, mis-scaled or count another scope")
+        if source is None:
             notes.append("power reading failed")
         if not clocks:
             notes.append("SM clock reading failed")
@@ -343,12 +553,14 @@ class EnergyMeter:
             "energy_method": method,
             "mean_power_w": mean_power,
             "sampled_power_w": sampled,
+            "sampled_power_source": source,
             "energy_idle_frac": idle,
             "sm_clock_mhz": statistics.median(clocks) if clocks else None,
             "temperature_c": max(temps) if temps else None,
             "throttle_reasons": throttle,
             "energy_calls": calls,
             "energy_window_s": window,
-            "energy_cost_s": self.clock() - begin,
+            "energy_cost_s": self.clock() - started,
+            "energy_read_s": statistics.median(counter_reads) if counter_reads else None,
             "telemetry_reason": "; ".join(notes) or None,
         }

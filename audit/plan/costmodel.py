@@ -41,6 +41,7 @@ import numpy as np
 from ..core.grid import AXES, Case
 from ..core.units import format_duration
 from ..measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from ..measure.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, MIN_QUEUED_S as ENERGY_QUEUED_S
 from ..measure.roofline import CEILINGS_BUDGET_S, DTYPE_BYTES
 from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
 from ..workload.presets import Preset
@@ -53,7 +54,6 @@ PROBS_VARIANTS = ("eager", "eager_fp32")
 COMPILED_VARIANTS = ("compiled", "compiled_unfused", "flex", "hf:flex_attention")
 NO_CPU_BACKWARD = ("flex", "hf:flex_attention")   # FlexAttention: forward only on the CPU
 ENERGY_EDGE_WAIT_S = 0.1     # waiting for two energy-counter updates (20-100 ms apart)
-ENERGY_MAX_WALL_S = 0.3
 
 
 def device_type(device: str) -> str:
@@ -326,7 +326,7 @@ def energy_wall_s(t_fwd: float, settings: Settings) -> float:
     if settings.energy == "window":          # schema 2: a fixed window of repeated calls
         return max(w, t_fwd) * 1.03
     if t_fwd < 2e-3:                         # graph capture, then replays between two counter updates
-        return min(ENERGY_MAX_WALL_S, w + ENERGY_EDGE_WAIT_S) + 3 * t_fwd + 2e-3
+        return min(ENERGY_MAX_WALL_S, w + ENERGY_EDGE_WAIT_S) + 3 * t_fwd + 2e-3 + ENERGY_QUEUED_S   # + the queue draining
     return ENERGY_EDGE_WAIT_S + max(w, t_fwd) + 2 * t_fwd
 
 
