@@ -36,8 +36,10 @@ def test_energy_check_fails_on_the_h200_windows(h200):
     passed, lines = gpu_check.check_energy(h200["gc"])
     assert not passed
     table = gpu_check.energy_check(h200["gc"])
-    assert table["ratio"].max() > 1.5 and table["ratio"].min() < 0.7
-    assert "within 15%" in lines[0]
+    assert table["busy_ratio"].max() > 1.5 and table["busy_ratio"].min() < 0.7
+    assert "busy ratio within 15%" in lines[0]
+    # schema 2 recorded no sampled power: the counter could not be cross-checked
+    assert "0/60 cells within 15%" in lines[1] and "60 not measured" in lines[1]
 
 
 def test_energy_check_passes_gap_free_windows():
@@ -47,6 +49,40 @@ def test_energy_check_passes_gap_free_windows():
     assert passed, lines
     slow = pd.DataFrame([_cell(energy_cost_s=0.9)])
     assert not gpu_check.check_energy(slow)[0]                     # energy cost over 0.3 s per cell
+
+
+def _counter_cells(mean_power_w: float, sampled_power_w: float | None) -> pd.DataFrame:
+    """Gap-free windows whose energy per call follows the counter's mean power (as
+    EnergyMeter computes it): the busy ratio is 1 whatever the counter says."""
+    return pd.DataFrame([_cell(fwd_ms=t, seq_len=s, mean_power_w=mean_power_w, sampled_power_w=sampled_power_w,
+                               energy_per_call_j=mean_power_w * t / 1e3)
+                         for t, s in ((0.03, 512), (2.0, 8192))])
+
+
+@pytest.mark.parametrize("mean_power_w, sampled_power_w, passes", [
+    (500.0, 495.0, True),          # the counter agrees with instantaneous power
+    (5000.0, 495.0, False),        # mis-scaled (a unit off by 10)
+    (60.0, 495.0, False),          # stuck: the counter barely advanced, mean power near nothing
+    (500.0, None, False),          # no instantaneous power: the counter is not cross-checked
+])
+def test_energy_check_gates_the_counter_against_sampled_power(mean_power_w, sampled_power_w, passes):
+    """The busy ratio alone passes any counter: energy/(mean power × time) is two timings."""
+    frame = _counter_cells(mean_power_w, sampled_power_w)
+    busy = gpu_check.energy_check(frame)["busy_ratio"]
+    assert busy.to_list() == pytest.approx([1.0, 1.0])
+    passed, lines = gpu_check.check_energy(frame)
+    assert passed is passes, lines
+    assert lines[1].startswith("counter vs sampled power: " + ("2/2" if passes else "0/2"))
+
+
+def test_energy_check_does_not_judge_the_busy_ratio_of_l2_flushed_cells():
+    """With --l2-flush the median is a cold-cache time while the window runs hot."""
+    frame = pd.DataFrame([_cell(fwd_ms=0.05, energy_per_call_j=500 * 0.03e-3, l2_flush=True),
+                          _cell(fwd_ms=2.0, seq_len=8192, energy_per_call_j=500 * 2e-3, l2_flush=False)])
+    passed, lines = gpu_check.check_energy(frame)
+    assert passed, lines
+    assert "1/1 cells" in lines[0] and "1 L2-flushed cell(s) not judged" in lines[0]
+    assert not gpu_check.check_energy(frame.assign(l2_flush=False))[0]
 
 
 # --------------------------------------------------------------------------- host overhead
@@ -104,6 +140,10 @@ def test_golden_subset_and_compile_reuse_checks():
     assert passed and "compiled in 3.10 s" in lines[0] and "reused" in lines[1]
     recompiled = frame.assign(compile_reused=[None, False, False], compile_s=[None, 3.1, 3.0])
     assert not gpu_check.check_compile_reuse(recompiled)[0]
+    broken = frame.assign(graph_breaks=[None, 2, 2])
+    passed, lines = gpu_check.check_compile_reuse(broken)
+    assert not passed and "2 graph break(s)" in lines[0]
+    assert gpu_check.check_compile_reuse(frame.assign(graph_breaks=[None, 0, 0]))[0]
     assert not gpu_check.check_golden_subset(frame.assign(golden_subset=None))[0]
 
 
@@ -115,12 +155,29 @@ def test_prediction_check_compares_totals():
     assert not gpu_check.check_prediction(bad, frame, 5.0)[0]
 
 
+H200_CEILINGS = {"device": "cuda", "matmul_flops_per_s": {"bf16": 7.9e14}, "matmul_n": {"bf16": 8192},
+                 "matmul_n_max": {"bf16": 8192}, "matmul_setup_s": {"bf16": 0.41}, "multiprocessors": 132,
+                 "copy_bytes_per_s": 4.3e12, "elapsed_s": 2.6}
+
+
 def test_ceilings_check_wants_them_within_three_seconds(h200):
     assert not gpu_check.check_ceilings(None)[0]
-    passed, lines = gpu_check.check_ceilings({"cuda": {"matmul_flops_per_s": {"bf16": 7.9e14},
-                                                      "copy_bytes_per_s": 4.3e12, "elapsed_s": 2.6}})
-    assert passed and "790 TFLOP/s" in lines[0] and "2.60 s" in lines[0]
-    assert not gpu_check.check_ceilings({"cuda": {"matmul_flops_per_s": {"bf16": 7.9e14}, "elapsed_s": 9.0}})[0]
+    passed, lines = gpu_check.check_ceilings({"cuda": H200_CEILINGS})
+    assert passed and "790 TFLOP/s" in lines[0] and "2.60 s" in lines[0] and "0.410 s" in lines[0]
+    assert not gpu_check.check_ceilings({"cuda": dict(H200_CEILINGS, elapsed_s=9.0)})[0]
+
+
+def test_ceilings_check_fails_a_probe_that_stopped_at_its_smallest_size(h200):
+    """Fast enough (1.1 s) but stuck at n=128: 1 TFLOP/s is launch overhead, not the H200's matmul."""
+    stuck = dict(H200_CEILINGS, matmul_flops_per_s={"bf16": 1.05e12}, matmul_n={"bf16": 128}, elapsed_s=1.1)
+    passed, lines = gpu_check.check_ceilings({"cuda": stuck})
+    assert not passed and any(line.startswith("BAD bf16: stopped growing at n=128") for line in lines)
+    # the stored H200 run's ceilings (an older attn-audit) recorded neither the cap nor the SM count
+    import json
+    from tests.helpers import H200_RUNS
+    stored = json.loads((H200_RUNS / "full" / "run.json").read_text())["ceilings"]
+    passed, lines = gpu_check.check_ceilings(stored)
+    assert not passed and "not recorded" in "\n".join(lines)
 
 
 def test_no_errors_check(h200):
@@ -144,6 +201,20 @@ def test_flagship_fraction_against_measured_ceiling():
     text = gpu_check.flagship_fraction(frame, {"cuda": {"matmul_flops_per_s": {"bf16": 800e12}}})
     assert "50.0% of the measured bf16 matmul ceiling" in text
     assert "not measured" in gpu_check.flagship_fraction(frame, None)
+
+
+def test_main_step_limit_follows_the_runs_budget():
+    predicted = pd.DataFrame({"total_s": [30.0, 31.0]})
+    assert gpu_check.main_step_limit_s(["--budget", "5m", "--dtype", "bf16"], predicted) == 45 + 300 + 20 + 30
+    assert gpu_check.main_step_limit_s(["--budget", "none", "--max-cell-s", "5"], predicted) == 45 + 122 + 5 + 30
+
+
+def test_oom_cells_come_first_in_the_gpu_check_grid():
+    """A main step stopped by its limit still recorded the predicted-oom cells check_oom needs."""
+    from audit.workload import presets, variants
+    cases = presets.preset_cases(presets.presets()["gpu-check"], known_variant=variants.check_name)
+    assert [c.seq_len for c in cases[:2]] == [65536, 65536]
+    assert all(c.seq_len < 65536 for c in cases[2:])
 
 
 def test_gpu_check_refuses_without_cuda(capsys):
@@ -184,8 +255,7 @@ def test_main_runs_every_step_prints_every_check_and_copies_to_out(tmp_path, mon
                 rec = new_record({}, values["id"])
                 rec.update(values)
                 writer.write(rec)
-        (out / "run.json").write_text(json.dumps({"ceilings": {"cuda": {
-            "matmul_flops_per_s": {"bf16": 8e14}, "copy_bytes_per_s": 4e12, "elapsed_s": 2.4}}}))
+        (out / "run.json").write_text(json.dumps({"ceilings": {"cuda": H200_CEILINGS}}))
         return out, 10.0, 0
 
     import pandas as pd
@@ -197,7 +267,9 @@ def test_main_runs_every_step_prints_every_check_and_copies_to_out(tmp_path, mon
     code = gpu_check.check([])
     text = capsys.readouterr().out
     assert [s[0] for s in steps] == ["main", "oom"]
-    assert sum(s[2] for s in steps) < 300                          # under 5 minutes by construction
+    # the main step's limit is its plan's: start, the 180 s budget, the cell in flight, the report
+    assert steps[0][2] == gpu_check.main_step_limit_s([], None) == 45 + 180 + 20 + 30
+    assert sum(s[2] for s in steps) < 600                          # inside one 10-minute device command
     for name in ("no error cells", "masked causal cells on CUDA", "energy per call", "kernel time, not host time",
                  "out of memory", "golden subset", "compiled-code reuse", "cost model", "ceilings"):
         assert f"PASS {name}" in text, (name, text)
