@@ -220,11 +220,11 @@ def test_a_slow_first_matmul_does_not_stop_the_probe_growing(monkeypatch):
     launch-bound 1 TFLOP/s against the hardware's 790 (pct_of_limit inflated ~700x)."""
     clock = _fake_hardware(monkeypatch, 790e12, 4.3e12, setup_s=0.4, launch_s=4e-6)
     out = measure_ceilings("cpu", ("bf16", "fp16", "fp32"), budget_s=2.5, copy_bytes=1 << 20,
-                           matmul_n={"bf16": 8192, "fp16": 8192, "fp32": 8192})
-    assert out["matmul_n"]["bf16"] == 8192
-    assert out["matmul_flops_per_s"]["bf16"] > 600e12
+                           matmul_n=1024)            # (the probes' matrices are real: kept small)
+    assert out["matmul_n"]["bf16"] == 1024
+    assert out["matmul_flops_per_s"]["bf16"] > 100e12
     assert out["matmul_setup_s"]["bf16"] == pytest.approx(0.4, rel=0.01)
-    assert out["matmul_setup_s"]["fp16"] < 1e-3 and out["matmul_n_max"]["bf16"] == 8192
+    assert out["matmul_setup_s"]["fp16"] < 1e-3 and out["matmul_n_max"]["bf16"] == 1024
     assert clock["now"] <= 2.5 * 1.1 + 0.4
 
 

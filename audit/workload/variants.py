@@ -239,9 +239,11 @@ def fused_attention_count() -> int:
 
 def graph_break_count() -> int:
     """How many graph breaks Dynamo has met in this process so far (each one splits a compiled
-    function, and the code between the pieces runs eagerly)."""
-    from torch._dynamo.utils import counters
-    return int(sum(counters["graph_break"].values()))
+    function, and the code between the pieces runs eagerly). 0 while nothing has imported Dynamo:
+    importing it only to count costs every eager-only worker process a second or two."""
+    import sys
+    utils = sys.modules.get("torch._dynamo.utils")
+    return 0 if utils is None else int(sum(utils.counters["graph_break"].values()))
 
 
 def compiled_graph_count() -> int:
