@@ -68,10 +68,13 @@ def test_short_calls_are_measured_over_graph_replays(gpu, monkeypatch):
     assert 0 < out["energy_cost_s"]
 
 
+def _no_capture(fn, calls=1):
+    """cuda_graph_replay of a call that cannot be captured."""
+    raise RuntimeError("operation not permitted when stream is capturing")
+
+
 def test_calls_that_cannot_be_captured_run_eagerly_and_show_the_gpu_idled(gpu, monkeypatch):
-    def no_capture(fn, calls=1):
-        raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(measurement, "cuda_graph_replay", no_capture)
+    monkeypatch.setattr(measurement, "cuda_graph_replay", _no_capture)
     forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
     out = measurement._telemetry(CUDA_CASE, forward, Samples(per_call_s=[20e-6] * 5), gpu.synchronize,
                             _meter(gpu), PRESET)
@@ -97,9 +100,7 @@ def test_with_l2_flush_the_idle_fraction_uses_a_hot_call_time(gpu, monkeypatch):
     """--l2-flush: the timed 60 us is a cold-cache time while the window runs hot (20 us). Eager
     calls the host issues in 80 us: the GPU idles 75% of the window, but the cold time made it
     1 - 3 × 25% = 25%. Timing the unit hot (device events behind a spin) gives 75%."""
-    def no_capture(fn, calls=1):
-        raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(measurement, "cuda_graph_replay", no_capture)
+    monkeypatch.setattr(measurement, "cuda_graph_replay", _no_capture)
     forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
     out = measurement._telemetry(CUDA_CASE, forward, Samples(per_call_s=[60e-6] * 5), gpu.synchronize,
                                  _meter(gpu), L2_FLUSH)
@@ -121,9 +122,7 @@ def test_with_l2_flush_fed_graph_replays_show_no_idle(gpu, monkeypatch):
 def test_with_l2_flush_calls_that_cannot_be_timed_hot_get_no_idle_fraction(gpu, monkeypatch):
     """Calls that synchronize cannot be queued behind a spin: no hot time, so no idle fraction
     (the cold one would say nothing), and the reason says why."""
-    def no_capture(fn, calls=1):
-        raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(measurement, "cuda_graph_replay", no_capture)
+    monkeypatch.setattr(measurement, "cuda_graph_replay", _no_capture)
     kernel = gpu.kernel(device_s=20e-6, host_s=10e-6)
 
     def syncing():

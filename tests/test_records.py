@@ -92,29 +92,22 @@ def test_schema_is_8_with_migrations_from_1_to_7():
     assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7}
 
 
-def test_a_v7_record_reads_with_no_graph_breaks_or_power_source_recorded(tmp_path):
-    """Schema 7 counted no graph breaks: null (unknown), not 0 (one graph)."""
+@pytest.mark.parametrize("schema, added", [
+    # schema 6 measured neither diagnosis nor determinism: null, not "deterministic"
+    (6, ("diagnosis", "diagnosis_err", "diagnosis_golden_err", "repeat_runs", "repeat_differs",
+         "repeat_max_diff", "deterministic_algorithms", "deterministic_refused")),
+    # schema 7 counted no graph breaks: null (unknown), not 0 (one graph)
+    (7, ("graph_breaks", "sampled_power_source", "energy_read_s")),
+])
+def test_an_older_record_reads_with_the_columns_it_did_not_measure_null(tmp_path, schema, added):
     old = full_record()
-    for col in ("graph_breaks", "sampled_power_source", "energy_read_s"):
+    for col in added:
         old.pop(col, None)
-    old["schema"] = 7
+    old["schema"] = schema
     (tmp_path / RECORDS_FILE).write_text(dumps(old) + "\n")
     back = read_records(tmp_path)[0]
     assert back["schema"] == SCHEMA_VERSION
-    assert back["graph_breaks"] is None and back["sampled_power_source"] is None and back["energy_read_s"] is None
-
-
-def test_a_v6_record_reads_with_no_diagnosis_or_determinism_measured(tmp_path):
-    """Schema 6 measured neither: the new columns read as null, not as "deterministic"."""
-    old = full_record()
-    for col in ("diagnosis", "diagnosis_err", "diagnosis_golden_err", "repeat_runs", "repeat_differs",
-                "repeat_max_diff", "deterministic_algorithms", "deterministic_refused"):
-        old.pop(col, None)
-    old["schema"] = 6
-    (tmp_path / RECORDS_FILE).write_text(dumps(old) + "\n")
-    back = read_records(tmp_path)[0]
-    assert back["schema"] == SCHEMA_VERSION
-    assert back["repeat_differs"] is None and back["diagnosis"] is None and back["deterministic_algorithms"] is None
+    assert all(back[col] is None for col in added)
 
 
 def test_a_v5_record_reads_with_the_top_left_golden_where_an_alignment_was_measured(tmp_path):
