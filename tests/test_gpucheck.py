@@ -21,7 +21,8 @@ def _cell(**values):
                 heads=16, causal=False, scenario="normal", status="ok", reason=None, fwd_ms=0.04,
                 fwd_host_ms=0.03, host_bound=False, sdpa_backend="CUDNN_ATTENTION", gflops_per_s=4e5,
                 pct_of_limit=0.5, energy_per_call_j=0.04e-3 * 500, energy_method="counter over CUDA-graph replays",
-                mean_power_w=500.0, sampled_power_w=495.0, energy_idle_frac=0.0, energy_cost_s=0.16,
+                mean_power_w=500.0, sampled_power_w=495.0, sampled_power_source="instant", energy_idle_frac=0.0,
+                energy_cost_s=0.16,
                 out_nan=0, elapsed_s=0.3, golden_subset=None, rel_err=1e-3, compile_s=None,
                 compile_reused=None)
     base.update(values)
@@ -51,23 +52,24 @@ def test_energy_check_passes_gap_free_windows():
     assert not gpu_check.check_energy(slow)[0]                     # energy cost over 0.3 s per cell
 
 
-def _counter_cells(mean_power_w: float, sampled_power_w: float | None) -> pd.DataFrame:
+def _counter_cells(mean_power_w: float, sampled_power_w: float | None, source: str | None) -> pd.DataFrame:
     """Gap-free windows whose energy per call follows the counter's mean power (as
     EnergyMeter computes it): the busy ratio is 1 whatever the counter says."""
     return pd.DataFrame([_cell(fwd_ms=t, seq_len=s, mean_power_w=mean_power_w, sampled_power_w=sampled_power_w,
-                               energy_per_call_j=mean_power_w * t / 1e3)
+                               sampled_power_source=source, energy_per_call_j=mean_power_w * t / 1e3)
                          for t, s in ((0.03, 512), (2.0, 8192))])
 
 
-@pytest.mark.parametrize("mean_power_w, sampled_power_w, passes", [
-    (500.0, 495.0, True),          # the counter agrees with instantaneous power
-    (5000.0, 495.0, False),        # mis-scaled (a unit off by 10)
-    (60.0, 495.0, False),          # stuck: the counter barely advanced, mean power near nothing
-    (500.0, None, False),          # no instantaneous power: the counter is not cross-checked
+@pytest.mark.parametrize("mean_power_w, sampled_power_w, source, passes", [
+    (500.0, 495.0, "instant", True),   # the counter agrees with instantaneous power
+    (5000.0, 495.0, "instant", False),  # mis-scaled (a unit off by 10)
+    (60.0, 495.0, "instant", False),   # stuck: the counter barely advanced, mean power near nothing
+    (500.0, None, None, False),        # no power readings: the counter is not cross-checked
+    (500.0, 495.0, "average", False),  # the lagging 1 s average: no cross-check either
 ])
-def test_energy_check_gates_the_counter_against_sampled_power(mean_power_w, sampled_power_w, passes):
+def test_energy_check_gates_the_counter_against_sampled_power(mean_power_w, sampled_power_w, source, passes):
     """The busy ratio alone passes any counter: energy/(mean power × time) is two timings."""
-    frame = _counter_cells(mean_power_w, sampled_power_w)
+    frame = _counter_cells(mean_power_w, sampled_power_w, source)
     busy = gpu_check.energy_check(frame)["busy_ratio"]
     assert busy.to_list() == pytest.approx([1.0, 1.0])
     passed, lines = gpu_check.check_energy(frame)
