@@ -61,7 +61,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="timed samples per measurement, at least (default: the preset's)")
     run.add_argument("--energy-window-s", type=float, metavar="S",
                      help="CUDA: least seconds between the two NVML energy-counter updates that bound a "
-                          "cell's energy window (default: the preset's, 0.05 for gpu; 0 turns energy off)")
+                          "cell's energy window, lengthened where one counter read is over 5%% of it (default: "
+                          "the preset's, 0.05 for gpu; 0 turns energy off)")
     run.add_argument("--l2-flush", action="store_true",
                      help="CUDA: overwrite a 256 MiB buffer before every timed sample so each starts with "
                           "a cold L2; samples are then single calls")
