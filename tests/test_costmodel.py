@@ -1,6 +1,7 @@
 """The cost model against recorded runs: the shared H200 records and the presets' budgets."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -21,19 +22,30 @@ def h200(tmp_path_factory):
     return [RunData.load(h200_run(name, root)) for name in H200_FOLDERS]
 
 
+# How far a refit of the stored records moves between environments, measured on 2026-12-02 by
+# refitting in four: numpy 1.26.4 with pandas 2.2.3, and numpy 2.4.6 with pandas 3.1.1, each with
+# OpenBLAS's Haswell and its Sandybridge kernels (OPENBLAS_CORETYPE) on a 2-core AMD EPYC (AVX2).
+# Of 698 fitted constants, the largest relative change was 1.6e-11 (a per-call factor of
+# compiled[fused] bf16). Before costfit._nnls solved at unit column scale it was 2.2e-6, which
+# is why the 1e-6 tolerance failed on fresh installs. The tolerance is 60x the measured worst.
+REFIT_REL_TOL = 1e-9
+
+
 def test_shipped_priors_are_the_fit_of_the_stored_records(h200, tmp_path):
     """cost_priors.json is `python -m audit fit-costs fit` of tests/data/h200-2026-11-30,
     tests/data/cpu-2026-11-30 and tests/data/cpu-2026-12-01 (README there): refitting gives the
-    same constants, so the file cannot drift from its data."""
+    same constants within what a refit moves between environments (REFIT_REL_TOL), so the file
+    cannot drift from its data, whatever numpy, pandas or BLAS a fresh install gets."""
     from tests.helpers import cpu_run
     shipped = load_priors()
     refit = fit(h200 + [RunData.load(cpu_run(name, tmp_path)) for name in ("cpu", "quick", "quick-cold", "quick-warm")])
-    for table in ("call", "cell_s", "golden_chunk_s", "golden_flops_per_s", "compile_s", "init_s",
-                  "run_start_s", "cudnn_config_s", "compile_start_s", "host_call_s", "skip_s"):
+    tables = [f.name for f in dataclasses.fields(Params) if f.type.startswith("dict") and f.name != "reference"]
+    assert "golden_flops_per_s" in tables and "diagnosis_s" in tables
+    for table in tables:                 # every fitted table: a new one is checked once it exists
         fitted = getattr(refit, table)
         assert set(fitted) == set(getattr(shipped, table)), table
         for key, value in fitted.items():
-            assert getattr(shipped, table)[key] == pytest.approx(value, rel=1e-6), (table, key)
+            assert getattr(shipped, table)[key] == pytest.approx(value, rel=REFIT_REL_TOL), (table, key)
     assert {d for k in refit.call for d in [k.split("|")[0]]} == {"cuda", "cpu"}
     assert shipped.reference["cuda"]["device_name"] == "NVIDIA H200"
     assert shipped.reference["cpu"]["ceilings"]["matmul_flops_per_s"]["fp32"] > 0

@@ -27,13 +27,23 @@ from .costmodel import (CALL_WEIGHT_POWER, COMPILED_VARIANTS, CellShape, CostMod
 
 
 def _nnls(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Non-negative least squares by trying every support (few features): weighted rows."""
+    """Non-negative least squares by trying every support (few features): weighted rows.
+
+    The columns are solved at unit scale (each divided by its weighted norm) and the
+    coefficients scaled back: the features span many orders of magnitude (1 beside float64
+    FLOPs of 1e12), and unscaled, the SVD's cut-off and rounding move a fitted constant by
+    ~1e-6 from one BLAS build or CPU to the next; scaled, by ~1e-15 (tests/test_costmodel.py)."""
+    weighted = X * w[:, None]
+    scale = np.linalg.norm(weighted, axis=0)
+    scale[scale == 0] = 1.0
+    unit = weighted / scale
     best, best_err = np.zeros(X.shape[1]), math.inf
     for support in itertools.product((0, 1), repeat=X.shape[1]):
         idx = [i for i, on in enumerate(support) if on]
         if not idx:
             continue
-        coef, *_ = np.linalg.lstsq(X[:, idx] * w[:, None], y * w, rcond=None)
+        coef, *_ = np.linalg.lstsq(unit[:, idx], y * w, rcond=None)
+        coef = coef / scale[idx]
         if (coef < 0).any():
             continue
         full = np.zeros(X.shape[1])
