@@ -9,7 +9,7 @@ from audit.core.grid import Case
 from audit.core.records import read_records
 from audit.core.units import parse_duration
 from audit.execute import runner
-from audit.plan.budget import Keeper, Plan, choose
+from audit.plan.budget import Keeper, Plan, choose, describe as budget_describe
 from audit.workload import presets
 
 
@@ -25,28 +25,29 @@ def test_bad_durations_are_usage_errors(text):
         parse_duration(text)
 
 
-def _pred(rows):
-    """A prediction frame: (id, input set, status, total_s, shared_s)."""
+def _pred(rows, variant="v"):
+    """A prediction frame: (id, input set, status, total_s, shared_s), every cell of one variant
+    and kind (so the coverage tier is one cell, the first of the cheapest)."""
     out = []
     for cell_id, key, status, total, shared in rows:
-        out.append({"id": cell_id, "device": "cpu", "dtype": "fp32", "d_k": 8, "seq_len": key, "batch": 1,
-                    "heads": 2, "kv_heads": 2, "causal": False, "scenario": "normal", "status": status,
-                    "total_s": total, "shared_s": shared})
+        out.append({"id": cell_id, "variant": variant, "device": "cpu", "dtype": "fp32", "d_k": 8,
+                    "seq_len": key, "batch": 1, "heads": 2, "kv_heads": 2, "causal": False,
+                    "scenario": "normal", "status": status, "total_s": total, "shared_s": shared})
     return pd.DataFrame(out)
 
 
 def test_the_cheapest_cells_are_kept_within_the_budget():
     pred = _pred([("a", 1, "ok", 5.0, 1.0), ("b", 1, "ok", 2.0, 0.0), ("c", 2, "ok", 30.0, 1.0),
                   ("d", 2, "ok", 1.0, 0.0), ("e", 3, "ok", 8.0, 0.0)])
-    skip = choose(pred, budget_s=20.0, reserve_s=10.0, max_cell_s=100.0)
+    skip = choose(pred, budget_s=20.0, reserve_s=10.0, max_cell_s=100.0).skip
     assert set(skip) == {"c", "e"}                                    # 5 + 2 + 1 = 8 <= 10
     assert all("over the budget" in r and "predicted" in r for r in skip.values())
-    assert choose(pred, budget_s=None, reserve_s=10.0, max_cell_s=100.0) == {}
+    assert choose(pred, budget_s=None, reserve_s=10.0, max_cell_s=100.0).skip == {}
 
 
 def test_cells_over_the_per_cell_limit_are_skipped_with_or_without_budget():
     pred = _pred([("a", 1, "ok", 5.0, 0.0), ("b", 1, "ok", 12.0, 4.0)])
-    skip = choose(pred, budget_s=None, reserve_s=0.0, max_cell_s=6.0)
+    skip = choose(pred, budget_s=None, reserve_s=0.0, max_cell_s=6.0).skip
     assert list(skip) == ["b"] and "per-cell limit 6 s" in skip["b"] and "predicted 8.0 s" in skip["b"]
 
 
@@ -55,7 +56,7 @@ def test_a_cell_left_alone_in_its_input_set_goes_with_the_set():
     measured cell of the set is cut, it is cut too."""
     pred = _pred([("a", 1, "ok", 50.0, 0.0), ("a-unsupported", 1, "skipped", 0.5, 0.5),
                   ("b", 2, "ok", 1.0, 0.0), ("b-unsupported", 2, "skipped", 0.1, 0.0)])
-    skip = choose(pred, budget_s=10.0, reserve_s=5.0, max_cell_s=100.0)
+    skip = choose(pred, budget_s=10.0, reserve_s=5.0, max_cell_s=100.0).skip
     assert set(skip) == {"a", "a-unsupported"}
     assert "input set" in skip["a-unsupported"]
 
@@ -70,7 +71,7 @@ def test_repredicting_moves_shared_costs_to_the_next_cell():
         first = rows[0]
         rows[0] = (first[0], first[1], first[2], first[3] - first[4] + 6.0, 6.0)   # the golden moves
         return _pred(rows)
-    skip = choose(_pred(base), budget_s=10.0, reserve_s=0.0, max_cell_s=100.0, repredict=repredict)
+    skip = choose(_pred(base), budget_s=10.0, reserve_s=0.0, max_cell_s=100.0, repredict=repredict).skip
     kept = repredict([i for i in "abc" if i not in skip])
     assert kept["total_s"].sum() <= 10.0
     assert "a" in skip and "b" in skip and "c" not in skip
@@ -161,20 +162,23 @@ def test_a_cell_limit_skips_only_where_it_applies(tmp_path):
 
 
 def test_a_cell_alone_with_its_compile_is_cut_before_cheap_cells():
-    """Ranked by amortized cost: a compiled cell whose compile (2 s, cold) no other cell shares
-    goes first, not the ten cheap cells whose costs it would otherwise outrank."""
+    """Ranked by amortized cost: past the coverage tier (compiled_unfused's first cell), a
+    compiled cell whose compile (2 s, cold) no other cell shares goes first, not the ten cheap
+    cells whose costs it would otherwise outrank."""
     from audit.plan.costmodel import CostModel, Settings, load_priors
     cheap = [Case("eager", "cpu", "fp32", 32, 256, 1, 2, False, s)
              for s in ("normal", "scaled_x4", "scaled_x16", "outliers", "padding")]
     cheap += [Case("sdpa", "cpu", "fp32", 32, 256, 1, 2, False, c.scenario) for c in cheap]
-    compiled = Case("compiled_unfused", "cpu", "fp32", 8, 16, 1, 2, False, "normal")
-    pred = CostModel(load_priors()).predict([*cheap, compiled], Settings(), {}, {})
+    covering = Case("compiled_unfused", "cpu", "fp32", 8, 16, 1, 2, False, "normal")
+    compiled = Case("compiled_unfused", "cpu", "fp32", 8, 32, 1, 2, False, "normal")
+    pred = CostModel(load_priors()).predict([*cheap, covering, compiled], Settings(), {}, {})
     own = pred["total_s"] - pred["shared_s"]
-    assert own.iloc[-1] < own.iloc[:-1].min()           # by own seconds the compiled cell is the cheapest
+    assert own.iloc[-1] < own.iloc[:-2].min()           # by own seconds the compiled cell is the cheapest
     room = float(pred["total_s"].sum() - pred["total_s"].iloc[-1]) + 0.01
-    assert set(choose(pred, budget_s=room, reserve_s=0.0, max_cell_s=None)) == {compiled.id}
-    by_own = choose(pred.drop(columns="amortized_s"), budget_s=room, reserve_s=0.0, max_cell_s=None)
-    assert len(by_own) == len(pred)    # ranked by own seconds, its compile made every level overrun
+    chosen = choose(pred, budget_s=room, reserve_s=0.0, max_cell_s=None)
+    assert set(chosen.skip) == {compiled.id} and chosen.tier[covering.id] == 0
+    by_own = choose(pred.drop(columns="amortized_s"), budget_s=room, reserve_s=0.0, max_cell_s=None).skip
+    assert compiled.id not in by_own and len(by_own) > 1  # ranked by own seconds, cheap cells went instead
 
 
 def test_a_dry_run_and_the_run_make_one_plan(tmp_path):
@@ -225,3 +229,126 @@ def test_a_dry_run_and_the_run_make_one_plan(tmp_path):
     assert f"attn-audit: {planned}" in said, (planned, said)
     cut = {line.split()[0] for line in dry.stdout.splitlines() if "  skipped: over the budget" in line}
     assert cut and cut == set(Plan.read(tmp_path / "run").skip)
+
+
+# --------------------------------------------------------------------------- coverage first
+
+def _predict(cases):
+    from audit.plan.costmodel import CostModel, Settings, load_priors
+    return CostModel(load_priors()).predict(cases, Settings(), {}, {})
+
+
+def _repredict(cases):
+    by_id = {c.id: c for c in cases}
+    return lambda ids: _predict([by_id[i] for i in ids])
+
+
+def _speed_grid(variant, dtypes=("fp32",), seq_lens=(64, 128, 256, 512), batches=(1,)):
+    return [Case(variant, "cpu", dtype, 32, t, b, 2, causal, "normal")
+            for dtype in dtypes for t in seq_lens for b in batches for causal in (False, True)]
+
+
+def test_every_variant_gets_a_cell_per_dtype_and_mask_kind_before_a_second_cell():
+    """flex's cells each carry a compile, so cheapest-first alone gives it none (what issue 28
+    saw: 0 of 24 flex cells); coverage first gives it its cheapest cell of each kind."""
+    cases = [c for v in ("eager", "sdpa") for c in _speed_grid(v, ("fp32", "bf16"), batches=(1, 2, 4, 8))]
+    cases += _speed_grid("flex")
+    cases += [Case(v, "cpu", "fp32", 32, 128, 2, 2, False, "padding") for v in ("eager", "sdpa", "flex")]
+    pred = _predict(cases)
+    flex_cost = pred[pred["variant"] == "flex"]["amortized_s"]
+    cheap = pred[pred["variant"] != "flex"]["amortized_s"]
+    assert flex_cost.min() > cheap.max()                      # every flex cell costs more than any other
+    others = float(_predict([c for c in cases if c.variant != "flex"])["total_s"].sum())
+    room = 0.6 * others + 3 * float(flex_cost.min())
+    # the other variants alone overflow the room and every flex cell costs more than any of them:
+    # cheapest first (the rule before coverage) would give flex no cell
+    assert others > room
+    chosen = choose(pred, budget_s=room, reserve_s=0.0, max_cell_s=None, repredict=_repredict(cases))
+    kept = pred[~pred["id"].isin(list(chosen.skip))]
+    assert _predict([c for c in cases if c.id in set(kept["id"])])["total_s"].sum() <= room
+    kinds = {(r.variant, r.dtype, r.causal, r.scenario) for r in kept.itertuples()}
+    for variant in ("eager", "sdpa", "flex"):
+        assert (variant, "fp32", False, "normal") in kinds and (variant, "fp32", True, "normal") in kinds
+        assert (variant, "fp32", False, "padding") in kinds
+    for variant in ("eager", "sdpa"):
+        assert (variant, "bf16", False, "normal") in kinds and (variant, "bf16", True, "normal") in kinds
+    flex_kept = kept[kept["variant"] == "flex"]
+    assert len(flex_kept) == 3 and set(flex_kept[flex_kept["scenario"] == "normal"]["seq_len"]) == {64}
+    assert chosen.uncovered == [] and all(chosen.tier[i] == 0 for i in flex_kept["id"])
+    assert any("first cell per dtype and mask kind" in r for r in chosen.skip.values())
+
+
+def test_a_negative_control_gets_the_cell_its_defect_shows_in_and_its_other_cells_come_last():
+    real = _speed_grid("eager") + _speed_grid("sdpa")
+    controls = [Case(c, "cpu", "fp32", 32, 64, 1, 2, False, s) for c in ("broken.no_max_subtraction", "broken.clamped")
+                for s in ("normal", "scaled_x64", "padding", "fully_masked_bool")]
+    cases = real + controls
+    pred = _predict(cases)
+    room = float(_predict(real)["total_s"].sum()) + 1.0      # every real cell, and about a second more
+    chosen = choose(pred, budget_s=room, reserve_s=0.0, max_cell_s=None, repredict=_repredict(cases))
+    kept = set(pred["id"]) - set(chosen.skip)
+    assert {c.id for c in real} <= kept                        # the real variants' cells first
+    no_max = {c.scenario for c in controls if c.id in kept and c.variant == "broken.no_max_subtraction"}
+    clamped = {c.scenario for c in controls if c.id in kept and c.variant == "broken.clamped"}
+    assert "scaled_x64" in no_max and clamped & {"padding", "fully_masked_bool"}   # each shows its defect
+    extra = [c.id for c in controls if c.id in chosen.skip]
+    assert extra and all("negative control's cells beyond its self-check" in chosen.skip[i] for i in extra)
+    assert {chosen.tier[c.id] for c in controls if c.id in kept} <= {0, 2}
+
+
+def test_too_small_a_budget_names_the_kinds_left_without_a_cell():
+    cases = _speed_grid("eager") + _speed_grid("flex") + _speed_grid("compiled_unfused")
+    pred = _predict(cases)
+    room = float(_predict(_speed_grid("eager", seq_lens=(64,)))["total_s"].sum()) + 0.05
+    chosen = choose(pred, budget_s=room, reserve_s=0.0, max_cell_s=None, repredict=_repredict(cases))
+    assert chosen.uncovered and all(k.split()[0] in ("flex", "compiled_unfused") for k in chosen.uncovered)
+    assert "flex cpu fp32 causal" in chosen.uncovered or "compiled_unfused cpu fp32 causal" in chosen.uncovered
+    flex = pred[pred["variant"] == "flex"]["id"]
+    assert set(flex) <= set(chosen.skip) and any("did not all fit" in chosen.skip[i] for i in flex)
+    plan = Plan(budget_s=room, deadline_unix=None, predicted={}, skip=chosen.skip, uncovered=chosen.uncovered)
+    line = budget_describe(plan, len(cases))
+    assert "no cell for" in line and chosen.uncovered[0] in line
+    full = choose(pred, budget_s=1e6, reserve_s=0.0, max_cell_s=None, repredict=_repredict(cases))
+    assert full.uncovered == [] and full.skip == {} and "no cell for" not in budget_describe(
+        Plan(budget_s=1e6, deadline_unix=None), len(cases))
+
+
+def test_keeper_cuts_the_controls_extra_cells_then_other_cells_and_coverage_last():
+    clock = Clock()
+    predicted = {"cover": 3.0, "real": 1.0, "extra": 2.0, "after": 1.0}
+    plan = Plan(budget_s=100.0, deadline_unix=clock.now + 5.5, predicted=predicted,
+                tier={"cover": 0, "real": 1, "extra": 2, "after": 1})
+    keeper = Keeper(plan, list(predicted), clock=clock)
+    assert keeper.reason("cover") is None                     # 7 s predicted, 5.5 s left: the control's extra goes
+    assert keeper.skip.get("extra", "").startswith("over the budget at run time")
+    assert "real" not in keeper.skip and "after" not in keeper.skip
+    keeper.done("cover", 4.0)
+    clock.now += 4.0                                          # 1.5 s left for real + after (2 s): one of them goes
+    assert keeper.reason("real") is None and "after" in keeper.skip
+    assert keeper.remaining_s() == pytest.approx(1.0)
+    late = Keeper(Plan(budget_s=100.0, deadline_unix=clock.now + 0.5, predicted=predicted,
+                       tier={"cover": 0, "real": 1, "extra": 2, "after": 1}), ["real", "cover"], clock=clock)
+    assert late.reason("cover") is not None and late.reason("real") is not None   # coverage too, when nothing fits
+    assert list(late.skip) == ["real", "cover"]                                     # ... but last
+
+
+def test_the_progress_bar_moves_by_predicted_seconds_and_its_time_left_is_the_plans():
+    import io
+
+    from audit.execute.progress import Progress
+    clock = Clock()
+    predicted = {"compile": 30.0, "a": 1.0, "b": 1.0, "cut": 5.0}
+    plan = Plan(budget_s=None, deadline_unix=None, predicted=predicted, skip={"cut": "over the budget: ..."},
+                started_unix=clock.now - 10.0, report_s=6.0)
+    keeper = Keeper(plan, list(predicted), clock=clock)
+    bar = Progress(list(predicted), 0, keeper, plan, clock=clock, file=io.StringIO())
+    assert bar.bar.total == pytest.approx(32.0)                 # the planned skip weighs nothing
+    bar.start_cell("compile")
+    assert "0:10 elapsed" in bar.text(None) and "about 0:38 left" in bar.text(None)   # 32 s of cells + 6 s report
+    clock.now += 45.0
+    keeper.done("compile", 45.0)
+    bar.end_cell("compile")
+    assert bar.bar.n == pytest.approx(30.0)                     # by its prediction, not by one cell of four
+    assert "1/4 cells" in bar.text(None) and "0:15 behind the plan" in bar.text(None)
+    assert "about 0:08 left" in bar.text(None)                  # 2 s of cells + 6 s report (one cell: no factor yet)
+    bar.close()

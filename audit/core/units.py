@@ -30,3 +30,11 @@ def format_duration(seconds: float) -> str:
     if seconds >= 90:
         return f"{seconds / 60:.1f} min"
     return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+def format_clock(seconds: float) -> str:
+    """'4:07', '1:02:09': a stopwatch's reading (the progress bar's elapsed and left)."""
+    whole = max(0, int(round(seconds)))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

@@ -90,6 +90,8 @@ def combined_plan(plans: Sequence[dict[str, Any] | None]) -> dict[str, Any] | No
     return {"budget_s": plans[0].get("budget_s"), "deadline_unix": None,
             "predicted": {k: v for p in plans for k, v in (p.get("predicted") or {}).items()},
             "skip": {k: v for p in plans for k, v in (p.get("skip") or {}).items()},
+            "tier": {k: v for p in plans for k, v in (p.get("tier") or {}).items()},
+            "uncovered": list(dict.fromkeys(u for p in plans for u in (p.get("uncovered") or []))),
             "reserve_s": max(float(p.get("reserve_s") or 0.0) for p in plans)}
 
 

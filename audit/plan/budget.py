@@ -1,12 +1,20 @@
 """Keep a run to its time budget: plan which cells fit, and keep to the plan while running.
 
-Before measuring, the cost model predicts every cell (forecast.plan). Cells predicted
-over the per-cell limit (--max-cell-s) are skipped; then the most expensive cells are
-skipped until the predicted total fits the budget (the cheap ones give the grid its
-breadth). Skipped cells are recorded as `skipped` with the prediction in the reason,
-never dropped. While running, the worker compares what the cells took with what was
-predicted and, if the rest would overrun the deadline, skips the most expensive of the
-remaining cells too. The plan is `DIR/plan.json`.
+Before measuring, the cost model predicts every cell (forecast.plan). Cells predicted over
+the per-cell limit (--max-cell-s) are skipped. Then the budget buys coverage first, in tiers:
+
+0. every variant that can run gets one cell per device × dtype × mask kind (none, causal, key
+   padding: workload.inputs.mask_kind), the cheapest to add (a compile or golden already
+   bought for another such cell counts once), and every negative control the cell its
+   self-check needs (the cheapest whose scenario shows its defect: Variant.reveals);
+1. then the real variants' other cells, cheapest first;
+2. then the negative controls' other cells, cheapest first.
+
+If tier 0 itself does not fit, its most expensive cells go, and the plan names the variant ×
+dtype × mask kinds left without a cell (Plan.uncovered). Skipped cells are recorded as
+`skipped` with the prediction in the reason, never dropped. While running, the worker compares
+what the cells took with what was predicted and, if the rest would overrun the deadline, skips
+the remaining cells of the highest tier, most expensive first. The plan is `DIR/plan.json`.
 """
 from __future__ import annotations
 
@@ -24,6 +32,9 @@ from ..core.units import format_duration
 CORRECTION_MIN_CELLS = 5            # measured cells behind a runtime correction factor
 SAFETY_FRACTION = 0.03              # of the budget, kept free for the last cell's overshoot
 CORRECTION_RANGE = (0.5, 4.0)
+COVERAGE, REAL, CONTROL_EXTRA = 0, 1, 2     # the tiers: what the budget buys first, then, last
+TIER_NAMES = {COVERAGE: "coverage and self-check", REAL: "real variants' other cells",
+              CONTROL_EXTRA: "negative controls' other cells"}
 
 
 @dataclass
@@ -35,6 +46,10 @@ class Plan:
     predicted: dict[str, float] = field(default_factory=dict)
     skip: dict[str, str] = field(default_factory=dict)
     reserve_s: float = 0.0                 # start-up, ceilings and report: outside the cells
+    tier: dict[str, int] = field(default_factory=dict)   # id -> COVERAGE, REAL or CONTROL_EXTRA
+    uncovered: list[str] = field(default_factory=list)   # "variant device dtype mask kind" with no cell
+    started_unix: float | None = None      # when the run started (the progress bar's elapsed time)
+    report_s: float = 0.0                  # predicted seconds after the last cell (the report)
 
     def write(self, run_dir: Path) -> None:
         (Path(run_dir) / PLAN_FILE).write_text(json.dumps(self.__dict__, indent=1) + "\n")
@@ -44,7 +59,8 @@ class Plan:
         path = Path(run_dir) / PLAN_FILE
         if not path.exists():
             return None
-        return cls(**json.loads(path.read_text()))
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in json.loads(path.read_text()).items() if k in known})
 
     def predicted_total(self) -> float:
         return sum(s for i, s in self.predicted.items() if i not in self.skip)
@@ -59,62 +75,159 @@ def cell_cost(row: Any) -> float:
     return float(row["total_s"]) - float(row.get("shared_s", 0.0) or 0.0)
 
 
-def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: float | None,
-           repredict: Callable[[list[str]], Any] | None = None) -> dict[str, str]:
-    """{id: reason} of the cells to skip so the predicted total fits `budget_s - reserve_s`.
+def coverage_kind(row: Any) -> str | None:
+    """A prediction row's coverage kind (workload.variants.coverage_kind): what tier 0 buys one
+    cell of."""
+    from ..workload.variants import coverage_kind as kind_of
+    return kind_of(str(row["variant"]), str(row["device"]), str(row["dtype"]), str(row["scenario"]),
+                   bool(row["causal"]))
 
-    pred: costmodel prediction (rows in run order; total_s, and shared_s, the part a cell pays
-    for others too: start-up, its input set's golden, compiled code). Cells over the per-cell
-    limit go first. Then a bisection finds the largest cost (own seconds, cell_cost) such that
-    keeping every cell that costs no more fits the budget when predicted again (`repredict`:
-    a skipped cell's shared costs move to the next cell, or vanish with its input set): the
-    most expensive cells are skipped. A cell left alone in its input set that would not be
-    measured anyway (a backend that cannot run it) is skipped with them, since it would still
-    pay for the set's inputs and golden.
+
+def _reveals(variant: str) -> tuple[str, ...] | None:
+    """The scenarios a negative control's defect shows in (() any), None for a real variant."""
+    from ..workload.variants import BROKEN_PREFIX, builtin_variants
+    if not variant.startswith(BROKEN_PREFIX):
+        return None
+    builtin = builtin_variants().get(variant)
+    return tuple(getattr(builtin, "reveals", ()) or ())
+
+
+@dataclass
+class Selection:
+    """choose()'s answer: the cells to skip with why, every other cell's tier, and the coverage
+    kinds left without a cell."""
+
+    skip: dict[str, str]
+    tier: dict[str, int]
+    uncovered: list[str]
+
+
+def tiers(pred: Any) -> tuple[dict[str, int], list[str]]:
+    """({id: tier} of the cells predicted to run, [ids of tier 0 in the order they are bought]).
+
+    Tier 0 is chosen greedily: per coverage kind (cheapest kinds first) and per negative control,
+    the cell whose own seconds plus the shared costs not yet bought (costmodel `shares`: its input
+    set's golden, its compile, a backend's first use) are least."""
+    ok = pred[pred["status"] == "ok"]
+    rows = list(ok.to_dict("records"))
+    own = {r["id"]: float(r["total_s"]) - float(r.get("shared_s") or 0.0) for r in rows}
+    shares = {r["id"]: tuple(r.get("shares") or ()) for r in rows}
+    bought: set = set()
+
+    def added(cell_id: str) -> float:
+        return own[cell_id] + sum(cost for group, cost in shares[cell_id] if group not in bought)
+
+    wanted: dict[str, list[str]] = {}          # coverage kind or "control:<name>" -> candidate ids
+    tier: dict[str, int] = {}
+    for r in rows:
+        kind = coverage_kind(r)
+        reveals = _reveals(str(r["variant"]))
+        if kind is not None:
+            wanted.setdefault(kind, []).append(r["id"])
+            tier[r["id"]] = REAL
+        elif reveals is not None:
+            tier[r["id"]] = CONTROL_EXTRA
+            if not reveals or r["scenario"] in reveals:
+                wanted.setdefault(f"control:{r['variant']}", []).append(r["id"])
+        else:
+            tier[r["id"]] = REAL
+    for r in rows:          # a control none of whose cells shows its defect: its cheapest cell
+        name = f"control:{r['variant']}"
+        if tier[r["id"]] == CONTROL_EXTRA and name not in wanted:
+            wanted[name] = [c["id"] for c in rows if c["variant"] == r["variant"]]
+    order = sorted(wanted, key=lambda k: min(added(i) for i in wanted[k]))
+    chosen: list[str] = []
+    for kind in order:
+        best = min(wanted[kind], key=added)
+        chosen.append(best)
+        bought.update(group for group, _ in shares[best])
+        tier[best] = COVERAGE
+    return tier, chosen
+
+
+def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: float | None,
+           repredict: Callable[[list[str]], Any] | None = None) -> Selection:
+    """The cells to skip so the predicted total fits `budget_s - reserve_s`, tier by tier.
+
+    pred: costmodel prediction (rows in run order; total_s; shared_s, the part a cell pays for
+    others too; shares, those shared costs by group). Cells over the per-cell limit go first.
+    Tier 0 (tiers()) is kept whole when it fits, else its latest-bought cells go until it does.
+    Then, per tier, a bisection finds the largest cost (cell_cost) such that keeping every cell
+    of the tier that costs no more fits the budget when predicted again (`repredict`: a skipped
+    cell's shared costs move to the next cell, or vanish with its input set). A cell left alone
+    in its input set that would not be measured anyway (a backend that cannot run it) is skipped
+    with them, since it would still pay for the set's inputs and golden.
     """
     skip: dict[str, str] = {}
     for _, row in pred[pred["status"] == "ok"].iterrows():
         if max_cell_s is not None and cell_cost(row) > max_cell_s:
             skip[row["id"]] = (f"predicted {cell_cost(row):.1f} s for this cell, over the per-cell limit "
                                f"{max_cell_s:g} s (--max-cell-s)")
+    kept_pred = pred[~pred["id"].isin(list(skip))]
+    tier, coverage = tiers(kept_pred)
+    kinds = {row["id"]: coverage_kind(row) or f"{row['variant']} (self-check)" for _, row in kept_pred.iterrows()}
     if budget_s is None:
-        return skip
+        return Selection(skip, tier, [])
     room = budget_s - reserve_s
-    costs = {row["id"]: cell_cost(row) for _, row in pred.iterrows() if row["status"] == "ok"}
+    costs = {row["id"]: cell_cost(row) for _, row in kept_pred.iterrows() if row["status"] == "ok"}
     keys = {row["id"]: tuple(row[a] for a in INPUT_AXES) for _, row in pred.iterrows()}
     candidates = [i for i in pred["id"] if i not in skip]
 
-    def kept_under(threshold: float) -> list[str]:
-        measured = [i for i in candidates if i in costs and costs[i] <= threshold]
+    def with_sets(measured: set[str]) -> list[str]:
+        """The measured cells, and the cells predicted not to run of the input sets they keep."""
         sets = {keys[i] for i in measured}
-        return [i for i in candidates if (i in costs and costs[i] <= threshold)
-                or (i not in costs and keys[i] in sets)]
+        return [i for i in candidates if i in measured or (i not in costs and keys[i] in sets)]
 
-    def total(ids: list[str]) -> float:
+    def fits(measured: set[str]) -> bool:
+        ids = with_sets(measured)
         if not ids:
-            return 0.0
+            return True
         frame = repredict(ids) if repredict is not None else pred[pred["id"].isin(ids)]
-        return float(frame["total_s"].sum())
+        return float(frame["total_s"].sum()) <= room
 
-    levels = sorted({costs[i] for i in candidates if i in costs})
-    lo, hi = -1, len(levels) - 1          # levels[lo] fits (lo = -1: nothing), levels[hi] is tried
-    if levels and total(kept_under(levels[hi])) <= room:
-        return skip
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if total(kept_under(levels[mid])) <= room:
-            lo = mid
-        else:
-            hi = mid
-    keep = set(kept_under(levels[lo])) if lo >= 0 else set()
+    def largest(n_max: int, keep: Callable[[int], set[str]]) -> int:
+        """The largest n in 0..n_max with fits(keep(n)); keep(0) fits, and fits is monotone in n."""
+        lo, hi = 0, n_max
+        if fits(keep(hi)):
+            return hi
+        while hi - lo > 1:                      # keep(lo) fits, keep(hi) does not
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(keep(mid)) else (lo, mid)
+        return lo
+
+    n = largest(len(coverage), lambda k: set(coverage[:k]))
+    kept = set(coverage[:n])
+    why = {i: _over(budget_s, room, costs[i], COVERAGE) for i in coverage[n:]}
+    uncovered = [kinds[i] for i in coverage[n:] if not kinds[i].endswith("(self-check)")]
+    later = [i for i in costs if tier.get(i) != COVERAGE]
+    if n == len(coverage):
+        for level in (REAL, CONTROL_EXTRA):
+            members = sorted((i for i in costs if tier.get(i) == level), key=lambda i: costs[i])
+            levels = sorted({costs[i] for i in members})
+            base = set(kept)
+            m = largest(len(levels), lambda k: base | {i for i in members if k and costs[i] <= levels[k - 1]})
+            kept |= {i for i in members if m and costs[i] <= levels[m - 1]}
+            if m < len(levels):                  # this tier did not fit whole: later tiers get nothing
+                break
+    why.update({i: _over(budget_s, room, costs[i], tier[i]) for i in later if i not in kept})
     measured_sets = {keys[i] for i in candidates if i in costs}
+    kept_all = set(with_sets(kept))
     for i in candidates:
-        if i in keep or (i not in costs and keys[i] not in measured_sets):
+        if i in kept_all or (i not in costs and keys[i] not in measured_sets):
             continue                  # a cell predicted not to run, alone in its set: its own reason
-        skip[i] = (f"over the budget: the {format_duration(budget_s)} budget (--budget) leaves {max(room, 0):.0f} s "
-                   f"for cells, given to the cheaper ones; this one was predicted {costs[i]:.1f} s"
-                   if i in costs else "over the budget: every cell of its input set that would be measured was cut")
-    return skip
+        skip[i] = why[i] if i in costs else "over the budget: every cell of its input set that would be measured was cut"
+    return Selection(skip, {i: t for i, t in tier.items() if i not in skip}, uncovered)
+
+
+def _over(budget_s: float, room: float, cost: float, level: int) -> str:
+    """A planned skip's reason: the budget, what it left for cells, and the cell's tier."""
+    which = {COVERAGE: "the cells giving every variant one cell per dtype and mask kind, and every "
+                       "negative control its self-check, did not all fit",
+             REAL: "given to the cheaper ones, after every variant's first cell per dtype and mask kind",
+             CONTROL_EXTRA: "given to every real variant's cells first, as a negative control's cells "
+                            "beyond its self-check"}[level]
+    return (f"over the budget: the {format_duration(budget_s)} budget (--budget) leaves {max(room, 0):.0f} s "
+            f"for cells, {which}; this one was predicted {cost:.1f} s")
 
 
 class Keeper:
@@ -123,18 +236,23 @@ class Keeper:
     After each cell, the median ratio of measured to predicted time (once 5 cells are
     measured, clamped to 0.5-4x: the median, so one slow first cell does not condemn the
     rest) scales the predictions of the remaining cells; when they would run past the
-    deadline, the most expensive remaining ones are skipped.
+    deadline, remaining cells are skipped: the highest tier first (Plan.tier: the controls'
+    extra cells, then the real variants' other cells, coverage last), the most expensive
+    first within a tier. remaining_s() is what the progress bar shows as time left.
     """
 
     def __init__(self, plan: Plan | None, order: Sequence[str], clock: Callable[[], float] = time.time):
         self.plan, self.clock = plan, clock
         self.skip: dict[str, str] = dict(plan.skip) if plan else {}
         self.predicted = dict(plan.predicted) if plan else {}
-        self._heap = [(-self.predicted.get(i, 0.0), i) for i in order if i not in self.skip]
+        tier = plan.tier if plan else {}
+        self._heap = [(-tier.get(i, REAL), -self.predicted.get(i, 0.0), i) for i in order if i not in self.skip]
         heapq.heapify(self._heap)
-        self._remaining = {i for _, i in self._heap}
+        self._remaining = {i for *_, i in self._heap}
         self._remaining_s = sum(self.predicted.get(i, 0.0) for i in self._remaining)
         self.ratios: list[float] = []
+        self.done_predicted_s = 0.0        # predicted seconds of the cells measured so far ...
+        self.done_elapsed_s = 0.0          # ... and what they took
 
     def factor(self) -> float:
         if len(self.ratios) < CORRECTION_MIN_CELLS:
@@ -142,6 +260,14 @@ class Keeper:
         import statistics
         lo, hi = CORRECTION_RANGE
         return min(hi, max(lo, statistics.median(self.ratios)))
+
+    def remaining_s(self) -> float:
+        """Predicted seconds of the cells still to measure, scaled by factor()."""
+        return max(0.0, self._remaining_s) * self.factor()
+
+    def behind_s(self) -> float:
+        """How much longer the cells measured so far took than predicted (negative: ahead)."""
+        return self.done_elapsed_s - self.done_predicted_s
 
     def reason(self, cell_id: str) -> str | None:
         """Why to skip this cell now (the plan, or the deadline), or None to measure it."""
@@ -152,7 +278,7 @@ class Keeper:
         left = self.plan.deadline_unix - self.clock()
         factor = self.factor()
         while self._heap and self._remaining_s * factor > left:
-            cost, victim = heapq.heappop(self._heap)
+            _tier, cost, victim = heapq.heappop(self._heap)
             if victim not in self._remaining:
                 continue
             self._remaining.discard(victim)
@@ -169,13 +295,15 @@ class Keeper:
         predicted = self.predicted.get(cell_id)
         if predicted and cell_id not in self.skip:
             self.ratios.append(elapsed_s / predicted)
+            self.done_predicted_s += predicted
+            self.done_elapsed_s += elapsed_s
 
 
 def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_s: float | None,
              started_unix: float, measure: bool = True, ceilings_measured: bool | None = None
              ) -> tuple[Plan, Any, list[str]]:
-    """The plan for `cases` (those not yet recorded): prediction, skips and deadline; also the
-    prediction itself and the cost model's notes, for printing.
+    """The plan for `cases` (those not yet recorded): prediction, skips, tiers and deadline; also
+    the prediction itself and the cost model's notes, for printing.
 
     A dry-run and the run it previews plan alike: the same ceilings (forecast.machine_ceilings)
     and the same reserve for start-up, ceilings and report. `ceilings_measured`: the run
@@ -194,8 +322,9 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
         return model.predict([by_id[i] for i in ids], Settings.of_preset(preset), forecast.ceilings,
                              forecast.free, forecast.warm_compiles)
 
-    skip = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after, max_cell_s=preset.max_cell_s,
-                  repredict=repredict)
+    chosen = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after, max_cell_s=preset.max_cell_s,
+                    repredict=repredict)
+    skip = chosen.skip
     _, after = overhead_s(forecast.pred[~forecast.pred["id"].isin(skip)])   # the report of what is kept
     predicted = {r["id"]: float(r["total_s"]) for _, r in forecast.pred.iterrows()}
     kept = [i for i in predicted if i not in skip]
@@ -204,12 +333,17 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     plan = Plan(budget_s=budget_s,
                 deadline_unix=None if budget_s is None else
                 started_unix + budget_s - after - max(2.0, SAFETY_FRACTION * budget_s),
-                reserve_s=before + after, predicted=predicted, skip=skip)
+                reserve_s=before + after, predicted=predicted, skip=skip, tier=chosen.tier,
+                uncovered=chosen.uncovered, started_unix=started_unix, report_s=after)
     return plan, forecast.pred, forecast.notes
 
 
+UNCOVERED_SHOWN = 8      # the plan line names this many uncovered kinds, then counts the rest
+
+
 def describe(plan: Plan, n_cells: int) -> str:
-    """One line for the console: what the plan measures and what it skips."""
+    """One line for the console: what the plan measures and what it skips, and which variant ×
+    dtype × mask kinds the budget left without a cell."""
     skipped = len(plan.skip)
     skipped_s = sum(plan.predicted.get(i, 0.0) for i in plan.skip)
     budget = "no budget" if plan.budget_s is None else f"budget {format_duration(plan.budget_s)}"
@@ -218,4 +352,9 @@ def describe(plan: Plan, n_cells: int) -> str:
     if skipped:
         line += (f"; {skipped} cells skipped (predicted {format_duration(skipped_s)}): "
                  "listed in the report under Time budget")
+    if plan.uncovered:
+        shown = ", ".join(plan.uncovered[:UNCOVERED_SHOWN])
+        more = len(plan.uncovered) - UNCOVERED_SHOWN
+        line += (f"; too small a budget to give every variant one cell per dtype and mask kind: no cell for "
+                 f"{shown}" + (f" and {more} more" if more > 0 else ""))
     return line

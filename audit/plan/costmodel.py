@@ -495,7 +495,7 @@ class CostModel:
                 phases["energy"] = energy_wall_s(t_f, settings)
             rows.append(self._row(case, status, reason, phases, t_f, t_fb, shared_s=shared + phases["golden"]))
         columns = ["id", *AXES, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s",
-                   "shared_s", "amortized_s"]
+                   "shared_s", "amortized_s", "shares"]
         members: dict[tuple, int] = {}
         for row, groups in zip(rows, memberships):
             for group in groups:
@@ -503,6 +503,8 @@ class CostModel:
         for row, groups in zip(rows, memberships):
             row["amortized_s"] = row["total_s"] - row["shared_s"] + sum(
                 paid.get(g, 0.0) / max(1, members[g]) for g in groups)
+            # what the cell would pay alone: each shared cost it takes part in, by what shares it
+            row["shares"] = tuple((g, paid[g]) for g in groups if paid.get(g))
         return pd.DataFrame(rows, columns=columns)
 
     def _golden_s(self, shape: CellShape, settings: Settings) -> float:
@@ -517,7 +519,9 @@ class CostModel:
         """shared_s: the part of total_s that the cell pays for others too (start-up, a
         backend's first use, its input set's golden, compiled code it shares); amortized_s,
         set after the walk: its own seconds plus its share of every shared cost it takes part
-        in (what the budget ranks cells by: a cell alone with its compile carries it all)."""
+        in (what the budget ranks cells by: a cell alone with its compile carries it all);
+        shares, set after the walk: ((group, seconds), ...) of those shared costs, whole (what
+        the budget's coverage adds up, each group once)."""
         axes = case.axes()
         return {"id": case.id, **axes, "status": status, "reason": reason,
                 "fwd_s": t_f, "fwd_bwd_s": t_fb, **phases, "total_s": sum(phases.values()),

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..analysis.findings import FINFO_MIN_SCENARIO
 from ..core.defects import REPEATED_TENSORS
+from ..workload.inputs import MASK_KIND_LABELS, mask_kind
 from .data import (BASELINE_VARIANT, MATCH_AXES, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, SEVERITY_ORDER,
                    describe_values, dtype_order, is_negative_control,
                    memory_ratio_vs_baseline, numeric, ok_rows, speedup_vs_baseline, variant_order)
@@ -28,7 +29,6 @@ VERDICT_BASELINE = "sdpa"           # what a PyTorch user gets by default: the y
 VERDICT_HEADING = "Verdict"
 RECOMMENDATIONS_HEADING = "What to use"
 DEVICE_DTYPE = "device\u00a0dtype"        # one unbroken header: the column stays narrow
-MASK_KIND_LABELS = {"none": "no mask", "causal": "causal", "padding": "key padding"}
 CLOSE_LEAD = 1.10                   # a lead under 10% is within one run's noise (design notes: 10-40% on 2 cores)
 MIN_SHARED_FRACTION = 0.5           # a variant joins a comparison if the shared cells stay >= half of the slice's
 SEVERITY_RANK = {severity: rank for rank, severity in enumerate(SEVERITY_ORDER)}
@@ -40,36 +40,13 @@ MASK_FORM_LABELS = {"fully_masked_bool": "bool", "fully_masked_neginf": "-inf fl
 
 # --------------------------------------------------------------------------- mask kinds
 
-def scenario_mask_kinds() -> dict[str, str]:
-    """scenario -> "plain" (no mask tensor, no score modification: the causal flag makes it none
-    or causal) or "padding" (a key padding mask, (B, 1, 1, T): the catalogue's per-batch masks).
-    Scenarios with any other mask or a score modification have no kind: nothing is recommended
-    for them. Read from workload.inputs.SCENARIOS, so a new scenario is placed by its own fields."""
-    try:
-        from ..workload.inputs import SCENARIOS
-    except Exception:  # the report must render even if the catalogue cannot be read
-        return {NORMAL_SCENARIO: "plain"}
-    kinds: dict[str, str] = {}
-    for name, scenario in SCENARIOS.items():
-        mask, score_mod = getattr(scenario, "mask", None), getattr(scenario, "score_mod", None)
-        if score_mod is not None:
-            continue
-        if mask is None:
-            kinds[name] = "plain"
-        elif tuple(mask)[1:] == ("per-batch",):
-            kinds[name] = "padding"
-    return kinds
-
-
 def mask_kinds(frame: pd.DataFrame) -> pd.Series:
-    """Per cell: none, causal, padding, or None (another mask, a score modification, unknown)."""
-    kinds = scenario_mask_kinds()
+    """Per cell: none, causal, padding, or None (another mask, a score modification, unknown):
+    workload.inputs.mask_kind, the one definition the budget's coverage uses too."""
     scenario = (frame["scenario"].where(frame["scenario"].notna(), NORMAL_SCENARIO).astype(str)
                 if "scenario" in frame.columns else pd.Series(NORMAL_SCENARIO, index=frame.index))
     causal = frame["causal"].astype(bool) if "causal" in frame.columns else pd.Series(False, index=frame.index)
-    plain = scenario.map(kinds)
-    return pd.Series([("causal" if c else "none") if k == "plain" else k if k == "padding" else None
-                      for k, c in zip(plain, causal)], index=frame.index, dtype=object)
+    return pd.Series([mask_kind(s, c) for s, c in zip(scenario, causal)], index=frame.index, dtype=object)
 
 
 def speed_cells_of_kind(frame: pd.DataFrame, kind: str) -> pd.Series:

@@ -305,6 +305,33 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
 ]}
 
 
+# What a cell masks, as the verdict recommends per kind and the budget covers every variant in:
+# no mask, causal, key padding. Read off each scenario's own fields (scenario_mask_kind), so a
+# new scenario is placed by what it declares.
+MASK_KINDS: tuple[str, ...] = ("none", "causal", "padding")
+MASK_KIND_LABELS = {"none": "no mask", "causal": "causal", "padding": "key padding"}
+
+
+def scenario_mask_kind(name: str) -> str | None:
+    """"plain" (no mask tensor, no score modification: the causal flag makes it none or causal),
+    "padding" (a key padding mask, (B, 1, 1, T): the catalogue's per-batch masks), or None (any
+    other mask, a score modification, an unknown scenario: no kind)."""
+    scenario = SCENARIOS.get(name)
+    if scenario is None or scenario.score_mod is not None:
+        return None
+    if scenario.mask is None:
+        return "plain"
+    return "padding" if tuple(scenario.mask)[1:] == ("per-batch",) else None
+
+
+def mask_kind(scenario: str, causal: bool) -> str | None:
+    """A cell's mask kind (MASK_KINDS), or None when it has another mask or a score modification."""
+    kind = scenario_mask_kind(scenario)
+    if kind == "plain":
+        return "causal" if causal else "none"
+    return kind
+
+
 def check_scenario(name: str) -> None:
     """Validator for grid.validate_axes: raises UsageError for an unknown scenario name."""
     if name not in SCENARIOS:

@@ -49,6 +49,9 @@ class Variant:
     # The causal alignment it implements when q_len != kv_len: top-left (the contract's) or
     # bottom-right (KV-cache decoding: flash-attn's, transformers'); its golden follows it.
     causal_alignment: str = "top-left"
+    # A negative control: the scenarios whose every cell shows its defect (empty: any cell it
+    # runs). The time budget gives its self-check the cheapest of those cells first, not a grid.
+    reveals: tuple[str, ...] = ()
 
     @property
     def negative_control(self) -> bool:
@@ -420,18 +423,27 @@ def _builtins() -> dict[str, Variant]:
                 "and soft-capping as score_mod, GQA with enable_gqa",
                 _flex, compiled=True, family="compiled"),
     ]
-    for probs_fn in (broken_unscaled_probs, broken_mask_after_softmax_probs, broken_clamped_probs,
-                     broken_no_max_subtraction_probs, broken_softmax_wrong_dim_probs):
+    # Each control with the scenarios whose cells show its defect (every cell of the stored cpu
+    # preset run, tests/data/cpu-2026-11-30, in each dtype): a wrong scale or softmax dimension
+    # shows anywhere, a mask applied late or clamped where keys are masked, a missing max only
+    # where exp overflows.
+    unmasked = ("normal", "scaled_x4", "scaled_x16", "scaled_x64", "outliers", "padding")
+    masked = ("padding", "fully_masked_bool", "fully_masked_neginf")
+    for probs_fn, reveals in ((broken_unscaled_probs, unmasked), (broken_mask_after_softmax_probs, masked),
+                              (broken_clamped_probs, masked), (broken_no_max_subtraction_probs, ("scaled_x64", "fp16_range")),
+                              (broken_softmax_wrong_dim_probs, unmasked)):
         name = BROKEN_PREFIX + probs_fn.__name__.removeprefix("broken_").removesuffix("_probs")
         doc = (probs_fn.__doc__ or "").strip().splitlines()[0]
         specs.append(Variant(name, "NEGATIVE CONTROL: " + doc,
-                             (lambda f=probs_fn: _from_probs(f)), family="broken", probs=probs_fn))
+                             (lambda f=probs_fn: _from_probs(f)), family="broken", probs=probs_fn,
+                             reveals=reveals))
     specs.append(Variant(
         "broken.gqa_wrong_head", "NEGATIVE CONTROL: " + broken_gqa_wrong_head_probs.__doc__.strip(),
         lambda: _from_probs(broken_gqa_wrong_head_probs, pair_kv=kv_tiled), family="broken",
         probs=broken_gqa_wrong_head_probs,
         requires={"gqa": "with kv_heads == heads, h % kv_heads is h, the right pairing: nothing to detect"},
-        unsupported={"mqa": "with one key/value head every pairing is the same: nothing to detect"}))
+        unsupported={"mqa": "with one key/value head every pairing is the same: nothing to detect"},
+        reveals=()))                  # any GQA cell it runs
     return {v.name: v for v in specs}
 
 
@@ -448,6 +460,17 @@ GQA_CONTROLS: tuple[str, ...] = ("broken.gqa_wrong_head",)   # run (and flagged)
 
 def builtin_variants() -> dict[str, Variant]:
     return _builtins()
+
+
+def coverage_kind(variant: str, device: str, dtype: str, scenario: str, causal: bool) -> str | None:
+    """"variant device dtype mask-kind" of a real variant's cell, e.g. "flex cpu bf16 causal": what
+    the time budget gives every variant one cell of (plan.budget) and the report checks it got.
+    None for a negative control, and for a cell of another mask or a score modification."""
+    from .inputs import MASK_KIND_LABELS, mask_kind
+    if variant.startswith(BROKEN_PREFIX):
+        return None
+    kind = mask_kind(scenario, causal)
+    return None if kind is None else f"{variant} {device} {dtype} {MASK_KIND_LABELS[kind]}"
 
 
 def _first_line(exc: BaseException) -> str:
