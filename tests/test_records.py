@@ -87,9 +87,9 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_8_with_migrations_from_1_to_7():
-    assert SCHEMA_VERSION == 8
-    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7}
+def test_schema_is_9_with_migrations_from_1_to_8():
+    assert SCHEMA_VERSION == 9
+    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7, 8}
 
 
 @pytest.mark.parametrize("schema, added", [
@@ -98,6 +98,8 @@ def test_schema_is_8_with_migrations_from_1_to_7():
          "repeat_max_diff", "deterministic_algorithms", "deterministic_refused")),
     # schema 7 counted no graph breaks: null (unknown), not 0 (one graph)
     (7, ("graph_breaks", "sampled_power_source", "energy_read_s")),
+    # schema 8 did not split a cell's time into phases: null, not {} (no phase at all)
+    (8, ("phase_s",)),
 ])
 def test_an_older_record_reads_with_the_columns_it_did_not_measure_null(tmp_path, schema, added):
     old = full_record()

@@ -6,7 +6,7 @@ import argparse
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..core.errors import UsageError
 from ..core.paths import reports_root
@@ -48,16 +48,17 @@ def quarantine(run_dir: Path) -> None:
               f"{run_dir / QUARANTINE_FILE}; their cells are measured again by a run", file=sys.stderr)
 
 
-def write_report(run_dir: Path) -> dict[str, Any]:
+def write_report(run_dir: Path, before_page: Callable[[], None] | None = None) -> dict[str, Any]:
     """Findings from the records, a reproduction script per finding, then figures and index:
-    no torch computation. Prints what was found; returns build_report's paths."""
+    no torch computation. Prints what was found; returns build_report's paths. before_page:
+    build_report's (a run records its time split there)."""
     from ..analysis.findings import write_findings
     from ..core.records import read_records, to_frame
     from ..render import build_report, is_control_finding, negative_control_check
     from ..repro.scripts import write_repro_scripts
 
     found = write_repro_scripts(run_dir, write_findings(run_dir))   # DIR/repro/: a script per finding
-    paths = build_report(run_dir)
+    paths = build_report(run_dir, before_page)
     real = [f for f in found if not is_control_finding(f)]
     by_severity = {s: sum(f["severity"] == s for f in real) for s in ("error", "warning", "info")}
     controls = negative_control_check(to_frame(read_records(run_dir)), found)

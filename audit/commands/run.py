@@ -6,6 +6,7 @@ execute(), so the two check their input alike and record the same run.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -224,25 +225,80 @@ def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
     try:
         quarantine(run_dir)
         point_latest(run_dir)
+        clock = WallSplit(run_dir, started)
         if args.executor == "ray":
             code = _measure_on_ray(args, argv, cases, preset, overrides, axes, extra, run_dir)
         else:
-            ceilings, measured = runner.ceilings_for(cases, run_dir, preset.ceilings_s)
-            runner.write_run_file(run_dir, preset, axes, argv, environment(), len(cases), ceilings, extra)
+            with clock.segment("start-up"):
+                import torch  # noqa: F401  - importing it is start-up, not measuring the ceilings
+            with clock.segment("ceilings"):
+                ceilings, measured = runner.ceilings_for(cases, run_dir, preset.ceilings_s)
+            with clock.segment("start-up"):
+                runner.write_run_file(run_dir, preset, axes, argv, environment(), len(cases), ceilings, extra)
             print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
-            _plan(cases, preset, run_dir, started, ceilings_measured=measured)
-            code = supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"], args.cell_timeout)
+            with clock.segment("plan"):
+                _plan(cases, preset, run_dir, clock.process_started, ceilings_measured=measured)
+            with clock.segment("cells"):
+                code = supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"], args.cell_timeout)
         if code != 0:
             return code
         from ..measure.seed import write_claims
-        write_claims(run_dir)
+        with clock.segment("seed claims"):
+            write_claims(run_dir)
         if args.no_report:
+            clock.write()
             print(f"records: {run_dir / RECORDS_FILE}")
             return 0
-        write_report(run_dir)
+        with clock.segment("report"):
+            write_report(run_dir, before_page=clock.write)
+        clock.write()
         return 0
     finally:
         lock.release()
+
+
+class WallSplit:
+    """The run's own segments of wall time (start-up, ceilings, plan, cells, seed claims, report),
+    and run.json's time_split made from them and the records (core.timesplit.split_wall)."""
+
+    def __init__(self, run_dir: Path, started: float) -> None:
+        from ..core.records import completed_ids
+        from ..core.timesplit import process_start_unix
+        self.run_dir = run_dir
+        self.process_started = min(started, process_start_unix() or started)
+        self.segments: dict[str, float] = {"start-up": time.time() - self.process_started}
+        self.opened: dict[str, float] = {}
+        self.done_before = completed_ids(run_dir)
+
+    @contextlib.contextmanager
+    def segment(self, name: str) -> Any:
+        start = time.time()
+        self.opened[name] = start
+        try:
+            yield
+        finally:
+            self.opened.pop(name, None)
+            self.segments[name] = self.segments.get(name, 0.0) + time.time() - start
+
+    def write(self) -> None:
+        """run.json's time_split, now: an open segment (the report, while its page is made)
+        counts up to now."""
+        import json
+
+        from ..core.records import read_records
+        from ..core.runfolder import RUN_FILE
+        from ..core.timesplit import split_wall
+        from ..execute.runner import read_worker_timing
+        now = time.time()
+        segments = {k: v + (now - self.opened[k] if k in self.opened else 0.0) for k, v in self.segments.items()}
+        segments.update({k: now - t for k, t in self.opened.items() if k not in segments})
+        cells = [r for r in read_records(self.run_dir) if r["id"] not in self.done_before]
+        split = split_wall(now - self.process_started, segments, cells,
+                           read_worker_timing(self.run_dir, self.process_started))
+        path = self.run_dir / RUN_FILE
+        info = json.loads(path.read_text()) if path.exists() else {}
+        info["time_split"] = split
+        path.write_text(json.dumps(info, indent=2, default=str) + "\n")
 
 
 def _shard(args: argparse.Namespace, cases: list, preset: Any) -> tuple[list, dict]:

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator
 
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 # Every column a user can rely on, with its meaning. docs/output.md's column table is
@@ -122,6 +122,7 @@ COLUMNS: dict[str, str] = {
     "energy_read_s": "CUDA: median host time one read of NVML's energy counter took in the cell, s (the GPU's queued work must outlast it; an edge of the window is timed to about one read)",
     "telemetry_reason": "why telemetry columns are null or partial (no GPU, no driver, ...)",
     "elapsed_s": "wall time spent on the cell, seconds",
+    "phase_s": "where the cell's elapsed_s went: seconds per phase (setup, golden, compile, warmup, numerics, leak, determinism, diagnosis, saturation, timed, energy: core/timesplit.py CELL_PHASES), only the phases the cell went through; the report's Time budget section sums them",
     "predicted_s": "the cost model's prediction of the cell's wall time when the run was planned, seconds (docs/planning.md)",
     "started_at": "UTC time the cell started (ISO 8601)",
     "env": "environment: torch version, device name, CPU model, threads, git commit, cpu_allocator (pinned malloc thresholds), NVML info",
@@ -271,7 +272,13 @@ def _v7_to_v8(record: dict[str, Any]) -> dict[str, Any]:
     return _with_columns(record, 8)
 
 
-MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8}
+def _v8_to_v9(record: dict[str, Any]) -> dict[str, Any]:
+    """v9 added phase_s (where a cell's time went; not recorded before: null)."""
+    return _with_columns(record, 9)
+
+
+MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
+              8: _v8_to_v9}
 
 
 class NewerSchema(ValueError):

@@ -11,6 +11,7 @@ QUARANTINE_FILE = "records.quarantine.jsonl"   # damaged record lines, moved asi
 RUN_FILE = "run.json"                          # the run: argv, preset, axes, environment, ceilings
 PLAN_FILE = "plan.json"                        # the budget's plan: predicted seconds, skipped cells
 INFLIGHT_FILE = "inflight"                     # the cell being measured now, and since when
+WORKERS_FILE = "workers.jsonl"                 # each measuring process's start-up (for the time split)
 LOCK_FILE = ".lock"                            # held by the process writing the folder
 SHARD_LOG_FILE = "console.log"                 # a Ray shard's console
 # ... and by the report (from the records alone)

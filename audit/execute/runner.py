@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable
 from ..core import records
 from ..core.errors import Unsupported
 from ..core.grid import Case
-from ..core.runfolder import INFLIGHT_FILE, RUN_FILE
+from ..core.timesplit import PhaseClock
+from ..core.runfolder import INFLIGHT_FILE, RUN_FILE, WORKERS_FILE
 from ..measure import compile_cache
 from ..measure.cellcache import BuildCache, InputCache
 from ..measure.measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason, measure_cell
@@ -60,18 +61,21 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
     rec["started_at"] = _utc_now()
     rec["env"] = env
     start = time.perf_counter()
+    phases = PhaseClock()
     oom = refused = False
     variant = None
     try:
-        variant = resolve(case.variant)
-        refusal = variant.refusal(cell_needs(case))
-        if refusal is not None:
-            raise Unsupported(refusal)
-        _check_memory(case)
-        inputs, ref = cache.get(case, variant.causal_alignment)
+        with phases("setup"):
+            variant = resolve(case.variant)
+            refusal = variant.refusal(cell_needs(case))
+            if refusal is not None:
+                raise Unsupported(refusal)
+            _check_memory(case)
+        with phases("golden"):
+            inputs, ref = cache.get(case, variant.causal_alignment)
         with deterministic_algorithms(preset.deterministic):
-            rec.update(measure_cell(case, variant, inputs, ref, preset,
-                                    ceilings=(ceilings or {}).get(case.device), meter=meter, builds=builds))
+            rec.update(measure_cell(case, variant, inputs, ref, preset, ceilings=(ceilings or {}).get(case.device),
+                                    meter=meter, builds=builds, phases=phases))
         rec["status"] = "ok"
     except (Unsupported, CellSkipped) as exc:
         rec["status"], rec["reason"] = "skipped", str(exc)
@@ -98,11 +102,12 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
         _release_device_memory(case.device)
     rec["elapsed_s"] = time.perf_counter() - start
     if rec["status"] != "ok":
-        # A failed cell carries no measurements, not partial ones.
+        # A failed cell carries no measurements, not partial ones (where its time went is not one).
         for col in records.COLUMNS:
             if col not in case.axes() and col not in ("schema", "id", "status", "reason", "env",
                                                        "started_at", "elapsed_s"):
                 rec[col] = None
+    rec["phase_s"] = phases.record()
     rec["deterministic_refused"] = True if refused else (False if preset.deterministic else None)
     return rec
 
@@ -209,11 +214,12 @@ def _compile_cache_info(variants: Iterable[str]) -> dict[str, str | None]:
 def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str, Any], *,
              progress: bool = True, ceilings: dict | None = None,
              on_record: Callable[[dict[str, Any]], None] | None = None,
-             plan: Any = None) -> dict[str, int]:
+             plan: Any = None, on_start: Callable[[], None] | None = None) -> dict[str, int]:
     """Measure every cell not already in DIR/records.jsonl; append each record at once.
 
     ceilings: {device: measure_ceilings(...)} for the roofline columns (None: nulls);
-    plan: a budget.Plan (predictions, cells to skip, deadline), kept by a budget.Keeper.
+    plan: a budget.Plan (predictions, cells to skip, deadline), kept by a budget.Keeper;
+    on_start: called once set up, before the first cell (a worker's start-up ends there).
     Returns counts per status of the cells measured in this call (plus "resumed").
     """
     from ..plan.budget import Keeper
@@ -228,15 +234,16 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     keeper = Keeper(plan, [c.id for c in todo])
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(cases), initial=len(cases) - len(todo), unit="cell", dynamic_ncols=True,
-                   smoothing=0.05, mininterval=0.5, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
+        from .progress import Progress
+        bar = Progress([c.id for c in todo], len(cases) - len(todo), keeper, plan)
+    if on_start is not None:
+        on_start()
     try:
         with records.RecordWriter(run_dir) as writer:
             for case in todo:
-                if bar is not None:
-                    bar.set_postfix_str(case.id, refresh=True)
                 skip = keeper.reason(case.id)
+                if bar is not None:
+                    bar.start_cell(case.id)
                 if skip is not None:
                     rec = records.new_record(case.axes(), case.id)
                     rec.update(status="skipped", reason=skip, started_at=_utc_now(), env=env, elapsed_s=0.0)
@@ -251,7 +258,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
                 if on_record:
                     on_record(rec)
                 if bar is not None:
-                    bar.update(1)
+                    bar.end_cell(case.id)
                 leaked = rec.get("leaked_bytes") or 0
                 if leaked > LEAK_REPORT_BYTES:
                     raise WorkerRestart(f"{case.id} kept {leaked / 2**20:.0f} MiB across its calls: the rest "
@@ -262,6 +269,34 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
         if meter is not None:
             meter.close()
     return counts
+
+
+def write_worker_timing(run_dir: Path) -> None:
+    """Append this measuring process's start-up (from its process start to now, its first cell)
+    to DIR/workers.jsonl, at once: a worker that later crashes has said it already."""
+    from ..core.timesplit import process_start_unix
+    started = process_start_unix()
+    now = time.time()
+    line = {"pid": os.getpid(), "started_unix": started if started is not None else now,
+            "ready_unix": now, "start_s": 0.0 if started is None else max(0.0, now - started)}
+    with open(Path(run_dir) / WORKERS_FILE, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+def read_worker_timing(run_dir: Path, since_unix: float) -> list[dict[str, float]]:
+    """The measuring processes DIR/workers.jsonl lists as started at or after since_unix."""
+    path = Path(run_dir) / WORKERS_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and float(item.get("ready_unix") or 0.0) >= since_unix:
+            out.append(item)
+    return out
 
 
 def _energy_meter(cases: list[Case]) -> Any:

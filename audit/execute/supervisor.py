@@ -35,7 +35,8 @@ def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = T
     try:
         ceilings = json.loads((run_dir / RUN_FILE).read_text()).get("ceilings")
         counts = runner.run_grid(cases, run_dir, preset, environment(), progress=progress,
-                                 ceilings=ceilings, plan=Plan.read(run_dir))
+                                 ceilings=ceilings, plan=Plan.read(run_dir),
+                                 on_start=lambda: runner.write_worker_timing(run_dir))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except runner.WorkerRestart as exc:

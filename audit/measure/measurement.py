@@ -15,6 +15,7 @@ from typing import Any, Callable
 from ..core.defects import numerics_defect
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
+from ..core.timesplit import PhaseClock
 from ..workload.inputs import TORCH_DTYPES, Inputs
 from ..workload.presets import Preset
 from ..workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
@@ -150,17 +151,20 @@ def _variant_weight_metrics(variant: Variant, inputs: Inputs, ref: "Reference", 
 
 def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
                  preset: Preset, *, ceilings: dict | None = None, meter: Any = None,
-                 builds: "BuildCache | None" = None) -> dict[str, Any]:
+                 builds: "BuildCache | None" = None, phases: PhaseClock | None = None) -> dict[str, Any]:
     """Measure one cell; return the measurement columns. Raises Unsupported/CellSkipped.
 
     ceilings: the run's measured limits for this device (roofline columns);
     meter: a energy.EnergyMeter for CUDA cells (energy and power columns);
-    builds: the run's BuildCache (compiled code reused across cells of the same shapes).
+    builds: the run's BuildCache (compiled code reused across cells of the same shapes);
+    phases: where the cell's seconds per phase go (core.timesplit: the record's phase_s).
     """
     import torch
 
+    phases = phases if phases is not None else PhaseClock()
     sync = sync_for(case.device)
-    fn, build = (builds or BuildCache()).get(variant, inputs)
+    with phases("setup"):
+        fn, build = (builds or BuildCache()).get(variant, inputs)
     graphs_before = compiled_graph_count() if variant.compiled else 0
     breaks_before = graph_break_count()
     fused_before = fused_attention_count() if variant.compiled else 0
@@ -185,19 +189,23 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     def first_forward():
         first_out.append(forward())
 
-    try:
-        first_fwd = time_call(first_forward, sync=sync)
-    except BackwardUnsupported as exc:  # forward-only here: inputs must not require grad
-        backward_reason = str(exc)
-        q, k, v = q.detach(), k.detach(), v.detach()
-        first_fwd = time_call(first_forward, sync=sync)
+    with phases("warmup"):
+        try:
+            first_fwd = time_call(first_forward, sync=sync)
+        except BackwardUnsupported as exc:  # forward-only here: inputs must not require grad
+            backward_reason = str(exc)
+            q, k, v = q.detach(), k.detach(), v.detach()
+            first_fwd = time_call(first_forward, sync=sync)
     check_output(first_out[-1], q, v)
     # The warm-up calls and the numerics call run on identical inputs: three runs of each
     # output, compared bitwise (repeats.py) at no extra calls.
     repeats = Repeats()
-    repeats.add("out", first_out.pop())
-    warm_fwd = time_call(lambda: first_out.append(forward()), sync=sync)
-    repeats.add("out", first_out.pop())
+    with phases("determinism"):
+        repeats.add("out", first_out.pop())
+    with phases("warmup"):
+        warm_fwd = time_call(lambda: first_out.append(forward()), sync=sync)
+    with phases("determinism"):
+        repeats.add("out", first_out.pop())
     limit_s = math.inf if preset.max_cell_s is None else preset.max_cell_s
     if warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s:
         raise CellSkipped(
@@ -206,10 +214,14 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
             f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
     first_fb = warm_fb = 0.0
     if backward_reason is None:
-        first_fb = time_call(lambda: first_out.append(forward_backward()), sync=sync)
-        repeats.add_grads(first_out.pop())
-        warm_fb = time_call(lambda: first_out.append(forward_backward()), sync=sync)
-        repeats.add_grads(first_out.pop())
+        with phases("warmup"):
+            first_fb = time_call(lambda: first_out.append(forward_backward()), sync=sync)
+        with phases("determinism"):
+            repeats.add_grads(first_out.pop())
+        with phases("warmup"):
+            warm_fb = time_call(lambda: first_out.append(forward_backward()), sync=sync)
+        with phases("determinism"):
+            repeats.add_grads(first_out.pop())
     if (warm_fwd + warm_fb) * n_timed > limit_s:
         raise CellSkipped(
             f"too slow for this device: one forward+backward took {warm_fb:.3g} s, so this cell "
@@ -223,46 +235,57 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
 
     m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}",
                          "golden_subset": None if ref.slices is None else [list(p) for p in ref.slices]}
-    if variant.backend is not None:
-        m["sdpa_backend"] = variant.backend(q, k, v, mask=inputs.mask, causal=inputs.causal)
     golden = ref.golden
-    out, m["peak_bytes"] = peak_during(forward, case.device)
-    out = out.detach()
-    repeats.add("out", out)
-    m["out_nan"], m["out_inf"] = nonfinite_counts([out])
-    seeing = ref.row_visible.expand(out.shape[:-1])                                # (B, H, Tq)
-    m["out_nonfinite_visible"] = int((~torch.isfinite(out) & seeing[..., None]).sum())
-    m.update(error_vs_reference(ref.take(out), golden.out, golden.row_visible))
-    base = ref.baseline_rmse
-    m["err_ratio"] = (m["rmse"] / base if base and math.isfinite(base) and base > 0 else None)
-    m["within_budget"] = within_budget(m["rmse"], base, case.dtype)
-    m["masked_rows"] = classify_masked_rows(out, ~ref.row_visible, inputs.v)
-    # Same grad mode and requires_grad as the timed calls, so compiled variants do not recompile.
-    m["leak_max_change"] = _leak_max_change(
-        lambda k2, v2: fn(q, k2.requires_grad_(q.requires_grad), v2.requires_grad_(q.requires_grad),
-                          **kwargs),
-        ref.leak_probes, out)
-    if ref.by_alignment:
-        m["causal_alignment"] = _alignment(ref.take(out), ref.by_alignment["top-left"],
-                                           ref.by_alignment["bottom-right"])
-        m["golden_alignment"] = ref.alignment
+    with phases("numerics"):
+        if variant.backend is not None:
+            m["sdpa_backend"] = variant.backend(q, k, v, mask=inputs.mask, causal=inputs.causal)
+        out, m["peak_bytes"] = peak_during(forward, case.device)
+        out = out.detach()
+    with phases("determinism"):
+        repeats.add("out", out)
+    with phases("numerics"):
+        m["out_nan"], m["out_inf"] = nonfinite_counts([out])
+        seeing = ref.row_visible.expand(out.shape[:-1])                            # (B, H, Tq)
+        m["out_nonfinite_visible"] = int((~torch.isfinite(out) & seeing[..., None]).sum())
+        m.update(error_vs_reference(ref.take(out), golden.out, golden.row_visible))
+        base = ref.baseline_rmse
+        m["err_ratio"] = (m["rmse"] / base if base and math.isfinite(base) and base > 0 else None)
+        m["within_budget"] = within_budget(m["rmse"], base, case.dtype)
+        m["masked_rows"] = classify_masked_rows(out, ~ref.row_visible, inputs.v)
+    with phases("leak"):
+        # Same grad mode and requires_grad as the timed calls, so compiled variants do not recompile.
+        m["leak_max_change"] = _leak_max_change(
+            lambda k2, v2: fn(q, k2.requires_grad_(q.requires_grad), v2.requires_grad_(q.requires_grad),
+                              **kwargs),
+            ref.leak_probes, out)
+    with phases("numerics"):
+        if ref.by_alignment:
+            m["causal_alignment"] = _alignment(ref.take(out), ref.by_alignment["top-left"],
+                                               ref.by_alignment["bottom-right"])
+            m["golden_alignment"] = ref.alignment
 
     if backward_reason is None:
-        grads, m["peak_fwd_bwd_bytes"] = peak_during(forward_backward, case.device)
-        repeats.add_grads(grads)
-        m["grad_nan"], m["grad_inf"] = nonfinite_counts(grads)
-        for name, got, want, take in zip(("dq_err", "dk_err", "dv_err"), grads, (golden.dq, golden.dk, golden.dv),
-                                         (ref.take, ref.take_kv, ref.take_kv)):
-            m[name] = relative_error(take(got), want)
+        with phases("numerics"):
+            grads, m["peak_fwd_bwd_bytes"] = peak_during(forward_backward, case.device)
+        with phases("determinism"):
+            repeats.add_grads(grads)
+        with phases("numerics"):
+            m["grad_nan"], m["grad_inf"] = nonfinite_counts(grads)
+            for name, got, want, take in zip(("dq_err", "dk_err", "dv_err"), grads,
+                                             (golden.dq, golden.dk, golden.dv), (ref.take, ref.take_kv, ref.take_kv)):
+                m[name] = relative_error(take(got), want)
         del grads
-    m.update(repeats.columns(), deterministic_algorithms=deterministic_algorithms_enabled())
-    repeats.release()
+    with phases("determinism"):
+        m.update(repeats.columns(), deterministic_algorithms=deterministic_algorithms_enabled())
+        repeats.release()
     if numerics_defect(m):      # the cells of an error finding about numerics: why is it wrong?
-        m.update(_diagnosis(out, inputs, ref, case.dtype, m))
+        with phases("diagnosis"):
+            m.update(_diagnosis(out, inputs, ref, case.dtype, m))
     del out
 
-    fwd, fb, timer = _time_cell(case, preset, forward, forward_backward if backward_reason is None else None,
-                                warm_fwd, warm_fb)
+    with phases("timed"):
+        fwd, fb, timer = _time_cell(case, preset, forward, forward_backward if backward_reason is None else None,
+                                    warm_fwd, warm_fb)
     held_after_timing = held_bytes(case.device)
     if held_after_warmup is not None and held_after_timing is not None \
             and held_after_timing - held_after_warmup > LEAK_REPORT_BYTES:
@@ -288,6 +311,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
             m["compile_s"] = (max(0.0, first_fwd - fwd.median_s)
                               + (max(0.0, first_fb - fb.median_s) if fb else 0.0))
             m["compile_cache"] = cache_use
+            phases.move(m["compile_s"], "warmup", "compile")
         m["fused_sdpa"] = build.fused
     # Graph breaks: the code between the pieces ran eagerly. Counted over the whole cell (warm-up,
     # leak probes, timing: a recompile there counts too) and kept on the build, so a cell that
@@ -303,14 +327,17 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
         m[key] = golden.saturation[key]
     m["golden_onehot_frac"] = golden.saturation["onehot_frac"]
     m.update(_roofline(case, tq, inputs, fwd, fb, ceilings))
-    m.update(_telemetry(case, forward, fwd, sync, meter, preset))
+    with phases("energy"):
+        m.update(_telemetry(case, forward, fwd, sync, meter, preset))
     if variant.probs is not None:
-        m.update(_variant_weight_metrics(variant, inputs, ref, q.detach(), k.detach()))
+        with phases("saturation"):
+            m.update(_variant_weight_metrics(variant, inputs, ref, q.detach(), k.detach()))
     else:
         m.update({key: golden.saturation[key] for key in ("max_prob", "entropy", "min_entropy", "onehot_frac")})
         m["saturation_source"] = "golden"
     if m.get("diagnosis") is None and numerics_defect(m):     # a leak only the variant's own weights show
-        m.update(_diagnosis(forward().detach(), inputs, ref, case.dtype, m))
+        with phases("diagnosis"):
+            m.update(_diagnosis(forward().detach(), inputs, ref, case.dtype, m))
     return m
 
 

@@ -14,9 +14,9 @@ from ..core.grid import AXES
 from ..core.runfolder import FINDINGS_FILE, RUN_FILE
 from .data import (BASELINE_VARIANT, MIB, NEGATIVE_CONTROL_PREFIX, NONFINITE_COLUMNS, NORMAL_SCENARIO,
                    REASON_WIDTH, SEVERITY_ORDER, dtype_order, is_negative_control,
-                   memory_ratio_vs_baseline, normal_rows, numeric, ok_rows, sorted_values, speed_rows)
+                   memory_ratio_vs_baseline, normal_rows, ok_rows, sorted_values, speed_rows)
 from .page import Anchor, Badge, Block, Code, Heading, Link, Mono, Span, Table, format_value, para, slugify
-from .tables import (budget_cuts_table, anchored_findings, budget_kind, ceilings_table, describe_shape,
+from .tables import (anchored_findings, budget_kind, ceilings_table, describe_shape,
                      findings_summary, findings_table, host_bound_table, is_control_finding,
                      negative_control_check, rerun_command, shape_table, speedup_table, stated_shape)
 
@@ -178,31 +178,6 @@ def grid_section(run_info: dict | None, frame: pd.DataFrame) -> list[Block]:
                .size().reset_index(name="cells")
                .sort_values(["status", "cells"], ascending=[True, False], kind="stable"))
     return blocks + [Table(grouped, caption="Cells that are not ok, by variant, status and reason")]
-
-
-def time_budget_section(run_info: dict | None, frame: pd.DataFrame) -> list[Block]:
-    budget = ((run_info or {}).get("timing") or {}).get("budget_s")
-    cuts = budget_cuts_table(frame)
-    if budget is None and cuts.empty:
-        return []
-    measured = frame[frame["status"] != "skipped"] if not frame.empty else frame
-    predicted = numeric(measured, "predicted_s")
-    blocks: list[Block] = [Heading(2, "Time budget"), para(
-        f"Budget: {'none' if budget is None else format_value(float(budget)) + ' s'} (--budget; each preset "
-        "declares one). Before measuring, the cost model predicted every cell (",
-        Mono("predicted_s"), "); cells over the per-cell limit and, while the prediction exceeded the "
-        "budget, the most expensive cells were skipped; while running, cells were skipped when the rest "
-        "would have overrun it. "
-        f"The {len(measured)} cells measured took {format_value(float(numeric(measured, 'elapsed_s').sum()))} s "
-        f"against {format_value(float(predicted.sum()))} s predicted.")]
-    if cuts.empty:
-        return blocks + [para("No cell was skipped for time.")]
-    by_rule = cuts.groupby("rule").agg(cells=("id", "size"), predicted_s=("predicted_s", "sum")).reset_index()
-    shown = cuts.head(40)
-    return blocks + [Table(by_rule, caption="Cells skipped for time, by rule (predicted seconds they would "
-                                            "have taken)"),
-                     Table(shown, caption=f"The {len(shown)} most expensive of the {len(cuts)} cells skipped "
-                                          "for time (all are in records.jsonl with their reason)")]
 
 
 def speed_section(frame: pd.DataFrame) -> list[Block]:
