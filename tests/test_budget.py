@@ -275,22 +275,28 @@ def test_every_variant_gets_a_cell_per_dtype_and_mask_kind_before_a_second_cell(
     flex_kept = kept[kept["variant"] == "flex"]
     assert len(flex_kept) == 3 and set(flex_kept[flex_kept["scenario"] == "normal"]["seq_len"]) == {64}
     assert chosen.uncovered == [] and all(chosen.tier[i] == 0 for i in flex_kept["id"])
+    for cell in flex_kept["id"]:               # each with sdpa on the same inputs, so the verdict compares them
+        assert chosen.tier[cell.replace("flex-", "sdpa-", 1)] == 0
     assert any("first cell per dtype and mask kind" in r for r in chosen.skip.values())
 
 
 def test_a_negative_control_gets_the_cell_its_defect_shows_in_and_its_other_cells_come_last():
     real = _speed_grid("eager") + _speed_grid("sdpa")
-    controls = [Case(c, "cpu", "fp32", 32, 64, 1, 2, False, s) for c in ("broken.no_max_subtraction", "broken.clamped")
-                for s in ("normal", "scaled_x64", "padding", "fully_masked_bool")]
+    controls = [Case(c, "cpu", dtype, 32, 64, 1, 2, causal, s) for c in ("broken.no_max_subtraction", "broken.clamped")
+                for s in ("normal", "scaled_x64", "padding", "fully_masked_bool") for dtype in ("fp16", "fp32")
+                for causal in (False, True)]
     cases = real + controls
     pred = _predict(cases)
-    room = float(_predict(real)["total_s"].sum()) + 1.0      # every real cell, and about a second more
+    room = float(_predict(real)["total_s"].sum()) + 2.0      # every real cell, and two seconds more
     chosen = choose(pred, budget_s=room, reserve_s=0.0, max_cell_s=None, repredict=_repredict(cases))
     kept = set(pred["id"]) - set(chosen.skip)
     assert {c.id for c in real} <= kept                        # the real variants' cells first
     no_max = {c.scenario for c in controls if c.id in kept and c.variant == "broken.no_max_subtraction"}
     clamped = {c.scenario for c in controls if c.id in kept and c.variant == "broken.clamped"}
-    assert "scaled_x64" in no_max and clamped & {"padding", "fully_masked_bool"}   # each shows its defect
+    assert no_max == {"scaled_x64"} and clamped == {"padding"}     # the first scenario each declares
+    for control in ("broken.no_max_subtraction", "broken.clamped"):     # fp32, causal and not
+        assert {(c.dtype, c.causal) for c in controls if c.id in kept and c.variant == control} == \
+            {("fp32", False), ("fp32", True)}
     extra = [c.id for c in controls if c.id in chosen.skip]
     assert extra and all("negative control's cells beyond its self-check" in chosen.skip[i] for i in extra)
     assert {chosen.tier[c.id] for c in controls if c.id in kept} <= {0, 2}

@@ -513,3 +513,61 @@ def test_reentrant_checkpointing_and_a_custom_autograd_function_get_their_gradie
         assert rec["status"] == "ok", rec["reason"]
         assert rec["fwd_bwd_ms"] > 0 and rec["grad_nan"] == 0
         assert max(rec["dq_err"], rec["dk_err"], rec["dv_err"]) < 1e-5, rec
+
+
+def _control_cases(control: str, scenarios):
+    spec = variants.builtin_variants()[control]
+    heads, kv = (4, 2) if "gqa" in spec.requires else (2, None)
+    return [Case(control, "cpu", dtype, 32, 64, 1, heads, causal, scenario, kv)
+            for scenario in scenarios for dtype in ("fp32", "fp16") for causal in (False, True)]
+
+
+@pytest.mark.parametrize("control", NEGATIVE_CONTROLS)
+def test_every_cell_of_a_scenario_a_control_declares_shows_its_defect(control):
+    """Variant.reveals is what the time budget gives a control's self-check (plan.budget): each
+    declared scenario must show the defect in every cell, in fp32 and fp16, causal or not: an
+    error finding covers each such cell. A scenario it does not declare may not (broken.no_max_
+    subtraction is right on normal inputs), which is why the budget needs the declaration."""
+    from audit.analysis.findings import compute_findings
+    from audit.core.records import to_frame
+    from audit.execute import runner
+    from audit.measure import cellcache
+    from audit.workload import presets
+    preset = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
+                            max_cell_s=None, energy_window_s=0.0)
+    declared = variants.builtin_variants()[control].reveals or ("normal",)
+    cases = _control_cases(control, declared)
+    cache = cellcache.InputCache()
+    recs = [runner.run_cell(c, cache, preset, {}) for c in cases]
+    assert all(r["status"] == "ok" for r in recs), [r["reason"] for r in recs]
+    flagged = set()
+    for f in compute_findings(to_frame(recs)):
+        if f["severity"] == "error" and f["variant"] == control:
+            flagged |= set(f["cells"])
+    assert {c.id for c in cases} <= flagged, sorted({c.id for c in cases} - flagged)
+
+
+def test_the_docs_list_the_scenarios_each_control_shows_its_defect_in():
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "numerics.md").read_text()
+    for control in NEGATIVE_CONTROLS:
+        row = next(line for line in docs.splitlines() if line.startswith(f"| `{control}` |"))
+        listed = row.rstrip(" |").rsplit("|", 1)[1]
+        reveals = variants.builtin_variants()[control].reveals
+        assert [s.strip(" `") for s in listed.split(",")] == list(reveals) if reveals else "any" in listed, row
+
+
+def test_no_max_subtraction_is_right_on_normal_inputs_so_its_self_check_needs_large_logits():
+    """The must-not side of the declaration: a normal cell does not show it (so a budget giving it
+    its cheapest cell whatever the scenario would prove nothing)."""
+    from audit.analysis.findings import compute_findings
+    from audit.core.records import to_frame
+    from audit.execute import runner
+    from audit.measure import cellcache
+    from audit.workload import presets
+    preset = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
+                            max_cell_s=None, energy_window_s=0.0)
+    cases = _control_cases("broken.no_max_subtraction", ("normal",))
+    recs = [runner.run_cell(c, cellcache.InputCache(), preset, {}) for c in cases]
+    errors = [f for f in compute_findings(to_frame(recs)) if f["severity"] == "error"]
+    assert "normal" not in variants.builtin_variants()["broken.no_max_subtraction"].reveals
+    assert errors == [], errors

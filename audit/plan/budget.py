@@ -102,46 +102,78 @@ class Selection:
     uncovered: list[str]
 
 
+def _self_check_candidates(rows: list[dict], control: str, reveals: tuple[str, ...]) -> dict[str, list[str]]:
+    """A negative control's self-check candidates, per causal flag: its cells of the first scenario
+    it declares (Variant.reveals) that the grid has (any scenario where it declares none, or where
+    the grid has none of them), fp32 where there are any (its diagnosis, against float64, is
+    sharpest there): the plan buys the cheapest of each, so it is flagged and diagnosed twice."""
+    cells = [r for r in rows if r["variant"] == control]
+    scenarios = [s for s in reveals if any(r["scenario"] == s for r in cells)]
+    if scenarios:
+        cells = [r for r in cells if r["scenario"] == scenarios[0]]
+    if any(r["dtype"] == "fp32" for r in cells):
+        cells = [r for r in cells if r["dtype"] == "fp32"]
+    out: dict[str, list[str]] = {}
+    for r in cells:
+        out.setdefault(f"control:{control}:{bool(r['causal'])}", []).append(r["id"])
+    return out
+
+
 def tiers(pred: Any) -> tuple[dict[str, int], list[str]]:
     """({id: tier} of the cells predicted to run, [ids of tier 0 in the order they are bought]).
 
-    Tier 0 is chosen greedily: per coverage kind (cheapest kinds first) and per negative control,
-    the cell whose own seconds plus the shared costs not yet bought (costmodel `shares`: its input
-    set's golden, its compile, a backend's first use) are least."""
+    Tier 0 is chosen greedily, the cheapest wants first: per coverage kind, a cell of it (of
+    scenario normal for no mask and causal, where the grid has one: the cells the verdict times
+    them on) together with the verdict's yardstick (VERDICT_BASELINE) on the same inputs, so the
+    verdict can compare it; per negative control, its self-check cells (_self_check_candidates).
+    Each time the candidate whose own seconds plus the shared costs not yet bought (costmodel
+    `shares`: its input set's golden, its compile, a backend's first use) are least."""
+    from ..core.grid import INPUT_AXES
+    from ..workload.variants import VERDICT_BASELINE
     ok = pred[pred["status"] == "ok"]
     rows = list(ok.to_dict("records"))
     own = {r["id"]: float(r["total_s"]) - float(r.get("shared_s") or 0.0) for r in rows}
     shares = {r["id"]: tuple(r.get("shares") or ()) for r in rows}
+    baseline = {tuple(r[a] for a in INPUT_AXES): r["id"] for r in rows if r["variant"] == VERDICT_BASELINE}
+    partner = {r["id"]: baseline.get(tuple(r[a] for a in INPUT_AXES)) for r in rows}
     bought: set = set()
+    tier: dict[str, int] = {}
+
+    def bundle(cell_id: str) -> list[str]:
+        """The cell and, not yet bought, its yardstick on the same inputs."""
+        mate = partner.get(cell_id)
+        return [cell_id] + ([mate] if mate and mate != cell_id and tier.get(mate) != COVERAGE else [])
 
     def added(cell_id: str) -> float:
-        return own[cell_id] + sum(cost for group, cost in shares[cell_id] if group not in bought)
+        ids = bundle(cell_id)
+        groups = {group: cost for i in ids for group, cost in shares[i] if group not in bought}
+        return sum(own[i] for i in ids) + sum(groups.values())
 
-    wanted: dict[str, list[str]] = {}          # coverage kind or "control:<name>" -> candidate ids
-    tier: dict[str, int] = {}
+    wanted: dict[str, list[str]] = {}          # coverage kind or "control:<name>:<causal>" -> candidate ids
+    controls: dict[str, tuple[str, ...]] = {}
     for r in rows:
         kind = coverage_kind(r)
         reveals = _reveals(str(r["variant"]))
+        tier[r["id"]] = REAL if reveals is None else CONTROL_EXTRA
         if kind is not None:
             wanted.setdefault(kind, []).append(r["id"])
-            tier[r["id"]] = REAL
         elif reveals is not None:
-            tier[r["id"]] = CONTROL_EXTRA
-            if not reveals or r["scenario"] in reveals:
-                wanted.setdefault(f"control:{r['variant']}", []).append(r["id"])
-        else:
-            tier[r["id"]] = REAL
-    for r in rows:          # a control none of whose cells shows its defect: its cheapest cell
-        name = f"control:{r['variant']}"
-        if tier[r["id"]] == CONTROL_EXTRA and name not in wanted:
-            wanted[name] = [c["id"] for c in rows if c["variant"] == r["variant"]]
-    order = sorted(wanted, key=lambda k: min(added(i) for i in wanted[k]))
+            controls[str(r["variant"])] = reveals
+    scenario = {r["id"]: r["scenario"] for r in rows}
+    for kind, ids in wanted.items():            # no mask and causal: on normal inputs where there are any
+        normal = [i for i in ids if scenario[i] == "normal"]
+        if normal and not kind.endswith(" key padding"):
+            wanted[kind] = normal
+    for control, reveals in controls.items():
+        wanted.update(_self_check_candidates(rows, control, reveals))
     chosen: list[str] = []
-    for kind in order:
-        best = min(wanted[kind], key=added)
-        chosen.append(best)
-        bought.update(group for group, _ in shares[best])
-        tier[best] = COVERAGE
+    while wanted:
+        kind = min(wanted, key=lambda k: min(added(i) for i in wanted[k]))
+        best = min(wanted.pop(kind), key=added)
+        for cell_id in bundle(best):
+            chosen.append(cell_id)
+            bought.update(group for group, _ in shares[cell_id])
+            tier[cell_id] = COVERAGE
     return tier, chosen
 
 

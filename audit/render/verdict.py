@@ -19,13 +19,13 @@ import pandas as pd
 from ..analysis.findings import FINFO_MIN_SCENARIO
 from ..core.defects import REPEATED_TENSORS
 from ..workload.inputs import MASK_KIND_LABELS, mask_kind
+from ..workload.variants import VERDICT_BASELINE
 from .data import (BASELINE_VARIANT, MATCH_AXES, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, SEVERITY_ORDER,
                    describe_values, dtype_order, is_negative_control,
                    memory_ratio_vs_baseline, numeric, ok_rows, speedup_vs_baseline, variant_order)
 from .page import MISSING, UNBROKEN_CH, Badge, Block, Heading, Inline, Link, Mono, Span, Table, format_value, para
 from .tables import anchored_findings
 
-VERDICT_BASELINE = "sdpa"           # what a PyTorch user gets by default: the yardstick of the verdict
 VERDICT_HEADING = "Verdict"
 RECOMMENDATIONS_HEADING = "What to use"
 DEVICE_DTYPE = "device\u00a0dtype"        # one unbroken header: the column stays narrow

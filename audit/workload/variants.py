@@ -447,6 +447,7 @@ def _builtins() -> dict[str, Variant]:
     return {v.name: v for v in specs}
 
 
+VERDICT_BASELINE = "sdpa"      # what a PyTorch user gets by default: the verdict's yardstick
 BUILTIN_NAMES: tuple[str, ...] = (
     "eager", "eager_fp32", "compiled", "compiled_unfused",
     "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex",
