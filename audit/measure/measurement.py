@@ -181,8 +181,9 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
 
     n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
 
-    # Warm-up: two calls each. The first includes compilation for compiled variants, and its
-    # output is checked against the variant contract before anything is measured.
+    # Warm-up: two forward calls and one forward+backward (whose second is the numerics call,
+    # below). The first includes compilation for compiled variants, and its output is checked
+    # against the variant contract before anything is measured.
     backward_reason = None
     first_out: list = []
 
@@ -197,8 +198,9 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
             q, k, v = q.detach(), k.detach(), v.detach()
             first_fwd = time_call(first_forward, sync=sync)
     check_output(first_out[-1], q, v)
-    # The warm-up calls and the numerics call run on identical inputs: three runs of each
-    # output, compared bitwise (repeats.py) at no extra calls.
+    # Every call runs on identical inputs: three runs of each output, compared bitwise
+    # (repeats.py) at no extra calls: out from the two warm-up calls and the numerics call; the
+    # gradients from the warm-up call, the numerics call and the last timed call.
     repeats = Repeats()
     with phases("determinism"):
         repeats.add("out", first_out.pop())
@@ -218,19 +220,6 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
             first_fb = time_call(lambda: first_out.append(forward_backward()), sync=sync)
         with phases("determinism"):
             repeats.add_grads(first_out.pop())
-        with phases("warmup"):
-            warm_fb = time_call(lambda: first_out.append(forward_backward()), sync=sync)
-        with phases("determinism"):
-            repeats.add_grads(first_out.pop())
-    if (warm_fwd + warm_fb) * n_timed > limit_s:
-        raise CellSkipped(
-            f"too slow for this device: one forward+backward took {warm_fb:.3g} s, so this cell "
-            f"would take about {(warm_fwd + warm_fb) * n_timed:.0f} s "
-            f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
-    compiled_here = variant.compiled and compiled_graph_count() > graphs_before
-    cache_use = compile_cache.outcome(cache_before) if compiled_here and cache_before else None
-    if variant.compiled and build.fused is None:
-        build.fused = fused_attention_count() > fused_before
     held_after_warmup = held_bytes(case.device)
 
     m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}",
@@ -240,7 +229,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
         if variant.backend is not None:
             m["sdpa_backend"] = variant.backend(q, k, v, mask=inputs.mask, causal=inputs.causal)
         out, m["peak_bytes"] = peak_during(forward, case.device)
-        out = out.detach()
+        out = out.detach()                  # held for the diagnosis, once the record is complete
     with phases("determinism"):
         repeats.add("out", out)
     with phases("numerics"):
@@ -264,9 +253,14 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
                                                ref.by_alignment["bottom-right"])
             m["golden_alignment"] = ref.alignment
 
+    # The numerics call of forward+backward is also the second of its warm-up: its time sizes the
+    # timed blocks (the first call compiles, allocates, builds plans). The third run the
+    # determinism check compares is the last timed call's (held by reference: no copy, no call).
+    last_grads: list = []
     if backward_reason is None:
         with phases("numerics"):
-            grads, m["peak_fwd_bwd_bytes"] = peak_during(forward_backward, case.device)
+            (grads, warm_fb), m["peak_fwd_bwd_bytes"] = peak_during(
+                lambda: _timed_result(forward_backward, sync), case.device)
         with phases("determinism"):
             repeats.add_grads(grads)
         with phases("numerics"):
@@ -275,17 +269,27 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
                                              (golden.dq, golden.dk, golden.dv), (ref.take, ref.take_kv, ref.take_kv)):
                 m[name] = relative_error(take(got), want)
         del grads
-    with phases("determinism"):
-        m.update(repeats.columns(), deterministic_algorithms=deterministic_algorithms_enabled())
-        repeats.release()
-    if numerics_defect(m):      # the cells of an error finding about numerics: why is it wrong?
-        with phases("diagnosis"):
-            m.update(_diagnosis(out, inputs, ref, case.dtype, m))
-    del out
+    if (warm_fwd + warm_fb) * n_timed > limit_s:
+        raise CellSkipped(
+            f"too slow for this device: one forward+backward took {warm_fb:.3g} s, so this cell "
+            f"would take about {(warm_fwd + warm_fb) * n_timed:.0f} s "
+            f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
+    compiled_here = variant.compiled and compiled_graph_count() > graphs_before
+    cache_use = compile_cache.outcome(cache_before) if compiled_here and cache_before else None
+    if variant.compiled and build.fused is None:
+        build.fused = fused_attention_count() > fused_before
+
+    def timed_forward_backward() -> None:
+        last_grads[:] = [forward_backward()]
 
     with phases("timed"):
-        fwd, fb, timer = _time_cell(case, preset, forward, forward_backward if backward_reason is None else None,
-                                    warm_fwd, warm_fb)
+        fwd, fb, timer = _time_cell(case, preset, forward,
+                                    timed_forward_backward if backward_reason is None else None, warm_fwd, warm_fb)
+    with phases("determinism"):
+        if last_grads:
+            repeats.add_grads(last_grads.pop())
+        m.update(repeats.columns(), deterministic_algorithms=deterministic_algorithms_enabled())
+        repeats.release()
     held_after_timing = held_bytes(case.device)
     if held_after_warmup is not None and held_after_timing is not None \
             and held_after_timing - held_after_warmup > LEAK_REPORT_BYTES:
@@ -335,10 +339,17 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     else:
         m.update({key: golden.saturation[key] for key in ("max_prob", "entropy", "min_entropy", "onehot_frac")})
         m["saturation_source"] = "golden"
-    if m.get("diagnosis") is None and numerics_defect(m):     # a leak only the variant's own weights show
+    if numerics_defect(m):      # the cells of an error finding about numerics: why is it wrong?
         with phases("diagnosis"):
-            m.update(_diagnosis(forward().detach(), inputs, ref, case.dtype, m))
+            m.update(_diagnosis(out, inputs, ref, case.dtype, m))
     return m
+
+
+def _timed_result(fn: Callable[[], Any], sync: Any) -> tuple[Any, float]:
+    """(fn(), its seconds): one call timed as time_call times it, its result kept."""
+    result: list = []
+    seconds = time_call(lambda: result.append(fn()), sync=sync)
+    return result[0], seconds
 
 
 def _diagnosis(out: Any, inputs: Inputs, ref: Reference, dtype: str, m: dict[str, Any]) -> dict[str, Any]:
