@@ -94,6 +94,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="write records only, no figures or index")
     run.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: the measuring process
+    # internal: the first measuring process of a run also prepares it (ceilings, run.json, plan);
+    # the value is when the run's own process started (the budget's deadline counts from it)
+    run.add_argument("--prepare", type=float, metavar="UNIX", help=argparse.SUPPRESS)
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -212,10 +215,13 @@ def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
         os.environ.setdefault(*CUBLAS_WORKSPACE)
     run_dir = resolve_out(args.out)
     if args.worker:
-        return work(cases, run_dir, preset, progress=not args.no_progress)
+        import torch  # noqa: F401  - the measuring process's start-up, not its first measurement
+        prepared = None
+        if args.prepare is not None:
+            prepared = _prepare(cases, preset, axes, _run_argv(argv), extra, run_dir, args.prepare)
+        return work(cases, run_dir, preset, progress=not args.no_progress, prepared=prepared)
 
     from ..execute.lock import FolderBusy, RunLock
-    from ..measure.environment import environment
 
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -228,23 +234,18 @@ def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
         clock = WallSplit(run_dir, started)
         if args.executor == "ray":
             code = _measure_on_ray(args, argv, cases, preset, overrides, axes, extra, run_dir)
+            if code == 0:
+                from ..measure.seed import write_claims
+                with clock.segment("seed claims"):
+                    write_claims(run_dir)
         else:
-            with clock.segment("start-up"):
-                import torch  # noqa: F401  - importing it is start-up, not measuring the ceilings
-            with clock.segment("ceilings"):
-                ceilings, measured = runner.ceilings_for(cases, run_dir, preset.ceilings_s)
-            with clock.segment("start-up"):
-                runner.write_run_file(run_dir, preset, axes, argv, environment(), len(cases), ceilings, extra)
-            print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
-            with clock.segment("plan"):
-                _plan(cases, preset, run_dir, clock.process_started, ceilings_measured=measured)
+            # The measuring processes import torch; this one never does: the first prepares the
+            # run (ceilings, run.json, the plan), the last measures the seed's claims.
             with clock.segment("cells"):
-                code = supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"], args.cell_timeout)
+                code = supervise(cases, run_dir, [a for a in argv[1:] if a != "--worker"], args.cell_timeout,
+                                 first_extra=["--prepare", repr(clock.process_started)])
         if code != 0:
             return code
-        from ..measure.seed import write_claims
-        with clock.segment("seed claims"):
-            write_claims(run_dir)
         if args.no_report:
             clock.write()
             print(f"records: {run_dir / RECORDS_FILE}")
@@ -339,6 +340,42 @@ def _not_recorded(cases: list, run_dir: Path | None) -> list:
     from ..core.records import completed_ids
     done = completed_ids(run_dir) if run_dir is not None else set()
     return [c for c in cases if c.id not in done]
+
+
+def _run_argv(worker_argv: list[str]) -> list[str]:
+    """The run's own command line from a measuring process's: without what the supervisor added
+    to it (supervise: `--out DIR --worker`, then `--prepare UNIX` for the first)."""
+    argv = list(worker_argv)
+    if "--prepare" in argv:
+        i = argv.index("--prepare")
+        del argv[i:i + 2]
+    if argv and argv[-1] == "--worker":
+        argv.pop()
+    if len(argv) >= 2 and argv[-2] == "--out":
+        del argv[-2:]
+    return argv
+
+
+def _prepare(cases: list, preset: Any, axes: dict, argv: list[str], extra: dict, run_dir: Path,
+             started: float) -> dict[str, float]:
+    """In the run's first measuring process: measure the ceilings (once per run folder), write
+    run.json, print the cell count, plan the budget (plan.json). Returns its seconds per part of
+    the time split (core.timesplit: start-up, ceilings, plan), for workers.jsonl."""
+    from ..execute import runner
+    from ..measure.environment import environment
+
+    spent: dict[str, float] = {}
+    start = time.time()
+    ceilings, measured = runner.ceilings_for(cases, run_dir, preset.ceilings_s)
+    spent["ceilings"] = time.time() - start
+    start = time.time()
+    runner.write_run_file(run_dir, preset, axes, argv, environment(), len(cases), ceilings, extra)
+    print(f"attn-audit: {len(cases)} cells ({preset.name} preset) -> {run_dir}", file=sys.stderr)
+    spent["start-up"] = time.time() - start
+    start = time.time()
+    _plan(cases, preset, run_dir, started, ceilings_measured=measured)
+    spent["plan"] = time.time() - start
+    return spent
 
 
 def _plan(cases: list, preset: Any, run_dir: Path, started: float, ceilings_measured: bool) -> None:

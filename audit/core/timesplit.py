@@ -89,10 +89,11 @@ def split_wall(wall_s: float, segments: Mapping[str, float], cells: Iterable[Map
                workers: Iterable[Mapping[str, float]]) -> dict[str, Any]:
     """run.json's time_split: the wall time, seconds per part (RUN_PARTS) and per group.
 
-    segments: seconds of the run's own parts ("start-up", "ceilings", "plan", "seed claims",
-    "report"), and "cells": the time from starting the first measuring process to the end of
-    the last; cells: the records measured in it (elapsed_s, phase_s); workers: per measuring
-    process, {"start_s": from its spawn to its first cell} (runner.write_worker_timing)."""
+    segments: seconds of the run's own parts ("start-up", "seed claims", "report"), and "cells":
+    the time from starting the first measuring process to the end of the last; cells: the
+    records measured in it (elapsed_s, phase_s); workers: the lines of workers.jsonl
+    (runner.write_worker_timing): a measuring process's start-up (start_s, to its first cell)
+    and the parts it spent outside cells ("segments": preparing the run, the seed claims)."""
     parts = {part: 0.0 for part in RUN_PARTS}
     for name in ("start-up", "ceilings", "plan", "seed claims", "report"):
         parts[name] = float(segments.get(name, 0.0))
@@ -105,8 +106,15 @@ def split_wall(wall_s: float, segments: Mapping[str, float], cells: Iterable[Map
             if f"cell {phase}" in parts:
                 parts[f"cell {phase}"] += float(seconds)
         parts["cell other"] += elapsed - sum(float(s) for s in phases.values())
-    parts["worker start-up"] = sum(float(w.get("start_s") or 0.0) for w in workers)
-    parts["between cells"] = float(segments.get("cells", 0.0)) - in_cells - parts["worker start-up"]
+    in_workers = 0.0
+    for worker in workers:
+        parts["worker start-up"] += float(worker.get("start_s") or 0.0)
+        in_workers += float(worker.get("start_s") or 0.0)
+        for name, seconds in (worker.get("segments") or {}).items():
+            if name in parts:
+                parts[name] += float(seconds)
+                in_workers += float(seconds)
+    parts["between cells"] = float(segments.get("cells", 0.0)) - in_cells - in_workers
     parts["other"] = wall_s - sum(v for k, v in parts.items() if k != "other")
     groups = {g: sum(v for k, v in parts.items() if RUN_PARTS[k][0] == g) for g in GROUPS}
     measured = sum(parts[p] for p in MEASURED_PARTS)

@@ -271,14 +271,18 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     return counts
 
 
-def write_worker_timing(run_dir: Path) -> None:
-    """Append this measuring process's start-up (from its process start to now, its first cell)
-    to DIR/workers.jsonl, at once: a worker that later crashes has said it already."""
+def write_worker_timing(run_dir: Path, segments: dict[str, float] | None = None, *, started: bool = True) -> None:
+    """Append a line about this measuring process to DIR/workers.jsonl, at once (a worker that
+    later crashes has said it already). started: at its first cell, its start-up (from its
+    process start to now, less the `segments` it spent preparing the run: core.timesplit parts
+    such as ceilings and plan); else only `segments` (the seed claims, at its end)."""
     from ..core.timesplit import process_start_unix
-    started = process_start_unix()
     now = time.time()
-    line = {"pid": os.getpid(), "started_unix": started if started is not None else now,
-            "ready_unix": now, "start_s": 0.0 if started is None else max(0.0, now - started)}
+    line: dict[str, Any] = {"pid": os.getpid(), "ready_unix": now, "segments": dict(segments or {})}
+    if started:
+        began = process_start_unix()
+        age = 0.0 if began is None else max(0.0, now - began)
+        line.update(started_unix=now - age, start_s=max(0.0, age - sum(line["segments"].values())))
     with open(Path(run_dir) / WORKERS_FILE, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
 

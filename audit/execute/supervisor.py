@@ -28,15 +28,23 @@ CELL_TIMEOUT_FACTOR = 10.0      # ... and this many times its predicted time
 POLL_S = 0.25
 
 
-def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = True) -> int:
-    """The measuring process: every cell not yet recorded, one record each."""
+def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = True,
+         prepared: dict[str, float] | None = None) -> int:
+    """The measuring process: every cell not yet recorded, one record each; once none is left,
+    the seed tutorial's claims (measure.seed), so the supervising process needs no torch.
+    prepared: the seconds per part this process spent preparing the run (its first process),
+    for workers.jsonl."""
     from ..measure.environment import environment
+    from ..measure.seed import write_claims
 
     try:
         ceilings = json.loads((run_dir / RUN_FILE).read_text()).get("ceilings")
         counts = runner.run_grid(cases, run_dir, preset, environment(), progress=progress,
                                  ceilings=ceilings, plan=Plan.read(run_dir),
-                                 on_start=lambda: runner.write_worker_timing(run_dir))
+                                 on_start=lambda: runner.write_worker_timing(run_dir, prepared))
+        start = time.time()
+        write_claims(run_dir)
+        runner.write_worker_timing(run_dir, {"seed claims": time.time() - start}, started=False)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except runner.WorkerRestart as exc:
@@ -49,29 +57,43 @@ def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = T
 
 def cell_limits(run_dir: Path, fixed_s: float | None) -> Callable[[str], float]:
     """The per-cell time limit: --cell-timeout, else max(30 s, 10 × the cell's predicted time
-    from DIR/plan.json), so the budget's plan and the limit agree."""
-    plan = Plan.read(run_dir)
-    predicted = plan.predicted if plan else {}
+    from DIR/plan.json), so the budget's plan and the limit agree. plan.json is read again
+    whenever it changes: the run's first measuring process writes it."""
+    from ..core.runfolder import PLAN_FILE
+    seen: dict[str, Any] = {"stamp": None, "predicted": {}}
+
+    def predicted() -> dict[str, float]:
+        try:
+            stat = (run_dir / PLAN_FILE).stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            return seen["predicted"]
+        if stamp != seen["stamp"]:
+            plan = Plan.read(run_dir)
+            seen.update(stamp=stamp, predicted=plan.predicted if plan else {})
+        return seen["predicted"]
 
     def limit(cell_id: str) -> float:
         if fixed_s is not None:
             return fixed_s
-        return max(CELL_TIMEOUT_FLOOR_S, CELL_TIMEOUT_FACTOR * predicted.get(cell_id, 0.0))
+        return max(CELL_TIMEOUT_FLOOR_S, CELL_TIMEOUT_FACTOR * predicted().get(cell_id, 0.0))
     return limit
 
 
-def supervise(cases: Sequence[Any], run_dir: Path, argv: list[str], cell_timeout_s: float | None = None) -> int:
+def supervise(cases: Sequence[Any], run_dir: Path, argv: list[str], cell_timeout_s: float | None = None,
+              first_extra: Sequence[str] = ()) -> int:
     """Measure in worker processes (`python -m audit <argv> --out DIR --worker`) until every
     cell has a record; 0 when done, EXIT_INTERRUPTED on Ctrl-C, 1 when the worker dies
-    outside any cell or crashes more than MAX_CRASHES times."""
+    outside any cell or crashes more than MAX_CRASHES times. first_extra: arguments for the
+    first worker only (commands.run: `--prepare`, it prepares the run)."""
     from ..measure.memory import die_with_parent, libc
     libc()  # look it up here: die_with_parent runs in the forked child, where spawning ldconfig is unwise
     cmd = [sys.executable, "-m", "audit", *argv, "--out", str(run_dir), "--worker"]
     by_id = {c.id: c for c in cases}
     limit = cell_limits(run_dir, cell_timeout_s)
-    for _ in range(MAX_CRASHES + 1):
+    for attempt in range(MAX_CRASHES + 1):
         timed_out: tuple[str, float] | None = None
-        proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
+        proc = subprocess.Popen([*cmd, *(first_extra if attempt == 0 else ())], preexec_fn=die_with_parent)
         try:
             while True:
                 try:

@@ -52,6 +52,19 @@ def _without_decorators(src: str) -> str:
     return "\n".join(src.splitlines()[node.lineno - 1:]) + "\n"
 
 
+@functools.lru_cache(maxsize=None)
+def _source(target: Any, strip_decorators: bool) -> tuple[str, tuple[str, ...]]:
+    """(source, the global names its code loads) of an audit function or class, once per process:
+    a report writes many scripts that copy the same functions (getsource and compile were most of
+    its scripts' time). Raises OSError or TypeError where there is no source."""
+    src = textwrap.dedent(inspect.getsource(target))   # decorators included
+    if strip_decorators:
+        src = _without_decorators(src)
+    code = compile(src, inspect.getsourcefile(target) or "<audit>", "exec", flags=_FUTURE_FLAGS,
+                   dont_inherit=True)
+    return src, tuple(dict.fromkeys(_loaded_names(code)))
+
+
 class NotSelfContained(Exception):
     """An object cannot be copied into a standalone script (the message says which and why)."""
 
@@ -257,11 +270,9 @@ class Embedder:
         if id(obj) in self._in_progress:      # recursion: the name is bound by the outer call
             return self._names_of.get(id(obj), obj.__name__)
         try:
-            src = textwrap.dedent(inspect.getsource(target))   # decorators included
+            src, loaded_names = _source(target, target is obj and not inspect.isclass(obj))
         except (OSError, TypeError) as exc:
             raise NotSelfContained(f"no source for {qual}: {exc}") from None
-        if target is obj and not inspect.isclass(obj):
-            src = _without_decorators(src)
         if _RELATIVE_IMPORT.search(src):
             raise NotSelfContained(f"{qual} imports from the audit package inside its body "
                                    f"(move the import to the module's top)")
@@ -282,9 +293,7 @@ class Embedder:
         self._claim(name, obj)
         self._in_progress.add(id(obj))
         try:
-            code = compile(src, inspect.getsourcefile(target) or "<audit>", "exec", flags=_FUTURE_FLAGS,
-                           dont_inherit=True)
-            for loaded in dict.fromkeys(_loaded_names(code)):
+            for loaded in loaded_names:
                 if loaded in closure or loaded == own or (loaded.startswith("__") and loaded.endswith("__")):
                     continue
                 if loaded in module_globals:
