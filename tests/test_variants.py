@@ -545,6 +545,10 @@ def test_every_cell_of_a_scenario_a_control_declares_shows_its_defect(control):
         if f["severity"] == "error" and f["variant"] == control:
             flagged |= set(f["cells"])
     assert {c.id for c in cases} <= flagged, sorted({c.id for c in cases} - flagged)
+    # the budget's self-check cells (fp32, the first declared scenario) are diagnosed too
+    first = [r for r in recs if r["dtype"] == "fp32" and r["scenario"] == declared[0]]
+    assert first and all(r["diagnosis"] not in (None, "none") for r in first), \
+        [(r["id"], r["diagnosis"]) for r in first]
 
 
 def test_the_docs_list_the_scenarios_each_control_shows_its_defect_in():

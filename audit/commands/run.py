@@ -190,7 +190,6 @@ def _preset(args: argparse.Namespace) -> Any:
 
 
 def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
-    from ..execute import runner
     from ..execute.supervisor import supervise, work
     from ..workload import presets, variants
 
@@ -408,6 +407,6 @@ def _dry_run(cases: list, preset: Any, run_dir: Path | None, started: float) -> 
     print(f"{len(cases)} cells")
     for note in notes:
         print(f"cost model: {note}")
-    print(summary(pred[~pred["id"].isin(plan.skip)]))
+    print(summary(pred[~pred["id"].isin(plan.skip)], plan.reserve_s))
     print(describe(plan, len(todo)))
     return 0

@@ -62,8 +62,8 @@ class Progress:
         self.cells_done += 1
         advance = 0.0 if cell_id in self.keeper.skip else self.weight.pop(cell_id, 0.0)
         for victim in [i for i in self.weight if i in self.keeper.skip]:
-            self.bar.total = max(self.bar.total - self.weight.pop(victim), 1e-9)
-        self.bar.update(advance)
+            self.bar.total = max(self.bar.total - self.weight.pop(victim), self.bar.n + advance, 1e-9)
+        self.bar.update(min(advance, max(0.0, self.bar.total - self.bar.n)))   # never past the end
         self.bar.set_description_str(self.text(None), refresh=False)
 
     def close(self) -> None:

@@ -177,6 +177,13 @@ def tiers(pred: Any) -> tuple[dict[str, int], list[str]]:
     return tier, chosen
 
 
+def run_order(ids: Sequence[str], tier: dict[str, int]) -> list[str]:
+    """The order a run measures its cells in: tier 0 (a cell of every variant per dtype and mask
+    kind, each control's self-check) first, then the rest, each in grid order. A run that falls
+    behind, or is stopped, has covered every variant by then."""
+    return sorted(ids, key=lambda i: tier.get(i) != COVERAGE)
+
+
 def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: float | None,
            repredict: Callable[[list[str]], Any] | None = None) -> Selection:
     """The cells to skip so the predicted total fits `budget_s - reserve_s`, tier by tier.
@@ -211,7 +218,7 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
         return [i for i in candidates if i in measured or (i not in costs and keys[i] in sets)]
 
     def fits(measured: set[str]) -> bool:
-        ids = with_sets(measured)
+        ids = run_order(with_sets(measured), tier)
         if not ids:
             return True
         frame = repredict(ids) if repredict is not None else pred[pred["id"].isin(ids)]
@@ -341,12 +348,14 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     and the same reserve for start-up, ceilings and report. `ceilings_measured`: the run
     measured its ceilings at its start (default: run_dir's run.json has none yet, as before
     a run that will)."""
-    from .costmodel import CostModel, Settings, overhead_s
+    from .costmodel import CostModel, Settings
     from .forecast import plan as predict
+    from .overhead import overhead_s
 
     forecast = predict(cases, preset, run_dir, measure=measure)
     measured = forecast.ceilings_measured if ceilings_measured is None else ceilings_measured
-    before, after = overhead_s(forecast.pred, ceilings_measured=measured, ceilings_s=preset.ceilings_s)
+    before, after = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
+                               ceilings_s=preset.ceilings_s)
     by_id = {c.id: c for c in cases}
     model = CostModel(forecast.params)
 
@@ -357,10 +366,10 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     chosen = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after, max_cell_s=preset.max_cell_s,
                     repredict=repredict)
     skip = chosen.skip
-    _, after = overhead_s(forecast.pred[~forecast.pred["id"].isin(skip)])   # the report of what is kept
+    _, after = overhead_s(forecast.pred[~forecast.pred["id"].isin(skip)], forecast.params)   # the report of what is kept
     predicted = {r["id"]: float(r["total_s"]) for _, r in forecast.pred.iterrows()}
-    kept = [i for i in predicted if i not in skip]
-    if skip and kept:                  # what the kept cells cost without the cut ones (shared costs move)
+    kept = run_order([i for i in predicted if i not in skip], chosen.tier)
+    if kept:                # in the order they run, without the cut ones (shared costs move)
         predicted.update({r["id"]: float(r["total_s"]) for _, r in repredict(kept).iterrows()})
     plan = Plan(budget_s=budget_s,
                 deadline_unix=None if budget_s is None else

@@ -66,6 +66,8 @@ class RunData:
     compile_cache_id: str | None = None    # that folder's identity then (compile_cache.identity)
     torch: str | None = None               # the run's torch version (the cache's entries are per version)
     threads: int | None = None             # its torch threads (Inductor's CPU kernels are built for a count)
+    time_split: dict | None = None         # where its wall time went (run.json, schema 9 on)
+    ceilings_s: float | None = None        # the seconds its preset gave the ceilings
 
     @classmethod
     def load(cls, run_dir: Path | str) -> "RunData":
@@ -75,7 +77,7 @@ class RunData:
         env = info.get("env") or {}
         return cls(run_dir.name, load(run_dir), Settings.of_run(info), info.get("ceilings") or {},
                    info.get("compile_cache_dir"), info.get("compile_cache_id"), env.get("torch"),
-                   env.get("threads"))
+                   env.get("threads"), info.get("time_split"), (info.get("timing") or {}).get("ceilings_s"))
 
     def compiled_keys(self, outcomes: Sequence[str] | None = None) -> set[tuple]:
         """kernel_key()s of the cells that compiled in this run (their kernels are in its cache
@@ -124,10 +126,12 @@ def _samples_wall(row: Any, prefix: str) -> float:
 def fit(runs: Iterable[RunData], priors: Params | None = None) -> Params:
     """Constants fitted on the runs' records (on top of `priors` for what they do not show)."""
     runs = list(runs)
+    from .overhead import fit_overheads
     fitted = Params(fitted_on=[r.name for r in runs])
     _fit_calls(runs, fitted)
     _fit_host(runs, fitted)
     _fit_constants(runs, fitted)
+    fitted.overhead.update(fit_overheads(runs))
     return (priors or Params()).merged(fitted)
 
 
@@ -199,7 +203,7 @@ def _fit_host(runs: list[RunData], out: Params) -> None:
     out.host_call_s.update(_median_per_variant(runs, "fwd_host_ms", 1e-3))
 
 
-def _explained(row: Any, shape: CellShape) -> float:
+def _explained(row: Any, shape: CellShape, settings: Settings) -> float:
     """The part of a record's elapsed_s its own measurements account for."""
     t_f = row.get("fwd_ms")
     t_f = t_f / 1e3 if isinstance(t_f, (int, float)) and t_f == t_f else 0.0
@@ -209,7 +213,8 @@ def _explained(row: Any, shape: CellShape) -> float:
     compile_s = compile_s if isinstance(compile_s, (int, float)) and compile_s == compile_s else 0.0
     energy = row.get("energy_window_s")
     energy = energy * 1.03 if isinstance(energy, (int, float)) and energy == energy else 0.0
-    return (3 * t_f + 3 * t_fb + leak_probe_count(shape.case) * t_f + compile_s + energy
+    return (3 * t_f + (1 + settings.warmup_fwd_bwd_calls) * t_fb + leak_probe_count(shape.case) * t_f
+            + compile_s + energy
             + _samples_wall(row, "fwd") + _samples_wall(row, "fwd_bwd"))
 
 
@@ -242,7 +247,7 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
                 continue
             if row["status"] != "ok" or not isinstance(row.get("elapsed_s"), (int, float)):
                 continue
-            resid = float(row["elapsed_s"]) - _explained(row, shape)
+            resid = float(row["elapsed_s"]) - _explained(row, shape, run.settings)
             if first_compiled and isinstance(row.get("compile_s"), float) and row["compile_s"] == row["compile_s"]:
                 # what this compile took beyond a compile of its kind is the compiler's start-up
                 typical = f"{dev}|{call_variant(shape)}"

@@ -42,7 +42,7 @@ from ..core.grid import AXES, Case
 from ..core.units import format_duration
 from ..measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from ..measure.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, MIN_QUEUED_S as ENERGY_QUEUED_S
-from ..measure.roofline import CEILINGS_BUDGET_S, DTYPE_BYTES
+from ..measure.roofline import DTYPE_BYTES
 from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
 from ..workload.presets import Preset
 from ..workload.variants import BROKEN_PREFIX
@@ -75,6 +75,7 @@ class Settings:
     energy: str = "edges"         # "edges": between counter updates; "window": schema 2's fixed window
     golden: str = "subset"        # "subset": budgeted slices; "full": schema 2
     masked_rows_loop: bool = False  # schema 2 classified fully masked rows one by one (a sync each)
+    warmup_fwd_bwd_calls: int = 1   # forward+backward warm-up calls besides the numerics call (schema 8 and before: 2)
     cpu_chunk_bytes: int = 32 * 2**20
     cuda_chunk_bytes: int = 256 * 2**20
 
@@ -95,6 +96,8 @@ class Settings:
         argv = list(run_info.get("argv") or [])
         if "--energy-window-s" in argv:
             base = replace(base, energy_window_s=float(argv[argv.index("--energy-window-s") + 1]))
+        if int(run_info.get("schema", 3)) <= 8:
+            base = replace(base, warmup_fwd_bwd_calls=2)
         if int(run_info.get("schema", 3)) <= 2:
             base = replace(base, timing="host", energy="window", golden="full",
                            cuda_chunk_bytes=32 * 2**20, masked_rows_loop=True)
@@ -161,6 +164,8 @@ class Params:
     run_start_s: dict[str, float] = field(default_factory=dict)
     compile_start_s: dict[str, float] = field(default_factory=dict)  # the run's first compiled cell ("cpu|miss")
     skip_s: dict[str, float] = field(default_factory=dict)
+    # outside the cells (plan.overhead): "cpu|start_s", "cpu|report_s", "cpu|between_cell_s", ...
+    overhead: dict[str, float] = field(default_factory=dict)
     fitted_on: list[str] = field(default_factory=list)
     # The machine the priors were fitted on, per device type: its ceilings, free memory and
     # name. A dry-run for a device this machine lacks (--device cuda on a laptop) predicts it.
@@ -474,7 +479,7 @@ class CostModel:
                 cudnn_configs.add(config)
                 shared += paid.setdefault(groups[-1], self._const("cudnn_config_s", dev, 0.0))
             phases["setup"] += shared - phases["compile"]
-            phases["warmup"] = 2 * t_f + 2 * t_fb
+            phases["warmup"] = 2 * t_f + settings.warmup_fwd_bwd_calls * t_fb
             phases["numerics"] = t_f * (1 + leak_probe_count(case)) + t_fb
             if settings.masked_rows_loop:
                 phases["numerics"] += masked_rows_checked(shape) * self._const("masked_row_s", dev, 0.0)
@@ -530,26 +535,11 @@ class CostModel:
 
 # --------------------------------------------------------------------------- reporting
 
-STARTUP_S = 5.0          # the supervisor's and the worker's start (importing torch twice)
-REPORT_S = 5.0           # seed claims, findings, reproduction scripts, figures and index ...
-REPORT_PER_CELL_S = 0.005  # ... growing with the measured cells (2-core AMD EPYC: 6.6 s for the
-                           # quick preset's 334 and 31 findings, 11.9 s for the cpu preset's 1465)
-
-
-def overhead_s(pred: Any, *, ceilings_measured: bool = True, ceilings_s: float = CEILINGS_BUDGET_S
-               ) -> tuple[float, float]:
-    """(seconds before the first cell, seconds after the last) of a run of these cells;
-    ceilings_s: what measuring a device's ceilings takes (the preset's)."""
-    devices = {device_type(d) for d in pred["device"]} if len(pred) else set()
-    before = STARTUP_S + (ceilings_s * len(devices) if ceilings_measured else 0.0)
-    measured = int((pred["status"] == "ok").sum()) if len(pred) else 0
-    return before, REPORT_S + REPORT_PER_CELL_S * measured
-
-
-def summary(pred: Any) -> str:
-    """Predicted seconds per phase and per variant, and the total, for --dry-run."""
-    before, after = overhead_s(pred)
-    overhead = before + after
+def summary(pred: Any, reserve_s: float | None = None) -> str:
+    """Predicted seconds per phase and per variant, and the total, for --dry-run; reserve_s: the
+    seconds outside the cells (the plan's reserve_s; default: plan.overhead's defaults)."""
+    from .overhead import overhead_s
+    overhead = sum(overhead_s(pred)) if reserve_s is None else reserve_s
     total = float(pred["total_s"].sum()) + overhead
     lines = [f"predicted wall time: {format_duration(total)} for {len(pred)} cells "
              f"({int((pred['status'] == 'ok').sum())} measured, "

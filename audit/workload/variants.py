@@ -423,15 +423,17 @@ def _builtins() -> dict[str, Variant]:
                 "and soft-capping as score_mod, GQA with enable_gqa",
                 _flex, compiled=True, family="compiled"),
     ]
-    # Each control with the scenarios whose cells show its defect (every cell of the stored cpu
-    # preset run, tests/data/cpu-2026-11-30, in each dtype): a wrong scale or softmax dimension
-    # shows anywhere, a mask applied late or clamped where keys are masked, a missing max only
-    # where exp overflows.
-    unmasked = ("normal", "scaled_x4", "scaled_x16", "scaled_x64", "outliers", "padding")
-    masked = ("padding", "fully_masked_bool", "fully_masked_neginf")
-    for probs_fn, reveals in ((broken_unscaled_probs, unmasked), (broken_mask_after_softmax_probs, masked),
-                              (broken_clamped_probs, masked), (broken_no_max_subtraction_probs, ("scaled_x64", "fp16_range")),
-                              (broken_softmax_wrong_dim_probs, unmasked)):
+    # Each control with the scenarios whose cells show its defect (every cell, in each dtype,
+    # causal or not: tests/test_variants.py), the first the one its fp32 cells are also diagnosed
+    # in as its mistake: a wrong scale or softmax dimension shows anywhere, a mask applied after
+    # a renormalised softmax only on rows that see no key (elsewhere it is right to rounding), a
+    # clamp where keys are masked, a missing max where exp overflows.
+    anywhere = ("normal", "scaled_x4", "scaled_x16", "scaled_x64", "outliers")
+    for probs_fn, reveals in ((broken_unscaled_probs, anywhere + ("padding",)),
+                              (broken_mask_after_softmax_probs, ("fully_masked_bool", "fully_masked_neginf")),
+                              (broken_clamped_probs, ("padding", "fully_masked_bool", "fully_masked_neginf")),
+                              (broken_no_max_subtraction_probs, ("scaled_x64", "fp16_range")),
+                              (broken_softmax_wrong_dim_probs, anywhere + ("fully_masked_bool", "fully_masked_neginf"))):
         name = BROKEN_PREFIX + probs_fn.__name__.removeprefix("broken_").removesuffix("_probs")
         doc = (probs_fn.__doc__ or "").strip().splitlines()[0]
         specs.append(Variant(name, "NEGATIVE CONTROL: " + doc,
