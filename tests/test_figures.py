@@ -27,7 +27,8 @@ def _build_checked(run_dir: Path, monkeypatch) -> dict[str, tuple[list[str], lis
         seen[Path(path).name] = (report.overflowing_artists(fig), xs)
         save(fig, path)
 
-    monkeypatch.setattr(figures, "save_figure", checked)   # every PNG is saved there
+    monkeypatch.setattr(figures, "save_figure", checked)   # every PNG is saved there ...
+    monkeypatch.setattr(figures, "FIGURE_PROCESSES", 1)    # ... by this process, where `seen` is
     report.build_report(run_dir)
     return seen
 

@@ -177,7 +177,9 @@ def dumps(record: dict[str, Any]) -> str:
 
 
 class RecordWriter:
-    """Appends one record per line and makes it durable before returning.
+    """Appends one record per line and makes it durable before returning (durable=False: at
+    the next durable write or close, for records a rerun would write the same, such as cells
+    the budget skipped: an fsync each cost a planned cut as much as its bookkeeping).
 
     A run killed mid-write (kill -9) can leave a partial last line; opening the
     store truncates it, so a resumed run never writes after garbage.
@@ -189,12 +191,15 @@ class RecordWriter:
         _truncate_partial_line(self.path)
         self._fh = open(self.path, "a", encoding="utf-8")
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any], *, durable: bool = True) -> None:
         self._fh.write(dumps(record) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        self._fh.flush()               # other processes (the supervisor, a merge) see it now
+        if durable:
+            os.fsync(self._fh.fileno())
 
     def close(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
         self._fh.close()
 
     def __enter__(self) -> "RecordWriter":

@@ -159,10 +159,8 @@ def _mark_inflight(run_dir: Path, case_id: str | None) -> None:
     if case_id is None:
         path.unlink(missing_ok=True)
         return
-    with open(path, "w") as fh:
+    with open(path, "w") as fh:           # read by the supervisor on this machine: no fsync needed
         fh.write(f"{case_id}\t{time.time():.3f}")
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def record_crash(run_dir: Path, case: Case, reason: str, status: str = "error") -> None:
@@ -246,7 +244,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
         with records.RecordWriter(run_dir) as writer:
             for case in todo:
                 skip = keeper.reason(case.id)
-                if bar is not None:
+                if bar is not None and skip is None:
                     bar.start_cell(case.id)
                 if skip is not None:
                     rec = records.new_record(case.axes(), case.id)
@@ -256,7 +254,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
                     rec = run_cell(case, cache, preset, env, ceilings=ceilings, meter=meter, builds=builds)
                     keeper.done(case.id, rec["elapsed_s"])
                 rec["predicted_s"] = keeper.predicted.get(case.id)
-                writer.write(rec)
+                writer.write(rec, durable=skip is None)        # a lost skip is planned again by a rerun
                 _mark_inflight(run_dir, None)
                 counts[rec["status"]] = counts.get(rec["status"], 0) + 1
                 if on_record:

@@ -237,7 +237,6 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     n = largest(len(coverage), lambda k: set(coverage[:k]))
     kept = set(coverage[:n])
     why = {i: _over(budget_s, room, costs[i], COVERAGE) for i in coverage[n:]}
-    uncovered = [kinds[i] for i in coverage[n:] if not kinds[i].endswith("(self-check)")]
     later = [i for i in costs if tier.get(i) != COVERAGE]
     if n == len(coverage):
         for level in (REAL, CONTROL_EXTRA):
@@ -255,6 +254,9 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
         if i in kept_all or (i not in costs and keys[i] not in measured_sets):
             continue                  # a cell predicted not to run, alone in its set: its own reason
         skip[i] = why[i] if i in costs else "over the budget: every cell of its input set that would be measured was cut"
+    covered = {kinds[i] for i in kept}
+    uncovered = list(dict.fromkeys(kinds[i] for i in coverage[n:]
+                                   if kinds[i] not in covered and not kinds[i].endswith("(self-check)")))
     return Selection(skip, {i: t for i, t in tier.items() if i not in skip}, uncovered)
 
 
@@ -363,8 +365,14 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
         return model.predict([by_id[i] for i in ids], Settings.of_preset(preset), forecast.ceilings,
                              forecast.free, forecast.warm_compiles)
 
+    # The report grows with the cells kept: plan against the report of every cell, then once more
+    # against the report of the cells that first plan kept (a little more room, never less).
     chosen = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after, max_cell_s=preset.max_cell_s,
                     repredict=repredict)
+    _, after_kept = overhead_s(forecast.pred[~forecast.pred["id"].isin(chosen.skip)], forecast.params)
+    if budget_s is not None and after_kept < after:
+        chosen = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after_kept,
+                        max_cell_s=preset.max_cell_s, repredict=repredict)
     skip = chosen.skip
     _, after = overhead_s(forecast.pred[~forecast.pred["id"].isin(skip)], forecast.params)   # the report of what is kept
     predicted = {r["id"]: float(r["total_s"]) for _, r in forecast.pred.iterrows()}

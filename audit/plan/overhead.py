@@ -16,13 +16,14 @@ from ..measure.roofline import CEILINGS_BUDGET_S
 # only, the slowest of the project's machines), torch 2.13: starting the run and its first
 # measuring process (Python, torch, Inductor's cache folder) 3.8 s; the plan 0.9 s for the quick
 # preset's 413 cells and 3.8 s for the cpu preset's 2148; the ceilings 1.05x the time they are
-# given; between cells 7 ms a record (every cell gets one, skipped ones too), the measuring
-# process's exit included; after the last cell, 9 s for the quick preset's 136 measured cells.
+# given; between cells 0.2 ms a record of a cell the budget skipped, 1-2 ms one of a measured
+# cell, and the measuring process's exit; after the last cell, 9 s for the quick preset's 136
+# measured cells.
 DEFAULTS: dict[str, float] = {
     "start_s": 3.8,              # the run's and its first measuring process's start, less the plan
     "plan_per_cell_s": 0.0018,   # the cost model and the budget, per cell of the grid
     "ceilings_factor": 1.3,      # the ceilings' seconds per second the preset gives them
-    "between_cell_s": 0.007,     # a record written, the budget's keeper, the progress bar
+    "between_cell_s": 0.002,     # a record written, the budget's keeper, the progress bar
     "report_s": 7.0,             # the seed's claims, findings, reproduction scripts, figures, the page ...
     "report_per_cell_s": 0.005,  # ... growing with the measured cells
 }

@@ -244,14 +244,16 @@ def _draw_one(index: int) -> tuple[str, str, str] | None:
     return filename, title, caption
 
 
-def draw_figures(frame: pd.DataFrame, out_dir: Path, processes: int = FIGURE_PROCESSES) -> list[Figure]:
+def draw_figures(frame: pd.DataFrame, out_dir: Path, processes: int | None = None) -> list[Figure]:
     """Draw every figure there is data for, save each as out_dir/NAME.png; their blocks.
 
     Where the machine has more than one core and fork is available, `processes` forked
     processes draw them (matplotlib renders one figure on one core: 10 figures took 5 s on 2
-    cores of an AMD EPYC, 2.7 s side by side); else, or if a drawing process fails, here."""
+    cores of an AMD EPYC, 2.7 s side by side); else, or if a drawing process fails, here.
+    processes: default FIGURE_PROCESSES (1: here, as tests that inspect the figures need)."""
     import os
 
+    processes = FIGURE_PROCESSES if processes is None else processes
     _FORKED.update(frame=frame, colors=variant_colors(frame["variant"].astype(str)), out_dir=str(out_dir))
     drawn: list[tuple[str, str, str] | None] | None = None
     try:
