@@ -358,3 +358,19 @@ def test_the_progress_bar_moves_by_predicted_seconds_and_its_time_left_is_the_pl
     assert "1/4 cells" in bar.text(None) and "0:15 behind the plan" in bar.text(None)
     assert "about 0:08 left" in bar.text(None)                  # 2 s of cells + 6 s report (one cell: no factor yet)
     bar.close()
+
+
+def test_a_cell_that_would_take_most_of_the_time_left_is_skipped_even_when_it_fits_as_predicted():
+    """A single cell misses its prediction by more than the median of cells does (the cpu preset
+    with a 90 s budget ran 4 s past it on its last compile): it runs only if 1.5x fits."""
+    clock = Clock()
+    predicted = {"small": 1.0, "compile": 4.0}
+    keeper = Keeper(Plan(budget_s=100.0, deadline_unix=clock.now + 6.0, predicted=predicted), list(predicted),
+                    clock=clock)
+    assert keeper.reason("small") is None             # 5 s predicted, 6 s left
+    keeper.done("small", 1.0)
+    clock.now += 1.0
+    assert keeper.reason("compile") is not None and "5 s left" in keeper.skip["compile"]   # 4 x 1.5 > 5
+    roomy = Keeper(Plan(budget_s=100.0, deadline_unix=clock.now + 6.5, predicted={"compile": 4.0}), ["compile"],
+                   clock=clock)
+    assert roomy.reason("compile") is None             # 4 x 1.5 <= 6.5

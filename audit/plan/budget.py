@@ -32,6 +32,7 @@ from ..core.units import format_duration
 CORRECTION_MIN_CELLS = 5            # measured cells behind a runtime correction factor
 SAFETY_FRACTION = 0.03              # of the budget, kept free for the last cell's overshoot
 CORRECTION_RANGE = (0.5, 4.0)
+LATE_MARGIN = 1.5                   # a cell runs at run time only if 1.5x its scaled prediction fits what is left
 COVERAGE, REAL, CONTROL_EXTRA = 0, 1, 2     # the tiers: what the budget buys first, then, last
 TIER_NAMES = {COVERAGE: "coverage and self-check", REAL: "real variants' other cells",
               CONTROL_EXTRA: "negative controls' other cells"}
@@ -324,10 +325,21 @@ class Keeper:
                 continue
             self._remaining.discard(victim)
             self._remaining_s -= -cost
-            self.skip[victim] = (f"over the budget at run time: predicted {-cost:.1f} s (× {factor:.2f}, the median "
-                                 f"of what cells took against their predictions) with {max(left, 0):.0f} s left "
-                                 f"of the {format_duration(self.plan.budget_s or 0)} budget (--budget)")
+            self.skip[victim] = self._late(-cost, factor, left)
+        own = self.predicted.get(cell_id, 0.0) * factor
+        if cell_id not in self.skip and cell_id in self._remaining and own * LATE_MARGIN > max(left, 0.0):
+            # the rest fits as predicted, but this cell takes most of the time left, and a single
+            # cell misses its prediction by more than the median does (a compile): it could end
+            # past the deadline
+            self._remaining.discard(cell_id)
+            self._remaining_s -= self.predicted.get(cell_id, 0.0)
+            self.skip[cell_id] = self._late(self.predicted.get(cell_id, 0.0), factor, left)
         return self.skip.get(cell_id)
+
+    def _late(self, predicted: float, factor: float, left: float) -> str:
+        return (f"over the budget at run time: predicted {predicted:.1f} s (× {factor:.2f}, the median "
+                f"of what cells took against their predictions) with {max(left, 0):.0f} s left "
+                f"of the {format_duration(self.plan.budget_s or 0)} budget (--budget)")
 
     def done(self, cell_id: str, elapsed_s: float) -> None:
         if cell_id in self._remaining:
