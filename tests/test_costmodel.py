@@ -132,10 +132,15 @@ def cpu_run(tmp_path_factory):
     """A small real run on this machine: every variant family, speed and stability cells."""
     from audit.execute import runner
     run_dir = tmp_path_factory.mktemp("cpu-run")
+    # compiled_unfused at the quick preset's shapes (T 128): in `make test` the shared quick run has
+    # built their kernels in the session's Inductor cache by now (hits, 0.3 s: the test is about
+    # predicting what the records say, hit or miss), run alone they are misses
     preset = presets.Preset(name="t", description="", grids=(
-        dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math", "compiled_unfused"), device=("cpu",),
+        dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math"), device=("cpu",),
              dtype=("fp32", "bf16"), d_k=(32,), seq_len=(64, 128), batch=(1,), heads=(2,), causal=(False, True),
              scenario=("normal",)),
+        dict(variant=("compiled_unfused",), device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,), seq_len=(128,),
+             batch=(1,), heads=(2,), causal=(False, True), scenario=("normal",)),
         dict(variant=("eager", "sdpa", "broken.clamped"), device=("cpu",), dtype=("fp32",), d_k=(32,),
              seq_len=(64,), batch=(2,), heads=(2,), causal=(False,),
              scenario=("padding", "fully_masked_bool", "cross_causal")),
@@ -151,12 +156,12 @@ def cpu_run(tmp_path_factory):
 @pytest.mark.serial
 def test_a_cpu_run_made_here_is_predicted_from_the_priors(cpu_run):
     """Priors fitted on another CPU, scaled by this machine's measured ceilings: the total
-    within 2x, most cells within 3x. This small run's time is mostly compiling (8 compiles:
-    about 2 s each when Inductor's cache is cold, as in a test session's own cache, 0.3 s when
-    warm), so each compile is predicted with the outcome its record gives (compile_cache):
+    within 2x, most cells within 3x. This small run's time is mostly compiling (4 compiles:
+    about 2 s each when Inductor's cache is cold, 0.3 s when warm, as after the shared quick
+    run), so each compile is predicted with the outcome its record gives (compile_cache):
     before that field the priors, fitted on warm-cache runs, predicted a cold run at 0.43x."""
     assert set(cpu_run.frame["compile_cache"].dropna()) <= {"hit", "miss"}
-    assert cpu_run.frame["compile_cache"].notna().sum() == 8
+    assert cpu_run.frame["compile_cache"].notna().sum() == 4
     table = compare(cpu_run, CostModel(load_priors()))
     ratio = table["predicted_s"].sum() / table["recorded_s"].sum()
     assert 0.5 <= ratio <= 2.0, table

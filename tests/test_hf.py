@@ -4,6 +4,7 @@ mask), names that cannot run here are skipped with the reason, and a user's regi
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -12,8 +13,11 @@ import pytest
 from audit.core.errors import UsageError
 from audit.core.grid import Case
 
-pytest.importorskip("transformers", reason="transformers is an optional extra: pip install attn-audit[hf] "
-                                           "(make test installs it)")
+# Skipped without transformers; imported where used (every pytest-xdist worker collects this
+# module, and importing transformers costs each 1.8 s).
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="transformers is an optional extra: pip install attn-audit[hf] "
+                                       "(make test installs it)")
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 SCENARIOS = ("normal", "padding", "left_padding", "fully_masked_bool", "fully_masked_neginf", "sliding_window",

@@ -3,6 +3,7 @@ the cells, and the verdicts, of the session's unsharded quick run, and a worker 
 costs no cell (one run checks both)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -15,13 +16,18 @@ from audit import cli
 from audit.core import records
 from audit.workload import presets, variants
 
-ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install attn-audit[ray] (make test installs it)")
+# Skipped without Ray, which is imported by the tests that use it (not at collection: every
+# pytest-xdist worker collects this module, and importing Ray costs each 1.2 s).
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                                reason="Ray is an optional extra: pip install attn-audit[ray] (make test installs it)")
 
 
 @pytest.fixture(scope="module")
 def cluster():
     """A local Ray instance with this machine's 2 CPUs (a CPU shard takes both: shards run one by one)."""
     import logging
+
+    import ray
     ray.init(num_cpus=2, object_store_memory=100 * 2**20, logging_level=logging.WARNING, log_to_driver=False)
     yield
     ray.shutdown()
@@ -52,6 +58,7 @@ def test_part_of_the_quick_preset_as_two_ray_shards_one_of_them_killed_and_retri
     killed: dict = {}
 
     def kill_when_a_record_arrived() -> None:
+        import ray
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not killed:
             try:

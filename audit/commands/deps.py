@@ -40,11 +40,17 @@ TEST_REQUIREMENTS: dict[str, str] = {
     "xdist": "pytest-xdist>=3.5",   # `make test` runs the tests that time nothing on every core
 }
 
-# Test extras pip installs without byte-compiling: large packages (ray 2.6k, transformers 2.9k
-# .py files) of which the tests import a few hundred modules, in a handful of processes. Compiling
-# those at import costs under a second per process; compiling every file at install took about
-# 15 s each (2-core AMD EPYC). Everything else is compiled: every process imports it.
-NO_COMPILE: tuple[str, ...] = ("ray", "transformers")
+# pip installs without byte-compiling (torch alone has 15k .py files: 31 s with, 10.5 s without,
+# on 2 cores of an AMD EPYC), then one process imports what the audit and its tests import, with
+# bytecode writing on, so the modules that are ever imported (a tenth of them) get their .pyc
+# once, whatever PYTHONDONTWRITEBYTECODE says later (set, every process would compile torch's
+# startup modules again: 4.7 s to import it, from 2.0).
+WARM_IMPORTS: tuple[str, ...] = (
+    "torch", "torch._dynamo", "torch._inductor.compile_fx", "torch.nn.attention.flex_attention", "numpy",
+    "pandas", "matplotlib.pyplot", "pytest", "pytest_benchmark.plugin", "pynvml", "tqdm.auto",
+)
+WARM_TEST_IMPORTS: tuple[str, ...] = ("xdist.plugin", "ray", "transformers.modeling_utils",
+                                      "transformers.masking_utils")
 
 # The browsers tests/test_html_browser.py drives, by command name; Debian's package otherwise.
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
@@ -95,13 +101,27 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def install(test: bool = False) -> int:
-    """Install what is missing (test=True: what the tests need too); 0 when all is importable."""
+    """Install what is missing (test=True: what the tests need too); 0 when all is importable.
+    The browser (Debian's package, for the tests) installs beside pip, in a thread."""
+    import threading
+
     table = {**REQUIREMENTS, **TEST_REQUIREMENTS} if test else REQUIREMENTS
+    browser_why: list[str | None] = []
+    browser_job = None
     if test:
-        why_not = install_browser()
-        if why_not:
-            print(f"attn-audit: no browser for the HTML report's browser test ({why_not}); it will skip",
-                  file=sys.stderr)
+        browser_job = threading.Thread(target=lambda: browser_why.append(install_browser()), daemon=True)
+        browser_job.start()
+    try:
+        return _pip_install(table, test)
+    finally:
+        if browser_job is not None:
+            browser_job.join()
+            if browser_why and browser_why[0]:
+                print(f"attn-audit: no browser for the HTML report's browser test ({browser_why[0]}); it will skip",
+                      file=sys.stderr)
+
+
+def _pip_install(table: dict[str, str], test: bool) -> int:
     todo = missing(table)
     if not todo:
         print("attn-audit: all dependencies importable; nothing to install")
@@ -109,11 +129,10 @@ def install(test: bool = False) -> int:
     print(f"attn-audit: installing {' '.join(todo)}", flush=True)
     # torch first and alone, so no other package's dependency resolution picks a CUDA build.
     torch_req = [r for r in todo if r.startswith("torch")]
-    bare = [r for r in todo if r.startswith(NO_COMPILE)]
-    rest = [r for r in todo if r not in torch_req and r not in bare]
-    for group, flags in ((torch_req, []), (rest, []), (bare, ["--no-compile"])):
+    rest = [r for r in todo if r not in torch_req]
+    for group in (torch_req, rest):
         if group:
-            code = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", *flags, *group])
+            code = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", *group])
             if code != 0:
                 print(f"attn-audit: pip install {' '.join(group)} failed (exit {code})", file=sys.stderr)
                 return code
@@ -121,5 +140,15 @@ def install(test: bool = False) -> int:
     if still:
         print(f"attn-audit: still missing after install: {' '.join(still)}", file=sys.stderr)
         return 1
+    _compile_what_is_imported(WARM_IMPORTS + (WARM_TEST_IMPORTS if test else ()))
     return 0
+
+
+def _compile_what_is_imported(modules: Sequence[str]) -> None:
+    """Import `modules` once in a child with bytecode writing on: their .pyc are written (pip
+    wrote none). Best effort: a module that fails to import here fails where it is used."""
+    code = "import importlib\nfor m in %r:\n    try:\n        importlib.import_module(m)\n" \
+           "    except Exception:\n        pass\n" % (tuple(modules),)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.call([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

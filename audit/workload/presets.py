@@ -117,7 +117,7 @@ def presets() -> dict[str, Preset]:
                      causal=(False, True), scenario=REPORTED_SCENARIOS),
             ),
             # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
-            min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=1.0,
+            min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5,
         ),
         "cpu": Preset(
             name="cpu",
