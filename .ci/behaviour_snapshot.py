@@ -33,11 +33,13 @@ def snapshot() -> dict:
         ceilings = {d: params.reference[device_type(d)]["ceilings"] for d in devices}
         free = {d: params.reference[device_type(d)].get("free_bytes") for d in devices}
         pred = CostModel(params).predict(cases, Settings.of_preset(preset), ceilings, free, set())
-        skip = choose(pred, budget_s=preset.budget_s, reserve_s=10.0, max_cell_s=preset.max_cell_s)
+        chosen = choose(pred, budget_s=preset.budget_s, reserve_s=10.0, max_cell_s=preset.max_cell_s)
+        skip, tier = chosen.skip, chosen.tier
         shards = assign(cases, 3, cell_costs(cases, preset))
         shard_of = {c.id: i for i, s in enumerate(shards) for c in s}
-        cols = [c for c in pred.columns if c != "id"]
+        cols = [c for c in pred.columns if c not in ("id", "shares")]
         out[name] = [{"id": c.id, "seed": seed_for(c), "shard": shard_of[c.id], "skip": skip.get(c.id),
+                      "tier": tier.get(c.id),
                       **{k: (round(v, 9) if isinstance(v, float) else v) for k, v in row.items()}}
                      for c, (_, row) in zip(cases, pred.set_index("id").loc[[c.id for c in cases], cols]
                                             .reset_index().iterrows())]
