@@ -94,7 +94,7 @@ COLUMNS: dict[str, str] = {
     "diagnosis_err": "RMSE of the output against the matched mistake's float64 output, on the diagnosis slices (null when none matched)",
     "diagnosis_golden_err": "RMSE of the output against the correct float64 golden on the same slices",
     "diagnosis_slices": "the [b, h] slices the diagnosis compared (within golden_subset, capped by a float64 FLOP budget)",
-    "repeat_runs": "how many runs of each of out, dq, dk and dv on identical inputs were compared: 3 (out: the two warm-up calls and the numerics call; the gradients: the warm-up call, the numerics call and the last timed call)",
+    "repeat_runs": "how many runs of each of out, dq, dk and dv on identical inputs were compared: 3 (out: the warm-up call, the numerics call and the warm-up forward+backward's forward; the gradients: the warm-up call, the numerics call and the last timed call)",
     "repeat_differs": "which of out, dq, dk, dv were not bitwise identical across those runs ([] = deterministic; null when not checked)",
     "repeat_max_diff": "largest |difference| between runs over the tensors that differed (0 when bitwise identical; inf when NaN appeared in one run only)",
     "deterministic_algorithms": "true when the cell ran under torch.use_deterministic_algorithms(True) (--deterministic)",

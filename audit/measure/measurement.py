@@ -181,9 +181,9 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
 
     n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
 
-    # Warm-up: two forward calls and one forward+backward (whose second is the numerics call,
-    # below). The first includes compilation for compiled variants, and its output is checked
-    # against the variant contract before anything is measured.
+    # Warm-up: one call of each; the numerics calls (below) are the second, and their times size
+    # the timed blocks (the first compiles, allocates, builds plans). The first forward's output
+    # is checked against the variant contract before anything is measured.
     backward_reason = None
     first_out: list = []
 
@@ -199,15 +199,22 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
             first_fwd = time_call(first_forward, sync=sync)
     check_output(first_out[-1], q, v)
     # Every call runs on identical inputs: three runs of each output, compared bitwise
-    # (repeats.py) at no extra calls: out from the two warm-up calls and the numerics call; the
+    # (repeats.py) at no extra calls: out from the warm-up forward, the numerics forward and the
+    # warm-up forward+backward's own forward (a forward-only cell: a second warm-up forward); the
     # gradients from the warm-up call, the numerics call and the last timed call.
     repeats = Repeats()
     with phases("determinism"):
         repeats.add("out", first_out.pop())
-    with phases("warmup"):
-        warm_fwd = time_call(lambda: first_out.append(forward()), sync=sync)
+    m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}",
+                         "golden_subset": None if ref.slices is None else [list(p) for p in ref.slices]}
+    golden = ref.golden
+    with phases("numerics"):
+        if variant.backend is not None:
+            m["sdpa_backend"] = variant.backend(q, k, v, mask=inputs.mask, causal=inputs.causal)
+        (out, warm_fwd), m["peak_bytes"] = peak_during(lambda: _timed_result(forward, sync), case.device)
+        out = out.detach()                  # held for the diagnosis, once the record is complete
     with phases("determinism"):
-        repeats.add("out", first_out.pop())
+        repeats.add("out", out)
     limit_s = math.inf if preset.max_cell_s is None else preset.max_cell_s
     if warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s:
         raise CellSkipped(
@@ -215,23 +222,25 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
             f"take about {warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed:.0f} s "
             f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
     first_fb = warm_fb = 0.0
+
+    def first_forward_backward():
+        result = forward()
+        first_out.append(result.detach())
+        first_out.append(input_grads(result, (q, k, v), inputs.grad_out))
+
     if backward_reason is None:
         with phases("warmup"):
-            first_fb = time_call(lambda: first_out.append(forward_backward()), sync=sync)
+            first_fb = time_call(first_forward_backward, sync=sync)
         with phases("determinism"):
             repeats.add_grads(first_out.pop())
+            repeats.add("out", first_out.pop())
+    else:
+        with phases("warmup"):
+            time_call(first_forward, sync=sync)
+        with phases("determinism"):
+            repeats.add("out", first_out.pop())
     held_after_warmup = held_bytes(case.device)
 
-    m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}",
-                         "golden_subset": None if ref.slices is None else [list(p) for p in ref.slices]}
-    golden = ref.golden
-    with phases("numerics"):
-        if variant.backend is not None:
-            m["sdpa_backend"] = variant.backend(q, k, v, mask=inputs.mask, causal=inputs.causal)
-        out, m["peak_bytes"] = peak_during(forward, case.device)
-        out = out.detach()                  # held for the diagnosis, once the record is complete
-    with phases("determinism"):
-        repeats.add("out", out)
     with phases("numerics"):
         m["out_nan"], m["out_inf"] = nonfinite_counts([out])
         seeing = ref.row_visible.expand(out.shape[:-1])                            # (B, H, Tq)

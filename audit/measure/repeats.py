@@ -4,7 +4,8 @@ again on identical inputs?
 Several GPU backward kernels are not (FlashAttention-2's dQ and cuDNN's backward add with
 atomics; the memory-efficient backward with split keys too), and training reproducibility
 depends on it. measure_cell already runs every cell's forward three times on the same
-inputs (the two warm-up calls and the numerics call), and forward+backward more (the warm-up
+inputs (the warm-up call, the numerics call and the warm-up forward+backward's forward), and
+forward+backward more (the warm-up
 call, the numerics call, then the timed calls, of which the last one's gradients are kept);
 Repeats compares the later runs of each tensor against the first, so the check costs a
 comparison per tensor and one held copy of the first run, not extra calls.

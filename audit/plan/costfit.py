@@ -213,7 +213,8 @@ def _explained(row: Any, shape: CellShape, settings: Settings) -> float:
     compile_s = compile_s if isinstance(compile_s, (int, float)) and compile_s == compile_s else 0.0
     energy = row.get("energy_window_s")
     energy = energy * 1.03 if isinstance(energy, (int, float)) and energy == energy else 0.0
-    return (3 * t_f + (1 + settings.warmup_fwd_bwd_calls) * t_fb + leak_probe_count(shape.case) * t_f
+    return ((1 + settings.warmup_fwd_calls) * t_f + (1 + settings.warmup_fwd_bwd_calls) * t_fb
+            + leak_probe_count(shape.case) * t_f
             + compile_s + energy
             + _samples_wall(row, "fwd") + _samples_wall(row, "fwd_bwd"))
 

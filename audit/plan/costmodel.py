@@ -75,7 +75,8 @@ class Settings:
     energy: str = "edges"         # "edges": between counter updates; "window": schema 2's fixed window
     golden: str = "subset"        # "subset": budgeted slices; "full": schema 2
     masked_rows_loop: bool = False  # schema 2 classified fully masked rows one by one (a sync each)
-    warmup_fwd_bwd_calls: int = 1   # forward+backward warm-up calls besides the numerics call (schema 8 and before: 2)
+    warmup_fwd_calls: int = 1       # forward warm-up calls besides the numerics call (schema 8 and before: 2) ...
+    warmup_fwd_bwd_calls: int = 1   # ... and forward+backward ones (schema 8 and before: 2)
     cpu_chunk_bytes: int = 32 * 2**20
     cuda_chunk_bytes: int = 256 * 2**20
 
@@ -97,7 +98,7 @@ class Settings:
         if "--energy-window-s" in argv:
             base = replace(base, energy_window_s=float(argv[argv.index("--energy-window-s") + 1]))
         if int(run_info.get("schema", 3)) <= 8:
-            base = replace(base, warmup_fwd_bwd_calls=2)
+            base = replace(base, warmup_fwd_calls=2, warmup_fwd_bwd_calls=2)
         if int(run_info.get("schema", 3)) <= 2:
             base = replace(base, timing="host", energy="window", golden="full",
                            cuda_chunk_bytes=32 * 2**20, masked_rows_loop=True)
@@ -479,7 +480,7 @@ class CostModel:
                 cudnn_configs.add(config)
                 shared += paid.setdefault(groups[-1], self._const("cudnn_config_s", dev, 0.0))
             phases["setup"] += shared - phases["compile"]
-            phases["warmup"] = 2 * t_f + settings.warmup_fwd_bwd_calls * t_fb
+            phases["warmup"] = settings.warmup_fwd_calls * t_f + settings.warmup_fwd_bwd_calls * t_fb
             phases["numerics"] = t_f * (1 + leak_probe_count(case)) + t_fb
             if settings.masked_rows_loop:
                 phases["numerics"] += masked_rows_checked(shape) * self._const("masked_row_s", dev, 0.0)
