@@ -49,8 +49,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="run folder (default reports/<timestamp>/; reports/latest points to the newest)")
     run.add_argument("--budget", metavar="DURATION",
                      help="wall-time budget of the run, e.g. 90s, 10m, 1h30m, or none (default: the preset's: "
-                          "quick 60s, cpu 10m, gpu 8m, gpu-check 3m). Cells that do not fit are recorded "
-                          "as skipped with their predicted time, most expensive first (docs/planning.md)")
+                          "quick 60s, cpu 10m, gpu 8m, gpu-check 3m). It buys one cell of every variant per "
+                          "dtype and mask kind and each negative control's self-check first, then the cheapest "
+                          "cells; cells that do not fit are recorded as skipped with their predicted time "
+                          "(docs/planning.md)")
     run.add_argument("--cell-timeout", type=float, metavar="S",
                      help="per-cell time limit in seconds: a cell still running after it is recorded as "
                           "timeout and its worker killed (default: 10 times the cell's predicted time, at "

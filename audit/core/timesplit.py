@@ -19,7 +19,7 @@ CELL_PHASES: dict[str, str] = {
     "setup": "resolving and building the variant, the memory check",
     "golden": "drawing the input set, its float64 golden and same-dtype baseline (once per input set)",
     "compile": "compiling: the first calls' time beyond a steady call (compiled variants)",
-    "warmup": "the warm-up calls (two forward, two forward+backward), less compiling",
+    "warmup": "the warm-up calls (one forward, one forward+backward), less compiling",
     "numerics": "the memory and numerics calls and comparing them with the golden",
     "leak": "the leak probes: forward calls with the hidden keys and values changed",
     "determinism": "keeping and comparing the repeated outputs and gradients bit for bit",
@@ -32,7 +32,7 @@ CELL_PHASES: dict[str, str] = {
 # The parts of a run's wall time: name -> (group, what it is). The groups are what the report
 # and run.json sum: what measuring costs, and the audit's own overhead.
 RUN_PARTS: dict[str, tuple[str, str]] = {
-    "start-up": ("process start-up", "starting Python, the command line and the run (before the ceilings)"),
+    "start-up": ("process start-up", "starting Python and the command line; the environment and run.json"),
     "worker start-up": ("process start-up", "each measuring process: starting Python, importing torch, "
                                             "until its first cell"),
     "ceilings": ("planning", "measuring this machine's matmul and copy ceilings"),

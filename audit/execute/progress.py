@@ -30,6 +30,7 @@ class Progress:
         self.report_s = float(plan.report_s) if plan is not None else 0.0
         self.weight = {i: self._predicted(i) for i in todo if i not in keeper.skip}
         self.cells_total = len(todo) + done_before
+        self.cuts_seen = 0                  # of keeper.cut: the run-time cuts already off the bar
         self.cells_done = done_before
         self.bar = tqdm(total=max(sum(self.weight.values()), 1e-9), unit="s", dynamic_ncols=True,
                         mininterval=0.5, file=file or sys.stderr,
@@ -61,8 +62,9 @@ class Progress:
         Keeper cut at run time leave the bar's total."""
         self.cells_done += 1
         advance = 0.0 if cell_id in self.keeper.skip else self.weight.pop(cell_id, 0.0)
-        for victim in [i for i in self.weight if i in self.keeper.skip]:
-            self.bar.total = max(self.bar.total - self.weight.pop(victim), self.bar.n + advance, 1e-9)
+        for victim in self.keeper.cut[self.cuts_seen:]:
+            self.bar.total = max(self.bar.total - self.weight.pop(victim, 0.0), self.bar.n + advance, 1e-9)
+        self.cuts_seen = len(self.keeper.cut)
         self.bar.update(min(advance, max(0.0, self.bar.total - self.bar.n)))   # never past the end
         self.bar.set_description_str(self.text(None), refresh=False)
 

@@ -199,18 +199,20 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     with them, since it would still pay for the set's inputs and golden.
     """
     skip: dict[str, str] = {}
-    for _, row in pred[pred["status"] == "ok"].iterrows():
+    rows = pred.to_dict("records")          # plain dicts: a Series per row cost seconds on 2000 cells
+    for row in (r for r in rows if r["status"] == "ok"):
         if max_cell_s is not None and cell_cost(row) > max_cell_s:
             skip[row["id"]] = (f"predicted {cell_cost(row):.1f} s for this cell, over the per-cell limit "
                                f"{max_cell_s:g} s (--max-cell-s)")
     kept_pred = pred[~pred["id"].isin(list(skip))]
     tier, coverage = tiers(kept_pred)
-    kinds = {row["id"]: coverage_kind(row) or f"{row['variant']} (self-check)" for _, row in kept_pred.iterrows()}
+    kept_rows = [r for r in rows if r["id"] not in skip]
+    kinds = {row["id"]: coverage_kind(row) or f"{row['variant']} (self-check)" for row in kept_rows}
     if budget_s is None:
         return Selection(skip, tier, [])
     room = budget_s - reserve_s
-    costs = {row["id"]: cell_cost(row) for _, row in kept_pred.iterrows() if row["status"] == "ok"}
-    keys = {row["id"]: tuple(row[a] for a in INPUT_AXES) for _, row in pred.iterrows()}
+    costs = {row["id"]: cell_cost(row) for row in kept_rows if row["status"] == "ok"}
+    keys = {row["id"]: tuple(row[a] for a in INPUT_AXES) for row in rows}
     candidates = [i for i in pred["id"] if i not in skip]
 
     def with_sets(measured: set[str]) -> list[str]:
@@ -295,6 +297,7 @@ class Keeper:
         self.ratios: list[float] = []
         self.done_predicted_s = 0.0        # predicted seconds of the cells measured so far ...
         self.done_elapsed_s = 0.0          # ... and what they took
+        self.cut: list[str] = []           # the cells skipped at run time, in the order they were
 
     def factor(self) -> float:
         if len(self.ratios) < CORRECTION_MIN_CELLS:
@@ -326,6 +329,7 @@ class Keeper:
             self._remaining.discard(victim)
             self._remaining_s -= -cost
             self.skip[victim] = self._late(-cost, factor, left)
+            self.cut.append(victim)
         own = self.predicted.get(cell_id, 0.0) * factor
         if cell_id not in self.skip and cell_id in self._remaining and own * LATE_MARGIN > max(left, 0.0):
             # the rest fits as predicted, but this cell takes most of the time left, and a single
@@ -334,6 +338,7 @@ class Keeper:
             self._remaining.discard(cell_id)
             self._remaining_s -= self.predicted.get(cell_id, 0.0)
             self.skip[cell_id] = self._late(self.predicted.get(cell_id, 0.0), factor, left)
+            self.cut.append(cell_id)
         return self.skip.get(cell_id)
 
     def _late(self, predicted: float, factor: float, left: float) -> str:
@@ -387,10 +392,11 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
                         max_cell_s=preset.max_cell_s, repredict=repredict)
     skip = chosen.skip
     _, after = overhead_s(forecast.pred[~forecast.pred["id"].isin(skip)], forecast.params)   # the report of what is kept
-    predicted = {r["id"]: float(r["total_s"]) for _, r in forecast.pred.iterrows()}
+    predicted = dict(zip(forecast.pred["id"], forecast.pred["total_s"].astype(float)))
     kept = run_order([i for i in predicted if i not in skip], chosen.tier)
     if kept:                # in the order they run, without the cut ones (shared costs move)
-        predicted.update({r["id"]: float(r["total_s"]) for _, r in repredict(kept).iterrows()})
+        again = repredict(kept)
+        predicted.update(zip(again["id"], again["total_s"].astype(float)))
     plan = Plan(budget_s=budget_s,
                 deadline_unix=None if budget_s is None else
                 started_unix + budget_s - after - max(2.0, SAFETY_FRACTION * budget_s),
