@@ -1,33 +1,87 @@
 """`audit deps`: what is missing is installed, torch alone first (so nothing resolves a CUDA
-build), the large test extras without byte-compiling."""
+build, and by pip, which knows where the CPU build lies), the rest by uv where it can be had
+(else pip), without byte-compiling."""
 from __future__ import annotations
 
 from audit.commands import deps
 
 
-def test_torch_alone_first_then_the_rest_uncompiled_then_what_is_imported_compiled(monkeypatch):
-    calls, envs = [], []
+def _record_calls(monkeypatch, codes=None):
+    """subprocess.call recorded (argv, env); everything counts as installed after the last
+    install call; `codes` gives the exit code of the calls whose argv contains a key."""
+    class Calls(list):
+        children: list
+    calls = Calls()
     state = {"installed": False}
     monkeypatch.setattr(deps, "install_browser", lambda: None)
     monkeypatch.setattr(deps, "missing", lambda table: [] if state["installed"] else list(table.values()))
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
 
     def call(argv, **kwargs):
-        calls.append(argv)
-        envs.append(kwargs.get("env"))
-        if len(calls) == 2:
+        calls.append((argv, kwargs.get("env")))
+        code = next((c for key, c in (codes or {}).items() if key in argv), 0)
+        if "-c" not in argv and "torch==2.13.0" not in argv and code == 0:
             state["installed"] = True
-        return 0
+        return code
     monkeypatch.setattr(deps.subprocess, "call", call)
+
+    class Child:                                    # a warm-up import: waited for before install returns
+        def __init__(self, argv, **kwargs):
+            calls.append((argv, kwargs.get("env")))
+            self.waited = False
+            children.append(self)
+
+        def wait(self):
+            self.waited = True
+    children = []
+    monkeypatch.setattr(deps.subprocess, "Popen", Child)
+    calls.children = children
+    return calls
+
+
+def _installs(argv):
+    return argv[argv.index("install") + 1:]
+
+
+def test_torch_alone_first_by_pip_then_the_rest_by_uv_then_what_is_imported_compiled(monkeypatch):
+    calls = _record_calls(monkeypatch)
+    monkeypatch.setattr(deps, "_get_uv", lambda: True)
     assert deps.install(test=True) == 0
-    torch, rest, warm = calls
-    assert torch[torch.index("install") + 1:] == ["--quiet", "--no-compile", "torch==2.13.0"]
-    rest = rest[rest.index("install") + 1:]
-    assert rest[:2] == ["--quiet", "--no-compile"] and "pandas>=2.0" in rest and "pytest-xdist>=3.5" in rest
+    (torch, torch_env), (warm_torch, _), (rest, _), (warm, warm_env) = calls
+    assert torch[1:3] == ["-m", "pip"] and _installs(torch) == ["--quiet", "--no-compile", "torch==2.13.0"]
+    assert rest[1:4] == ["-m", "uv", "pip"]
+    rest = _installs(rest)
+    assert rest[:3] == ["--quiet", "--python", deps.sys.executable] and "torch==2.13.0" not in rest
+    assert "pandas>=2.0" in rest and "pytest-xdist>=3.5" in rest
     assert deps.TEST_REQUIREMENTS["ray"] in rest and deps.TEST_REQUIREMENTS["transformers"] in rest
-    # one process imports what the audit and its tests use, with bytecode writing on
+    # torch's modules are compiled while the rest installs, without numpy (being installed);
+    # then one process imports what the audit and its tests use; both with bytecode writing on
+    assert warm_torch[1] == "-c" and "'torch._dynamo'" in warm_torch[2] and "'pandas'" not in warm_torch[2]
+    assert "sys.modules[m] = None" in warm_torch[2] and "('numpy',)" in warm_torch[2]
     assert warm[1] == "-c" and "'torch'" in warm[2] and "'transformers.modeling_utils'" in warm[2]
-    assert "PYTHONDONTWRITEBYTECODE" not in envs[2] and envs[0] is None
+    assert "PYTHONDONTWRITEBYTECODE" not in warm_env and torch_env is None
+    assert len(calls.children) == 2 and all(c.waited for c in calls.children)
+
+
+def test_without_uv_or_when_uv_fails_pip_installs_the_rest(monkeypatch, capsys):
+    calls = _record_calls(monkeypatch)
+    monkeypatch.setattr(deps, "_get_uv", lambda: False)                # uv cannot be had here
+    assert deps.install() == 0
+    assert [c[0][1:3] for c in calls] == [["-m", "pip"], ["-c", calls[1][0][2]], ["-m", "pip"],
+                                         ["-c", calls[3][0][2]]]
+    assert "pandas>=2.0" in _installs(calls[2][0]) and _installs(calls[2][0])[:2] == ["--quiet", "--no-compile"]
+
+    calls = _record_calls(monkeypatch, codes={"uv": 2})                # uv there, but it fails
+    monkeypatch.setattr(deps, "_get_uv", lambda: True)
+    assert deps.install() == 0
+    assert [c[0][1:3] for c in calls[:4]] == [["-m", "pip"], ["-c", calls[1][0][2]], ["-m", "uv"], ["-m", "pip"]]
+    assert "uv could not install" in capsys.readouterr().out and "pandas>=2.0" in _installs(calls[3][0])
+
+
+def test_a_failed_install_stops_with_its_exit_code(monkeypatch, capsys):
+    calls = _record_calls(monkeypatch, codes={"torch==2.13.0": 3})
+    assert deps.install() == 3 and len(calls) == 1
+    assert "pip install torch==2.13.0 failed (exit 3)" in capsys.readouterr().err
 
 
 def test_the_browser_installs_beside_pip_and_a_failure_is_said(monkeypatch, capsys):

@@ -41,13 +41,16 @@ TEST_REQUIREMENTS: dict[str, str] = {
 }
 
 # pip installs without byte-compiling (torch alone has 15k .py files: 31 s with, 10.5 s without,
-# on 2 cores of an AMD EPYC), then one process imports what the audit and its tests import, with
-# bytecode writing on, so the modules that are ever imported (a tenth of them) get their .pyc
-# once, whatever PYTHONDONTWRITEBYTECODE says later (set, every process would compile torch's
-# startup modules again: 4.7 s to import it, from 2.0).
-WARM_IMPORTS: tuple[str, ...] = (
-    "torch", "torch._dynamo", "torch._inductor.compile_fx", "torch.nn.attention.flex_attention", "numpy",
-    "pandas", "matplotlib.pyplot", "pytest", "pytest_benchmark.plugin", "pynvml", "tqdm.auto",
+# on 2 cores of an AMD EPYC), then child processes import what the audit and its tests import,
+# with bytecode writing on, so the modules that are ever imported (a tenth of them) get their
+# .pyc once, whatever PYTHONDONTWRITEBYTECODE says later (set, every process would compile
+# torch's startup modules again: 4.7 s to import it, from 2.0). torch's modules are compiled
+# while the rest installs (15 s of the 27 s this takes there, on the other core).
+WARM_TORCH_IMPORTS: tuple[str, ...] = (
+    "torch", "torch._dynamo", "torch._inductor.compile_fx", "torch.nn.attention.flex_attention",
+)
+WARM_IMPORTS: tuple[str, ...] = WARM_TORCH_IMPORTS + (
+    "numpy", "pandas", "matplotlib.pyplot", "pytest", "pytest_benchmark.plugin", "pynvml", "tqdm.auto",
 )
 WARM_TEST_IMPORTS: tuple[str, ...] = ("xdist.plugin", "ray", "transformers.modeling_utils",
                                       "transformers.masking_utils")
@@ -127,28 +130,78 @@ def _pip_install(table: dict[str, str], test: bool) -> int:
         print("attn-audit: all dependencies importable; nothing to install")
         return 0
     print(f"attn-audit: installing {' '.join(todo)}", flush=True)
-    # torch first and alone, so no other package's dependency resolution picks a CUDA build.
+    # torch first and alone, by pip (which finds the CPU build on local disk through its
+    # configuration), so no other package's dependency resolution picks a CUDA build.
     torch_req = [r for r in todo if r.startswith("torch")]
     rest = [r for r in todo if r not in torch_req]
-    for group in (torch_req, rest):
-        if group:
-            code = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", *group])
+    warming = []
+    try:
+        if torch_req:
+            code = _call_pip(torch_req)
             if code != 0:
-                print(f"attn-audit: pip install {' '.join(group)} failed (exit {code})", file=sys.stderr)
                 return code
-    still = missing(table)
-    if still:
-        print(f"attn-audit: still missing after install: {' '.join(still)}", file=sys.stderr)
-        return 1
-    _compile_what_is_imported(WARM_IMPORTS + (WARM_TEST_IMPORTS if test else ()))
+            # numpy hidden: it may be half-written by the install beside (torch runs without it)
+            warming.append(_compile_what_is_imported(WARM_TORCH_IMPORTS, hide=("numpy",)))
+        if rest:
+            code = _uv_install(rest)
+            if code is not None and code != 0:
+                print(f"attn-audit: uv could not install {' '.join(rest)} (exit {code}); trying pip", flush=True)
+            if code != 0:
+                code = _call_pip(rest)
+                if code != 0:
+                    return code
+        still = missing(table)
+        if still:
+            print(f"attn-audit: still missing after install: {' '.join(still)}", file=sys.stderr)
+            return 1
+        warming.append(_compile_what_is_imported(WARM_IMPORTS + (WARM_TEST_IMPORTS if test else ())))
+    finally:
+        for proc in warming:
+            proc.wait()
     return 0
 
 
-def _compile_what_is_imported(modules: Sequence[str]) -> None:
-    """Import `modules` once in a child with bytecode writing on: their .pyc are written (pip
-    wrote none). Best effort: a module that fails to import here fails where it is used."""
-    code = "import importlib\nfor m in %r:\n    try:\n        importlib.import_module(m)\n" \
-           "    except Exception:\n        pass\n" % (tuple(modules),)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.call([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _call_pip(requirements: Sequence[str]) -> int:
+    code = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", *requirements])
+    if code != 0:
+        print(f"attn-audit: pip install {' '.join(requirements)} failed (exit {code})", file=sys.stderr)
+    return code
 
+
+# The packages after torch go in through uv where it can be had (pip-installed into this
+# environment first): it downloads and unpacks in parallel where pip goes one by one (the test
+# extras on 2 cores of an AMD EPYC, PyPI's files not cached: pip 22.5 s, uv 3.9 s plus 2 s to
+# install uv). torch is installed by then, so uv keeps it. uv reads no pip configuration: where
+# pip's index is a local mirror uv may fail, and pip installs them (the caller's fallback).
+UV_REQUIREMENT = "uv>=0.5"
+
+
+def _uv_install(requirements: Sequence[str]) -> int | None:
+    """Install `requirements` with uv, without byte-compiling (uv's default); None when uv
+    cannot be had here, else uv's exit code."""
+    if not _get_uv():
+        return None
+    target = ["--python", sys.executable]
+    if sys.prefix == sys.base_prefix:              # not a virtual environment: uv wants it said
+        target.append("--system")
+    return subprocess.call([sys.executable, "-m", "uv", "pip", "install", "--quiet", *target, *requirements])
+
+
+def _get_uv() -> bool:
+    """Whether `python -m uv` works here, pip-installing uv first where it is missing."""
+    if importlib.util.find_spec("uv") is None:
+        subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", UV_REQUIREMENT],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        importlib.invalidate_caches()
+    return importlib.util.find_spec("uv") is not None
+
+
+def _compile_what_is_imported(modules: Sequence[str], hide: Sequence[str] = ()) -> subprocess.Popen:
+    """Start a child that imports `modules` once with bytecode writing on: their .pyc are
+    written (pip and uv wrote none). `hide`: modules it must not import. Best effort: a module
+    that fails to import here fails where it is used."""
+    code = "import importlib, sys\nfor m in %r:\n    sys.modules[m] = None\nfor m in %r:\n    try:\n" \
+           "        importlib.import_module(m)\n    except Exception:\n        pass\n" % (tuple(hide), tuple(modules))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
