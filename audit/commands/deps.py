@@ -4,7 +4,8 @@ HTML report's browser test, Debian's package where the machine is Debian and thi
 
 Each dependency is checked by importing it; importable ones are never touched,
 so the project runs unchanged where everything is preinstalled and nothing can
-be downloaded (a GPU box without network). Standard library only.
+be downloaded (a GPU box without network). torch is installed by pip, first and alone; the
+rest by uv, or by pip where uv cannot be had. Standard library only.
 """
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def missing(table: dict[str, str] = REQUIREMENTS) -> list[str]:
 
 
 HELP = "install what is missing, and only that (torch pinned to the CPU build when absent)"
-DESCRIPTION = ("Import each dependency; pip-install those that are missing, torch first and alone. "
+DESCRIPTION = ("Import each dependency; install those that are missing: torch first and alone, by pip; "
+               "the rest by uv (pip-installed first), or by pip where uv cannot be had or fails. "
                "Importable ones are never touched, so a machine without network runs unchanged. "
                "Standard library only: runs before torch or pandas are installed.")
 
@@ -161,8 +163,12 @@ def _pip_install(table: dict[str, str], test: bool) -> int:
     return 0
 
 
+def _pip_argv(requirements: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", *requirements]
+
+
 def _call_pip(requirements: Sequence[str]) -> int:
-    code = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", *requirements])
+    code = subprocess.call(_pip_argv(requirements))
     if code != 0:
         print(f"attn-audit: pip install {' '.join(requirements)} failed (exit {code})", file=sys.stderr)
     return code
@@ -190,8 +196,7 @@ def _uv_install(requirements: Sequence[str]) -> int | None:
 def _get_uv() -> bool:
     """Whether `python -m uv` works here, pip-installing uv first where it is missing."""
     if importlib.util.find_spec("uv") is None:
-        subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", UV_REQUIREMENT],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.call(_pip_argv([UV_REQUIREMENT]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         importlib.invalidate_caches()
     return importlib.util.find_spec("uv") is not None
 
