@@ -51,6 +51,15 @@ def test_cells_over_the_per_cell_limit_are_skipped_with_or_without_budget():
     assert list(skip) == ["b"] and "per-cell limit 6 s" in skip["b"] and "predicted 8.0 s" in skip["b"]
 
 
+def test_the_per_cell_limit_weighs_a_cell_without_the_compile_it_pays_for():
+    """A compile is paid once whichever cell pays it: a cell whose amortized cost (the budget's
+    weight) is all compile is not too slow for the per-cell limit; one whose own seconds are is."""
+    pred = _pred([("compiles", 1, "ok", 6.5, 6.0), ("slow", 2, "ok", 8.0, 1.0)])
+    pred["amortized_s"] = [6.5, 8.0]                 # nobody else uses the compile: it carries all of it
+    skip = choose(pred, budget_s=None, reserve_s=0.0, max_cell_s=5.0).skip
+    assert list(skip) == ["slow"] and "predicted 7.0 s" in skip["slow"]
+
+
 def test_a_cell_left_alone_in_its_input_set_goes_with_the_set():
     """An unsupported backend's cell still builds its set's inputs and golden: once every
     measured cell of the set is cut, it is cut too."""
