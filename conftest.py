@@ -124,11 +124,28 @@ def _uses_shared_run(item) -> bool:
     return "quick_run" in names or ("audited_run" in names and default_suite_selection(item.config))
 
 
+def _module_fixtures(item) -> list[str]:
+    """The module-scoped fixtures a test uses (its own module's or conftest's)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return [name for name, defs in info.name2fixturedefs.items() if defs and defs[-1].scope == "module"]
+
+
+@pytest.hookimpl(tryfirst=True)        # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """The tests that read the shared quick run go last (in collection order, which every
     pytest-xdist worker keeps alike): by the time one is reached the run, started in the
-    background when collection ends, is made, and no worker waits for it."""
+    background when collection ends, is made, and no worker waits for it.
+
+    The tests of a module that use a module-scoped fixture (a run of faulty plug-ins, a built
+    report) go to one pytest-xdist worker (`make test`: `--dist loadgroup`): spread over two,
+    each worker built the fixture (tests/test_repro.py's run of faulty plug-ins, 11-14 s on 2
+    cores of an AMD EPYC, was made twice)."""
     items.sort(key=_uses_shared_run)
+    for item in items:
+        if _module_fixtures(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def pytest_collection_finish(session):

@@ -33,20 +33,34 @@ def _build_checked(run_dir: Path, monkeypatch) -> dict[str, tuple[list[str], lis
     return seen
 
 
+@pytest.fixture(scope="module")
+def h200_built(tmp_path_factory):
+    """The checked build of a stored H200 run, once per module: (run folder, what _build_checked saw)."""
+    built: dict[str, tuple[Path, dict]] = {}
+
+    def get(name: str) -> tuple[Path, dict]:
+        if name not in built:
+            run_dir = h200_run(name, tmp_path_factory.mktemp(name))
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                built[name] = (run_dir, _build_checked(run_dir, monkeypatch))
+        return built[name]
+    return get
+
+
 @pytest.mark.parametrize("name", H200_FOLDERS)
-def test_no_figure_reaches_outside_its_canvas(name, tmp_path, monkeypatch):
-    seen = _build_checked(h200_run(name, tmp_path), monkeypatch)
+def test_no_figure_reaches_outside_its_canvas(name, h200_built):
+    _, seen = h200_built(name)
     assert seen, "no figure drawn"
     assert {f: over for f, (over, _) in seen.items() if over} == {}
 
 
-def test_latency_shows_every_seq_len_of_a_constant_token_sweep(tmp_path, monkeypatch):
+def test_latency_shows_every_seq_len_of_a_constant_token_sweep(h200_built):
     """The gpu preset sweeps T 512-16384 at 16384 tokens per cell (B = 16384 / T)."""
-    seen = _build_checked(h200_run("full", tmp_path), monkeypatch)
+    run_dir, seen = h200_built("full")
     for figure in ("latency_fwd.png", "latency_fwd_bwd.png"):
         _, xs = seen[figure]
         assert xs and all(x == [512.0, 2048.0, 8192.0, 16384.0] for x in xs if x), (figure, xs)
-    text = (tmp_path / "full" / "index.md").read_text()
+    text = (run_dir / "index.md").read_text()
     assert "16384 tokens (B·T)" in text
 
 
