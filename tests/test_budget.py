@@ -114,6 +114,20 @@ def test_keeper_skips_what_the_plan_skips_and_the_most_expensive_when_late():
     assert keeper.reason("f") is None and keeper.reason("g") is None
 
 
+def test_keeper_never_cuts_a_cell_that_costs_nothing():
+    """Past the deadline, a cell the runner refuses in milliseconds (predicted 0.4 ms: a backend
+    the device lacks) is still handed to the runner, whose record says why it cannot run; a real
+    cell is cut."""
+    clock = Clock()
+    plan = Plan(budget_s=60.0, deadline_unix=clock.now - 1.0,
+                predicted={"refused": 0.0004, "real": 0.05, "big": 3.0})
+    keeper = Keeper(plan, ["big", "refused", "real"], clock=clock)
+    assert keeper.reason("big").startswith("over the budget at run time")
+    assert keeper.reason("refused") is None
+    assert keeper.reason("real").startswith("over the budget at run time")
+    assert keeper.cut == ["big", "real"]
+
+
 def test_one_slow_first_cell_does_not_condemn_the_rest():
     clock = Clock()
     predicted = {f"c{i}": 1.0 for i in range(10)}

@@ -33,6 +33,7 @@ CORRECTION_MIN_CELLS = 5            # measured cells behind a runtime correction
 SAFETY_FRACTION = 0.03              # of the budget, kept free for the last cell's overshoot
 CORRECTION_RANGE = (0.5, 4.0)
 LATE_MARGIN = 1.5                   # a cell runs at run time only if 1.5x its scaled prediction fits what is left
+FREE_CELL_S = 0.01                  # a cell predicted under this is never cut at run time (see Keeper)
 COVERAGE, REAL, CONTROL_EXTRA = 0, 1, 2     # the tiers: what the budget buys first, then, last
 TIER_NAMES = {COVERAGE: "coverage and self-check", REAL: "real variants' other cells",
               CONTROL_EXTRA: "negative controls' other cells"}
@@ -294,6 +295,11 @@ class Keeper:
     deadline, remaining cells are skipped: the highest tier first (Plan.tier: the controls'
     extra cells, then the real variants' other cells, coverage last), the most expensive
     first within a tier. remaining_s() is what the progress bar shows as time left.
+
+    A cell predicted under FREE_CELL_S is never cut: cutting it saves nothing, and such cells are
+    mostly ones the runner refuses in milliseconds (a backend the device lacks): cut, their
+    record said "over the budget at run time" instead of why they cannot run, and the report
+    listed sdpa_efficient and sdpa_cudnn on the CPU as left without a cell for time.
     """
 
     def __init__(self, plan: Plan | None, order: Sequence[str], clock: Callable[[], float] = time.time):
@@ -301,9 +307,11 @@ class Keeper:
         self.skip: dict[str, str] = dict(plan.skip) if plan else {}
         self.predicted = dict(plan.predicted) if plan else {}
         tier = plan.tier if plan else {}
-        self._heap = [(-tier.get(i, REAL), -self.predicted.get(i, 0.0), i) for i in order if i not in self.skip]
+        kept = [i for i in order if i not in self.skip]
+        self._heap = [(-tier.get(i, REAL), -self.predicted.get(i, 0.0), i) for i in kept
+                      if self.predicted.get(i, 0.0) >= FREE_CELL_S]
         heapq.heapify(self._heap)
-        self._remaining = {i for *_, i in self._heap}
+        self._remaining = set(kept)
         self._remaining_s = sum(self.predicted.get(i, 0.0) for i in self._remaining)
         self.ratios: list[float] = []
         self.done_predicted_s = 0.0        # predicted seconds of the cells measured so far ...
@@ -342,7 +350,8 @@ class Keeper:
             self.skip[victim] = self._late(-cost, factor, left)
             self.cut.append(victim)
         own = self.predicted.get(cell_id, 0.0) * factor
-        if cell_id not in self.skip and cell_id in self._remaining and own * LATE_MARGIN > max(left, 0.0):
+        if (cell_id not in self.skip and cell_id in self._remaining and self.predicted.get(cell_id, 0.0) >= FREE_CELL_S
+                and own * LATE_MARGIN > max(left, 0.0)):
             # the rest fits as predicted, but this cell takes most of the time left, and a single
             # cell misses its prediction by more than the median does (a compile): it could end
             # past the deadline
