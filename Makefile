@@ -21,7 +21,7 @@ TEST_THREADS ?= 1
 # TEST_COMPILE_THREADS: Inductor's compile threads in every test process. With its default (one a
 # core) each process that compiles starts a pool of compile workers, each importing torch; the
 # test processes fill the cores already, so the pool buys no parallelism, only its start-up
-# (a cold-cache compiled run: 113 CPU-s with the pool, 103 without, on 2 cores of an AMD EPYC).
+# (a cold-cache compiled run: 113 CPU-s with the pool, 103 without, 2-core AVX2-only AMD EPYC).
 TEST_COMPILE_THREADS ?= 1
 TEST_BENCH_OPTS ?= --benchmark-min-rounds=3 --benchmark-max-time=0.05
 TEST_OPTS ?=

@@ -124,12 +124,10 @@ def _uses_shared_run(item) -> bool:
     return "quick_run" in names or ("audited_run" in names and default_suite_selection(item.config))
 
 
-def _module_fixtures(item) -> list[str]:
-    """The module-scoped fixtures a test uses (its own module's or conftest's)."""
+def _uses_a_module_fixture(item) -> bool:
+    """Whether a test uses a module-scoped fixture (its own module's or conftest's)."""
     info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return []
-    return [name for name, defs in info.name2fixturedefs.items() if defs and defs[-1].scope == "module"]
+    return info is not None and any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
 
 
 @pytest.hookimpl(tryfirst=True)        # before pytest-xdist's, which reads the groups
@@ -141,10 +139,10 @@ def pytest_collection_modifyitems(config, items):
     The tests of a module that use a module-scoped fixture (a run of faulty plug-ins, a built
     report) go to one pytest-xdist worker (`make test`: `--dist loadgroup`): spread over two,
     each worker built the fixture (tests/test_repro.py's run of faulty plug-ins, 11-14 s on 2
-    cores of an AMD EPYC, was made twice)."""
+    cores of an AVX2-only AMD EPYC, was made twice)."""
     items.sort(key=_uses_shared_run)
     for item in items:
-        if _module_fixtures(item):
+        if _uses_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 

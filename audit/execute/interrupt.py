@@ -41,23 +41,27 @@ def stop_on_signals(*, ignore_after_stop: bool = False) -> Iterator[None]:
         yield
         return
     main_ident = threading.main_thread().ident
-    state: dict[str, Any] = {"stopped": None, "dropped": False, "inside": True}
+    stopped: list[int] = []
+    inside = [True]
 
     def stop(signum: int, frame: Any) -> None:
-        if state["stopped"] is not None and not state["dropped"]:
-            return                                 # stopping already: a second signal is ignored
-        state.update(stopped=signum, dropped=False)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)     # stopping: a second signal is ignored
+        stopped.append(signum)
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     def raise_again() -> None:
-        if state["inside"] and state["dropped"]:
-            signal.pthread_kill(main_ident, state["stopped"])   # a real signal: it also wakes a sleep
+        if inside[0]:
+            signal.pthread_kill(main_ident, stopped[-1])   # a real signal: it also wakes a sleep
 
     hook_before = sys.unraisablehook
 
     def hook(unraisable: Any) -> None:
-        if (state["stopped"] is not None and state["inside"] and isinstance(unraisable.exc_value, KeyboardInterrupt)):
-            state["dropped"] = True                # our stop, dropped: not printed, raised again soon
+        # our KeyboardInterrupt, dropped (in the main thread: only there do handlers run):
+        # not printed; the handler is put back and the signal sent again RETRY_S later
+        if stopped and inside[0] and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, stop)
             timer = threading.Timer(RETRY_S, raise_again)
             timer.daemon = True
             timer.start()
@@ -71,11 +75,11 @@ def stop_on_signals(*, ignore_after_stop: bool = False) -> Iterator[None]:
     try:
         yield
     finally:
-        state["inside"] = False
+        inside[0] = False
         if sys.unraisablehook is hook:
             sys.unraisablehook = hook_before
         for sig, handler in before.items():
-            if state["stopped"] is not None and ignore_after_stop:
+            if stopped and ignore_after_stop:
                 signal.signal(sig, signal.SIG_IGN)
             else:
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

@@ -82,9 +82,9 @@ def own_cost(row: Any) -> float:
     (start-up, its input set's golden, compiled code): its own warm-up, timed calls and
     checks. The per-cell limit (--max-cell-s) weighs this, as the runner's rule weighs the
     timed calls the warm-up forecasts (measure.measurement): a compile is paid once whichever
-    cell pays it, so it never makes one cell too slow to measure. Weighed with it, FlexAttention's first cell (6.5 s, nearly all compile, on 2
-    cores of an AMD EPYC) was skipped under the quick preset's 5 s and the preset measured no
-    FlexAttention at all."""
+    cell pays it, so it never makes one cell too slow to measure. Weighed with it,
+    FlexAttention's first cell (6.5 s, nearly all compile, on 2 cores of an AMD EPYC with
+    AVX-512) was skipped under the quick preset's 5 s and the preset measured no FlexAttention."""
     return float(row["total_s"]) - float(row.get("shared_s", 0.0) or 0.0)
 
 
@@ -308,8 +308,7 @@ class Keeper:
         self.predicted = dict(plan.predicted) if plan else {}
         tier = plan.tier if plan else {}
         kept = [i for i in order if i not in self.skip]
-        self._heap = [(-tier.get(i, REAL), -self.predicted.get(i, 0.0), i) for i in kept
-                      if self.predicted.get(i, 0.0) >= FREE_CELL_S]
+        self._heap = [(-tier.get(i, REAL), -self.predicted.get(i, 0.0), i) for i in kept if self._cuttable(i)]
         heapq.heapify(self._heap)
         self._remaining = set(kept)
         self._remaining_s = sum(self.predicted.get(i, 0.0) for i in self._remaining)
@@ -317,6 +316,9 @@ class Keeper:
         self.done_predicted_s = 0.0        # predicted seconds of the cells measured so far ...
         self.done_elapsed_s = 0.0          # ... and what they took
         self.cut: list[str] = []           # the cells skipped at run time, in the order they were
+
+    def _cuttable(self, cell_id: str) -> bool:
+        return self.predicted.get(cell_id, 0.0) >= FREE_CELL_S
 
     def factor(self) -> float:
         if len(self.ratios) < CORRECTION_MIN_CELLS:
@@ -350,7 +352,7 @@ class Keeper:
             self.skip[victim] = self._late(-cost, factor, left)
             self.cut.append(victim)
         own = self.predicted.get(cell_id, 0.0) * factor
-        if (cell_id not in self.skip and cell_id in self._remaining and self.predicted.get(cell_id, 0.0) >= FREE_CELL_S
+        if (cell_id not in self.skip and cell_id in self._remaining and self._cuttable(cell_id)
                 and own * LATE_MARGIN > max(left, 0.0)):
             # the rest fits as predicted, but this cell takes most of the time left, and a single
             # cell misses its prediction by more than the median does (a compile): it could end
