@@ -1,6 +1,5 @@
-"""`python -m audit` entry point."""
-import sys
+"""`python -m audit` entry point (cli.entry_point: the command, then the process ends without
+Python's teardown)."""
+from .cli import entry_point
 
-from .cli import main
-
-sys.exit(main())
+entry_point()

@@ -7,9 +7,12 @@ allowed, and exit with code 2 (no traceback).
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
+import threading
 from types import ModuleType
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from .commands import compare, deps, fit_costs, gpu_check, listing, merge, report, run
 from .commands.common import UsageArgumentParser
@@ -46,5 +49,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+def exit_process(code: int | None) -> NoReturn:
+    """End this process with `code` the way Python would, less its teardown: wait for the
+    threads that are not daemons, run the atexit handlers, flush stdout and stderr, then
+    os._exit. Python's teardown frees every module and object one by one, which the operating
+    system does at once: with torch imported it took 0.31 s, with Inductor's compiler 0.73 s
+    (2-core Intel Xeon), paid at the end of every measuring process (each run, each worker a
+    crash or a leak replaces) and by the supervising one."""
+    main_thread = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main_thread and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()        # logging's flush, weakref.finalize (temporary folders), ...
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(0 if code is None else int(code))
+
+
+def entry_point() -> NoReturn:
+    """`attn-audit` and `python -m audit`: the command line, then exit_process."""
+    exit_process(main())
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry_point()

@@ -248,3 +248,39 @@ def test_budget_none_measures_a_cell_over_the_presets_cell_limit(capsys):
     assert "skipped" in planned() and "--max-cell-s" in planned()
     assert "skipped" not in planned("--budget", "none")
     assert "skipped" in planned("--budget", "none", "--max-cell-s", "5")
+
+
+EXIT_PROCESS_CODE = r'''
+import atexit, sys, threading, time
+from audit.cli import exit_process
+atexit.register(lambda: sys.stdout.write("atexit ran\n"))          # written after: flushed by it
+def late():
+    time.sleep(0.3)
+    sys.stdout.write("thread done\n")
+threading.Thread(target=late).start()                                  # not a daemon: waited for
+sys.stdout.write("buffered " * 100)                                    # a pipe: block-buffered, unflushed
+exit_process(3)
+'''
+
+
+def _buffered_env() -> dict:
+    """This environment with stdout block-buffered on a pipe, as Python has it by default."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONUNBUFFERED", "PYTHONPATH")}
+    return dict(env, PYTHONPATH=str(ROOT))
+
+
+def test_exit_process_skips_only_pythons_teardown():
+    """`python -m audit` ends by os._exit: what a normal exit does first (waiting for threads,
+    atexit handlers, flushing a pipe's buffer) is still done, and the exit code kept."""
+    done = subprocess.run([sys.executable, "-c", EXIT_PROCESS_CODE], cwd=ROOT, env=_buffered_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "buffered " * 100 + "thread done\natexit ran\n", done.stdout[-200:]
+
+
+def test_the_command_line_output_reaches_a_pipe_in_full():
+    done = subprocess.run([sys.executable, "-m", "audit", "list"], cwd=ROOT, env=_buffered_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    listed = done.stdout
+    assert all(name in listed for name in ("eager", "sdpa", "flex")) and listed.endswith("\n")
