@@ -251,8 +251,10 @@ def test_budget_none_measures_a_cell_over_the_presets_cell_limit(capsys):
 
 
 EXIT_PROCESS_CODE = r'''
-import atexit, sys, threading, time
+import atexit, concurrent.futures, sys, threading, time
 from audit.cli import exit_process
+pool = concurrent.futures.ThreadPoolExecutor(2)                        # never shut down: its idle
+pool.submit(time.sleep, 0.01).result()                                 # workers are stopped at exit
 atexit.register(lambda: sys.stdout.write("atexit ran\n"))          # written after: flushed by it
 def late():
     time.sleep(0.3)
@@ -270,10 +272,12 @@ def _buffered_env() -> dict:
 
 
 def test_exit_process_skips_only_pythons_teardown():
-    """`python -m audit` ends by os._exit: what a normal exit does first (waiting for threads,
-    atexit handlers, flushing a pipe's buffer) is still done, and the exit code kept."""
+    """`python -m audit` ends by os._exit: what a normal exit does first (stopping an executor's
+    idle threads, waiting for other threads, atexit handlers, flushing a pipe's buffer) is still
+    done, and the exit code kept. (Joining the executor's threads without its exit hook hung a
+    measuring process that had compiled: Inductor keeps such a pool.)"""
     done = subprocess.run([sys.executable, "-c", EXIT_PROCESS_CODE], cwd=ROOT, env=_buffered_env(),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=30)
     assert done.returncode == 3, done.stderr
     assert done.stdout == "buffered " * 100 + "thread done\natexit ran\n", done.stdout[-200:]
 
