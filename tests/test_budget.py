@@ -397,3 +397,48 @@ def test_a_cell_that_would_take_most_of_the_time_left_is_skipped_even_when_it_fi
     roomy = Keeper(Plan(budget_s=100.0, deadline_unix=clock.now + 6.5, predicted={"compile": 4.0}), ["compile"],
                    clock=clock)
     assert roomy.reason("compile") is None             # 4 x 1.5 <= 6.5
+
+
+# --------------------------------------------------------------------------- outside the cells
+
+def test_the_host_factor_is_the_probe_against_the_reference_host_within_its_range():
+    from audit.plan.overhead import HOST_FACTOR_RANGE, REFERENCE_HOST_PROBE_S, host_factor
+    assert host_factor(None) == 1.0 and host_factor({"cpu": {"matmul_flops_per_s": {}}}) == 1.0   # no probe
+    assert host_factor({"cpu": {"host_probe_s": 3 * REFERENCE_HOST_PROBE_S}}) == pytest.approx(3.0)
+    both = {"cpu": {"host_probe_s": 2 * REFERENCE_HOST_PROBE_S}, "cuda": {"host_probe_s": 4 * REFERENCE_HOST_PROBE_S}}
+    assert host_factor(both) == pytest.approx(3.0)                                 # the median of the devices'
+    assert host_factor({"cpu": {"host_probe_s": 1e3}}) == HOST_FACTOR_RANGE[1]      # a disturbed probe, kept in range
+    assert host_factor({"cpu": {"host_probe_s": 1e-9}}) == HOST_FACTOR_RANGE[0]
+
+
+def test_the_time_outside_the_cells_scales_with_the_host_but_the_ceilings_take_their_time():
+    from audit.plan.overhead import DEFAULTS, overhead_s
+    pred = _pred([("a", 1, "ok", 1.0, 0.0), ("b", 2, "ok", 1.0, 0.0), ("c", 3, "skipped", 0.0, 0.0)])
+    ref_before, ref_after = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0)
+    slow_before, slow_after = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0, host=3.0)
+    ceilings = DEFAULTS["ceilings_factor"] * 2.0
+    assert ref_after == pytest.approx(DEFAULTS["report_s"] + 2 * DEFAULTS["report_per_cell_s"])   # 2 measured
+    assert slow_after == pytest.approx(3.0 * ref_after)
+    assert slow_before - ceilings == pytest.approx(3.0 * (ref_before - ceilings))
+
+
+def test_fitted_overheads_are_kept_in_the_reference_hosts_seconds():
+    """A run made on a host twice as slow (its probe says so) took twice the reference seconds;
+    fitted, its constants are the reference host's, and planned again there, its own."""
+    from types import SimpleNamespace
+
+    from audit.plan.overhead import REFERENCE_HOST_PROBE_S, constant, fit_overheads
+    frame = pd.DataFrame({"device": ["cpu"] * 4, "status": ["ok", "ok", "ok", "skipped"]})
+    split = {"parts_s": {"start-up": 2.0, "worker start-up": 2.0, "plan": 0.1, "between cells": 0.04,
+                         "report": 9.0, "seed claims": 0.0, "ceilings": 2.2}}
+
+    def run(probe_factor):
+        return SimpleNamespace(time_split=split, frame=frame, ceilings_s=2.0,
+                               ceilings={"cpu": {"host_probe_s": probe_factor * REFERENCE_HOST_PROBE_S}})
+    slow, fast = fit_overheads([run(2.0)]), fit_overheads([run(1.0)])
+    for name in ("start_s", "between_cell_s", "report_s"):
+        assert slow[f"cpu|{name}"] < fast[f"cpu|{name}"] and slow[f"cpu|{name}"] > 0, name
+    assert slow["cpu|between_cell_s"] == pytest.approx(0.04 / 4 / 2.0)
+    assert slow["cpu|ceilings_factor"] == fast["cpu|ceilings_factor"] == pytest.approx(1.1)  # time-boxed
+    fitted = SimpleNamespace(overhead=slow)
+    assert constant(fitted, "cpu", "between_cell_s", host=2.0) == pytest.approx(0.04 / 4)   # its own again

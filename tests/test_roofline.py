@@ -143,6 +143,15 @@ def test_measure_ceilings_cpu_tiny():
     assert math.isfinite(out["copy_bytes_per_s"]) and out["copy_bytes_per_s"] > 0
     assert out["copy_tensor_bytes"] == 1 << 20
     assert out["threads"] >= 1
+    assert 0 < out["host_probe_s"] < 1.0          # the host's speed at the audit's own Python work
+
+
+def test_the_host_probe_is_the_median_of_its_repeats(monkeypatch):
+    """Each repeat timed on its own; one disturbed repeat (a neighbour's burst) does not move it."""
+    from audit.measure import roofline
+    readings = iter([0.0, 1.0, 10.0, 15.0, 20.0, 22.0, 30.0, 33.0, 40.0, 44.0])   # repeats of 1, 5, 2, 3, 4 s
+    monkeypatch.setattr(roofline.time, "perf_counter", lambda: next(readings))
+    assert roofline.host_probe_s(repeats=5) == 3.0
 
 
 def test_measure_ceilings_dtype_failure_is_null_with_reason(monkeypatch):

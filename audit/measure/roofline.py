@@ -32,7 +32,8 @@ MIN_COPY_BYTES = 4 * 2**20
 CEILINGS_BUDGET_S = 2.5           # per device, every dtype and the copy together (issue: at most 3 s)
 GROW_FRACTION = 0.25              # the growing probes may use this share of a measurement's time
 STATISTIC = "max of repeats"
-CEILINGS_METHOD = 2               # bump when a change makes earlier (cached) ceilings wrong: 2 = setup call not growth
+CEILINGS_METHOD = 3               # bump when a change makes earlier (cached) ceilings wrong: 2 = setup call
+                                  # not growth; 3 = host_probe_s added
 
 # Columns cell_roofline() produces, for the record schema.
 ROOFLINE_COLUMNS: tuple[str, ...] = (
@@ -141,6 +142,30 @@ def _copy_rate(device: str, max_bytes: int, budget_s: float,
         numel * 4
 
 
+HOST_PROBE_REPEATS = 5
+HOST_PROBE_ROWS = 100
+
+
+def host_probe_s(repeats: int = HOST_PROBE_REPEATS) -> float:
+    """Seconds this host takes, now, for a fixed piece of the audit's own bookkeeping: a
+    record-sized dict through JSON and back, and a dict comprehension over it, 100 times (the
+    median of `repeats`; about 5 ms on a 2-core Intel Xeon). What a run does outside its cells
+    (start-up, planning, writing records, the report) is host-bound Python like this, not
+    arithmetic the ceilings measure: plan.overhead scales its constants by this probe."""
+    import json
+    import statistics
+
+    record = {f"column_{i}": (i * 0.1 if i % 3 else f"value {i}") for i in range(100)}
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(HOST_PROBE_ROWS):
+            row = json.loads(json.dumps(record))
+            {key: value for key, value in row.items() if value is not None}
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16"), *,
                      budget_s: float = CEILINGS_BUDGET_S, matmul_n: Mapping[str, int] | int | None = None,
                      copy_bytes: int | None = None) -> dict[str, Any]:
@@ -162,7 +187,8 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
     A dtype whose matmul fails gets null and a reason in `matmul_reason`; a failed
     copy gives `copy_bytes_per_s` null and `copy_reason`. Nothing is faked.
     `matmul_n` (one n or per dtype) and `copy_bytes` cap the sizes the probes grow to;
-    `matmul_n_max` records the cap, `matmul_setup_s` the first (warm-up) call's seconds, and on
+    `host_probe_s` is the host's speed at the audit's own Python work (host_probe_s()), for
+    plan.overhead; `matmul_n_max` records the cap, `matmul_setup_s` the first (warm-up) call's seconds, and on
     CUDA `multiprocessors` the SM count; `matmul_believable` and `matmul_believable_why` hold
     matmul_plausibility()'s verdict per dtype (None off CUDA), for the report.
     """
@@ -182,6 +208,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
         "statistic": STATISTIC, "budget_s": budget_s,
         "threads": torch.get_num_threads(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "host_probe_s": host_probe_s(),
     }
     share = 0.9 * budget_s / (len(dtypes) + 1)      # 10% left for allocations and the rest
     for dt in dtypes:

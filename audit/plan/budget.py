@@ -391,12 +391,13 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     a run that will)."""
     from .costmodel import CostModel, Settings
     from .forecast import plan as predict
-    from .overhead import overhead_s
+    from .overhead import host_factor, overhead_s
 
     forecast = predict(cases, preset, run_dir, measure=measure)
     measured = forecast.ceilings_measured if ceilings_measured is None else ceilings_measured
+    host = host_factor(forecast.ceilings)           # the run's outside-the-cells work scales with it
     before, after = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
-                               ceilings_s=preset.ceilings_s)
+                               ceilings_s=preset.ceilings_s, host=host)
     by_id = {c.id: c for c in cases}
     model = CostModel(forecast.params)
 
@@ -408,12 +409,13 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     # against the report of the cells that first plan kept (a little more room, never less).
     chosen = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after, max_cell_s=preset.max_cell_s,
                     repredict=repredict)
-    _, after_kept = overhead_s(forecast.pred[~forecast.pred["id"].isin(chosen.skip)], forecast.params)
+    _, after_kept = overhead_s(forecast.pred[~forecast.pred["id"].isin(chosen.skip)], forecast.params, host=host)
     if budget_s is not None and after_kept < after:
         chosen = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after_kept,
                         max_cell_s=preset.max_cell_s, repredict=repredict)
     skip = chosen.skip
-    _, after = overhead_s(forecast.pred[~forecast.pred["id"].isin(skip)], forecast.params)   # the report of what is kept
+    _, after = overhead_s(forecast.pred[~forecast.pred["id"].isin(skip)], forecast.params,
+                          host=host)                  # the report of what is kept
     predicted = dict(zip(forecast.pred["id"], forecast.pred["total_s"].astype(float)))
     kept = run_order([i for i in predicted if i not in skip], chosen.tier)
     if kept:                # in the order they run, without the cut ones (shared costs move)

@@ -12,22 +12,41 @@ from typing import Any, Iterable, Mapping
 
 from ..measure.roofline import CEILINGS_BUDGET_S
 
-# Where no earlier run of this machine says otherwise. Measured on 2 cores of an AMD EPYC (AVX2
-# only, the slowest of the project's machines), torch 2.13: starting the run and its first
-# measuring process (Python, torch, Inductor's cache folder) 3.8 s; the plan 0.9 s for the quick
-# preset's 413 cells and 3.8 s for the cpu preset's 2148; the ceilings 1.05x the time they are
-# given; between cells 0.2 ms a record of a cell the budget skipped, 1-2 ms one of a measured
-# cell, and the measuring process's exit; after the last cell, 9 s for the quick preset's 136
-# measured cells.
+# Where no earlier run of this machine says otherwise: the seconds of the reference host, a
+# 2-core Intel Xeon (AMX), torch 2.13, measured on cold runs of the quick and cpu presets
+# (2026-12-03): starting the run and its first measuring process (Python, torch, the cells)
+# 1.9 s; the plan 1.5 ms a cell of the grid; the ceilings 1.1x the time they are given; 1.3 ms
+# a cell between cells (a record written, the keeper, the progress bar); after the last cell
+# (the seed's claims, findings, reproduction scripts, figures, the page) 2.1 s and 2.8 ms a
+# measured cell (quick: 2.8 s for 241, cpu: 5.8 s for 1294). On another host the constants of
+# HOST_SCALED are these times its host factor (host_factor); the ceilings take the time given.
 DEFAULTS: dict[str, float] = {
-    "start_s": 3.8,              # the run's and its first measuring process's start, less the plan
-    "plan_per_cell_s": 0.0018,   # the cost model and the budget, per cell of the grid
-    "ceilings_factor": 1.3,      # the ceilings' seconds per second the preset gives them
-    "between_cell_s": 0.002,     # a record written, the budget's keeper, the progress bar
-    "report_s": 7.0,             # the seed's claims, findings, reproduction scripts, figures, the page ...
-    "report_per_cell_s": 0.005,  # ... growing with the measured cells
+    "start_s": 1.9,              # the run's and its first measuring process's start, less the plan
+    "plan_per_cell_s": 0.0015,   # the cost model and the budget, per cell of the grid
+    "ceilings_factor": 1.1,      # the ceilings' seconds per second the preset gives them
+    "between_cell_s": 0.0013,    # a record written, the budget's keeper, the progress bar
+    "report_s": 2.1,             # the seed's claims, findings, reproduction scripts, figures, the page ...
+    "report_per_cell_s": 0.0028,  # ... growing with the measured cells
 }
 FITTED = ("start_s", "ceilings_factor", "between_cell_s", "report_s")
+HOST_SCALED = ("start_s", "plan_per_cell_s", "between_cell_s", "report_s", "report_per_cell_s")
+# measure.roofline.host_probe_s on the reference host (30 probes: 5.05-5.44 ms, median 5.24), and
+# the range a host factor is kept in (a probe disturbed for a moment must not plan a run 100x off)
+REFERENCE_HOST_PROBE_S = 0.0052
+HOST_FACTOR_RANGE = (0.25, 8.0)
+
+
+def host_factor(ceilings: Mapping[str, Any] | None) -> float:
+    """How many times slower than the reference host this one does the audit's own Python
+    work: the median host_probe_s of a run's ceilings (one per device, all measured on this
+    host) over REFERENCE_HOST_PROBE_S, within HOST_FACTOR_RANGE; 1 where no ceilings carry a
+    probe (measured before it existed, or a device only predicted for)."""
+    probes = [float(c["host_probe_s"]) for c in (ceilings or {}).values()
+              if isinstance(c, Mapping) and c.get("host_probe_s")]
+    if not probes:
+        return 1.0
+    low, high = HOST_FACTOR_RANGE
+    return min(high, max(low, statistics.median(probes) / REFERENCE_HOST_PROBE_S))
 
 
 def device_kind(devices: Iterable[str]) -> str:
@@ -35,20 +54,24 @@ def device_kind(devices: Iterable[str]) -> str:
     return "cuda" if any(str(d).startswith("cuda") for d in devices) else "cpu"
 
 
-def constant(params: Any, device: str, name: str) -> float:
+def constant(params: Any, device: str, name: str, host: float = 1.0) -> float:
+    """One constant in seconds on a host `host` times slower than the reference (host_factor):
+    this machine's fitted value where earlier runs gave one (kept in reference-host seconds),
+    else DEFAULTS."""
     table = getattr(params, "overhead", None) or {}
-    return float(table.get(f"{device}|{name}", DEFAULTS[name]))
+    value = float(table.get(f"{device}|{name}", DEFAULTS[name]))
+    return value * host if name in HOST_SCALED else value
 
 
 def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
-               ceilings_s: float = CEILINGS_BUDGET_S) -> tuple[float, float]:
+               ceilings_s: float = CEILINGS_BUDGET_S, host: float = 1.0) -> tuple[float, float]:
     """(seconds before the first cell, seconds after the last) of a run of these cells (a
     costmodel prediction: its cells' devices and statuses); ceilings_s: the seconds the preset
-    gives each device's ceilings."""
+    gives each device's ceilings; host: this host's host_factor."""
     n = len(pred)
     devices = {str(d).split(":")[0] for d in pred["device"]} if n else set()
     kind = device_kind(devices)
-    c = lambda name: constant(params, kind, name)          # noqa: E731 - a short local reader
+    c = lambda name: constant(params, kind, name, host)    # noqa: E731 - a short local reader
     before = c("start_s") + c("plan_per_cell_s") * n + c("between_cell_s") * n
     if ceilings_measured:
         before += c("ceilings_factor") * ceilings_s * len(devices)
@@ -58,7 +81,9 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
 
 def fit_overheads(runs: Iterable[Any]) -> dict[str, float]:
     """The FITTED constants per device kind, medians over the runs whose run.json has a
-    time_split (a RunData: time_split, frame, ceilings_s): {"cpu|report_s": ..., ...}."""
+    time_split (a RunData: time_split, frame, ceilings, ceilings_s): {"cpu|report_s": ..., ...},
+    in the reference host's seconds (each run's divided by its host_factor: a run made while
+    the machine was busy counts as the machine's speed then)."""
     values: dict[str, list[float]] = {}
     for run in runs:
         split: Mapping[str, Any] = getattr(run, "time_split", None) or {}
@@ -69,15 +94,18 @@ def fit_overheads(runs: Iterable[Any]) -> dict[str, float]:
         kind = device_kind(frame["device"])
         n = len(frame)
         ok = int((frame["status"] == "ok").sum())
+        host = host_factor(getattr(run, "ceilings", None))
         get = lambda name: float(parts.get(name, 0.0))    # noqa: E731
+        scaled = lambda name: get(name) / host            # noqa: E731 - in the reference host's seconds
         found = {
-            "start_s": get("start-up") + get("worker start-up") + get("plan") - DEFAULTS["plan_per_cell_s"] * n,
-            "between_cell_s": get("between cells") / n,
-            "report_s": get("report") + get("seed claims") - DEFAULTS["report_per_cell_s"] * ok,
+            "start_s": (scaled("start-up") + scaled("worker start-up") + scaled("plan")
+                        - DEFAULTS["plan_per_cell_s"] * n),
+            "between_cell_s": scaled("between cells") / n,
+            "report_s": scaled("report") + scaled("seed claims") - DEFAULTS["report_per_cell_s"] * ok,
         }
         ceilings_s = getattr(run, "ceilings_s", None)
         if get("ceilings") > 0 and ceilings_s:
-            found["ceilings_factor"] = get("ceilings") / ceilings_s
+            found["ceilings_factor"] = get("ceilings") / ceilings_s     # time-boxed: not host-scaled
         for name, value in found.items():
             values.setdefault(f"{kind}|{name}", []).append(max(0.0, value))
     return {key: statistics.median(v) for key, v in values.items()}
