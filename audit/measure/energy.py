@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+from .energy_window import (COUNTER_VS_SAMPLED_TOL, EDGE_SHARE, SLOW_COUNTER_S, TOP_UP_HOST_S,  # noqa: F401
+                            UNIT_TIMES_KEPT, UNKNOWN_UNIT_QUEUE, EnergyWindow)
 from .nvml import (NVML_CLOCK_SM, NVML_TEMPERATURE_GPU, as_text, decode_throttle_reasons, is_not_supported,
                    nvml_device_info, nvml_index_for, torch_cuda_uuid, try_call)
 
@@ -25,14 +27,8 @@ TELEMETRY_COLUMNS: tuple[str, ...] = (
 MAX_WALL_S = 0.3             # the energy measurement's wall-time limit per cell (gpu-check holds it to this)
 MIN_QUEUED_S = 0.01          # device work kept queued at all times, at least ...
 QUEUE_MARGIN = 2.0           # ... and this many times the longest NVML query seen in the run
-UNKNOWN_UNIT_QUEUE = 3       # units kept queued while a unit's device time is still unknown
-TOP_UP_HOST_S = 1e-3         # host time spent queueing units before NVML is read again (host-bound units)
-EDGE_SHARE = 0.05            # an edge's timing uncertainty (about one counter read) over the window, at most
 CALIBRATION_READS = 5        # counter reads timed on the first measure() (each other query once)
-SLOW_COUNTER_S = 0.1         # no counter update after this long: sample as if it had none
-UNIT_TIMES_KEPT = 8          # units whose device time is measured (CUDA events) to size the queue
 INSTANT_MAX_FAILURES = 3     # consecutive failed instant-power reads that turn it off for the run
-COUNTER_VS_SAMPLED_TOL = 0.15  # counter power vs sampled instantaneous power, relative
 NVML_ERROR_NOT_SUPPORTED = 3   # pynvml.NVML_ERROR_NOT_SUPPORTED
 # nvmlValue_t's member for each nvmlValueType_t (pynvml.NVML_VALUE_TYPE_*)
 NVML_VALUE_MEMBERS: dict[int, str] = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal",
@@ -310,257 +306,12 @@ class EnergyMeter:
         """
         if not self.available:
             return null_telemetry(self.reason or "NVML unavailable")
-        import statistics
-        from collections import deque
-
         started = self.clock()
         self._calibrate()
-        notes: list[str] = []
-        instant: list[float] = []
-        average: list[float] = []
-        clocks: list[float] = []
-        temps: list[float] = []
-        masks_outside: list[int] = []
-        masks_during: list[int] = []
-        units: list[tuple[Any, Any]] = []          # (start, end) CUDA events of every unit queued
-        pending: deque = deque()                   # the units the device has not finished
-        unit_times: list[float] = []               # device seconds of finished units
-        counter_reads: list[float] = []            # seconds each of this cell's counter reads took
-        counter_error: str | None = None
-        n_units = 0
-        estimate = unit_device_s or (kernel_s * calls_per_unit if kernel_s else None)
-        window_needed = self._window_needed(min_window_s, max_wall_s)
-
-        def read_counter() -> tuple[float, float] | None:
-            """(mJ, host time right after the read), or None with counter_error saying why."""
-            nonlocal counter_error
-            try:
-                mj, after, took = self._read_counter()
-            except Exception as exc:
-                counter_error = ("energy counter not supported" if is_not_supported(self.nvml, exc)
-                                 else f"energy counter failed: {type(exc).__name__}: {exc}")
-                return None
-            counter_reads.append(took)
-            return mj, after
-
-        def retire() -> None:
-            while pending and pending[0][1].query():
-                start, end = pending.popleft()
-                if len(unit_times) < UNIT_TIMES_KEPT:
-                    unit_times.append(start.elapsed_time(end) / 1e3)
-
-        def unit_s() -> float | None:
-            """One unit's device time: the shortest measured, else the caller's estimate."""
-            return min(unit_times) if unit_times else estimate
-
-        def queued_s() -> float:
-            return len(pending) * (unit_s() or 0.0)
-
-        def queued_enough() -> bool:
-            retire()
-            one = unit_s()
-            if not one or one <= 0:
-                return len(pending) >= UNKNOWN_UNIT_QUEUE
-            # the unit running now may be nearly done: count only the ones behind it
-            return len(pending) >= 1 and (len(pending) - 1) * one >= self.queue_target_s()
-
-        def run_more() -> None:
-            """Top the device's queue up (host-timed: run one unit and wait for it)."""
-            nonlocal n_units
-            if device is None:
-                run_unit()
-                n_units += 1
-                if sync:
-                    sync()
-                return
-            t0 = self.clock()
-            while not queued_enough():
-                start = device.event()
-                start.record()
-                run_unit()
-                end = device.event()
-                end.record()
-                units.append((start, end))
-                pending.append((start, end))
-                n_units += 1
-                if self.clock() - t0 >= TOP_UP_HOST_S:     # host-bound units: read NVML too
-                    return
-
-        def read_throttle() -> None:
-            m = self._throttle_mask()
-            if m is not None:
-                masks_during.append(m)
-
-        def read_clock() -> None:
-            c = self._sm_clock_mhz()
-            if c is not None:
-                clocks.append(c)
-
-        def read_temperature() -> None:
-            t = self._temperature_c()
-            if t is not None:
-                temps.append(t)
-
-        context_readers = (lambda: self._read_power(instant, average), read_clock, read_temperature,
-                           read_throttle)
-
-        if sync:
-            sync()
-        m = self._throttle_mask()
-        if m is not None:
-            masks_outside.append(m)
-        begin = self.clock()
-        for read_context in context_readers:       # the first round, before the counter matters
-            if device is not None:
-                run_more()                          # (host-timed units would wait for each)
-            read_context()
-        run_more()
-        first = read_counter()
-        e_begin = None if first is None else first[0]
-        last_e, last_read_at = e_begin, begin if first is None else first[1]
-        edges: list[tuple[float, float, float]] = []   # (host time, mJ, uncertainty ± s) of the edges
-        passed_over: tuple[float, float, float] | None = None   # a closing edge too uncertain for its window
-        last_change_at: float | None = None
-        context: deque = deque()                    # context readings still due in this round
-        next_round = begin + self.sample_every_s
-        counter_next = False
-
-        def context_allowed(now: float) -> bool:
-            """Context readings stay away from the edges: an edge is timed by the counter reads
-            around it, and a reading between them widens the gap."""
-            if e_begin is None:
-                return True
-            if not edges:       # waiting for the opening edge; it is late: the counter is slow
-                return now - begin >= SLOW_COUNTER_S
-            return now - edges[0][0] < window_needed - 2 * self._longest_query_s
-
-        while True:
-            now = self.clock()
-            if not context and now >= next_round:
-                context.extend(context_readers)
-                next_round = now + self.sample_every_s
-            if context and (not counter_next or e_begin is None) and context_allowed(now):
-                context.popleft()()
-                counter_next = True
-            elif e_begin is not None:
-                counter_next = False
-                read = read_counter()
-                if read is not None:
-                    e, t = read
-                    if e != last_e:     # it changed between the previous read and this one
-                        at, half = (last_read_at + t) / 2, (t - last_read_at) / 2
-                        period = None if last_change_at is None else at - last_change_at
-                        last_change_at, last_e = at, e
-                        if not edges:
-                            edges.append((at, e, half))
-                        elif at - edges[0][0] >= window_needed:
-                            # edges timed worse than EDGE_SHARE of the window (a slow read at one):
-                            # close on the next update instead, if it comes within the budget
-                            if (edges[0][2] + half > EDGE_SHARE * (at - edges[0][0]) and period
-                                    and t - started + period + queued_s() + 2 * self._longest_query_s
-                                    <= max_wall_s):
-                                passed_over = (at, e, half)
-                            else:
-                                edges.append((at, e, half))
-                    last_read_at = t
-            elif pending:
-                pending[0][1].synchronize()         # nothing to read: wait for the device
-            if len(edges) == 2:
-                break
-            now = self.clock()
-            elapsed = now - started
-            if not edges and elapsed + queued_s() >= max_wall_s:    # (the queued work must run too)
-                break
-            if edges and elapsed >= max_wall_s and now - edges[0][0] >= min_window_s:
-                break
-            if elapsed >= 2 * max_wall_s + min_window_s:
-                break
-            run_more()
-        if len(edges) == 1 and passed_over is not None:
-            edges.append(passed_over)
-        end_host = self.clock()
-        last = read_counter() if e_begin is not None else None
-        span_s = gaps_s = None
-        if units:
-            units[-1][1].synchronize()
-            span_s = units[0][0].elapsed_time(units[-1][1]) / 1e3
-            gaps_s = sum(max(0.0, prev_end.elapsed_time(start))
-                         for (_, prev_end), (start, _) in zip(units, units[1:])) / 1e3
-        elif sync:
-            sync()
-        m = self._throttle_mask()
-        if m is not None:
-            masks_outside.append(m)
-
-        calls = n_units * calls_per_unit
-        per_call_s = (span_s if span_s else end_host - begin) / calls
-        source = "instant" if instant else "average" if average else None
-        sampled = statistics.fmean(instant or average) if source else None
-        method: str | None = None
-        mean_power: float | None = None
-        window = end_host - begin
-        if len(edges) == 2:
-            (t0, e0, u0), (t1, e1, u1) = edges
-            window = t1 - t0
-            mean_power, method = (e1 - e0) / 1000.0 / window, "counter"
-            if u0 + u1 > EDGE_SHARE * window:
-                notes.append(f"the energy window's edges are timed to ±{(u0 + u1) * 1e3:.1f} ms "
-                             f"({(u0 + u1) / window:.0%} of it): NVML reads were slow")
-        elif first is not None and last is not None and last[0] > first[0]:
-            window = last[1] - first[1]
-            mean_power, method = (last[0] - first[0]) / 1000.0 / window, "counter (unaligned)"
-            notes.append(f"the energy counter changed {len(edges)} time(s) in {window:.2f} s: "
-                         "window not aligned to its updates")
-        else:
-            notes.append(counter_error or "energy counter did not advance")
-            if sampled is not None:
-                mean_power, method = sampled, "power×time"
-        energy = mean_power * per_call_s if mean_power is not None else None
-        idle = None
-        if span_s:
-            idle = gaps_s / span_s
-            if kernel_s:
-                idle = max(idle, 1.0 - calls * kernel_s / span_s)
-            if idle > 0.05:
-                notes.append(f"GPU idle {idle:.0%} of the window between calls (host-bound): "
-                             "energy per call includes idle power")
-        if (source == "instant" and method == "counter" and mean_power
-                and (idle is None or idle <= 0.05)
-                and abs(mean_power / sampled - 1.0) > COUNTER_VS_SAMPLED_TOL):
-            # instantaneous samples of a GPU that idles between calls alias with the calls:
-            # only a busy GPU's must agree with the counter
-            notes.append(f"the energy counter's mean power ({mean_power:.0f} W) is "
-                         f"{mean_power / sampled:.2f}x the sampled instantaneous power ({sampled:.0f} W): "
-                         "the counter may be stuck, mis-scaled or count another scope")
-        if source is None:
-            notes.append("power reading failed")
-        if not clocks:
-            notes.append("SM clock reading failed")
-        if not temps:
-            notes.append("temperature reading failed")
-        if not masks_during and not masks_outside:
-            notes.append("throttle reasons unavailable")
-            throttle: list[str] | None = None
-        else:
-            union = 0
-            for m in masks_during:
-                union |= m
-            for m in masks_outside:
-                union |= m & ~0x1
-            throttle = decode_throttle_reasons(union)
-        return {
-            "energy_per_call_j": energy,
-            "energy_method": method,
-            "mean_power_w": mean_power,
-            "sampled_power_w": sampled,
-            "sampled_power_source": source,
-            "energy_idle_frac": idle,
-            "sm_clock_mhz": statistics.median(clocks) if clocks else None,
-            "temperature_c": max(temps) if temps else None,
-            "throttle_reasons": throttle,
-            "energy_calls": calls,
-            "energy_window_s": window,
-            "energy_cost_s": self.clock() - started,
-            "energy_read_s": statistics.median(counter_reads) if counter_reads else None,
-            "telemetry_reason": "; ".join(notes) or None,
-        }
+        window = EnergyWindow(self, run_unit, calls_per_unit=calls_per_unit, kernel_s=kernel_s,
+                              unit_device_s=unit_device_s, device=device, min_window_s=min_window_s,
+                              max_wall_s=max_wall_s, sync=sync, started=started)
+        window.open()
+        window.find_edges()
+        window.close()
+        return window.columns()

@@ -1,43 +1,47 @@
-"""Measure one cell: warm-up, the variant contract, numerics against the float64 golden,
-leaks, timed samples, roofline and energy -> the record's measurement columns.
+"""Measure one cell, as a short sequence of named phases -> the record's measurement columns:
+
+1. set-up: the variant's callable (compiled once per kind of cell: cellcache.BuildCache);
+2. first calls: a warm-up forward (checked against the variant contract), the numerics forward
+   (peak memory; its output is what the checks read) and a warm-up forward+backward;
+3. numerics: the checks of the output (measure.checks, stage "output");
+4. gradients: the numerics forward+backward (peak memory; its gradients), then the checks of
+   the gradients (stage "gradients");
+5. timing: the timed samples of each pass;
+6. derived columns: determinism, leaked memory, timing, FLOP/s, compiling, roofline, energy,
+   then the checks that read the whole record (stage "record": saturation, diagnosis).
 
 The cell's inputs and reference come from cellcache (built once per input set); runner
-turns the columns, or the failure, into the cell's record.
+turns the columns, or the failure, into the cell's record. A new numerics check is a
+function in measure/checks.py, not a branch here.
 """
 from __future__ import annotations
 
 import math
 import time
-import traceback
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..core.defects import numerics_defect
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..core.timesplit import PhaseClock
-from ..workload.inputs import TORCH_DTYPES, Inputs
+from ..workload.inputs import Inputs
 from ..workload.presets import Preset
 from ..workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
 from . import compile_cache
 from .cellcache import BuildCache, Reference
-from .diagnosis import diagnose_cell
+from .checks import CellState, ContractError, check_output, failure_reason, run_checks
 from .memory import held_bytes, peak_during
-from .numerics import (BACKWARD_FLOP_FACTOR, SaturationAccumulator, attention_flops, changed_max,
-                       classify_masked_rows, error_vs_reference, nonfinite_counts, relative_error,
-                       within_budget)
-from .reference import Golden, golden_prob_chunks
+from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .repeats import Repeats, deterministic_algorithms_enabled
 from .timing import (DeviceTimingFailed, Samples, cache_flusher, cuda_graph_replay, measure, measure_device,
                      sync_for, time_call)
 
+__all__ = ["CellSkipped", "ContractError", "LEAK_REPORT_BYTES", "check_output", "failure_reason", "input_grads",
+           "measure_cell"]
+
 
 class CellSkipped(Exception):
     """A cell skipped by a documented rule (too slow for the device, say)."""
-
-
-class ContractError(Exception):
-    """A variant returned something other than attention's output (docs/variants.md)."""
 
 
 LEAK_REPORT_BYTES = 64 * 2**20      # held across the timed calls: recorded as leaked_bytes, and the
@@ -64,42 +68,6 @@ def input_grads(out: Any, leaves: tuple, grad_out: Any) -> tuple:
     return grads
 
 
-def check_output(out: Any, q: Any, v: Any) -> None:
-    """The variant contract: a tensor of shape (B, H, Tq, d_v), q's dtype, on q's device."""
-    import torch
-    expected = (*q.shape[:-1], v.shape[-1])
-    want = f"a tensor of shape {tuple(expected)}, dtype {_dtype_name(q.dtype)}, on {q.device}"
-    if not isinstance(out, torch.Tensor):
-        raise ContractError(f"the variant returned {type(out).__name__}"
-                            f"{'' if out is None else ' ' + repr(out)[:60]}; expected {want}")
-    problems = []
-    if tuple(out.shape) != tuple(expected):
-        problems.append(f"shape {tuple(out.shape)}")
-    if out.dtype != q.dtype:
-        problems.append(f"dtype {_dtype_name(out.dtype)}")
-    if out.device != q.device:
-        problems.append(f"device {out.device}")
-    if problems:
-        raise ContractError(f"the variant returned a tensor of {', '.join(problems)}; expected {want}")
-
-
-def _dtype_name(dtype: Any) -> str:
-    name = str(dtype).replace("torch.", "")
-    return next((short for short, long in TORCH_DTYPES.items() if long == name), name)
-
-
-def failure_reason(exc: BaseException) -> str:
-    """`Type: first line of message (at file:line in function)`, short enough for a table.
-    A broken variant contract is the variant's fault, not a place in the audit: no location."""
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    if isinstance(exc, ContractError):
-        return first[:400]
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
-    return f"{type(exc).__name__}: {first}"[:400] + where
-
-
 def _fill_timing(rec: dict[str, Any], prefix: str, samples: Samples) -> None:
     rec[f"{prefix}_ms"] = samples.median_s * 1e3
     rec[f"{prefix}_iqr_ms"] = samples.iqr_s * 1e3
@@ -107,46 +75,34 @@ def _fill_timing(rec: dict[str, Any], prefix: str, samples: Samples) -> None:
     rec[f"{prefix}_samples_s"] = samples.per_call_s
 
 
-def _leak_max_change(forward_with: Callable[[Any, Any], Any], probes: list[tuple[Any, Any, Any]],
-                     out: Any) -> float | None:
-    """Largest output change on rows that must not see the perturbed keys and values."""
-    if not probes:
-        return None
-    return max(changed_max(out, forward_with(k2.detach(), v2.detach()).detach(), rows)
-               for k2, v2, rows in probes)
+@dataclass
+class _Cell(CellState):
+    """The cell's state between its phases: the checks' CellState, and what the phases pass on."""
 
+    phases: Any = None              # core.timesplit.PhaseClock
+    sync: Any = None
+    build: Any = None               # cellcache.Build
+    n_timed: int = 0
+    limit_s: float = math.inf
+    repeats: Any = None             # repeats.Repeats
+    backward_reason: str | None = None
+    first_fwd: float = 0.0          # the first calls' seconds (a compile's included)
+    first_fb: float = 0.0
+    warm_fwd: float = 0.0           # the numerics calls' seconds: they size the timed blocks
+    warm_fb: float = 0.0
+    held_after_warmup: int | None = None
+    counts_before: tuple = ()       # compiled graphs, graph breaks, fused SDPA, Inductor's cache
+    compiled_here: bool = False
+    cache_use: str | None = None
+    fwd: Samples | None = None
+    fb: Samples | None = None
+    timer: dict | None = None
 
-def _variant_weight_metrics(variant: Variant, inputs: Inputs, ref: "Reference", q: Any, k: Any
-                            ) -> dict[str, Any]:
-    """Saturation, underflow and leaked mass from the variant's own attention weights, on the
-    golden's (batch, head) slices (all of them unless golden_subset says otherwise)."""
-    import torch
+    def forward(self) -> Any:
+        return self.fn(self.q, self.k, self.v, **self.kwargs)                  # (B, H, Tq, d_v)
 
-    q, k = ref.take(q), ref.take_kv(k)                                           # (B|1, H|k, Tq, d)
-    mask, visible = ref.take(inputs.mask), ref.take(inputs.visible)
-    with torch.no_grad():
-        probs = variant.probs(q, k, mask=mask, causal=inputs.causal,
-                              score_mod=inputs.score_mod)                         # (B, H, Tq, Tk)
-    sat = SaturationAccumulator()
-    zero_where_golden_positive = golden_positive = 0
-    leaked = None
-    for r0, r1, gold, vis in golden_prob_chunks(q, k, causal=inputs.causal, visible=visible,
-                                                score_mod=inputs.score_mod):
-        p = probs[:, :, r0:r1].double()                                          # (B, H, rows, Tk)
-        visx = None if vis is None else vis.expand_as(p)
-        sat.add(p, visx)
-        positive = gold > 0
-        golden_positive += int(positive.sum())
-        zero_where_golden_positive += int(((p == 0) & positive).sum())
-        if visx is not None:
-            seeing = visx.any(-1, keepdim=True)
-            mass = torch.where(~visx & seeing, p, torch.zeros_like(p)).sum(-1)   # (B, H, rows)
-            leaked = mass.amax() if leaked is None else torch.maximum(leaked, mass.amax())
-    m = sat.result()
-    m["underflow_frac"] = zero_where_golden_positive / golden_positive if golden_positive else None
-    m["leak_mass"] = None if leaked is None else float(leaked)
-    m["saturation_source"] = "variant"
-    return m
+    def forward_backward(self) -> tuple:
+        return input_grads(self.forward(), (self.q, self.k, self.v), self.inputs.grad_out)
 
 
 def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
@@ -159,199 +115,190 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     builds: the run's BuildCache (compiled code reused across cells of the same shapes);
     phases: where the cell's seconds per phase go (core.timesplit: the record's phase_s).
     """
-    import torch
+    cell = _set_up(case, variant, inputs, ref, preset, builds, phases if phases is not None else PhaseClock())
+    _first_calls(cell)
+    run_checks("output", cell, cell.phases)
+    _gradients(cell)
+    _timing(cell)
+    _derived(cell, ceilings, meter)
+    run_checks("record", cell, cell.phases)
+    return cell.columns
 
-    phases = phases if phases is not None else PhaseClock()
-    sync = sync_for(case.device)
+
+def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset: Preset,
+            builds: "BuildCache | None", phases: PhaseClock) -> _Cell:
+    """The variant's callable, leaves that require grad, and the counters compiling moves."""
     with phases("setup"):
         fn, build = (builds or BuildCache()).get(variant, inputs)
-    graphs_before = compiled_graph_count() if variant.compiled else 0
-    breaks_before = graph_break_count()
-    fused_before = fused_attention_count() if variant.compiled else 0
-    cache_before = compile_cache.snapshot() if variant.compiled else None
+    counts_before = (compiled_graph_count() if variant.compiled else 0, graph_break_count(),
+                     fused_attention_count() if variant.compiled else 0,
+                     compile_cache.snapshot() if variant.compiled else None)
     q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
-    kwargs = inputs.call_kwargs()
-    tq, tk = q.shape[-2], k.shape[-2]
+    cell = _Cell(case, variant, inputs, ref, preset, fn, q, k, v, inputs.call_kwargs())
+    cell.phases, cell.sync, cell.build, cell.counts_before = phases, sync_for(case.device), build, counts_before
+    cell.n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
+    cell.limit_s = math.inf if preset.max_cell_s is None else preset.max_cell_s
+    cell.repeats = Repeats()
+    cell.columns.update(q_len=q.shape[-2],
+                        golden_subset=None if ref.slices is None else [list(p) for p in ref.slices])
+    return cell
 
-    def forward():
-        return fn(q, k, v, **kwargs)                                   # (B, H, Tq, d)
 
-    def forward_backward():
-        return input_grads(forward(), (q, k, v), inputs.grad_out)
+def _first_calls(cell: _Cell) -> None:
+    """Warm-up: one call of each pass; the numerics forward in between is the second, and its
+    time sizes the timed blocks (the first compiles, allocates, builds plans). The first
+    forward's output is checked against the variant contract before anything is measured.
 
-    n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
-
-    # Warm-up: one call of each; the numerics calls (below) are the second, and their times size
-    # the timed blocks (the first compiles, allocates, builds plans). The first forward's output
-    # is checked against the variant contract before anything is measured.
-    backward_reason = None
+    Every call runs on identical inputs: three runs of each output, compared bitwise
+    (repeats.py) at no extra calls: out from the warm-up forward, the numerics forward and the
+    warm-up forward+backward's own forward (a forward-only cell: a second warm-up forward); the
+    gradients from the warm-up call, the numerics call and the last timed call."""
+    phases, sync, m = cell.phases, cell.sync, cell.columns
     first_out: list = []
 
-    def first_forward():
-        first_out.append(forward())
+    def first_forward() -> None:
+        first_out.append(cell.forward())
 
     with phases("warmup"):
         try:
-            first_fwd = time_call(first_forward, sync=sync)
+            cell.first_fwd = time_call(first_forward, sync=sync)
         except BackwardUnsupported as exc:  # forward-only here: inputs must not require grad
-            backward_reason = str(exc)
-            q, k, v = q.detach(), k.detach(), v.detach()
-            first_fwd = time_call(first_forward, sync=sync)
-    check_output(first_out[-1], q, v)
-    # Every call runs on identical inputs: three runs of each output, compared bitwise
-    # (repeats.py) at no extra calls: out from the warm-up forward, the numerics forward and the
-    # warm-up forward+backward's own forward (a forward-only cell: a second warm-up forward); the
-    # gradients from the warm-up call, the numerics call and the last timed call.
-    repeats = Repeats()
+            cell.backward_reason = str(exc)
+            cell.q, cell.k, cell.v = cell.q.detach(), cell.k.detach(), cell.v.detach()
+            cell.first_fwd = time_call(first_forward, sync=sync)
+    check_output(first_out[-1], cell.q, cell.v)
     with phases("determinism"):
-        repeats.add("out", first_out.pop())
-    m: dict[str, Any] = {"q_len": tq, "reason": backward_reason and f"forward only: {backward_reason}",
-                         "golden_subset": None if ref.slices is None else [list(p) for p in ref.slices]}
-    golden = ref.golden
+        cell.repeats.add("out", first_out.pop())
+    m["reason"] = cell.backward_reason and f"forward only: {cell.backward_reason}"
     with phases("numerics"):
-        if variant.backend is not None:
-            m["sdpa_backend"] = variant.backend(q, k, v, mask=inputs.mask, causal=inputs.causal)
-        (out, warm_fwd), m["peak_bytes"] = peak_during(lambda: _timed_result(forward, sync), case.device)
-        out = out.detach()                  # held for the diagnosis, once the record is complete
+        if cell.variant.backend is not None:
+            m["sdpa_backend"] = cell.variant.backend(cell.q, cell.k, cell.v, mask=cell.inputs.mask,
+                                                     causal=cell.inputs.causal)
+        (out, cell.warm_fwd), m["peak_bytes"] = peak_during(lambda: _timed_result(cell.forward, sync),
+                                                            cell.case.device)
+        cell.out = out.detach()             # held for the checks and the diagnosis
     with phases("determinism"):
-        repeats.add("out", out)
-    limit_s = math.inf if preset.max_cell_s is None else preset.max_cell_s
-    if warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s:
+        cell.repeats.add("out", cell.out)
+    if cell.warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * cell.n_timed > cell.limit_s:
         raise CellSkipped(
-            f"too slow for this device: one forward took {warm_fwd:.3g} s, so this cell would "
-            f"take about {warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * n_timed:.0f} s "
-            f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
-    first_fb = warm_fb = 0.0
+            f"too slow for this device: one forward took {cell.warm_fwd:.3g} s, so this cell would "
+            f"take about {cell.warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * cell.n_timed:.0f} s "
+            f"(limit {cell.preset.max_cell_s:g} s per cell, --max-cell-s)")
 
-    def first_forward_backward():
-        result = forward()
+    def first_forward_backward() -> None:
+        result = cell.forward()
         first_out.append(result.detach())
-        first_out.append(input_grads(result, (q, k, v), inputs.grad_out))
+        first_out.append(input_grads(result, (cell.q, cell.k, cell.v), cell.inputs.grad_out))
 
-    if backward_reason is None:
+    if cell.backward_reason is None:
         with phases("warmup"):
-            first_fb = time_call(first_forward_backward, sync=sync)
+            cell.first_fb = time_call(first_forward_backward, sync=sync)
         with phases("determinism"):
-            repeats.add_grads(first_out.pop())
-            repeats.add("out", first_out.pop())
+            cell.repeats.add_grads(first_out.pop())
+            cell.repeats.add("out", first_out.pop())
     else:
         with phases("warmup"):
             time_call(first_forward, sync=sync)
         with phases("determinism"):
-            repeats.add("out", first_out.pop())
-    held_after_warmup = held_bytes(case.device)
+            cell.repeats.add("out", first_out.pop())
+    cell.held_after_warmup = held_bytes(cell.case.device)
 
-    with phases("numerics"):
-        m["out_nan"], m["out_inf"] = nonfinite_counts([out])
-        seeing = ref.row_visible.expand(out.shape[:-1])                            # (B, H, Tq)
-        m["out_nonfinite_visible"] = int((~torch.isfinite(out) & seeing[..., None]).sum())
-        m.update(error_vs_reference(ref.take(out), golden.out, golden.row_visible))
-        base = ref.baseline_rmse
-        m["err_ratio"] = (m["rmse"] / base if base and math.isfinite(base) and base > 0 else None)
-        m["within_budget"] = within_budget(m["rmse"], base, case.dtype)
-        m["masked_rows"] = classify_masked_rows(out, ~ref.row_visible, inputs.v)
-    with phases("leak"):
-        # Same grad mode and requires_grad as the timed calls, so compiled variants do not recompile.
-        m["leak_max_change"] = _leak_max_change(
-            lambda k2, v2: fn(q, k2.requires_grad_(q.requires_grad), v2.requires_grad_(q.requires_grad),
-                              **kwargs),
-            ref.leak_probes, out)
-    with phases("numerics"):
-        if ref.by_alignment:
-            m["causal_alignment"] = _alignment(ref.take(out), ref.by_alignment["top-left"],
-                                               ref.by_alignment["bottom-right"])
-            m["golden_alignment"] = ref.alignment
 
-    # The numerics call of forward+backward is also the second of its warm-up: its time sizes the
-    # timed blocks (the first call compiles, allocates, builds plans). The third run the
-    # determinism check compares is the last timed call's (held by reference: no copy, no call).
-    last_grads: list = []
-    if backward_reason is None:
-        with phases("numerics"):
-            (grads, warm_fb), m["peak_fwd_bwd_bytes"] = peak_during(
-                lambda: _timed_result(forward_backward, sync), case.device)
-        with phases("determinism"):
-            repeats.add_grads(grads)
-        with phases("numerics"):
-            m["grad_nan"], m["grad_inf"] = nonfinite_counts(grads)
-            for name, got, want, take in zip(("dq_err", "dk_err", "dv_err"), grads,
-                                             (golden.dq, golden.dk, golden.dv), (ref.take, ref.take_kv, ref.take_kv)):
-                m[name] = relative_error(take(got), want)
-        del grads
-    if (warm_fwd + warm_fb) * n_timed > limit_s:
+def _gradients(cell: _Cell) -> None:
+    """The numerics call of forward+backward (also the second of its warm-up: its time sizes the
+    timed blocks), then the checks of its gradients; a forward-only cell has neither."""
+    if cell.backward_reason is not None:
+        return
+    with cell.phases("numerics"):
+        (cell.grads, cell.warm_fb), cell.columns["peak_fwd_bwd_bytes"] = peak_during(
+            lambda: _timed_result(cell.forward_backward, cell.sync), cell.case.device)
+    with cell.phases("determinism"):
+        cell.repeats.add_grads(cell.grads)
+    run_checks("gradients", cell, cell.phases)
+    cell.grads = None
+
+
+def _timing(cell: _Cell) -> None:
+    """The timed samples of each pass, after the too-slow rule and the compile's bookkeeping. The
+    third run the determinism check compares is the last timed call's gradients (held by
+    reference: no copy, no call)."""
+    if (cell.warm_fwd + cell.warm_fb) * cell.n_timed > cell.limit_s:
         raise CellSkipped(
-            f"too slow for this device: one forward+backward took {warm_fb:.3g} s, so this cell "
-            f"would take about {(warm_fwd + warm_fb) * n_timed:.0f} s "
-            f"(limit {preset.max_cell_s:g} s per cell, --max-cell-s)")
-    compiled_here = variant.compiled and compiled_graph_count() > graphs_before
-    cache_use = compile_cache.outcome(cache_before) if compiled_here and cache_before else None
-    if variant.compiled and build.fused is None:
-        build.fused = fused_attention_count() > fused_before
+            f"too slow for this device: one forward+backward took {cell.warm_fb:.3g} s, so this cell "
+            f"would take about {(cell.warm_fwd + cell.warm_fb) * cell.n_timed:.0f} s "
+            f"(limit {cell.preset.max_cell_s:g} s per cell, --max-cell-s)")
+    variant = cell.variant
+    graphs_before, _, fused_before, cache_before = cell.counts_before
+    cell.compiled_here = variant.compiled and compiled_graph_count() > graphs_before
+    cell.cache_use = compile_cache.outcome(cache_before) if cell.compiled_here and cache_before else None
+    if variant.compiled and cell.build.fused is None:
+        cell.build.fused = fused_attention_count() > fused_before
+    last_grads: list = []
 
     def timed_forward_backward() -> None:
-        last_grads[:] = [forward_backward()]
+        last_grads[:] = [cell.forward_backward()]
 
-    with phases("timed"):
-        fwd, fb, timer = _time_cell(case, preset, forward,
-                                    timed_forward_backward if backward_reason is None else None, warm_fwd, warm_fb)
-    with phases("determinism"):
+    with cell.phases("timed"):
+        cell.fwd, cell.fb, cell.timer = _time_cell(
+            cell.case, cell.preset, cell.forward, timed_forward_backward if cell.backward_reason is None else None,
+            cell.warm_fwd, cell.warm_fb)
+    with cell.phases("determinism"):
         if last_grads:
-            repeats.add_grads(last_grads.pop())
-        m.update(repeats.columns(), deterministic_algorithms=deterministic_algorithms_enabled())
-        repeats.release()
+            cell.repeats.add_grads(last_grads.pop())
+        cell.columns.update(cell.repeats.columns(), deterministic_algorithms=deterministic_algorithms_enabled())
+        cell.repeats.release()
+
+
+def _derived(cell: _Cell, ceilings: dict | None, meter: Any) -> None:
+    """Columns computed from what the phases measured: leaked memory, timing, FLOP/s, compiling,
+    graph breaks, the golden's saturation, roofline and energy."""
+    m, case, variant, fwd, fb = cell.columns, cell.case, cell.variant, cell.fwd, cell.fb
     held_after_timing = held_bytes(case.device)
-    if held_after_warmup is not None and held_after_timing is not None \
-            and held_after_timing - held_after_warmup > LEAK_REPORT_BYTES:
-        m["leaked_bytes"] = held_after_timing - held_after_warmup
+    if cell.held_after_warmup is not None and held_after_timing is not None \
+            and held_after_timing - cell.held_after_warmup > LEAK_REPORT_BYTES:
+        m["leaked_bytes"] = held_after_timing - cell.held_after_warmup
     _fill_timing(m, "fwd", fwd)
     if fb is not None:
         _fill_timing(m, "fwd_bwd", fb)
-    m.update(timer)
+    m.update(cell.timer)
     m["fwd_host_ms"] = None if fwd.host_median_s is None else fwd.host_median_s * 1e3
     m["fwd_bwd_host_ms"] = None if fb is None or fb.host_median_s is None else fb.host_median_s * 1e3
     timed_on_device = [s for s in (fwd, fb) if s is not None and s.host_median_s is not None]
     if timed_on_device:
         m["host_bound"] = any(s.host_median_s > s.median_s for s in timed_on_device)
-
+    tq, tk = cell.q.shape[-2], cell.k.shape[-2]
     flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal)   # per query head
     m["flops"] = flops
     m["gflops_per_s"] = flops / fwd.median_s / 1e9
     if fb is not None:
         m["fwd_bwd_gflops_per_s"] = flops * (1 + BACKWARD_FLOP_FACTOR) / fb.median_s / 1e9
     if variant.compiled:
-        m["compile_reused"] = not compiled_here
-        if compiled_here:
-            m["compile_s"] = (max(0.0, first_fwd - fwd.median_s)
-                              + (max(0.0, first_fb - fb.median_s) if fb else 0.0))
-            m["compile_cache"] = cache_use
-            phases.move(m["compile_s"], "warmup", "compile")
-        m["fused_sdpa"] = build.fused
+        m["compile_reused"] = not cell.compiled_here
+        if cell.compiled_here:
+            m["compile_s"] = (max(0.0, cell.first_fwd - fwd.median_s)
+                              + (max(0.0, cell.first_fb - fb.median_s) if fb else 0.0))
+            m["compile_cache"] = cell.cache_use
+            cell.phases.move(m["compile_s"], "warmup", "compile")
+        m["fused_sdpa"] = cell.build.fused
     # Graph breaks: the code between the pieces ran eagerly. Counted over the whole cell (warm-up,
     # leak probes, timing: a recompile there counts too) and kept on the build, so a cell that
     # reuses compiled code reports the breaks of the compile it reuses.
-    breaks = max(0, graph_break_count() - breaks_before)
+    breaks = max(0, graph_break_count() - cell.counts_before[1])
     if variant.compiled:
-        build.graph_breaks = (build.graph_breaks or 0) + breaks
-        m["graph_breaks"] = build.graph_breaks
+        cell.build.graph_breaks = (cell.build.graph_breaks or 0) + breaks
+        m["graph_breaks"] = cell.build.graph_breaks
     elif breaks:                  # a plug-in that compiles inside
         m["graph_breaks"] = breaks
-
+    golden = cell.golden
     for key in ("max_logit", "max_qk"):
         m[key] = golden.saturation[key]
     m["golden_onehot_frac"] = golden.saturation["onehot_frac"]
-    m.update(_roofline(case, tq, inputs, fwd, fb, ceilings))
-    with phases("energy"):
-        m.update(_telemetry(case, forward, fwd, sync, meter, preset))
-    if variant.probs is not None:
-        with phases("saturation"):
-            m.update(_variant_weight_metrics(variant, inputs, ref, q.detach(), k.detach()))
-    else:
+    m.update(_roofline(case, tq, cell.inputs, fwd, fb, ceilings))
+    with cell.phases("energy"):
+        m.update(_telemetry(case, cell.forward, fwd, cell.sync, meter, cell.preset))
+    if variant.probs is None:       # no weights of its own: the golden's saturation
         m.update({key: golden.saturation[key] for key in ("max_prob", "entropy", "min_entropy", "onehot_frac")})
         m["saturation_source"] = "golden"
-    if numerics_defect(m):      # the cells of an error finding about numerics: why is it wrong?
-        with phases("diagnosis"):
-            m.update(_diagnosis(out, inputs, ref, case.dtype, m))
-    return m
 
 
 def _timed_result(fn: Callable[[], Any], sync: Any) -> tuple[Any, float]:
@@ -359,15 +306,6 @@ def _timed_result(fn: Callable[[], Any], sync: Any) -> tuple[Any, float]:
     result: list = []
     seconds = time_call(lambda: result.append(fn()), sync=sync)
     return result[0], seconds
-
-
-def _diagnosis(out: Any, inputs: Inputs, ref: Reference, dtype: str, m: dict[str, Any]) -> dict[str, Any]:
-    """diagnose_cell's columns; if the audit's own diagnosis fails, the cell keeps its measurements
-    and its reason says so (a diagnosis is an explanation, not a measurement)."""
-    try:
-        return diagnose_cell(out, inputs, ref, dtype, ref.baseline_rmse)
-    except Exception as exc:  # noqa: BLE001
-        return {"reason": "; ".join(filter(None, [m.get("reason"), f"diagnosis failed: {failure_reason(exc)}"]))}
 
 
 _CUDA_CLOCK: Any = None
@@ -514,15 +452,3 @@ def _telemetry(case: Case, forward: Callable[[], Any], fwd: Samples, sync: Any, 
         out["telemetry_reason"] = "; ".join(filter(None, [out.get("telemetry_reason"), cold_note]))
     out["energy_cost_s"] = clock() - started
     return out
-
-
-def _alignment(out: Any, top_left: Golden, bottom_right: Golden) -> str:
-    """Which causal alignment the output follows: top-left, bottom-right or neither."""
-    err_tl = error_vs_reference(out, top_left.out, top_left.row_visible)["rel_err"]
-    err_br = error_vs_reference(out, bottom_right.out, bottom_right.row_visible)["rel_err"]
-    close = 0.05
-    if err_tl <= close and (err_tl < err_br or not math.isfinite(err_br)):
-        return "top-left"
-    if err_br <= close and (err_br < err_tl or not math.isfinite(err_tl)):
-        return "bottom-right"
-    return "neither"

@@ -29,8 +29,8 @@ from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..measure.cellcache import build_reference
 from ..measure.diagnosis import diagnose_cell
-from ..measure.measurement import (LEAK_REPORT_BYTES, _alignment, _variant_weight_metrics, check_output,
-                                   input_grads)
+from ..measure.checks import alignment_of, check_output, variant_weight_metrics
+from ..measure.measurement import LEAK_REPORT_BYTES, input_grads
 from ..measure.memory import held_bytes, pin_malloc_threshold
 from ..measure.repeats import Repeats
 from ..measure.numerics import (BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows,
@@ -113,7 +113,7 @@ def _rerun_change(attention: Any, inputs: Any, q: Any, out: Any) -> float:
 
 def _weights(probs: Any, inputs: Any, ref: Any) -> dict[str, Any]:
     """Saturation, underflow and leaked mass of the variant's own attention weights (the audit's)."""
-    return _variant_weight_metrics(types.SimpleNamespace(probs=probs), inputs, ref, inputs.q, inputs.k)
+    return variant_weight_metrics(types.SimpleNamespace(probs=probs), inputs, ref, inputs.q, inputs.k)
 
 
 def _pct(x: float | None) -> str:
@@ -321,7 +321,7 @@ def verify_causal_alignment(case: Any, inputs: Any, load_variant: Callable, reco
     _, _, _, out = call_variant(attention, inputs)
     if not ref.by_alignment:
         return False, ["not a causal cell with q_len != kv_len: no alignment to tell"], {"causal_alignment": None}
-    kind = _alignment(ref.take(out.detach()), ref.by_alignment["top-left"], ref.by_alignment["bottom-right"])
+    kind = alignment_of(ref.take(out.detach()), ref.by_alignment["top-left"], ref.by_alignment["bottom-right"])
     tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
     lines = [f"q_len {tq}, kv_len {tk}, causal: the output follows {kind} alignment (top-left: query i sees keys "
              f"j <= i; bottom-right, what KV-cache decoding needs: j <= i + {tk - tq}); the audit recorded "
