@@ -1,7 +1,8 @@
 """The numerics contract, one test per cell of the selected preset.
 
 For correct variants: no NaN/inf where the float64 golden is finite, error within
-budget (rmse <= 2 x rmse(eager, same dtype) + atol), no weight leaking to masked
+budget (rmse <= 2 x rmse(eager, same dtype) + atol), each gradient within its budget
+(the same rule on dq, dk and dv), no weight leaking to masked
 keys, fully masked rows give NaN or 0 (never garbage). Known, documented
 failures of correct variants and every cell of a negative control are marked
 xfail with the reason; a control that nobody flags fails `test_negative_controls_are_flagged`.
@@ -16,6 +17,8 @@ from .conftest import selected_cases
 
 FULLY_MASKED = ("fully_masked_bool", "fully_masked_neginf", "fully_masked_finfo_min")
 HAND_WRITTEN = ("eager", "eager_fp32", "compiled", "compiled_unfused")
+HUGE_LOGITS = ("scaled_x64", "fp16_range", "low_lse")
+CPU_FLASH = ("sdpa", "sdpa_flash")
 
 
 def known_failure(rec: dict) -> str | None:
@@ -31,6 +34,10 @@ def known_failure(rec: dict) -> str | None:
         return "hand-written softmax over a row of -inf is 0/0: NaN output rows and NaN gradients"
     if scenario == "fully_masked_finfo_min":
         return "a finfo.min mask is finite: fully masked rows attend uniformly to masked keys (a leak)"
+    if (rec["device"] == "cpu" and rec["dtype"] == "fp32" and scenario in HUGE_LOGITS
+            and (name in CPU_FLASH or rec.get("sdpa_backend") == "FLASH_ATTENTION" or rec.get("fused_sdpa"))):
+        return ("the CPU flash kernel's backward recomputes P from the logsumexp: at huge logits its fp32 "
+                "gradients carry up to ~50x hand-written fp32 attention's error (a grad_error_budget finding)")
     return None
 
 
@@ -53,6 +60,9 @@ def check_contract(rec: dict) -> list[str]:
         problems.append(f"NaN/inf gradients ({rec['grad_nan']} NaN, {rec['grad_inf']} inf)")
     if rec["within_budget"] is False:
         problems.append(f"outside the error budget (err_ratio {rec['err_ratio']})")
+    for grad in ("dq", "dk", "dv"):
+        if rec.get(f"{grad}_within_budget") is False:
+            problems.append(f"{grad} outside its gradient budget ({grad}_err_ratio {rec[f'{grad}_err_ratio']})")
     if rec["leak_max_change"]:
         problems.append(f"output changes by {rec['leak_max_change']:.3g} when masked keys change")
     if rec["masked_rows"] not in (None, "zero", "nan"):

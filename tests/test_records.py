@@ -87,9 +87,9 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_9_with_migrations_from_1_to_8():
-    assert SCHEMA_VERSION == 9
-    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7, 8}
+def test_schema_is_10_with_migrations_from_1_to_9():
+    assert SCHEMA_VERSION == 10
+    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7, 8, 9}
 
 
 @pytest.mark.parametrize("schema, added", [
@@ -100,6 +100,9 @@ def test_schema_is_9_with_migrations_from_1_to_8():
     (7, ("graph_breaks", "sampled_power_source", "energy_read_s")),
     # schema 8 did not split a cell's time into phases: null, not {} (no phase at all)
     (8, ("phase_s",)),
+    # schema 9 judged no gradient: null (not judged), not True
+    (9, ("dq_err_ratio", "dk_err_ratio", "dv_err_ratio", "dq_within_budget", "dk_within_budget",
+         "dv_within_budget", "grad_diagnosis", "grad_diagnosis_err", "grad_diagnosis_golden_err")),
 ])
 def test_an_older_record_reads_with_the_columns_it_did_not_measure_null(tmp_path, schema, added):
     old = full_record()

@@ -404,6 +404,21 @@ def test_a_recommendation_skips_a_fastest_variant_with_an_error_finding() -> Non
         _md_rows(md, "device, dtype, mask")["cpu fp32, key padding"][1]
 
 
+def test_a_variant_with_wrong_gradients_is_not_for_training_and_not_recommended() -> None:
+    """fastx's gradients are outside their budget in one fp32 cell: its forward+backward column
+    says so instead of a speed, and what to use skips it there; slowy, with a warning, keeps its ratio."""
+    frame = _slice_frame().assign(fwd_bwd_ms=lambda f: f["fwd_ms"] * 3)
+    grads = {"check": "grad_error_budget", "severity": "error", "variant": "fastx", "message": "dq",
+             "cells": ["fastx-fp32-T64-normal"], "diagnosis": "dq_zeroed", "diagnosis_title": "dq returned as zeros"}
+    md = render_markdown(verdict_section(frame, [grads]))
+    rows = _md_rows(md, "variant")
+    assert rows["fastx"][1] == "not for training: [wrong gradients](#finding-grad_error_budget-fastx)"
+    assert rows["slowy"][1] == "1.50× slower"
+    recs = {(r.dtype, r.kind): r for r in recommendations(frame, [grads])}
+    assert recs[("fp32", "none")].recommended == "sdpa" and recs[("fp16", "none")].recommended == "fastx"
+    assert "grad error budget: dq returned as zeros (1 cell)" in _md_rows(md, "device, dtype, mask")["cpu fp32, no mask"][1]
+
+
 def test_without_any_error_finding_the_fastest_is_recommended() -> None:
     recs = recommendations(_slice_frame(), [])
     assert {r.recommended for r in recs} == {"fastx"} and not any(r.flagged for r in recs)

@@ -34,7 +34,7 @@ FAULTS = ["--preset", "quick", "--variant", "faults:raises", "faults:leaks", "fa
           "broken.unscaled",
           "eager", "--scenario", "fully_masked_finfo_min", "cross_causal", "--dtype", "fp32", "--d-k", "64",
           "--seq-len", "64", "--batch", "1", "--heads", "2", "--kv-heads", "2", "--causal", "true", "--budget", "none", "--no-report"]
-EVERY_CHECK = {"nonfinite", "error_budget", "masked_leakage", "fully_masked_rows", "finfo_min_mask", "fp16_overflow",
+EVERY_CHECK = {"nonfinite", "error_budget", "grad_error_budget", "masked_leakage", "fully_masked_rows", "finfo_min_mask", "fp16_overflow",
                "saturation", "input_saturation", "compiled_rewritten", "causal_alignment", "underflow",
                "memory_leak", "cell_failed", "nondeterministic"}
 

@@ -57,10 +57,11 @@ def test_builtin_registry_matches_names():
 
 
 def test_negative_controls_are_a_separate_name_space():
-    assert len(NEGATIVE_CONTROLS) == 6
+    assert len(NEGATIVE_CONTROLS) == 8
     assert set(NEGATIVE_CONTROLS) == {"broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
                                       "broken.no_max_subtraction", "broken.softmax_wrong_dim",
-                                      "broken.gqa_wrong_head"}
+                                      "broken.gqa_wrong_head", "broken.backward_rowsum_d_missing",
+                                      "broken.backward_dq_scale_missing"}
     assert set(variants.GQA_CONTROLS) <= set(NEGATIVE_CONTROLS)
     assert not set(NEGATIVE_CONTROLS) & set(BUILTIN_NAMES)
     for name in NEGATIVE_CONTROLS:
@@ -545,10 +546,11 @@ def test_every_cell_of_a_scenario_a_control_declares_shows_its_defect(control):
         if f["severity"] == "error" and f["variant"] == control:
             flagged |= set(f["cells"])
     assert {c.id for c in cases} <= flagged, sorted({c.id for c in cases} - flagged)
-    # the budget's self-check cells (fp32, the first declared scenario) are diagnosed too
+    # the budget's self-check cells (fp32, the first declared scenario) are diagnosed too: the
+    # output, or (a control with a wrong backward) the gradients
     first = [r for r in recs if r["dtype"] == "fp32" and r["scenario"] == declared[0]]
-    assert first and all(r["diagnosis"] not in (None, "none") for r in first), \
-        [(r["id"], r["diagnosis"]) for r in first]
+    column = "grad_diagnosis" if control.startswith("broken.backward_") else "diagnosis"
+    assert first and all(r[column] not in (None, "none") for r in first), [(r["id"], r[column]) for r in first]
 
 
 def test_the_docs_list_the_scenarios_each_control_shows_its_defect_in():

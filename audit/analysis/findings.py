@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
-from ..core.defects import REPEATED_TENSORS, leaks, nonfinite
+from ..core.defects import REPEATED_TENSORS, grad_outside_budget, leaks, nonfinite
 from ..core.grid import INPUT_AXES
 from ..core.runfolder import FINDINGS_FILE
 
@@ -100,6 +100,29 @@ def check_error_budget(frame: pd.DataFrame) -> list[dict]:
                         f"{variant} is outside its error budget (RMSE vs float64 above 2× that of "
                         f"hand-written attention in the same dtype, plus atol) in {len(g)} cell(s); "
                         f"{ratio_text} at {worst['id']} ({_where(g)}).", g["id"])
+    return _per_variant(rows, make)
+
+
+def check_grad_error_budget(frame: pd.DataFrame) -> list[dict]:
+    """Gradients outside their budget (measure.checks.grad_budget): each of dq, dk, dv's RMSE
+    against float64 above 2 × that of hand-written attention's gradient in the same dtype, + atol."""
+    ok = _ok(frame)
+    rows = ok[_rows_where(ok, lambda r: bool(grad_outside_budget(r)))]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        parts = []
+        for grad in REPEATED_TENSORS[1:]:
+            outside = g[g[f"{grad}_within_budget"].astype("object").eq(False)]
+            if outside.empty:
+                continue
+            ratio = _num(outside, f"{grad}_err_ratio")
+            worst = outside.loc[ratio.idxmax()] if ratio.notna().any() else outside.iloc[0]
+            parts.append(f"{grad} in {len(outside)} cell(s), worst {_num(outside, f'{grad}_err_ratio').max():.3g}× "
+                         f"the baseline's error (relative error {float(worst[f'{grad}_err']):.3g}) at {worst['id']}")
+        return _finding("grad_error_budget", "error", variant,
+                        f"{variant}'s gradients are outside their error budget (RMSE vs the float64 golden's "
+                        f"above 2× that of hand-written attention's in the same dtype, plus atol): "
+                        f"{'; '.join(parts)} ({_where(g)}). Training with it follows wrong gradients.", g["id"])
     return _per_variant(rows, make)
 
 
@@ -328,46 +351,53 @@ def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
 
 
 RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
-    check_nonfinite, check_error_budget, check_masked_leakage, check_fully_masked_rows,
+    check_nonfinite, check_error_budget, check_grad_error_budget, check_masked_leakage, check_fully_masked_rows,
     check_finfo_min_masks, check_fp16_range, check_saturation, check_compiled_rewrite, check_graph_breaks,
     check_alignment, check_underflow, check_memory_leak, check_nondeterministic, check_deterministic_mode,
     check_failed_cells,
 )
 
 
-# Error findings about numerics: their cells carry a diagnosis (measure/diagnosis.py).
-DIAGNOSED_CHECKS = ("nonfinite", "error_budget", "masked_leakage")
+# Error findings about numerics: their cells carry a diagnosis (measure/diagnosis.py), of the
+# output (column "diagnosis", workload.mistakes) or of the gradients ("grad_diagnosis",
+# workload.backward_mistakes).
+DIAGNOSED_CHECKS = {"nonfinite": "diagnosis", "error_budget": "diagnosis", "masked_leakage": "diagnosis",
+                    "grad_error_budget": "grad_diagnosis"}
 
 
 def _add_diagnosis(finding: dict, frame: pd.DataFrame) -> None:
     """The known mistake most of the finding's diagnosed cells match, with its explanation, on
     the finding (diagnosis, diagnosis_title, diagnosis_cells, diagnosis_err, diagnosis_golden_err)
     and at the end of its message; "none" when no mistake matched any of them."""
+    from ..workload.backward_mistakes import BACKWARD_MISTAKES
     from ..workload.mistakes import MISTAKES
 
-    if "diagnosis" not in frame:
+    column = DIAGNOSED_CHECKS[finding["check"]]
+    library = BACKWARD_MISTAKES if column == "grad_diagnosis" else MISTAKES
+    if column not in frame:
         return
-    cells = frame[frame["id"].isin(finding["cells"]) & frame["diagnosis"].notna()]
+    cells = frame[frame["id"].isin(finding["cells"]) & frame[column].notna()]
     if cells.empty:
         return
-    matched = cells[cells["diagnosis"] != "none"]
+    what = "its gradients match" if column == "grad_diagnosis" else "the output matches"
+    matched = cells[cells[column] != "none"]
     if matched.empty:
         finding.update(diagnosis="none", diagnosis_cells=0)
-        finding["message"] += (f" Diagnosis: no known mistake matches its output in the {len(cells)} "
-                               f"diagnosed cell(s) (docs/numerics.md, Diagnosis).")
+        finding["message"] += (f" Diagnosis: no known mistake matches {'its gradients' if column == 'grad_diagnosis' else 'its output'} "
+                               f"in the {len(cells)} diagnosed cell(s) (docs/numerics.md, Diagnosis).")
         return
-    counts = matched["diagnosis"].value_counts()
+    counts = matched[column].value_counts()
     name = str(sorted(counts.index, key=lambda n: (-counts[n], n))[0])
-    best = matched[matched["diagnosis"] == name]
-    example = best.loc[_num(best, "diagnosis_golden_err").idxmax()] if _num(best, "diagnosis_golden_err").notna().any() \
-        else best.iloc[0]
-    known = MISTAKES.get(name)
+    best = matched[matched[column] == name]
+    golden_err = _num(best, f"{column}_golden_err")
+    example = best.loc[golden_err.idxmax()] if golden_err.notna().any() else best.iloc[0]
+    known = library.get(name)
     title = known.title if known else name
     finding.update(diagnosis=name, diagnosis_title=title, diagnosis_cells=int(len(best)),
-                   diagnosis_err=_float(example.get("diagnosis_err")),
-                   diagnosis_golden_err=_float(example.get("diagnosis_golden_err")))
+                   diagnosis_err=_float(example.get(f"{column}_err")),
+                   diagnosis_golden_err=_float(example.get(f"{column}_golden_err")))
     others = [f"{n} ({int(counts[n])})" for n in counts.index if n != name]
-    text = (f" Diagnosis: in {len(best)} of {len(cells)} diagnosed cell(s) the output matches a known mistake, "
+    text = (f" Diagnosis: in {len(best)} of {len(cells)} diagnosed cell(s) {what} a known mistake, "
             f"{title} (RMSE {_fmt(finding['diagnosis_err'])} against it, {_fmt(finding['diagnosis_golden_err'])} "
             f"against the correct golden, at {example['id']}).")
     if known:

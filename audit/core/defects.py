@@ -33,7 +33,14 @@ def nonfinite(rec: Mapping[str, Any]) -> bool:
             or _number(rec.get("grad_nan")) + _number(rec.get("grad_inf")) > 0)
 
 
+def grad_outside_budget(rec: Mapping[str, Any]) -> list[str]:
+    """The gradients (of dq, dk, dv) outside their budget: the cells the error finding
+    grad_error_budget is made of."""
+    return [g for g in REPEATED_TENSORS[1:] if rec.get(f"{g}_within_budget") is False]
+
+
 def numerics_defect(rec: Mapping[str, Any]) -> bool:
-    """Outside the error budget, leaking, or non-finite where the golden is finite: the cells the
-    error findings nonfinite, error_budget and masked_leakage are made of."""
+    """Output outside the error budget, leaking, or non-finite where the golden is finite: the
+    cells the error findings nonfinite, error_budget and masked_leakage are made of, whose output
+    gets a diagnosis (gradients outside their budget get one of their own: grad_outside_budget)."""
     return rec.get("within_budget") is False or leaks(rec) or nonfinite(rec)

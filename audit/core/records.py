@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator
 
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 # Every column a user can rely on, with its meaning. docs/output.md's column table is
@@ -76,6 +76,15 @@ COLUMNS: dict[str, str] = {
     "dq_err": "relative Frobenius error of dL/dq against float64 gradients",
     "dk_err": "relative Frobenius error of dL/dk against float64 gradients",
     "dv_err": "relative Frobenius error of dL/dv against float64 gradients",
+    "dq_err_ratio": "RMSE of dq against the float64 golden's over that of the same-dtype baseline's dq (hand-written attention in the input dtype, rows that see no key 0, same inputs and upstream gradient); null when not judged",
+    "dk_err_ratio": "the same for dk",
+    "dv_err_ratio": "the same for dv",
+    "dq_within_budget": "dq's RMSE <= 2 * the baseline's + atol(dtype) (the gradient budget: docs/numerics.md); null when the gradients are not finite (the nonfinite check's) or the baseline's are not, or the cell ran forward only",
+    "dk_within_budget": "the same for dk",
+    "dv_within_budget": "the same for dv",
+    "grad_diagnosis": "cells whose gradients are outside their budget: the known backward mistake (docs/numerics.md, Diagnosis) whose float64 gradients the variant's match within their budgets, or none; null where nothing was diagnosed",
+    "grad_diagnosis_err": "the largest RMSE of a gradient against the matched backward mistake's, over the gradients compared (null when none matched)",
+    "grad_diagnosis_golden_err": "the largest RMSE of a gradient against the float64 golden's, over the gradients compared",
     "max_logit": "max |q·k·scale| over visible pairs (float64); compare with the dtype's max",
     "max_qk": "max |q·k| before scaling over visible pairs (what an unscaled-first matmul must hold)",
     "max_prob": "mean over query rows of the largest attention probability",
@@ -282,8 +291,14 @@ def _v8_to_v9(record: dict[str, Any]) -> dict[str, Any]:
     return _with_columns(record, 9)
 
 
+def _v9_to_v10(record: dict[str, Any]) -> dict[str, Any]:
+    """v10 added the gradient budget (dq/dk/dv_err_ratio, dq/dk/dv_within_budget) and the backward
+    diagnosis (grad_diagnosis*); not judged before: null."""
+    return _with_columns(record, 10)
+
+
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
-              8: _v8_to_v9}
+              8: _v8_to_v9, 9: _v9_to_v10}
 
 
 class NewerSchema(ValueError):

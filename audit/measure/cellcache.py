@@ -9,7 +9,8 @@ from typing import Any, Callable
 
 from ..core.grid import Case
 from ..workload.inputs import Inputs, make_inputs
-from ..workload.variants import Variant, eager_attention
+from ..workload.eager import kv_for_queries, masked_scores
+from ..workload.variants import Variant
 from .numerics import error_vs_reference
 from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices, visibility
 
@@ -72,6 +73,8 @@ class Reference:
     golden: Golden                       # of `alignment`, with gradients
     by_alignment: dict[str, Golden]      # causal and Tq != Tk: the forward golden of each alignment, else {}
     baseline_rmse: float | None          # `eager` in the input dtype against the golden
+    # ... and its gradients' RMSE: {"dq": ..., "dk": ..., "dv": ...} (None without gradients or a baseline)
+    baseline_grad_rmse: dict[str, float] | None = None
     leak_probes: list = field(default_factory=list)  # leak_probes(inputs)
     slices: list[tuple[int, int]] | None = None
     row_visible: Any = None              # (B|1, 1, Tq) bool: rows that see a key
@@ -142,16 +145,29 @@ def build_reference(case: Case, inputs: Inputs, alignment: str = "top-left") -> 
                                                 score_mod=mod)}
     rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible,
                           alignment=alignment)
-    return Reference(golden, by_alignment,
-                     _baseline_rmse(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden, mod,
-                                    alignment),
+    base_out, base_grads = _baseline_errors(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden, mod,
+                                            alignment, grad_out)
+    return Reference(golden, by_alignment, base_out, base_grads,
                      leak_probes(inputs, alignment), slices, rows, case.heads, alignment)
 
 
-def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden,
-                   score_mod: Any = None, alignment: str = "top-left") -> float | None:
-    """RMSE of hand-written attention in the input dtype: the error budget's yardstick
-    (on the golden's slices; causal in the golden's alignment, as a mask when bottom-right)."""
+def baseline_attention(q: Any, k: Any, v: Any, mask: Any, causal: bool, score_mod: Any, seeing: Any) -> Any:
+    """Hand-written attention in the input dtype (eager's math), rows that see no key 0 (the
+    golden's convention: the scores of such a row are 0 before softmax, so no NaN reaches its
+    gradients): the error budgets' yardstick. seeing: (B|1, H|1, Tq) bool, rows that see a key."""
+    import torch
+    scores = masked_scores(q, k, mask, causal, None, upcast=False, score_mod=score_mod)   # (B, H, Tq, Tk)
+    empty = ~seeing[..., None]
+    probs = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    return probs @ kv_for_queries(q, v)                                                    # (B, H, Tq, d)
+
+
+def _baseline_errors(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden,
+                     score_mod: Any = None, alignment: str = "top-left",
+                     grad_out: Any = None) -> tuple[float | None, dict[str, float] | None]:
+    """RMSE of baseline_attention against the golden (on the golden's slices; causal in the
+    golden's alignment, as a mask when bottom-right), and of its dq, dk, dv against the golden's
+    with the same upstream gradient (None where it cannot run: budgets become null, not fake)."""
     import torch
     try:
         if causal and alignment != "top-left":
@@ -160,11 +176,18 @@ def _baseline_rmse(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Gold
             mask = keep if mask is None else (keep & mask if mask.dtype == torch.bool
                                               else mask.masked_fill(~keep, float("-inf")))
             causal = False
-        with torch.no_grad():
-            out = eager_attention(q, k, v, mask=mask, causal=causal, score_mod=score_mod)
+        wants_grads = grad_out is not None and golden.dq is not None
+        leaves = [t.detach().requires_grad_(wants_grads) for t in (q, k, v)]
+        with torch.enable_grad() if wants_grads else torch.no_grad():
+            out = baseline_attention(*leaves, mask, causal, score_mod, golden.row_visible)
+        grads = torch.autograd.grad(out, leaves, grad_out) if wants_grads else None
     except Exception:  # noqa: BLE001 - no baseline: budgets become null, not fake
-        return None
-    return error_vs_reference(out, golden.out, golden.row_visible)["rmse"]
+        return None, None
+    out_rmse = error_vs_reference(out.detach(), golden.out, golden.row_visible)["rmse"]
+    if grads is None:
+        return out_rmse, None
+    return out_rmse, {name: error_vs_reference(g, want)["rmse"]
+                      for name, g, want in zip(("dq", "dk", "dv"), grads, (golden.dq, golden.dk, golden.dv))}
 
 
 @dataclass

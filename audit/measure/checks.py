@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..core.defects import numerics_defect
+from ..core.defects import grad_outside_budget, numerics_defect
 from ..core.grid import Case
 from ..core.timesplit import CELL_PHASES
 from ..workload.inputs import TORCH_DTYPES, Inputs
 from ..workload.presets import Preset
 from ..workload.variants import Variant
 from .cellcache import Reference
-from .numerics import (SaturationAccumulator, changed_max, classify_masked_rows, error_vs_reference,
-                       nonfinite_counts, relative_error, within_budget)
+from .numerics import (GRAD_BUDGET_FACTOR, GRADIENTS, SaturationAccumulator, changed_max, classify_masked_rows,
+                       error_vs_reference, nonfinite_counts, relative_error, within_budget)
 from .reference import Golden, golden_prob_chunks
 
 NEEDS: tuple[str, ...] = ("out", "grads", "golden", "variant", "record")
@@ -184,9 +184,47 @@ def nonfinite_grads(cell: CellState) -> dict[str, Any]:
 def grad_errors(cell: CellState) -> dict[str, Any]:
     """Relative Frobenius error of dq, dk and dv against the float64 golden's gradients."""
     ref, golden = cell.ref, cell.golden
-    return {name: relative_error(take(got), want)
-            for name, got, want, take in zip(("dq_err", "dk_err", "dv_err"), cell.grads,
+    return {f"{g}_err": relative_error(take(got), want)
+            for g, got, want, take in zip(GRADIENTS, cell.grads,
                                              (golden.dq, golden.dk, golden.dv), (ref.take, ref.take_kv, ref.take_kv))}
+
+
+@check("grad_budget", needs=("grads", "golden"))
+def grad_budget(cell: CellState) -> dict[str, Any]:
+    """Each gradient's RMSE against the golden's over the same-dtype baseline's, and its verdict
+    (numerics.GRAD_BUDGET_FACTOR). Not judged (null) where the gradients are not finite (the
+    nonfinite check's finding) or the baseline's are not."""
+    out: dict[str, Any] = {f"{g}_{col}": None for g in GRADIENTS for col in ("err_ratio", "within_budget")}
+    base = cell.ref.baseline_grad_rmse
+    if base is None or cell.columns.get("grad_nan") or cell.columns.get("grad_inf"):
+        return out
+    for g, rmse in grad_rmse(cell.grads, cell.ref).items():
+        b = base[g]
+        out[f"{g}_err_ratio"] = rmse / b if b and math.isfinite(b) and b > 0 else None
+        out[f"{g}_within_budget"] = within_budget(rmse, b, cell.case.dtype, GRAD_BUDGET_FACTOR[g])
+    return out
+
+
+def grad_rmse(grads: tuple, ref: Reference) -> dict[str, float]:
+    """{dq, dk, dv: RMSE against the golden's gradient} on the golden's slices (every row and key:
+    a row that sees no key has no upstream gradient, so 0 in both)."""
+    golden = ref.golden
+    return {g: error_vs_reference(take(got), want)["rmse"]
+            for g, got, want, take in zip(GRADIENTS, grads, (golden.dq, golden.dk, golden.dv),
+                                          (ref.take, ref.take_kv, ref.take_kv))}
+
+
+@check("grad_diagnosis", needs=("grads", "golden"), phase="diagnosis",
+       when=lambda cell: grad_outside_budget(cell.columns))
+def grad_diagnosis(cell: CellState) -> dict[str, Any]:
+    """The known backward mistake the gradients match (measure.diagnosis), for cells whose
+    gradients are outside their budget; a failing diagnosis keeps the cell, with a reason."""
+    from .diagnosis import diagnose_grads_cell
+    try:
+        return diagnose_grads_cell(cell.grads, cell.inputs, cell.ref, cell.case.dtype)
+    except Exception as exc:  # noqa: BLE001
+        m = cell.columns
+        return {"reason": "; ".join(filter(None, [m.get("reason"), f"gradient diagnosis failed: {failure_reason(exc)}"]))}
 
 
 # --------------------------------------------------------------------------- after timing

@@ -26,9 +26,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..workload.backward_mistakes import BACKWARD_MISTAKES, BackwardMistake, backward_of, full_groups
 from ..workload.inputs import Inputs, torch_dtype
 from ..workload.mistakes import MISTAKES, Attempt, Mistake, sq_diff
-from .numerics import BUDGET_ATOL, BUDGET_FACTOR, attention_flops, error_vs_reference
+from .numerics import BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, attention_flops, error_vs_reference
 
 # Float64 FLOPs one mistake may spend (one forward over the diagnosis slices); like
 # reference.GOLDEN_FLOP_BUDGET, per device type. gqa_permuted spends about twice that (a fit
@@ -59,17 +60,18 @@ def _rmse(x: Any, y: Any, rows: Any) -> float:
     return math.sqrt(float(sel.mean())) if sel.numel() else math.nan
 
 
-def tolerance(baseline_rmse: float | None, dtype: str, golden_out: Any = None, rows: Any = None) -> float:
-    """The budget a match must meet: BUDGET_FACTOR · baseline + atol(dtype), as within_budget;
-    with no finite baseline, FALLBACK_ROUNDING × the RMSE of the golden rounded to the dtype."""
+def tolerance(baseline_rmse: float | None, dtype: str, golden_out: Any = None, rows: Any = None,
+              factor: float = BUDGET_FACTOR) -> float:
+    """The budget a match must meet: factor · baseline + atol(dtype), as within_budget; with no
+    finite baseline, FALLBACK_ROUNDING × the RMSE of the golden rounded to the dtype."""
     atol = BUDGET_ATOL[dtype]
     if baseline_rmse is not None and math.isfinite(baseline_rmse):
-        return BUDGET_FACTOR * baseline_rmse + atol
+        return factor * baseline_rmse + atol
     if golden_out is None:
         return atol
     rounded = golden_out.to(torch_dtype(dtype)).double()
     rounding = error_vs_reference(rounded, golden_out, rows)["rmse"]
-    return BUDGET_FACTOR * FALLBACK_ROUNDING * rounding + atol
+    return factor * FALLBACK_ROUNDING * rounding + atol
 
 
 def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
@@ -215,3 +217,106 @@ def diagnose_cell(out: Any, inputs: Inputs, ref: Any, dtype: str,
     return {"diagnosis": found.name, "diagnosis_err": found.err,
             "diagnosis_golden_err": found.golden_err,
             "diagnosis_slices": [[b, h] for b in batches for h in heads]}
+
+
+# --------------------------------------------------------------------------- the gradients
+
+@dataclass
+class GradDiagnosis:
+    """What the backward matcher found: the mistake named ("none" when none matched), the largest
+    RMSE of a compared gradient against it and against the golden, and every mistake's scores
+    (gradient -> (err against it, its distance from the golden, tolerance)) and whether it matched."""
+
+    name: str
+    err: float | None
+    golden_err: float
+    compared: list[str]
+    scores: dict[str, tuple[dict[str, tuple[float, float, float]], bool]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def _grad_rmse(x: Any, y: Any) -> float:
+    return math.sqrt(float(((x.double() - y.double()) ** 2).mean())) if x.numel() else 0.0
+
+
+def diagnose_grads(attempt: Attempt, golden: dict[str, Any], observed: dict[str, Any], tol: dict[str, float],
+                   mistakes: Mapping[str, BackwardMistake] | None = None) -> GradDiagnosis:
+    """Match the variant's gradients `observed` against every backward mistake on `attempt`
+    (golden: its right float64 gradients, backward_mistakes.backward_of). dq is compared
+    everywhere, dk and dv on the key/value heads whose whole group the attempt holds. A mistake
+    matches when every compared gradient is within its tolerance of the mistake's (tol: the
+    gradient budget), the mistake is distinguishable on this cell (some gradient of it further
+    than its tolerance and the budget together from the golden's: no correct gradient can be
+    within both), and the gradients are nearer to it than to the golden's (in tolerances). A
+    mistake's tolerance on a gradient is the budget's times how much larger its gradient is than
+    the right one (its own rounding grows with it). The best match (the
+    smallest largest error in tolerances) wins; matches whose gradients are within tolerance of
+    the best's tie with it, and a tie goes to the higher specificity, then to the first registered."""
+    kv = full_groups(attempt)
+    names = ["dq"] + (["dk", "dv"] if kv else [])
+
+    def pick(grads: dict[str, Any], g: str) -> Any:
+        return grads[g] if g == "dq" else grads[g][:, kv]
+
+    gold = {g: pick(golden, g) for g in names}
+    obs = {g: pick(observed, g) for g in names}
+    size = {g: _grad_rmse(gold[g], gold[g] * 0.0) for g in names}
+    golden_err = {g: _grad_rmse(obs[g], gold[g]) for g in names}
+    result = GradDiagnosis("none", None, max(golden_err.values()), names)
+    matches = []
+    for order, m in enumerate((BACKWARD_MISTAKES if mistakes is None else mistakes).values()):
+        try:
+            grads = m.fn(attempt)
+        except Exception as exc:  # noqa: BLE001 - a broken (plug-in) mistake must not lose the cell
+            result.failed[m.name] = f"{type(exc).__name__}: {exc}"
+            continue
+        if grads is None:
+            continue
+        mine = {g: pick(grads, g) for g in names}
+        # the mistaken kernel's own rounding grows with its gradients: a gradient sqrt(d) times too
+        # large carries sqrt(d) times the error (the forward's own_error, in one line)
+        own = {g: tol[g] * max(1.0, _grad_rmse(mine[g], mine[g] * 0.0) / size[g]) if size[g] else tol[g]
+               for g in names}
+        per = {g: (_grad_rmse(obs[g], mine[g]), _grad_rmse(mine[g], gold[g]), own[g]) for g in names}
+        ok = (all(err <= t for err, _, t in per.values())
+              and any(dist > tol[g] + t for g, (_, dist, t) in per.items())
+              and sum(err / t for err, _, t in per.values()) < sum(golden_err[g] / tol[g] for g in names))
+        result.scores[m.name] = (per, ok)
+        if ok:
+            matches.append((max(err / t for err, _, t in per.values()), -m.specificity, order, m.name, mine))
+    if matches:
+        best = min(matches, key=lambda t: t[:3])
+        tied = [t for t in matches if t is best
+                or all(_grad_rmse(t[4][g], best[4][g]) <= tol[g] for g in names)]
+        name = min(tied, key=lambda t: (t[1], t[2]))[3]
+        result.name = name
+        result.err = max(err for err, _, _ in result.scores[name][0].values())
+    return result
+
+
+def diagnose_grads_cell(grads: tuple, inputs: Inputs, ref: Any, dtype: str) -> dict[str, Any]:
+    """The backward diagnosis columns of one cell: `grad_diagnosis` (a backward mistake's name,
+    "none" when none matched), `grad_diagnosis_err`, `grad_diagnosis_golden_err`.
+
+    grads: the variant's (dq (B, H, Tq, d), dk (B, Hkv, Tk, d), dv) in the cell dtype; ref: the
+    cell's cellcache.Reference (its baseline's gradient RMSEs set the tolerances)."""
+    import torch
+    dq, dk, dv = grads
+    B, H, Tq, d = dq.shape
+    Hkv, Tk = dk.shape[1], dk.shape[-2]
+    batches, heads = diagnosis_slices(B, H, Hkv, Tq, Tk, d, str(dq.device), ref.slices)
+    b_index = torch.tensor(batches, device=dq.device)
+    h_index = torch.tensor(heads, device=dq.device)
+    with torch.no_grad():
+        attempt = attempt_for(inputs, batches, heads, alignment=ref.alignment, dtype=dtype)
+        attempt.grad_out = inputs.grad_out.detach().index_select(0, b_index).index_select(1, h_index).double()
+        observed = {"dq": dq.detach().index_select(0, b_index).index_select(1, h_index).double(),
+                    "dk": dk.detach().index_select(0, b_index).double(),
+                    "dv": dv.detach().index_select(0, b_index).double()}
+        attempt.observed_grads = observed
+        golden = backward_of(attempt)
+        base = ref.baseline_grad_rmse or {}
+        tol = {g: tolerance(base.get(g), dtype, golden[g], factor=GRAD_BUDGET_FACTOR[g]) for g in golden}
+        found = diagnose_grads(attempt, golden, observed, tol)
+    return {"grad_diagnosis": found.name, "grad_diagnosis_err": found.err,
+            "grad_diagnosis_golden_err": found.golden_err}

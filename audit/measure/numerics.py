@@ -62,13 +62,23 @@ BUDGET_FACTOR = 2.0
 BUDGET_ATOL = {"fp32": 1e-6, "bf16": 1e-3, "fp16": 1e-4}
 
 
-def within_budget(err: float, baseline_err: float | None, dtype: str) -> bool | None:
-    """True/False against the budget; None when the baseline itself is not finite."""
+# The gradient budget, per gradient, the same rule on each gradient's RMSE against the golden's:
+# FlashAttention's tests hold dq, dk and dv to 2x a same-dtype PyTorch implementation's error
+# (plus the reference's own rounding); PyTorch's SDPA tests use fudge factors 180 (dq), 16 (dk)
+# and 4 (dv), but against an fp32 reference and a low-precision math backend, not against the
+# same-dtype hand-written attention this budget compares with (docs/numerics.md: the factors).
+GRADIENTS: tuple[str, ...] = ("dq", "dk", "dv")
+GRAD_BUDGET_FACTOR = {"dq": 2.0, "dk": 2.0, "dv": 2.0}
+
+
+def within_budget(err: float, baseline_err: float | None, dtype: str, factor: float = BUDGET_FACTOR) -> bool | None:
+    """True/False against the budget err <= factor * baseline + atol(dtype); None when the
+    baseline itself is not finite."""
     if baseline_err is None or not math.isfinite(baseline_err):
         return None
     if not math.isfinite(err):
         return False
-    return err <= BUDGET_FACTOR * baseline_err + BUDGET_ATOL[dtype]
+    return err <= factor * baseline_err + BUDGET_ATOL[dtype]
 
 
 def classify_masked_rows(out: Any, rows: Any, v: Any) -> str | None:

@@ -12,7 +12,7 @@ import pandas as pd
 from ..core.runfolder import SEED_CLAIMS_FILE
 from .data import BASELINE_VARIANT, FP16_MAX, FP16_RANGE_SCENARIO, MASK_FORMS, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, dtype_order, golden_saturation_rows, normal_rows, ok_rows, scenario_alpha, scenario_order, variant_order
 from .page import MISSING, Block, Figure, Heading, Mono, Table, format_value, para
-from .tables import (alignment_table, budget_table, fp16_overflow_table, gradient_table, leakage_table,
+from .tables import (alignment_table, budget_table, fp16_overflow_table, gradient_budget_table, gradient_table, leakage_table,
                      masked_rows_table, saturation_table, scenario_table, seed_claims_table, wide_by_variant)
 
 def _names_or_none(values: Iterable[str]) -> str:
@@ -65,13 +65,24 @@ def budget_section(frame: pd.DataFrame) -> list[Block]:
     if grads.empty:
         return blocks
     only_normal = not normal_rows(ok_rows(frame)).empty
-    return blocks + [
+    blocks += [
         Heading(3, "Gradient errors"),
         para("Median relative Frobenius error of dL/dq, dL/dk and dL/dv against float64 "
              "gradients" + (f", scenario {NORMAL_SCENARIO}." if only_normal
                              else ", all scenarios.")),
         Table(grads.rename(columns={"dq_err": "median dq_err", "dk_err": "median dk_err",
                                     "dv_err": "median dv_err"})),
+    ]
+    budget = gradient_budget_table(frame)
+    if budget.empty:
+        return blocks
+    return blocks + [
+        para("The gradient budget, every scenario: each of dq, dk, dv is within it when its RMSE "
+             "against the float64 golden's is at most 2 × that of hand-written attention's gradient "
+             "in the same dtype + atol (cells within / cells judged: forward-only cells, non-finite "
+             "gradients and baselines are not judged), and its largest ratio to that baseline's error. "
+             "Outside it: a grad_error_budget finding."),
+        Table(budget),
     ]
 
 

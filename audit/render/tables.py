@@ -220,6 +220,31 @@ def gradient_table(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=columns)
 
 
+def gradient_budget_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The gradient budget per variant x dtype over every ok cell judged: for each of dq, dk, dv
+    "within/judged" (cells within its budget / cells judged: not forward-only, gradients finite,
+    a finite baseline) and its largest ratio to the baseline's error. Columns: variant, dtype,
+    dq, dk, dv, max dq_err_ratio, max dk_err_ratio, max dv_err_ratio."""
+    grads = ("dq", "dk", "dv")
+    columns = ["variant", "dtype", *grads, *(f"max {g}_err_ratio" for g in grads)]
+    ok = ok_rows(frame)
+    if ok.empty or not all(f"{g}_within_budget" in ok.columns for g in grads):
+        return pd.DataFrame(columns=columns)
+    flags = {g: (flag_equals(ok, f"{g}_within_budget", True), flag_equals(ok, f"{g}_within_budget", False))
+             for g in grads}
+    judged_any = np.logical_or.reduce([yes | no for yes, no in flags.values()])
+    out = []
+    for variant in variant_order(ok.loc[judged_any, "variant"]):
+        for dtype in dtype_order(ok.loc[judged_any & (ok["variant"] == variant), "dtype"]):
+            sel = judged_any & (ok["variant"] == variant) & (ok["dtype"] == dtype)
+            row: dict[str, Any] = {"variant": variant, "dtype": dtype}
+            for g, (yes, no) in flags.items():
+                row[g] = f"{int(yes[sel].sum())}/{int((yes | no)[sel].sum())}"
+                row[f"max {g}_err_ratio"] = numeric(ok[sel], f"{g}_err_ratio").max()
+            out.append(row)
+    return pd.DataFrame(out, columns=columns)
+
+
 def leakage_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per variant x scenario: max leak_max_change (0 = no leak) and max leak_mass, over ok
     cells where either was measured. Columns: variant, scenario, leak_max_change,

@@ -228,9 +228,26 @@ def _cells_value(row: pd.Series) -> Inline | int:
     return fwd if both == fwd else _unbroken(f"{fwd} · {both}")
 
 
+GRADIENT_CHECK = "grad_error_budget"      # analysis.findings: gradients outside their budget
+
+
+def gradient_findings(findings: list[dict] | None) -> dict[str, tuple[dict, str]]:
+    """variant -> (its gradient error finding, its anchor): such a variant is not for training."""
+    return {str(f.get("variant")): (f, a) for f, a in anchored_findings(findings)
+            if f.get("check") == GRADIENT_CHECK and f.get("severity") == "error"}
+
+
 def verdict_display(rows: pd.DataFrame, findings: list[dict] | None, baseline: str) -> pd.DataFrame:
-    """verdict_rows as the page shows them: ratios as words, the worst finding linked."""
+    """verdict_rows as the page shows them: ratios as words, the worst finding linked; a variant
+    whose gradients are outside their budget reads "not for training" for forward+backward."""
     worst = worst_findings(findings)
+    wrong_grads = gradient_findings(findings)
+
+    def fwd_bwd_cell(row: pd.Series) -> Inline:
+        if row["variant"] in wrong_grads:
+            finding, anchor = wrong_grads[row["variant"]]
+            return Span(("not for training: ", Link("wrong gradients", "#" + anchor)), keep_together=True)
+        return _unbroken(ratio(row, "fwd_bwd_speedup", False))
 
     def finding_cell(variant: str) -> Inline:
         if findings is None:
@@ -249,7 +266,7 @@ def verdict_display(rows: pd.DataFrame, findings: list[dict] | None, baseline: s
     return pd.DataFrame({
         "variant": rows["variant"],
         f"fwd vs {baseline}": [_unbroken(ratio(r, "speedup", False)) for r in records],
-        f"fwd+bwd vs {baseline}": [_unbroken(ratio(r, "fwd_bwd_speedup", False)) for r in records],
+        f"fwd+bwd vs {baseline}": [fwd_bwd_cell(r) for r in records],
         "peak fwd": [_unbroken(ratio(r, "memory", True)) for r in records],
         "peak fwd+bwd": [_unbroken(ratio(r, "fwd_bwd_memory", True)) for r in records],
         "cells": ["—" if r["variant"] == baseline else _cells_value(r) for r in records],
@@ -460,7 +477,8 @@ def verdict_section(frame: pd.DataFrame, findings: list[dict] | None) -> list[Bl
     instead = "" if baseline == VERDICT_BASELINE else f" (no {VERDICT_BASELINE} cell is ok)"
     blocks += [
         para(f"Against {baseline}{instead}: geometric means over matched cells (scenario ", Mono(NORMAL_SCENARIO),
-             "). 3 runs: out, dq, dk, dv bitwise identical on the same inputs."),
+             "). 3 runs: out, dq, dk, dv bitwise identical on the same inputs. Forward+backward is judged by "
+             "the gradient budget too: a variant whose gradients are outside it is not for training."),
         Table(verdict_display(rows, findings, baseline)),
     ]
     unrun = [v for v in _real_variants(frame) if v not in real]
@@ -473,7 +491,8 @@ def verdict_section(frame: pd.DataFrame, findings: list[dict] | None) -> list[Bl
     return blocks + [
         Heading(3, RECOMMENDATIONS_HEADING),
         para("The fastest variant with no error finding on a cell of that device, dtype and mask (any "
-             "scenario); tied: a lead under 10%, within noise." + ignored),
+             "scenario; wrong gradients count: what is recommended is for training too); tied: a lead "
+             "under 10%, within noise." + ignored),
         Table(recommendation_matrix(recs)),
         Table(recommendation_table(recs), caption="Why, per device, dtype and mask"),
         *unrun_note,

@@ -28,13 +28,13 @@ from ..core.defects import LEAK_OVER_NOISE
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..measure.cellcache import build_reference
-from ..measure.diagnosis import diagnose_cell
-from ..measure.checks import alignment_of, check_output, variant_weight_metrics
+from ..measure.diagnosis import diagnose_cell, diagnose_grads_cell
+from ..measure.checks import alignment_of, check_output, grad_rmse, variant_weight_metrics
 from ..measure.measurement import LEAK_REPORT_BYTES, input_grads
 from ..measure.memory import held_bytes, pin_malloc_threshold
 from ..measure.repeats import Repeats
-from ..measure.numerics import (BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows,
-                                error_vs_reference, within_budget)
+from ..measure.numerics import (BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, GRADIENTS, changed_max,
+                                classify_masked_rows, error_vs_reference, within_budget)
 from ..workload.inputs import draw_inputs, seed_for
 from ..workload.variants import fused_attention_count
 
@@ -194,6 +194,47 @@ def verify_error_budget(case: Any, inputs: Any, load_variant: Callable, recorded
              + ("" if ratio is None else f" ({ratio:.4g}x the baseline's error)")]
     measured = {"rmse": err["rmse"], "max_abs_err": err["max_abs_err"], "err_ratio": ratio, "within_budget": ok}
     return _with_diagnosis(ok is False, case, inputs, ref, out, recorded, lines, measured)
+
+
+def verify_grad_error_budget(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
+    """Each gradient's RMSE against float64 above GRAD_BUDGET_FACTOR × that of hand-written
+    attention's gradient in the same dtype (same inputs and upstream gradient), + atol; and the
+    backward mistake the gradients match, where the audit named one."""
+    attention, _ = load_variant()
+    ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
+    q, k, v, out = call_variant(attention, inputs)
+    if not q.requires_grad:
+        return False, ["the variant runs forward only here: no gradients to judge"], {}
+    grads = input_grads(out, (q, k, v), inputs.grad_out)
+    rmse, base = grad_rmse(grads, ref), ref.baseline_grad_rmse or {}
+    lines, measured = ["gradients: the backward of the output with the audit's seeded upstream gradient "
+                       "(0 on rows that see no key)"], {}
+    for g in GRADIENTS:
+        b = base.get(g)
+        ok = within_budget(rmse[g], b, case.dtype, GRAD_BUDGET_FACTOR[g])
+        ratio = rmse[g] / b if b and math.isfinite(b) and b > 0 else None
+        budget = None if b is None else GRAD_BUDGET_FACTOR[g] * b + BUDGET_ATOL[case.dtype]
+        lines.append(f"{g}: RMSE {rmse[g]:.4g} against float64; hand-written attention in {case.dtype}: "
+                     f"{'n/a' if b is None else format(b, '.4g')}; budget {GRAD_BUDGET_FACTOR[g]:g} x that + atol "
+                     f"{BUDGET_ATOL[case.dtype]:g} = {'n/a' if budget is None else format(budget, '.4g')}: "
+                     + ("within it" if ok else "OUTSIDE it" if ok is False else "no finite baseline to judge by")
+                     + ("" if ratio is None else f" ({ratio:.4g}x the baseline's error)"))
+        measured.update({f"{g}_err_ratio": ratio, f"{g}_within_budget": ok})
+    defect = any(measured[f"{g}_within_budget"] is False for g in GRADIENTS)
+    if recorded.get("grad_diagnosis") is None:
+        return defect, lines, measured
+    found = diagnose_grads_cell(grads, inputs, ref, case.dtype)
+    measured.update(found)
+    if found["grad_diagnosis"] == "none":
+        lines.append("diagnosis: no known backward mistake matches the gradients")
+    else:
+        lines.append(f"diagnosis: the gradients match the known backward mistake {found['grad_diagnosis']} "
+                     f"(RMSE {found['grad_diagnosis_err']:.4g} against it, {found['grad_diagnosis_golden_err']:.4g} "
+                     f"against the correct golden's)")
+    same = found["grad_diagnosis"] == recorded["grad_diagnosis"]
+    if not same:
+        lines.append(f"the audit diagnosed {recorded['grad_diagnosis']}: the diagnosis no longer holds")
+    return defect and same, lines, measured
 
 
 def verify_masked_leakage(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
@@ -485,7 +526,7 @@ def time_limit_s(reason: str | None) -> float | None:
 
 
 VERIFIERS: dict[str, Callable[..., tuple]] = {
-    "nonfinite": verify_nonfinite, "error_budget": verify_error_budget,
+    "nonfinite": verify_nonfinite, "error_budget": verify_error_budget, "grad_error_budget": verify_grad_error_budget,
     "masked_leakage": verify_masked_leakage, "fully_masked_rows": verify_fully_masked_rows,
     "finfo_min_mask": verify_finfo_min_mask, "fp16_overflow": verify_fp16_overflow,
     "saturation": verify_saturation, "input_saturation": verify_input_saturation,

@@ -46,6 +46,8 @@ WORST: dict[str, tuple[Callable[[dict], tuple], str]] = {
                              + max(_num(r, "grad_inf"), 0),), "most NaN/inf values"),
     # as the finding's message: the largest finite ratio, else the first cell (a NaN error)
     "error_budget": (lambda r: (_num(r, "err_ratio"),), "largest error relative to the baseline's"),
+    "grad_error_budget": (lambda r: (max(_num(r, f"{g}_err_ratio") for g in ("dq", "dk", "dv")),),
+                          "largest gradient error relative to the baseline's"),
     "masked_leakage": (lambda r: (_num(r, "leak_max_change"), _num(r, "leak_mass")), "largest leak"),
     "fully_masked_rows": (lambda r: (_num(r, "out_nan"),), "most NaN outputs"),
     "finfo_min_mask": (lambda r: (_num(r, "leak_max_change"),), "largest change of fully masked rows"),
@@ -71,6 +73,8 @@ RECORDED_COLUMNS = ("out_nonfinite_visible", "grad_nan", "grad_inf", "rmse", "ma
                     "within_budget", "leak_max_change", "leak_mass", "masked_rows", "onehot_frac",
                     "golden_onehot_frac", "max_logit", "fused_sdpa", "causal_alignment", "golden_alignment",
                     "underflow_frac", "diagnosis", "diagnosis_err", "diagnosis_golden_err", "repeat_differs", "repeat_max_diff", "deterministic_algorithms",
+                    "dq_err_ratio", "dk_err_ratio", "dv_err_ratio", "dq_within_budget", "dk_within_budget", "dv_within_budget",
+                    "grad_diagnosis", "grad_diagnosis_err", "grad_diagnosis_golden_err",
                     "leaked_bytes", "status", "reason")
 
 
@@ -84,7 +88,8 @@ def ranked_cells(finding: dict, by_id: dict[str, dict]) -> list[dict]:
         return sorted(cells, key=lambda r: (str(r.get("variant")).startswith("broken."), r.get("variant") in COMPILED,
                                             *(-x for x in key(r))))
     named = finding.get("diagnosis")     # a diagnosed finding: shown on a cell of its diagnosis first
-    return sorted(cells, key=lambda r: (named not in (None, "none") and r.get("diagnosis") != named,
+    column = "grad_diagnosis" if finding["check"] == "grad_error_budget" else "diagnosis"
+    return sorted(cells, key=lambda r: (named not in (None, "none") and r.get(column) != named,
                                         *(-x for x in key(r))))
 
 

@@ -57,7 +57,7 @@ class Inputs:
     q: Any                    # (B, H, Tq, d)
     k: Any                    # (B, Hkv, Tk, d): Hkv = kv_heads, H a multiple of it
     v: Any                    # (B, Hkv, Tk, d)
-    grad_out: Any             # (B, H, Tq, d): upstream gradient for the backward pass
+    grad_out: Any             # (B, H, Tq, d): upstream gradient for the backward pass, 0 on rows that see no key
     mask: Any = None          # what the variant gets: None, bool or additive float, (B|1, 1, Tq|1, Tk)
     causal: bool = False      # top-left causal flag passed to the variant
     visible: Any = None       # logical (B|1, 1, Tq|1, Tk) bool from the mask alone (causal applied separately), or None
@@ -391,8 +391,17 @@ def draw_inputs(case: Case, draw: Callable[..., dict], tq: int, score_mod: Score
     if mask is not None:
         mask = mask.to(case.device) if mask.dtype == torch.bool else to_cell(mask)
     visible = drawn.get("visible")
+    visible = None if visible is None else visible.to(case.device)
+    grad_out = to_cell(_randn(gen, (case.batch, case.heads, tq, case.d_k)))        # (B, H, Tq, d)
+    if visible is not None:
+        # the loss ignores a row that sees no key (a padded query's label is masked too): its
+        # upstream gradient is 0, so what the row's output is (a convention: 0, NaN, uniform)
+        # reaches no gradient unless it is NaN or inf
+        seeing = visible & causal_keep(tq, tk, visible.device) if case.causal else visible   # (B|1, 1, Tq|1, Tk)
+        seeing = seeing.expand(*seeing.shape[:2], tq, tk).any(-1)                      # (B|1, 1, Tq)
+        grad_out = grad_out.masked_fill(~seeing[..., None], 0.0)
     return Inputs(q=to_cell(drawn["q"]), k=to_cell(drawn["k"]), v=to_cell(drawn["v"]),
-                  grad_out=to_cell(_randn(gen, (case.batch, case.heads, tq, case.d_k))),
+                  grad_out=grad_out,
                   mask=mask, causal=case.causal,
-                  visible=None if visible is None else visible.to(case.device),
+                  visible=visible,
                   mask_form=drawn.get("mask_form", "none"), score_mod=score_mod)

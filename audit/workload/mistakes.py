@@ -109,6 +109,8 @@ class Attempt:
     score_mod: Any = None         # callable on the scaled scores, or None
     observed: Any = None          # (b, h, Tq, d) float64: the variant's output (for fits), or None
     dtype: str = "fp32"           # the cell's dtype: the range of the mistakes that depend on it
+    grad_out: Any = None          # (b, h, Tq, d) float64 upstream gradient (backward mistakes), or None
+    observed_grads: Any = None    # {"dq", "dk", "dv"}: the variant's float64 gradients (for fits), or None
 
     def __post_init__(self) -> None:
         if self.scale is None:

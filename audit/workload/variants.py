@@ -26,6 +26,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..core.errors import BackwardUnsupported, Unsupported, UsageError
 from .compiling import configure_dynamo
+from .controls import (BACKWARD_CONTROLS, broken_clamped_probs, broken_gqa_wrong_head_probs, broken_mask_after_softmax_probs,
+                       broken_no_max_subtraction_probs, broken_softmax_wrong_dim_probs, broken_unscaled_probs,
+                       broken_backward_dq_scale_missing, broken_backward_rowsum_d_missing, kv_tiled)
+from .eager import (_from_probs, eager_attention, eager_fp32_attention, eager_fp32_probs, eager_probs,  # noqa: F401
+                    kv_for_queries)
 from .inputs import causal_keep
 
 AttentionFn = Callable[..., Any]
@@ -73,124 +78,6 @@ class Variant:
 FEATURES: tuple[str, ...] = ("gqa", "score_mod")
 FEATURE_NAMES = {"gqa": "GQA/MQA (kv_heads < heads)", "mqa": "MQA (kv_heads = 1)",
                  "score_mod": "a score modification (soft-capping)"}
-
-
-# --------------------------------------------------------------------------- eager
-
-def kv_for_queries(q, t):
-    """k or v (B, Hkv, Tk, d) with each head repeated for its H / Hkv query heads: (B, H, Tk, d).
-    Query head h meets key/value head h // (H / Hkv), the hand-written form of GQA."""
-    group = q.shape[-3] // t.shape[-3]
-    return t if group == 1 else t.repeat_interleave(group, dim=-3)
-
-
-def _masked_scores(q, k, mask, causal, scale, upcast: bool, score_mod=None):
-    """Q Kᵀ · scale, score_mod applied, then causal and mask as -inf / additive: (B, H, Tq, Tk)."""
-    import torch
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    k = kv_for_queries(q, k)                                       # (B, H, Tk, d)
-    if upcast:
-        q, k = q.float(), k.float()
-    scores = (q @ k.transpose(-2, -1)) * scale                     # (B, H, Tq, Tk)
-    if score_mod is not None:
-        scores = score_mod(scores)
-    if causal:
-        keep = causal_keep(q.shape[-2], k.shape[-2], q.device)    # (Tq, Tk)
-        scores = scores.masked_fill(~keep, float("-inf"))
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.to(scores.dtype)
-    return scores
-
-
-def eager_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
-    """softmax(Q Kᵀ · scale, masked) in the input dtype: (B, H, Tq, Tk)."""
-    import torch
-    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=False, score_mod=score_mod), dim=-1)
-
-
-def eager_fp32_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
-    """Scores and softmax in fp32, cast back to the input dtype: (B, H, Tq, Tk)."""
-    import torch
-    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=True, score_mod=score_mod),
-                         dim=-1).to(q.dtype)
-
-
-def _from_probs(probs_fn, pair_kv=kv_for_queries):
-    """Attention from a probability function: probs(q, k) @ v, v's heads paired with the
-    query heads as `pair_kv` pairs them."""
-    def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
-        probs = probs_fn(q, k, mask=mask, causal=causal, scale=scale, score_mod=score_mod)
-        return probs @ pair_kv(q, v)                               # (B, H, Tq, d)
-    attention.__doc__ = probs_fn.__doc__
-    return attention
-
-
-eager_attention = _from_probs(eager_probs)
-eager_attention.__doc__ = "softmax(Q Kᵀ · scale, masked) V, every step in the input dtype (the textbook code)."
-eager_fp32_attention = _from_probs(eager_fp32_probs)
-
-
-# --------------------------------------------------------------------------- negative controls
-# Deliberately defective hand-written attention. The audit must flag each of them.
-
-def _keep_mask(q, k, mask, causal):
-    """Bool (…, Tq, Tk) of allowed pairs from causal and a bool or float mask, or None."""
-    import torch
-    keep = causal_keep(q.shape[-2], k.shape[-2], q.device) if causal else None
-    if mask is not None:
-        m = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
-        keep = m if keep is None else (keep & m)
-    return keep
-
-
-def broken_unscaled_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
-    """Forgets 1/sqrt(d_k): scores have std sqrt(d_k) and softmax saturates."""
-    import torch
-    return torch.softmax(_masked_scores(q, k, mask, causal, 1.0, upcast=False, score_mod=score_mod), dim=-1)
-
-
-def broken_mask_after_softmax_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
-    """The seed's wrong way: softmax over every key, then zero the masked ones and renormalize."""
-    import torch
-    probs = torch.softmax(_masked_scores(q, k, None, False, scale, upcast=False, score_mod=score_mod), dim=-1)
-    keep = _keep_mask(q, k, mask, causal)
-    if keep is not None:
-        probs = probs * keep
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
-
-
-def broken_clamped_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
-    """The seed's `clamp(min=1e-6)` after softmax: weight returns to masked positions."""
-    import torch
-    return torch.clamp(eager_probs(q, k, mask=mask, causal=causal, scale=scale, score_mod=score_mod), min=1e-6)
-
-
-def broken_no_max_subtraction_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
-    """exp(scores) / sum without subtracting the row max: overflows on large logits."""
-    e = _masked_scores(q, k, mask, causal, scale, upcast=False, score_mod=score_mod).exp()
-    return e / e.sum(dim=-1, keepdim=True)
-
-
-def broken_softmax_wrong_dim_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
-    """softmax over the query axis (dim=-2) instead of the key axis."""
-    import torch
-    return torch.softmax(_masked_scores(q, k, mask, causal, scale, upcast=False, score_mod=score_mod), dim=-2)
-
-
-def kv_tiled(q, t):
-    """The GQA pairing bug: k or v tiled over the query heads (B, H, Tk, d), so query head h
-    meets key/value head h % Hkv instead of h // (H / Hkv)."""
-    group = q.shape[-3] // t.shape[-3]
-    return t if group == 1 else t.repeat(1, group, 1, 1)
-
-
-def broken_gqa_wrong_head_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
-    """GQA with the wrong pairing: query head h attends with key/value head h % kv_heads."""
-    return eager_probs(q, kv_tiled(q, k), mask=mask, causal=causal, scale=scale, score_mod=score_mod)
 
 
 # --------------------------------------------------------------------------- compiled
@@ -446,6 +333,14 @@ def _builtins() -> dict[str, Variant]:
         requires={"gqa": "with kv_heads == heads, h % kv_heads is h, the right pairing: nothing to detect"},
         unsupported={"mqa": "with one key/value head every pairing is the same: nothing to detect"},
         reveals=()))                  # any GQA cell it runs
+    for attention in (broken_backward_rowsum_d_missing, broken_backward_dq_scale_missing):
+        # right forward, wrong backward: shows in any cell with a backward
+        name = BROKEN_PREFIX + attention.__name__.removeprefix("broken_")
+        doc = BACKWARD_CONTROLS[name.removeprefix(BROKEN_PREFIX + "backward_")]
+        specs.append(Variant(name, f"NEGATIVE CONTROL: eager's forward, {doc}", (lambda a=attention: a),
+                             family="broken", probs=eager_probs,
+                             unsupported={"score_mod": "its hand-written backward takes no score modification"},
+                             reveals=("normal", "scaled_x4", "outliers", "padding")))
     return {v.name: v for v in specs}
 
 
@@ -457,6 +352,7 @@ BUILTIN_NAMES: tuple[str, ...] = (
 NEGATIVE_CONTROLS: tuple[str, ...] = (
     "broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
     "broken.no_max_subtraction", "broken.softmax_wrong_dim", "broken.gqa_wrong_head",
+    "broken.backward_rowsum_d_missing", "broken.backward_dq_scale_missing",
 )
 GQA_CONTROLS: tuple[str, ...] = ("broken.gqa_wrong_head",)   # run (and flagged) on GQA cells only
 
