@@ -500,3 +500,17 @@ def test_the_verdict_of_the_stored_cpu_run(cpu_data) -> None:
     assert by_slice[("fp16", "none")] == {"eager", "compiled_unfused"}
     assert by_slice[("fp16", "causal")] == {"eager", "compiled_unfused", "compiled"}
     assert by_slice[("bf16", "none")] == set()
+
+
+def test_the_gradient_budget_table_counts_cells_within_and_judged() -> None:
+    from audit.render.tables import gradient_budget_table
+    base = {"variant": "mine", "dtype": "fp32", "status": "ok"}
+    rows = [{**base, "dq_within_budget": True, "dk_within_budget": True, "dv_within_budget": True,
+             "dq_err_ratio": 1.2, "dk_err_ratio": 0.9, "dv_err_ratio": 1.1},
+            {**base, "dq_within_budget": False, "dk_within_budget": True, "dv_within_budget": True,
+             "dq_err_ratio": 40.0, "dk_err_ratio": 1.3, "dv_err_ratio": 0.7},
+            {**base, "dq_within_budget": None, "dk_within_budget": None, "dv_within_budget": None}]   # not judged
+    table = gradient_budget_table(pd.DataFrame(rows)).set_index("variant")
+    assert (table.loc["mine", "dq"], table.loc["mine", "dk"]) == ("1/2", "2/2")
+    assert table.loc["mine", "max dq_err_ratio"] == pytest.approx(40.0)
+    assert gradient_budget_table(pd.DataFrame([base])).empty          # records before schema 10

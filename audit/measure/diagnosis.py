@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..workload.backward_mistakes import BACKWARD_MISTAKES, BackwardMistake, backward_of, full_groups
+from ..workload.backward_mistakes import BACKWARD_MISTAKES, backward_of, full_groups
 from ..workload.inputs import Inputs, torch_dtype
 from ..workload.mistakes import MISTAKES, Attempt, Mistake, sq_diff
 from .numerics import BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, attention_flops, error_vs_reference
@@ -240,7 +240,7 @@ def _grad_rmse(x: Any, y: Any) -> float:
 
 
 def diagnose_grads(attempt: Attempt, golden: dict[str, Any], observed: dict[str, Any], tol: dict[str, float],
-                   mistakes: Mapping[str, BackwardMistake] | None = None) -> GradDiagnosis:
+                   mistakes: Mapping[str, Mistake] | None = None) -> GradDiagnosis:
     """Match the variant's gradients `observed` against every backward mistake on `attempt`
     (golden: its right float64 gradients, backward_mistakes.backward_of). dq is compared
     everywhere, dk and dv on the key/value heads whose whole group the attempt holds. A mistake

@@ -127,16 +127,23 @@ def _with_diagnosis(defect: bool, case: Any, inputs: Any, ref: Any, out: Any, re
     if recorded.get("diagnosis") is None:
         return defect, lines, measured
     found = diagnose_cell(out.detach(), inputs, ref, case.dtype, ref.baseline_rmse)
-    measured.update({k: found[k] for k in ("diagnosis", "diagnosis_err", "diagnosis_golden_err")})
-    if found["diagnosis"] == "none":
-        lines.append("diagnosis: no known mistake matches the output")
+    return _rediagnosed(defect, lines, measured, recorded, found, "diagnosis", "the output")
+
+
+def _rediagnosed(defect: bool, lines: list[str], measured: dict, recorded: dict, found: dict, column: str,
+                 of: str) -> tuple:
+    """The verifier's result once the diagnosis (columns `column`, `column`_err and _golden_err of
+    `found`) is made again: it must name the mistake the audit recorded in `column`."""
+    measured.update({k: found[k] for k in (column, f"{column}_err", f"{column}_golden_err")})
+    name = found[column]
+    if name == "none":
+        lines.append(f"diagnosis: no known mistake matches {of}")
     else:
-        lines.append(f"diagnosis: the output matches the known mistake {found['diagnosis']} (RMSE "
-                     f"{found['diagnosis_err']:.4g} against it, {found['diagnosis_golden_err']:.4g} against "
-                     f"the correct golden)")
-    same = found["diagnosis"] == recorded["diagnosis"]
+        lines.append(f"diagnosis: {of} matches the known mistake {name} (RMSE {found[f'{column}_err']:.4g} "
+                     f"against it, {found[f'{column}_golden_err']:.4g} against the correct golden)")
+    same = name == recorded[column]
     if not same:
-        lines.append(f"the audit diagnosed {recorded['diagnosis']}: the diagnosis no longer holds")
+        lines.append(f"the audit diagnosed {recorded[column]}: the diagnosis no longer holds")
     return defect and same, lines, measured
 
 
@@ -224,17 +231,7 @@ def verify_grad_error_budget(case: Any, inputs: Any, load_variant: Callable, rec
     if recorded.get("grad_diagnosis") is None:
         return defect, lines, measured
     found = diagnose_grads_cell(grads, inputs, ref, case.dtype)
-    measured.update(found)
-    if found["grad_diagnosis"] == "none":
-        lines.append("diagnosis: no known backward mistake matches the gradients")
-    else:
-        lines.append(f"diagnosis: the gradients match the known backward mistake {found['grad_diagnosis']} "
-                     f"(RMSE {found['grad_diagnosis_err']:.4g} against it, {found['grad_diagnosis_golden_err']:.4g} "
-                     f"against the correct golden's)")
-    same = found["grad_diagnosis"] == recorded["grad_diagnosis"]
-    if not same:
-        lines.append(f"the audit diagnosed {recorded['grad_diagnosis']}: the diagnosis no longer holds")
-    return defect and same, lines, measured
+    return _rediagnosed(defect, lines, measured, recorded, found, "grad_diagnosis", "the gradients")
 
 
 def verify_masked_leakage(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:

@@ -19,41 +19,25 @@ Imports no torch at module level (the report's texts come from here); the functi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from .mistakes import _SAME, Attempt
+from .mistakes import _SAME, Attempt, Mistake, register
 
 GRADIENT_NAMES = ("dq", "dk", "dv")
 
 
-@dataclass(frozen=True)
-class BackwardMistake:
-    """One known backward mistake: its texts for the report and its float64 function."""
-
-    name: str
-    title: str                    # a few words
-    what: str                     # what the mistaken backward does, one plain sentence
-    where: str                    # where such a mistake usually sits
-    fn: Callable[[Attempt], Any]
-    specificity: int = 1          # ties go to the higher: 0 a fit, 2 a special case of another
-
-
-BACKWARD_MISTAKES: dict[str, BackwardMistake] = {}
+# name -> Mistake (workload.mistakes' record: title, what, where, fn, specificity; its rows and
+# precision are the forward's and unused here), each fn returning the mistaken gradients or None
+BACKWARD_MISTAKES: dict[str, Mistake] = {}
 
 
 def backward_mistake(name: str, *, title: str, what: str, where: str,
                      specificity: int = 1) -> Callable[[Callable], Callable]:
-    """Register a backward mistake (its function returns the mistaken float64 gradients or None).
-    The same name twice is an error unless it is the same function again (a module reload)."""
-    def register(fn: Callable) -> Callable:
-        old = BACKWARD_MISTAKES.get(name)
-        if old is not None and (old.fn.__module__, old.fn.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"backward mistake {name!r} is already registered by {old.fn.__module__}."
-                             f"{old.fn.__qualname__}")
-        BACKWARD_MISTAKES[name] = BackwardMistake(name, title, what, where, fn, specificity)
+    """Register a backward mistake (its function returns the mistaken float64 gradients or None)."""
+    def add(fn: Callable) -> Callable:
+        register(BACKWARD_MISTAKES, Mistake(name, title, what, where, fn, specificity=specificity))
         return fn
-    return register
+    return add
 
 
 def backward_of(a: Attempt, *, dq_scale: float = 1.0, dk_scale: float = 1.0, rowsum_d: bool = True,

@@ -69,23 +69,28 @@ class Mistake:
 MISTAKES: dict[str, Mistake] = {}
 
 
+def register(registry: dict[str, Mistake], entry: Mistake) -> None:
+    """Add `entry` to `registry` (MISTAKES, or backward_mistakes.BACKWARD_MISTAKES). The same name
+    twice is an error unless it is the same function again (a module reload)."""
+    old = registry.get(entry.name)
+    if old is not None and (old.fn.__module__, old.fn.__qualname__) != (entry.fn.__module__, entry.fn.__qualname__):
+        raise ValueError(f"mistake {entry.name!r} is already registered by {old.fn.__module__}."
+                         f"{old.fn.__qualname__}")
+    registry[entry.name] = entry
+
+
 def mistake(name: str, *, title: str, what: str, where: str, rows: str = "seen",
             specificity: int = 1, precision: str = "float64") -> Callable[[Callable], Callable]:
-    """Register a mistake (its function returns the mistaken float64 output or None).
-    The same name twice is an error unless it is the same function again (a module reload)."""
+    """Register a mistake (its function returns the mistaken float64 output or None)."""
     if rows not in ROWS:
         raise ValueError(f"mistake {name!r}: rows must be one of {ROWS}, not {rows!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"mistake {name!r}: precision must be one of {PRECISIONS}, not {precision!r}")
 
-    def register(fn: Callable) -> Callable:
-        old = MISTAKES.get(name)
-        if old is not None and (old.fn.__module__, old.fn.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"mistake {name!r} is already registered by {old.fn.__module__}."
-                             f"{old.fn.__qualname__}")
-        MISTAKES[name] = Mistake(name, title, what, where, fn, rows, specificity, precision)
+    def add(fn: Callable) -> Callable:
+        register(MISTAKES, Mistake(name, title, what, where, fn, rows, specificity, precision))
         return fn
-    return register
+    return add
 
 
 @dataclass
