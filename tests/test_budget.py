@@ -325,6 +325,30 @@ def test_a_negative_control_gets_the_cell_its_defect_shows_in_and_its_other_cell
     assert {chosen.tier[c.id] for c in controls if c.id in kept} <= {0, 2}
 
 
+def test_the_controls_extra_cells_get_a_small_share_even_when_all_would_fit():
+    """Room for every cell: the real ones all run, the controls' self-checks too, and their other
+    cells only within CONTROL_EXTRA_SHARE of the room (eight controls took 9.7% of a cold quick run)."""
+    from audit.plan.budget import CONTROL_EXTRA_SHARE, cell_cost
+    real = _speed_grid("eager")
+    controls = [Case(c, "cpu", dtype, 32, 64, 1, 2, causal, s) for c in ("broken.unscaled", "broken.clamped")
+                for s in ("normal", "scaled_x4", "padding", "outliers") for dtype in ("fp16", "fp32")
+                for causal in (False, True)]
+    cases = real + controls
+    pred = _predict(cases)
+    room = float(pred["total_s"].sum()) * 1.5                  # everything fits, with room to spare
+    chosen = choose(pred, budget_s=room, reserve_s=0.0, max_cell_s=None, repredict=_repredict(cases))
+    assert {c.id for c in real}.isdisjoint(chosen.skip)
+    extra = [c.id for c in controls if chosen.tier.get(c.id, 2) == 2]
+    kept_extra = [i for i in extra if i not in chosen.skip]
+    costs = {r["id"]: cell_cost(r) for r in pred.to_dict("records")}
+    assert kept_extra and sum(costs[i] for i in kept_extra) <= CONTROL_EXTRA_SHARE * room
+    assert any(f"at most {CONTROL_EXTRA_SHARE:.0%}" in chosen.skip[i] for i in extra if i in chosen.skip)
+    from audit.workload.variants import builtin_variants
+    first = {c: builtin_variants()[c].reveals[0] for c in ("broken.unscaled", "broken.clamped")}
+    self_check = [c for c in controls if c.scenario == first[c.variant] and c.dtype == "fp32"]
+    assert all(chosen.tier.get(c.id) == 0 and c.id not in chosen.skip for c in self_check)
+
+
 def test_too_small_a_budget_names_the_kinds_left_without_a_cell():
     cases = _speed_grid("eager") + _speed_grid("flex") + _speed_grid("compiled_unfused")
     pred = _predict(cases)
