@@ -35,9 +35,9 @@ CORRECTION_RANGE = (0.5, 4.0)
 LATE_MARGIN = 1.5                   # a cell runs at run time only if 1.5x its scaled prediction fits what is left
 FREE_CELL_S = 0.01                  # a cell predicted under this is never cut at run time (see Keeper)
 COVERAGE, REAL, CONTROL_EXTRA = 0, 1, 2     # the tiers: what the budget buys first, then, last
-# The negative controls' cells beyond their self-check get at most this share of the time the
-# budget leaves for cells (their self-checks, in COVERAGE, come on top: about 1.5% of the quick
-# preset's, 0.4% of the cpu preset's): with eight controls they took 9.7% of a cold quick run.
+# The negative controls' cells beyond their self-check get at most this share of the cell time
+# already bought (or of the time the budget leaves for cells, when less; their self-checks, in
+# COVERAGE, come on top): with eight controls and no such limit they took 9.7% of a cold quick run.
 CONTROL_EXTRA_SHARE = 0.05
 TIER_NAMES = {COVERAGE: "coverage and self-check", REAL: "real variants' other cells",
               CONTROL_EXTRA: "negative controls' other cells"}
@@ -261,7 +261,7 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
         for level in (REAL, CONTROL_EXTRA):
             members = sorted((i for i in costs if tier.get(i) == level), key=lambda i: costs[i])
             if level == CONTROL_EXTRA:          # proving the audit works: a small share of the time, at most
-                share, total = CONTROL_EXTRA_SHARE * room, 0.0
+                share, total = CONTROL_EXTRA_SHARE * min(room, sum(costs[i] for i in kept)), 0.0
                 capped = []
                 for i in members:
                     total += costs[i]
@@ -294,7 +294,7 @@ def _over(budget_s: float, room: float, cost: float, level: int) -> str:
                        "negative control its self-check, did not all fit",
              REAL: "given to the cheaper ones, after every variant's first cell per dtype and mask kind",
              CONTROL_EXTRA: "given to every real variant's cells first, as a negative control's cells "
-                            f"beyond its self-check (those get at most {CONTROL_EXTRA_SHARE:.0%} of it)"}[level]
+                            f"beyond its self-check (those get at most {CONTROL_EXTRA_SHARE:.0%} of the cells' time)"}[level]
     return (f"over the budget: the {format_duration(budget_s)} budget (--budget) leaves {max(room, 0):.0f} s "
             f"for cells, {which}; this one was predicted {cost:.1f} s")
 
