@@ -17,16 +17,18 @@ from ..measure.roofline import CEILINGS_BUDGET_S
 # (2026-12-03): starting the run and its first measuring process (Python, torch, the cells)
 # 1.9 s; the plan 1.5 ms a cell of the grid; the ceilings 1.1x the time they are given; 1.3 ms
 # a cell between cells (a record written, the keeper, the progress bar); after the last cell
-# (the seed's claims, findings, reproduction scripts, figures, the page) 2.1 s and 2.8 ms a
-# measured cell (quick: 2.8 s for 241, cpu: 5.8 s for 1294). On another host the constants of
+# (the seed's claims, findings, reproduction scripts, figures, the page) 4.1 s and 1.7 ms a
+# measured cell (again with the gradient checks, eight controls and their reproduction scripts:
+# quick 4.5 s for 285, cpu 6.3 s for 1302; before them 2.8 s for 241 and 5.8 s for 1294).
+# On another host the constants of
 # HOST_SCALED are these times its host factor (host_factor); the ceilings take the time given.
 DEFAULTS: dict[str, float] = {
     "start_s": 1.9,              # the run's and its first measuring process's start, less the plan
     "plan_per_cell_s": 0.0015,   # the cost model and the budget, per cell of the grid
     "ceilings_factor": 1.1,      # the ceilings' seconds per second the preset gives them
     "between_cell_s": 0.0013,    # a record written, the budget's keeper, the progress bar
-    "report_s": 2.1,             # the seed's claims, findings, reproduction scripts, figures, the page ...
-    "report_per_cell_s": 0.0028,  # ... growing with the measured cells
+    "report_s": 4.1,             # the seed's claims, findings, reproduction scripts, figures, the page ...
+    "report_per_cell_s": 0.0017,  # ... growing with the measured cells
 }
 FITTED = ("start_s", "ceilings_factor", "between_cell_s", "report_s")
 HOST_SCALED = ("start_s", "plan_per_cell_s", "between_cell_s", "report_s", "report_per_cell_s")
