@@ -41,3 +41,14 @@ def h200_run(name: str, dest):
 def cpu_run(name: str, dest):
     """Unpack the stored CPU run folder `name` (cpu, quick; quick-cold, quick-warm) under `dest`; its path."""
     return unpack_run((CPU_COMPILE_RUNS if name.startswith("quick-") else CPU_RUNS) / name, dest)
+
+
+def out_only(variant):
+    """A variant's built callable returning out alone: a variant that returns its log-sum-exp
+    ((out, lse), Variant.lse_on) gives its out."""
+    fn = variant.build()
+
+    def call(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        return result[0] if isinstance(result, tuple) else result
+    return call

@@ -1,6 +1,7 @@
 """The diagnosis: each known mistake (audit.workload.mistakes) is named on an implementation that
 makes it (tests/plugins/mistaken.py) and on no correct one; the negative controls get their own
-defect named where the audit flags them; slices, tolerance, ties, plug-in mistakes, devices."""
+defect named where the audit flags them, on the leak probes where their own inputs hide it;
+slices, tolerance, ties, plug-in mistakes, devices."""
 from __future__ import annotations
 
 import math
@@ -50,6 +51,10 @@ CELLS: dict[str, dict] = {
     "probs_clamped": dict(causal=True),
     "no_max_subtraction": dict(scenario="scaled_x64", causal=True),              # fp32 overflow
     "score_mod_ignored": dict(scenario="softcap"),
+    "sink_ignored": dict(scenario="sinks", heads=4),
+    "sink_after_normalisation": dict(scenario="sinks", heads=4),
+    "sink_shared": dict(scenario="sinks", heads=4),
+    "sink_wrong_head": dict(scenario="sinks", heads=4, causal=True),
 }
 BASE = dict(variant="x", device="cpu", dtype="fp32", d_k=16, seq_len=32, batch=2, heads=2, causal=False,
             scenario="normal")
@@ -62,10 +67,20 @@ def cell(**fields) -> tuple[Case, object, object]:
     return case, inputs, build_reference(case, inputs)
 
 
-def diagnosed(fn, case, inputs, ref, baseline="ref") -> dict:
+def output_of(fn, inputs, k=None, v=None):
+    """The variant's (B, H, Tq, d) output on the cell's inputs (k, v replaced when given); of a
+    variant returning (out, lse), out."""
     with torch.no_grad():
-        out = fn(inputs.q, inputs.k, inputs.v, **inputs.call_kwargs())
-    return diagnose_cell(out, inputs, ref, case.dtype, ref.baseline_rmse if baseline == "ref" else baseline)
+        got = fn(inputs.q, inputs.k if k is None else k, inputs.v if v is None else v, **inputs.call_kwargs())
+    return got[0] if isinstance(got, tuple) else got
+
+
+def diagnosed(fn, case, inputs, ref, baseline="ref", probes=False) -> dict:
+    """diagnose_cell on fn's output; probes: with the variant's call on the leak probes' keys, as
+    the `diagnosis` check passes it."""
+    call = (lambda k2, v2: output_of(fn, inputs, k2, v2)) if probes else None
+    return diagnose_cell(output_of(fn, inputs), inputs, ref, case.dtype,
+                         ref.baseline_rmse if baseline == "ref" else baseline, call=call)
 
 
 # --------------------------------------------------------------------------- every mistake
@@ -98,7 +113,7 @@ def test_an_implementation_making_the_mistake_is_diagnosed_with_it(name):
 @pytest.mark.parametrize("name", BUILTIN)
 def test_a_correct_implementation_is_not_diagnosed_on_that_cell(name):
     case, inputs, ref = cell(**CELLS.get(name, {}))
-    got = diagnosed(mistaken.correct, case, inputs, ref)
+    got = diagnosed(mistaken.correct, case, inputs, ref, probes=True)    # its leak probes too
     assert got["diagnosis"] == "none", got
     assert got["diagnosis_err"] is None and got["diagnosis_golden_err"] < 1e-6
 
@@ -164,6 +179,77 @@ def test_mask_after_softmax_ties_with_the_nan_convention_on_fully_masked_rows():
     case, inputs, ref = cell(**QUICK, scenario="fully_masked_bool")
     got = diagnosed(builtin_variants()["broken.mask_after_softmax"].build(), case, inputs, ref)
     assert got["diagnosis"] == "fully_masked_nan"
+
+
+# --------------------------------------------------------------------------- leak probes
+
+PROBED = dict(d_k=32, seq_len=128, batch=1, heads=2)     # the quick preset's T=128 cells (issue 30)
+PROBE_CELLS = [dict(causal=True), dict(scenario="padding"), dict(scenario="cross_causal", causal=True)]
+PROBE_IDS = ["normal-causal", "padding", "cross_causal-causal"]
+
+
+@pytest.mark.parametrize("fields", PROBE_CELLS + [dict(scenario="padding", dtype="bf16"),
+                                                  dict(scenario="cross_causal", causal=True, dtype="fp16")],
+                         ids=PROBE_IDS + ["padding-bf16", "cross_causal-causal-fp16"])
+def test_mask_after_softmax_is_named_on_the_leak_probes_where_its_cell_hides_it(fields):
+    """Softmax over every key, then masked and renormalised, is exact in float64: on N(0, 1)
+    inputs it leaks at roundoff (fp32: up to 5e-7) and no mistake is distinguishable there. On a
+    leak probe's keys, scaled past the dtype's range, the hidden keys flush the visible weights of
+    the probe's rows to zero and renormalising gives NaN, as the mistake run in the cell's dtype:
+    named in every dtype. (Not mask_after_softmax: without renormalising, its rows are ~0, not NaN.)"""
+    case, inputs, ref = cell(**{**PROBED, **fields})
+    fn = builtin_variants()["broken.mask_after_softmax"].build()
+    assert ref.leak_probes
+    assert diagnosed(fn, case, inputs, ref)["diagnosis"] == "none"         # its own inputs: nothing
+    got = diagnosed(fn, case, inputs, ref, probes=True)
+    assert got["diagnosis"] == "mask_after_softmax_renormalised", got
+    assert got["diagnosis_err"] <= tolerance(ref.baseline_rmse, case.dtype)
+    assert not got["diagnosis_golden_err"] <= got["diagnosis_err"]       # NaN rows: NaN against the golden
+
+
+@pytest.mark.parametrize("variant", ["eager", "sdpa"])
+@pytest.mark.parametrize("fields", PROBE_CELLS, ids=PROBE_IDS)
+def test_the_leak_probes_name_no_mistake_on_a_correct_variant(variant, fields, monkeypatch):
+    """The same cells and probes: the hidden keys never reach a correct variant's probed rows,
+    so every probe is evaluated (the cell names nothing) and names nothing."""
+    probed = []
+
+    def spy(*args, **kwargs):
+        found = real(*args, **kwargs)
+        if kwargs.get("within") is not None:
+            probed.append(found)
+        return found
+    real = diagnosis.diagnose
+    monkeypatch.setattr(diagnosis, "diagnose", spy)
+    case, inputs, ref = cell(**PROBED, **fields)
+    got = diagnosed(builtin_variants()[variant].build(), case, inputs, ref, probes=True)
+    assert got["diagnosis"] == "none", got
+    assert len(probed) == len(ref.leak_probes) >= 1 and all(f.name == "none" for f in probed)
+    assert not any(f.scores["mask_after_softmax_renormalised"][3] for f in probed)
+
+
+def test_a_probe_the_variant_raises_on_keeps_the_cells_diagnosis():
+    """A variant refusing the scaled keys loses the probe, not the cell's diagnosis."""
+    case, inputs, ref = cell(**PROBED, causal=True)
+
+    def refuses(k2, v2):
+        raise ValueError("keys out of range")
+    out = output_of(builtin_variants()["broken.mask_after_softmax"].build(), inputs)
+    got = diagnose_cell(out, inputs, ref, "fp32", ref.baseline_rmse, call=refuses)
+    assert got["diagnosis"] == "none"
+
+
+def test_the_probes_are_scaled_past_the_dtypes_range():
+    """A softmax weight e^-x is 0 in the dtype past its smallest subnormal; the probe's hidden
+    scores are pushed PROBE_REACH times that far, never scaled down."""
+    assert diagnosis.weight_range("fp32") == pytest.approx(149 * math.log(2))
+    assert diagnosis.weight_range("bf16") == pytest.approx(133 * math.log(2))
+    assert diagnosis.weight_range("fp16") == pytest.approx(24 * math.log(2))
+    case, inputs, ref = cell(**PROBED, causal=True)
+    attempt = diagnosis.attempt_for(inputs, [0], [0, 1])
+    (k2, _, rows), = ref.leak_probes
+    gain = diagnosis.probe_gain(attempt, k2.double(), rows)
+    assert gain > 10 and diagnosis.probe_gain(attempt, attempt.k, rows) == 1.0   # nothing changed: 1
 
 
 # --------------------------------------------------------------------------- matcher

@@ -91,7 +91,9 @@ OWN_DEFECT = {"broken.unscaled": "scale_missing", "broken.mask_after_softmax": "
               "broken.gqa_wrong_head": "gqa_interleaved", "broken.softmax_wrong_dim": "softmax_wrong_dim",
               "broken.clamped": "probs_clamped", "broken.no_max_subtraction": "no_max_subtraction",
               "broken.backward_rowsum_d_missing": "rowsum_d_missing",
-              "broken.backward_dq_scale_missing": "dq_scale_missing"}
+              "broken.backward_dq_scale_missing": "dq_scale_missing",
+              "broken.sink_ignored": "sink_ignored", "broken.lse_base2": "lse_base2",
+              "broken.lse_no_grad": "lse_no_grad"}
 
 
 def test_every_negative_control_gets_an_error_finding_diagnosed_as_its_own_defect(quick_run):

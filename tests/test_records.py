@@ -87,9 +87,9 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_10_with_migrations_from_1_to_9():
-    assert SCHEMA_VERSION == 10
-    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7, 8, 9}
+def test_schema_is_11_with_migrations_from_1_to_10():
+    assert SCHEMA_VERSION == 11
+    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 
 
 @pytest.mark.parametrize("schema, added", [
@@ -103,6 +103,11 @@ def test_schema_is_10_with_migrations_from_1_to_9():
     # schema 9 judged no gradient: null (not judged), not True
     (9, ("dq_err_ratio", "dk_err_ratio", "dv_err_ratio", "dq_within_budget", "dk_within_budget",
          "dv_within_budget", "grad_diagnosis", "grad_diagnosis_err", "grad_diagnosis_golden_err")),
+    # schema 10 checked no lse and no sinks' gradient: null (not judged), not True
+    (10, ("lse_err", "lse_err_ratio", "lse_within_budget", "lse_masked_rows", "merge_err", "merge_err_ratio",
+          "merge_within_budget", "lse_differentiable", "lse_dq_err_ratio", "lse_dk_err_ratio",
+          "lse_grads_within_budget", "lse_diagnosis", "lse_grad_diagnosis", "dsinks_err", "dsinks_err_ratio",
+          "dsinks_within_budget")),
 ])
 def test_an_older_record_reads_with_the_columns_it_did_not_measure_null(tmp_path, schema, added):
     old = full_record()

@@ -36,7 +36,8 @@ FAULTS = ["--preset", "quick", "--variant", "faults:raises", "faults:leaks", "fa
           "--seq-len", "64", "--batch", "1", "--heads", "2", "--kv-heads", "2", "--causal", "true", "--budget", "none", "--no-report"]
 EVERY_CHECK = {"nonfinite", "error_budget", "grad_error_budget", "masked_leakage", "fully_masked_rows", "finfo_min_mask", "fp16_overflow",
                "saturation", "input_saturation", "compiled_rewritten", "causal_alignment", "underflow",
-               "memory_leak", "cell_failed", "nondeterministic"}
+               "memory_leak", "cell_failed", "nondeterministic", "lse_error_budget", "lse_grad_budget",
+               "lse_masked_rows"}
 
 # Runs every script given on the command line in this one process, each as __main__ in a
 # fresh namespace, and prints one JSON line per script: its exit status and output.

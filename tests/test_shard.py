@@ -59,10 +59,16 @@ def test_balanced_on_the_gpu_preset(count):
 def test_balanced_in_measured_time_on_the_h200_run(tmp_path, count, factor):
     """The H200 `full` run (164 cells, 24 input sets): shards chosen on predictions, judged on the
     seconds the cells really took there (measured 1.01, 1.02, 1.20 of an even split)."""
+    import dataclasses
+
+    from audit.plan.costmodel import Settings
     recs = records.read_records(h200_run("full", tmp_path))
     cases = [grid.Case.from_mapping(r) for r in recs]
     took = {r["id"]: r["elapsed_s"] or 0.0 for r in recs}
-    parts = shard.assign(cases, count, shard.cell_costs(cases, presets.presets()["gpu"]))
+    # that run predates the lse checks (schema 10): its cells are predicted as it measured them
+    gpu = presets.presets()["gpu"]
+    settings = dataclasses.replace(Settings.of_preset(gpu), lse_checks=False)
+    parts = shard.assign(cases, count, shard.cell_costs(cases, gpu, settings))
     loads = [sum(took[c.id] for c in part) for part in parts]
     assert max(loads) <= factor * sum(loads) / count
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import random_qkv
+from tests.helpers import out_only, random_qkv
 
 from audit.core import grid
 from audit.core.errors import Unsupported
@@ -57,11 +57,12 @@ def test_builtin_registry_matches_names():
 
 
 def test_negative_controls_are_a_separate_name_space():
-    assert len(NEGATIVE_CONTROLS) == 8
+    assert len(NEGATIVE_CONTROLS) == 11
     assert set(NEGATIVE_CONTROLS) == {"broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
                                       "broken.no_max_subtraction", "broken.softmax_wrong_dim",
                                       "broken.gqa_wrong_head", "broken.backward_rowsum_d_missing",
-                                      "broken.backward_dq_scale_missing"}
+                                      "broken.backward_dq_scale_missing", "broken.sink_ignored",
+                                      "broken.lse_base2", "broken.lse_no_grad"}
     assert set(variants.GQA_CONTROLS) <= set(NEGATIVE_CONTROLS)
     assert not set(NEGATIVE_CONTROLS) & set(BUILTIN_NAMES)
     for name in NEGATIVE_CONTROLS:
@@ -90,7 +91,7 @@ def test_probs_times_v_is_the_variant_output(name):
     for causal in (False, True):
         probs = v_.probs(q, k, mask=mask, causal=causal)
         assert probs.shape == (1, 2, 16, 16)                       # (B, H, Tq, Tk)
-        out = v_.build()(q, k, v, mask=mask, causal=causal)
+        out = out_only(v_)(q, k, v, mask=mask, causal=causal)
         torch.testing.assert_close(out, probs @ v, rtol=0, atol=0, equal_nan=True)
 
 
@@ -127,7 +128,7 @@ def test_check_name():
 @pytest.mark.parametrize("name", AGREEING)
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp32_variants_agree_with_golden(name, causal):
-    fn = resolve(name).build()
+    fn = out_only(resolve(name))
     q, k, v = qkv()
     out = fn(q, k, v, causal=causal)
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -138,7 +139,7 @@ def test_fp32_variants_agree_with_golden(name, causal):
 @pytest.mark.parametrize("name", AGREEING)
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp32_variants_agree_with_golden_under_a_bool_mask(name, causal):
-    fn = resolve(name).build()
+    fn = out_only(resolve(name))
     q, k, v = qkv()
     mask = padding_like_mask(16, 16)
     out = fn(q, k, v, mask=mask, causal=causal)
@@ -150,7 +151,7 @@ def test_fp32_variants_agree_with_golden_under_a_bool_mask(name, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp32_variants_agree_with_golden_float_mask_and_scale(name, causal):
     # an additive -inf float mask: the golden gets the equivalent bool visibility
-    fn = resolve(name).build()
+    fn = out_only(resolve(name))
     q, k, v = qkv()
     visible = padding_like_mask(16, 16, seed=5)
     mask = torch.zeros(16, 16).masked_fill(~visible, float("-inf"))
@@ -168,7 +169,7 @@ def test_neg_inf_float_mask_matches_golden_on_rows_that_see_a_key(name):
     visible = padding_like_mask(16, 16, seed=7)
     visible[[2, 9]] = False                                       # two fully masked rows
     mask = torch.zeros(16, 16).masked_fill(~visible, float("-inf"))
-    out = resolve(name).build()(q, k, v, mask=mask)
+    out = out_only(resolve(name))(q, k, v, mask=mask)
     golden = golden_attention(q, k, v, visible=visible)
     assert golden.row_visible[..., [2, 9]].logical_not().all()
     err = error_vs_reference(out, golden.out, golden.row_visible)
@@ -184,7 +185,7 @@ def test_finfo_min_float_mask_gives_a_uniform_fully_masked_row(name):
     visible[4] = False
     visible[7, 10:] = False                                       # a partly masked row
     mask = torch.zeros(16, 16).masked_fill(~visible, torch.finfo(torch.float32).min)
-    out = resolve(name).build()(q, k, v, mask=mask)
+    out = out_only(resolve(name))(q, k, v, mask=mask)
     torch.testing.assert_close(out[..., 4, :], v.mean(-2), rtol=1e-5, atol=1e-5)
     golden = golden_attention(q, k, v, visible=visible)
     assert torch.count_nonzero(golden.out[..., 4, :]) == 0        # the golden says: masked
@@ -195,7 +196,7 @@ def test_finfo_min_float_mask_gives_a_uniform_fully_masked_row(name):
 @pytest.mark.parametrize("name", AGREEING)
 @pytest.mark.parametrize("tq,tk", [(5, 9), (1, 9)])
 def test_variants_use_top_left_causal_alignment(name, tq, tk):
-    fn = resolve(name).build()
+    fn = out_only(resolve(name))
     q, k, v = qkv(tq=tq, tk=tk)
     out = fn(q, k, v, causal=True)
     golden = golden_attention(q, k, v, causal=True)
@@ -205,14 +206,14 @@ def test_variants_use_top_left_causal_alignment(name, tq, tk):
 def test_agreement_check_can_fail():
     # an unscaled attention is the textbook bug: the same check must reject it
     q, k, v = qkv(d=32)
-    wrong = resolve("eager").build()(q, k, v, scale=1.0)
+    wrong = out_only(resolve("eager"))(q, k, v, scale=1.0)
     assert error_vs_reference(wrong, golden_attention(q, k, v).out)["rel_err"] > 1e-3
 
 
 @pytest.mark.parametrize("name", ["eager", "eager_fp32", "sdpa", "sdpa_math"])
 def test_low_precision_output_keeps_the_input_dtype(name):
     q, k, v = qkv(dtype=torch.bfloat16)
-    out = resolve(name).build()(q, k, v, causal=True)
+    out = out_only(resolve(name))(q, k, v, causal=True)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     assert error_vs_reference(out, golden_attention(q, k, v, causal=True).out)["rel_err"] < 0.05
 
@@ -221,11 +222,11 @@ def test_fully_masked_rows_eager_nan_sdpa_zero():
     q, k, v = qkv(tq=6, tk=6)
     mask = torch.ones(6, 6, dtype=torch.bool)
     mask[2] = False
-    eager = resolve("eager").build()(q, k, v, mask=mask)
+    eager = out_only(resolve("eager"))(q, k, v, mask=mask)
     assert torch.isnan(eager[..., 2, :]).all()
     assert not torch.isnan(eager[..., [0, 1, 3, 4, 5], :]).any()
     for name in ("sdpa", "sdpa_math"):
-        out = resolve(name).build()(q, k, v, mask=mask)
+        out = out_only(resolve(name))(q, k, v, mask=mask)
         assert torch.isfinite(out).all()
         assert torch.count_nonzero(out[..., 2, :]) == 0
 
@@ -245,14 +246,14 @@ def test_sdpa_backends_without_a_cpu_kernel_raise_unsupported(name):
 
 def test_sdpa_flash_runs_on_cpu():
     q, k, v = qkv()
-    out = resolve("sdpa_flash").build()(q, k, v, causal=True)
+    out = out_only(resolve("sdpa_flash"))(q, k, v, causal=True)
     assert torch.isfinite(out).all()
 
 
 def test_sdpa_real_errors_are_not_hidden_as_unsupported():
     q, k, v = qkv()
     with pytest.raises(RuntimeError) as info:
-        resolve("sdpa_math").build()(q, k[..., :4], v)  # d mismatch between q and k
+        out_only(resolve("sdpa_math"))(q, k[..., :4], v)  # d mismatch between q and k
     assert not isinstance(info.value, Unsupported)
 
 
@@ -549,7 +550,8 @@ def test_every_cell_of_a_scenario_a_control_declares_shows_its_defect(control):
     # the budget's self-check cells (fp32, the first declared scenario) are diagnosed too: the
     # output, or (a control with a wrong backward) the gradients
     first = [r for r in recs if r["dtype"] == "fp32" and r["scenario"] == declared[0]]
-    column = "grad_diagnosis" if control.startswith("broken.backward_") else "diagnosis"
+    column = {"broken.lse_base2": "lse_diagnosis", "broken.lse_no_grad": "lse_grad_diagnosis"}.get(
+        control, "grad_diagnosis" if control.startswith("broken.backward_") else "diagnosis")
     assert first and all(r[column] not in (None, "none") for r in first), [(r["id"], r[column]) for r in first]
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
-from ..core.defects import REPEATED_TENSORS, grad_outside_budget, leaks, nonfinite
+from ..core.defects import BUDGETED_GRADIENTS, REPEATED_TENSORS, grad_outside_budget, leaks, nonfinite
 from ..core.grid import INPUT_AXES
 from ..core.runfolder import FINDINGS_FILE
 
@@ -111,7 +111,9 @@ def check_grad_error_budget(frame: pd.DataFrame) -> list[dict]:
 
     def make(variant: str, g: pd.DataFrame) -> dict:
         parts = []
-        for grad in REPEATED_TENSORS[1:]:
+        for grad in BUDGETED_GRADIENTS:
+            if f"{grad}_within_budget" not in g:
+                continue
             outside = g[g[f"{grad}_within_budget"].astype("object").eq(False)]
             if outside.empty:
                 continue
@@ -123,6 +125,79 @@ def check_grad_error_budget(frame: pd.DataFrame) -> list[dict]:
                         f"{variant}'s gradients are outside their error budget (RMSE vs the float64 golden's "
                         f"above 2× that of hand-written attention's in the same dtype, plus atol): "
                         f"{'; '.join(parts)} ({_where(g)}). Training with it follows wrong gradients.", g["id"])
+    return _per_variant(rows, make)
+
+
+def _outside(g: pd.DataFrame, verdict: str, ratio: str, label: str) -> str | None:
+    """"label in N cell(s), worst R× the baseline's error at ID" for the rows failing `verdict`."""
+    if verdict not in g:
+        return None
+    outside = g[g[verdict].astype("object").eq(False)]
+    if outside.empty:
+        return None
+    ratios = _num(outside, ratio)
+    worst = outside.loc[ratios.idxmax()] if ratios.notna().any() else outside.iloc[0]
+    how = f"worst {ratios.max():.3g}× the baseline's error" if ratios.notna().any() else "not finite"
+    return f"{label} in {len(outside)} cell(s), {how} at {worst['id']}"
+
+
+def check_lse_error_budget(frame: pd.DataFrame) -> list[dict]:
+    """A returned log-sum-exp outside its budget, or its halves' merge outside theirs
+    (measure.checks: lse_error, lse_merge): 2 × hand-written attention's in the same dtype + atol."""
+    ok = _ok(frame)
+    bad = pd.Series(False, index=ok.index)
+    for verdict in ("lse_within_budget", "merge_within_budget"):
+        if verdict in ok:
+            bad |= ok[verdict].astype("object").eq(False)
+    rows = ok[bad]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        parts = [p for p in (_outside(g, "lse_within_budget", "lse_err_ratio", "its lse"),
+                             _outside(g, "merge_within_budget", "merge_err_ratio",
+                                      "its (out, lse) merged over the keys split in two")) if p]
+        return _finding("lse_error_budget", "error", variant,
+                        f"{variant}'s log-sum-exp is outside its error budget (RMSE vs float64 above 2× that of "
+                        f"hand-written attention's in the same dtype, plus atol): {'; '.join(parts)} ({_where(g)}). "
+                        f"Code that merges its partial results (split-KV decoding, ring attention, chunked "
+                        f"prefill) or applies sinks through its lse gets wrong outputs, even where out is right.",
+                        g["id"])
+    return _per_variant(rows, make)
+
+
+def check_lse_grad_budget(frame: pd.DataFrame) -> list[dict]:
+    """The gradient through a returned log-sum-exp (dq, dk of <lse, grad_lse>) outside its budget."""
+    ok = _ok(frame)
+    rows = ok[ok["lse_grads_within_budget"].astype("object").eq(False)] if "lse_grads_within_budget" in ok \
+        else ok.iloc[0:0]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        parts = [p for p in (_outside(g, "lse_grads_within_budget", "lse_dq_err_ratio", "dq"),) if p]
+        dead = g["lse_differentiable"].astype("object").eq(False).sum() if "lse_differentiable" in g else 0
+        note = f"; its lse carries no gradient at all in {int(dead)} of them" if dead else ""
+        return _finding("lse_grad_budget", "error", variant,
+                        f"{variant}'s gradient through its log-sum-exp is outside its budget: {'; '.join(parts)}"
+                        f"{note} ({_where(g)}). A loss or a merge that uses its lse trains with incomplete "
+                        f"dq and dk (pytorch/torchtitan#4796).", g["id"])
+    return _per_variant(rows, make)
+
+
+UNMERGEABLE_LSE_ROWS = ("nan", "zero", "finite", "mixed")   # measure.lse.classify_lse_rows, not ±inf
+
+
+def check_lse_masked_rows(frame: pd.DataFrame) -> list[dict]:
+    """An lse that is neither -inf nor +inf on rows that see no key: a merge reads such a row as
+    having keys (0 or a finite value) or gets NaN (measure.lse.merge_partials)."""
+    ok = _ok(frame)
+    if "lse_masked_rows" not in ok:
+        return []
+    rows = ok[ok["lse_masked_rows"].astype(str).isin(UNMERGEABLE_LSE_ROWS)]
+
+    def make(variant: str, g: pd.DataFrame) -> dict:
+        kinds = ", ".join(sorted(set(g["lse_masked_rows"].astype(str))))
+        return _finding("lse_masked_rows", "warning", variant,
+                        f"{variant} returns an lse of {kinds} on rows that see no key ({len(g)} cell(s); "
+                        f"{_where(g)}): a merge of partial results reads only -inf (or +inf, FlashAttention-2's) "
+                        f"as an empty part, so such a row weighs its part's output in (or becomes NaN).", g["id"])
     return _per_variant(rows, make)
 
 
@@ -351,7 +426,8 @@ def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
 
 
 RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
-    check_nonfinite, check_error_budget, check_grad_error_budget, check_masked_leakage, check_fully_masked_rows,
+    check_nonfinite, check_error_budget, check_grad_error_budget, check_lse_error_budget, check_lse_grad_budget,
+    check_lse_masked_rows, check_masked_leakage, check_fully_masked_rows,
     check_finfo_min_masks, check_fp16_range, check_saturation, check_compiled_rewrite, check_graph_breaks,
     check_alignment, check_underflow, check_memory_leak, check_nondeterministic, check_deterministic_mode,
     check_failed_cells,
@@ -362,7 +438,8 @@ RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
 # output (column "diagnosis", workload.mistakes) or of the gradients ("grad_diagnosis",
 # workload.backward_mistakes).
 DIAGNOSED_CHECKS = {"nonfinite": "diagnosis", "error_budget": "diagnosis", "masked_leakage": "diagnosis",
-                    "grad_error_budget": "grad_diagnosis"}
+                    "grad_error_budget": "grad_diagnosis", "lse_error_budget": "lse_diagnosis",
+                    "lse_grad_budget": "lse_grad_diagnosis"}
 
 
 def _add_diagnosis(finding: dict, frame: pd.DataFrame) -> None:
@@ -370,20 +447,25 @@ def _add_diagnosis(finding: dict, frame: pd.DataFrame) -> None:
     the finding (diagnosis, diagnosis_title, diagnosis_cells, diagnosis_err, diagnosis_golden_err)
     and at the end of its message; "none" when no mistake matched any of them."""
     from ..workload.backward_mistakes import BACKWARD_MISTAKES
+    from ..workload.lse_mistakes import all_lse_mistakes
     from ..workload.mistakes import MISTAKES
 
     column = DIAGNOSED_CHECKS[finding["check"]]
-    library = BACKWARD_MISTAKES if column == "grad_diagnosis" else MISTAKES
+    library = {"grad_diagnosis": BACKWARD_MISTAKES, "lse_diagnosis": all_lse_mistakes(),
+               "lse_grad_diagnosis": all_lse_mistakes()}.get(column, MISTAKES)
     if column not in frame:
         return
     cells = frame[frame["id"].isin(finding["cells"]) & frame[column].notna()]
     if cells.empty:
         return
-    what = "its gradients match" if column == "grad_diagnosis" else "the output matches"
+    what = {"grad_diagnosis": "its gradients match", "lse_diagnosis": "its lse matches",
+            "lse_grad_diagnosis": "its gradient through the lse matches"}.get(column, "the output matches")
     matched = cells[cells[column] != "none"]
     if matched.empty:
         finding.update(diagnosis="none", diagnosis_cells=0)
-        finding["message"] += (f" Diagnosis: no known mistake matches {'its gradients' if column == 'grad_diagnosis' else 'its output'} "
+        subject = {"grad_diagnosis": "its gradients", "lse_diagnosis": "its lse",
+                   "lse_grad_diagnosis": "its gradient through the lse"}.get(column, "its output")
+        finding["message"] += (f" Diagnosis: no known mistake matches {subject} "
                                f"in the {len(cells)} diagnosed cell(s) (docs/numerics.md, Diagnosis).")
         return
     counts = matched[column].value_counts()

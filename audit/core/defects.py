@@ -33,10 +33,22 @@ def nonfinite(rec: Mapping[str, Any]) -> bool:
             or _number(rec.get("grad_nan")) + _number(rec.get("grad_inf")) > 0)
 
 
+# The gradients the gradient budget judges: dq, dk, dv and, in a sinks cell, the sinks'.
+BUDGETED_GRADIENTS = (*REPEATED_TENSORS[1:], "dsinks")
+# The verdicts on a returned log-sum-exp (measure.checks: lse_error, lse_merge, lse_grads).
+LSE_VERDICTS = ("lse_within_budget", "merge_within_budget", "lse_grads_within_budget")
+
+
 def grad_outside_budget(rec: Mapping[str, Any]) -> list[str]:
-    """The gradients (of dq, dk, dv) outside their budget: the cells the error finding
+    """The gradients (of dq, dk, dv, dsinks) outside their budget: the cells the error finding
     grad_error_budget is made of."""
-    return [g for g in REPEATED_TENSORS[1:] if rec.get(f"{g}_within_budget") is False]
+    return [g for g in BUDGETED_GRADIENTS if rec.get(f"{g}_within_budget") is False]
+
+
+def lse_outside_budget(rec: Mapping[str, Any]) -> list[str]:
+    """The lse verdicts that failed (LSE_VERDICTS): the cells the error finding lse_error_budget is
+    made of, whose lse gets a diagnosis."""
+    return [v for v in LSE_VERDICTS if rec.get(v) is False]
 
 
 def numerics_defect(rec: Mapping[str, Any]) -> bool:

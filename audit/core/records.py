@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator
 
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 # Every column a user can rely on, with its meaning. docs/output.md's column table is
@@ -85,6 +85,26 @@ COLUMNS: dict[str, str] = {
     "grad_diagnosis": "cells whose gradients are outside their budget: the known backward mistake (docs/numerics.md, Diagnosis) whose float64 gradients the variant's match within their budgets, or none; null where nothing was diagnosed",
     "grad_diagnosis_err": "the largest RMSE of a gradient against the matched backward mistake's, over the gradients compared (null when none matched)",
     "grad_diagnosis_golden_err": "the largest RMSE of a gradient against the float64 golden's, over the gradients compared",
+    "dsinks_err": "sinks cells: relative error of the sinks' gradient (H,) against the float64 golden's; null where the golden covers a subset of (batch, head) slices or the gradients are not finite",
+    "dsinks_err_ratio": "RMSE of the sinks' gradient over that of the same-dtype baseline's; null when not judged",
+    "dsinks_within_budget": "the sinks' gradient RMSE <= 2 * the baseline's + atol(dtype) (the gradient budget); null when not judged",
+    "lse_err": "variants returning the log-sum-exp: RMSE (absolute) of their lse against the float64 golden's on the rows that see a key, in the keys-only convention (a variant declaring lse_includes_sink has the sink taken out)",
+    "lse_err_ratio": "lse_err over the same-dtype baseline's (hand-written logsumexp of the scores in the input dtype)",
+    "lse_within_budget": "lse_err <= 2 * the baseline's + atol(dtype) (docs/numerics.md, The log-sum-exp); null when the baseline's is not finite",
+    "lse_masked_rows": "what the returned lse is on rows that see no key: -inf, +inf, zero, nan, finite or mixed; null when no row is fully masked (a merge reads only -inf and +inf as empty)",
+    "merge_err": "RMSE against the float64 golden of the variant's (out, lse) on the keys split in two, merged as split-KV and ring attention merge them (sinks applied once, after); null where the variant cannot take a half's mask (reason says) or the keys cannot be split",
+    "merge_err_ratio": "merge_err over that of the same-dtype baseline's merge",
+    "merge_within_budget": "merge_err <= 2 * the baseline's + atol(dtype); null when not judged",
+    "lse_differentiable": "whether the returned lse carries a gradient (requires_grad in a forward+backward cell)",
+    "lse_dq_err_ratio": "RMSE of the gradient through the lse alone (dq of <lse, grad_lse>, grad_lse random) against the golden's, over the same-dtype baseline's",
+    "lse_dk_err_ratio": "the same for dk (the lse does not depend on v)",
+    "lse_grads_within_budget": "dq and dk through the lse both within 2 * the baseline's + atol(dtype); null when one is not judged, the cell's gradients are not finite (the nonfinite check's) or it ran forward only",
+    "lse_diagnosis": "cells whose lse or merge is outside its budget: the known lse mistake (docs/numerics.md, The log-sum-exp) they match, or none; null where nothing was diagnosed",
+    "lse_diagnosis_err": "RMSE of the variant's lse (or merged output) against the matched mistake's (null when none matched)",
+    "lse_diagnosis_golden_err": "the same against the float64 golden's",
+    "lse_grad_diagnosis": "cells whose gradient through the lse is outside its budget: the known lse gradient mistake it matches (lse_no_grad), or none",
+    "lse_grad_diagnosis_err": "the larger RMSE of dq, dk through the lse against the matched mistake's (null when none matched)",
+    "lse_grad_diagnosis_golden_err": "the same against the float64 golden's",
     "max_logit": "max |q·k·scale| over visible pairs (float64); compare with the dtype's max",
     "max_qk": "max |q·k| before scaling over visible pairs (what an unscaled-first matmul must hold)",
     "max_prob": "mean over query rows of the largest attention probability",
@@ -297,8 +317,15 @@ def _v9_to_v10(record: dict[str, Any]) -> dict[str, Any]:
     return _with_columns(record, 10)
 
 
+def _v10_to_v11(record: dict[str, Any]) -> dict[str, Any]:
+    """v11 added the log-sum-exp checks (lse_*, merge_*, lse_differentiable, lse_diagnosis*,
+    lse_grad_diagnosis*) and the
+    sinks' gradient (dsinks_*); not measured before: null."""
+    return _with_columns(record, 11)
+
+
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
-              8: _v8_to_v9, 9: _v9_to_v10}
+              8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11}
 
 
 class NewerSchema(ValueError):

@@ -9,8 +9,9 @@ from typing import Any, Callable
 
 from ..core.grid import Case
 from ..workload.inputs import Inputs, make_inputs
-from ..workload.eager import kv_for_queries, masked_scores
-from ..workload.variants import Variant
+from ..workload.eager import eager_lse_attention, kv_for_queries, masked_scores, softmax_with_sinks
+from ..workload.variants import Variant, apply_sinks_by_lse
+from .lse import merge_partials, split_calls
 from .numerics import error_vs_reference
 from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices, visibility
 
@@ -80,6 +81,9 @@ class Reference:
     row_visible: Any = None              # (B|1, 1, Tq) bool: rows that see a key
     heads: int | None = None             # query heads (take_kv maps them to kv heads)
     alignment: str = "top-left"          # causal alignment of golden, row_visible and leak probes
+    # ... and the baseline's RMSE on what a returned LSE is checked by (BASELINE_EXTRAS: its lse, the
+    # merge of its halves, the gradients with the lse in the loss, the sinks' gradient), None where not
+    baseline_extra: dict[str, float | None] = field(default_factory=dict)
 
     def take(self, t: Any) -> Any:
         return take_slices(t, self.slices)
@@ -135,40 +139,65 @@ def build_reference(case: Case, inputs: Inputs, alignment: str = "top-left") -> 
     k, v = (take_slices(t, slices, heads=case.heads) for t in (inputs.k, inputs.v))
     visible = take_slices(inputs.visible, slices)
     mod = inputs.score_mod
+    sinks = sinks_for_slices(inputs.sinks, slices)
+    grad_lse = take_slices(inputs.grad_lse, slices)
     golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible,
-                              score_mod=mod, alignment=alignment)
+                              score_mod=mod, alignment=alignment, sinks=sinks, grad_lse=grad_lse)
     by_alignment = {}
     if inputs.causal and tq != tk:
         other = "bottom-right" if alignment == "top-left" else "top-left"
         by_alignment = {alignment: golden,
                         other: golden_attention(q, k, v, causal=True, visible=visible, alignment=other,
-                                                score_mod=mod)}
+                                                score_mod=mod, sinks=sinks)}
     rows = row_visibility(tq, tk, causal=inputs.causal, device=inputs.q.device, visible=inputs.visible,
                           alignment=alignment)
-    base_out, base_grads = _baseline_errors(q, k, v, take_slices(inputs.mask, slices), inputs.causal, golden, mod,
-                                            alignment, grad_out)
+    mask = take_slices(inputs.mask, slices)
+    base_out, base_grads, extra = _baseline_errors(q, k, v, mask, inputs.causal, golden, mod, alignment, grad_out,
+                                                   sinks, grad_lse)
+    extra["merge"] = _baseline_merge(q, k, v, mask, inputs.causal, golden, alignment, sinks)
     return Reference(golden, by_alignment, base_out, base_grads,
-                     leak_probes(inputs, alignment), slices, rows, case.heads, alignment)
+                     leak_probes(inputs, alignment), slices, rows, case.heads, alignment, extra)
 
 
-def baseline_attention(q: Any, k: Any, v: Any, mask: Any, causal: bool, score_mod: Any, seeing: Any) -> Any:
-    """Hand-written attention in the input dtype (eager's math), rows that see no key 0 (the
-    golden's convention: the scores of such a row are 0 before softmax, so no NaN reaches its
-    gradients): the error budgets' yardstick. seeing: (B|1, H|1, Tq) bool, rows that see a key."""
+def sinks_for_slices(sinks: Any, slices: list[tuple[int, int]] | None) -> Any:
+    """The sinks (H,) of the golden's (batch, head) slices, in their order: (k,), or all (None)."""
+    if sinks is None or slices is None:
+        return sinks
+    return sinks[[h for _, h in slices]]
+
+
+# What Reference.baseline_extra holds: the baseline's RMSE on its lse, on its merged halves, on
+# dq and dk through its lse alone, on the sinks' gradient, and in sinks cells on its lse with the
+# sink counted and the gradient through that (measure.checks reads them).
+BASELINE_EXTRAS: tuple[str, ...] = ("lse", "merge", "lse_dq", "lse_dk", "dsinks",
+                                    "lse_sink", "lse_sink_dq", "lse_sink_dk")   # the last: lse with the sink counted
+
+
+def baseline_attention(q: Any, k: Any, v: Any, mask: Any, causal: bool, score_mod: Any, seeing: Any,
+                       sinks: Any = None) -> tuple[Any, Any]:
+    """Hand-written attention in the input dtype (eager's math) and its logsumexp, rows that see no
+    key 0 (the golden's convention: the scores of such a row are 0 before softmax, so no NaN reaches
+    its gradients) and lse -inf there: the error budgets' yardstick. seeing: (B|1, H|1, Tq) bool,
+    rows that see a key; sinks (H,) or None. -> (out (B, H, Tq, d), lse (B, H, Tq))."""
     import torch
     scores = masked_scores(q, k, mask, causal, None, upcast=False, score_mod=score_mod)   # (B, H, Tq, Tk)
     empty = ~seeing[..., None]
-    probs = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
-    return probs @ kv_for_queries(q, v)                                                    # (B, H, Tq, d)
+    scores = scores.masked_fill(empty, 0.0)
+    probs = softmax_with_sinks(scores, sinks).masked_fill(empty, 0.0)
+    lse = torch.logsumexp(scores, dim=-1).masked_fill(empty[..., 0], float("-inf"))      # (B, H, Tq)
+    return probs @ kv_for_queries(q, v), lse                                              # (B, H, Tq, d)
 
 
 def _baseline_errors(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden,
                      score_mod: Any = None, alignment: str = "top-left",
-                     grad_out: Any = None) -> tuple[float | None, dict[str, float] | None]:
+                     grad_out: Any = None, sinks: Any = None,
+                     grad_lse: Any = None) -> tuple[float | None, dict[str, float] | None, dict[str, float | None]]:
     """RMSE of baseline_attention against the golden (on the golden's slices; causal in the
-    golden's alignment, as a mask when bottom-right), and of its dq, dk, dv against the golden's
-    with the same upstream gradient (None where it cannot run: budgets become null, not fake)."""
+    golden's alignment, as a mask when bottom-right), of its dq, dk, dv against the golden's
+    with the same upstream gradient, and BASELINE_EXTRAS but the merge (None where it cannot run:
+    budgets become null, not fake)."""
     import torch
+    extra: dict[str, float | None] = dict.fromkeys(BASELINE_EXTRAS)
     try:
         if causal and alignment != "top-left":
             keep = visibility(q.shape[-2], k.shape[-2], 0, q.shape[-2], causal=True, device=q.device,
@@ -178,16 +207,66 @@ def _baseline_errors(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Go
             causal = False
         wants_grads = grad_out is not None and golden.dq is not None
         leaves = [t.detach().requires_grad_(wants_grads) for t in (q, k, v)]
+        sink_leaf = None if sinks is None else sinks.detach().requires_grad_(wants_grads)
         with torch.enable_grad() if wants_grads else torch.no_grad():
-            out = baseline_attention(*leaves, mask, causal, score_mod, golden.row_visible)
-        grads = torch.autograd.grad(out, leaves, grad_out) if wants_grads else None
+            out, lse = baseline_attention(*leaves, mask, causal, score_mod, golden.row_visible, sink_leaf)
+        grads = torch.autograd.grad(out, leaves + ([] if sink_leaf is None else [sink_leaf]), grad_out,
+                                    retain_graph=True) if wants_grads else None
+        judge_lse_grads = wants_grads and grad_lse is not None and golden.lse_grads is not None
+        lse_grads = torch.autograd.grad(lse, leaves[:2], grad_lse.to(lse.dtype), retain_graph=True) \
+            if judge_lse_grads else None
+        lse_sink = None if sink_leaf is None else torch.logaddexp(lse, sink_leaf.detach().view(1, -1, 1))
+        lse_sink_grads = torch.autograd.grad(lse_sink, leaves[:2], grad_lse.to(lse.dtype)) \
+            if judge_lse_grads and lse_sink is not None and golden.lse_sink_grads is not None else None
     except Exception:  # noqa: BLE001 - no baseline: budgets become null, not fake
-        return None, None
+        return None, None, extra
     out_rmse = error_vs_reference(out.detach(), golden.out, golden.row_visible)["rmse"]
+    extra["lse"] = lse_rmse(lse.detach(), golden)
+    if lse_grads is not None:
+        for name, g in zip(("dq", "dk"), lse_grads):
+            extra[f"lse_{name}"] = error_vs_reference(g, golden.lse_grads[name])["rmse"]
+    if lse_sink is not None and golden.lse_sink is not None:
+        extra["lse_sink"] = lse_rmse(lse_sink.detach(), golden, golden.lse_sink)
+    if lse_sink_grads is not None:
+        for name, g in zip(("dq", "dk"), lse_sink_grads):
+            extra[f"lse_sink_{name}"] = error_vs_reference(g, golden.lse_sink_grads[name])["rmse"]
     if grads is None:
-        return out_rmse, None
+        return out_rmse, None, extra
+    if sink_leaf is not None and golden.dsinks is not None:
+        extra["dsinks"] = error_vs_reference(grads[3], golden.dsinks)["rmse"]
     return out_rmse, {name: error_vs_reference(g, want)["rmse"]
-                      for name, g, want in zip(("dq", "dk", "dv"), grads, (golden.dq, golden.dk, golden.dv))}
+                      for name, g, want in zip(("dq", "dk", "dv"), grads, (golden.dq, golden.dk, golden.dv))}, extra
+
+
+def lse_rmse(lse: Any, golden: Golden, want: Any = None) -> float:
+    """RMSE of an lse (B, H, Tq) against the golden's (or `want`, in another convention) on the rows
+    that see a key (absolute: an lse error of e is a factor exp(e) on every weight it scales)."""
+    want = golden.lse if want is None else want
+    return error_vs_reference(lse[..., None], want[..., None], golden.row_visible)["rmse"]
+
+
+def merged_output(call: Any, q: Any, k: Any, v: Any, mask: Any, causal: bool, alignment: str,
+                  sinks: Any = None, includes_sink: bool = False) -> Any:
+    """`call`'s (out, lse) on the keys split in two, merged as split-KV and ring attention merge them
+    (measure.lse), the sinks applied once after through the merged lse: (B, H, Tq, d) float64, or
+    None where the keys cannot be split (one key). The halves are called without sinks."""
+    halves = split_calls(call, q, k, v, mask, causal, alignment)
+    if halves is None:
+        return None
+    out, lse = merge_partials(*halves)
+    return out if sinks is None else apply_sinks_by_lse(out, lse, sinks)
+
+
+def _baseline_merge(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden, alignment: str,
+                    sinks: Any) -> float | None:
+    """RMSE of eager's (out, lse) in the input dtype, merged over the keys' halves, against the golden."""
+    import torch
+    try:
+        with torch.no_grad():
+            out = merged_output(eager_lse_attention, q, k, v, mask, causal, alignment, sinks)
+    except Exception:  # noqa: BLE001 - no baseline: the merge budget becomes null, not fake
+        return None
+    return None if out is None else error_vs_reference(out, golden.out, golden.row_visible)["rmse"]
 
 
 @dataclass
@@ -217,7 +296,7 @@ class BuildCache:
         mask = inputs.mask
         mask_kind = None if mask is None else (str(mask.dtype), tuple(mask.shape))
         return (variant.name, str(inputs.q.device), str(inputs.q.dtype), tuple(inputs.q.shape),
-                tuple(inputs.k.shape), inputs.causal, mask_kind, str(inputs.score_mod))
+                tuple(inputs.k.shape), inputs.causal, mask_kind, str(inputs.score_mod), inputs.sinks is not None)
 
     def get(self, variant: Variant, inputs: Inputs) -> tuple[Callable[..., Any], Build]:
         if not variant.compiled:

@@ -24,15 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..core.defects import grad_outside_budget, numerics_defect
+from ..core.defects import grad_outside_budget, lse_outside_budget, numerics_defect
+from ..core.errors import Unsupported
 from ..core.grid import Case
 from ..core.timesplit import CELL_PHASES
 from ..workload.inputs import TORCH_DTYPES, Inputs
 from ..workload.presets import Preset
 from ..workload.variants import Variant
-from .cellcache import Reference
+from .cellcache import Reference, lse_rmse, merged_output, sinks_for_slices
 from .numerics import (GRAD_BUDGET_FACTOR, GRADIENTS, SaturationAccumulator, changed_max, classify_masked_rows,
                        error_vs_reference, nonfinite_counts, relative_error, within_budget)
+from .lse import classify_lse_rows, keys_only_lse
 from .reference import Golden, golden_prob_chunks
 
 NEEDS: tuple[str, ...] = ("out", "grads", "golden", "variant", "record")
@@ -54,7 +56,10 @@ class CellState:
     v: Any
     kwargs: dict[str, Any]                 # mask, causal, score_mod, ... (inputs.call_kwargs())
     out: Any = None                        # (B, H, Tq, d) the numerics forward's output, detached
-    grads: tuple | None = None             # (dq, dk, dv) of the numerics forward+backward
+    lse: Any = None                        # (B, H, Tq) its log-sum-exp, for a variant returning one, detached
+    lse_loss_grads: tuple | None = None    # (dq, dk) through the lse alone (the lse_grads check)
+    merged: Any = None                     # (B, H, Tq, d) float64 its halves' merge (the lse_merge check)
+    grads: tuple | None = None             # (dq, dk, dv[, dsinks]) of the numerics forward+backward
     columns: dict[str, Any] = field(default_factory=dict)   # the record's measured columns so far
 
     @property
@@ -134,20 +139,26 @@ def masked_rows(cell: CellState) -> dict[str, Any]:
     return {"masked_rows": classify_masked_rows(cell.out, ~cell.ref.row_visible, cell.inputs.v)}
 
 
+def forward_with(cell: CellState) -> Callable[[Any, Any], Any]:
+    """(k', v') -> the variant's detached output on (q, k', v') with the cell's keyword arguments,
+    in the timed calls' grad mode and requires_grad, so compiled code is reused: the leak check's
+    probes and the diagnosis's (measure.diagnosis.diagnose_probes)."""
+    grad = cell.q.requires_grad
+
+    def call(k2: Any, v2: Any) -> Any:
+        return out_of(cell, cell.fn(cell.q, k2.detach().requires_grad_(grad), v2.detach().requires_grad_(grad),
+                                    **cell.kwargs)).detach()
+    return call
+
+
 @check("leak", needs=("out", "golden", "variant"), phase="leak")
 def leak(cell: CellState) -> dict[str, Any]:
-    """Largest output change on rows that must not see the keys and values the probes change.
-    The calls keep the timed calls' grad mode and requires_grad, so compiled code is reused."""
-    grad = cell.q.requires_grad
+    """Largest output change on rows that must not see the keys and values the probes change."""
     probes = cell.ref.leak_probes
     if not probes:
         return {"leak_max_change": None}
-
-    def forward_with(k2: Any, v2: Any) -> Any:
-        return cell.fn(cell.q, k2.detach().requires_grad_(grad), v2.detach().requires_grad_(grad),
-                       **cell.kwargs).detach()
-    return {"leak_max_change": max(changed_max(cell.out, forward_with(k2, v2), rows)
-                                   for k2, v2, rows in probes)}
+    call = forward_with(cell)
+    return {"leak_max_change": max(changed_max(cell.out, call(k2, v2), rows) for k2, v2, rows in probes)}
 
 
 @check("causal_alignment", needs=("out", "golden"))
@@ -221,10 +232,182 @@ def grad_diagnosis(cell: CellState) -> dict[str, Any]:
     gradients are outside their budget; a failing diagnosis keeps the cell, with a reason."""
     from .diagnosis import diagnose_grads_cell
     try:
-        return diagnose_grads_cell(cell.grads, cell.inputs, cell.ref, cell.case.dtype)
+        return diagnose_grads_cell(cell.grads[:3], cell.inputs, cell.ref, cell.case.dtype)
     except Exception as exc:  # noqa: BLE001
         m = cell.columns
         return {"reason": "; ".join(filter(None, [m.get("reason"), f"gradient diagnosis failed: {failure_reason(exc)}"]))}
+
+
+@check("sink_grad", needs=("grads", "golden"), when=lambda cell: len(cell.grads) > 3)
+def sink_grad(cell: CellState) -> dict[str, Any]:
+    """The sinks' gradient (H,) against the golden's: relative error, ratio to the same-dtype
+    baseline's RMSE and its verdict (factor GRAD_BUDGET_FACTOR["dq"]). Null where the golden covers
+    a subset of (batch, head) slices (a sink's gradient sums over every batch) or is not finite."""
+    golden, dsinks = cell.golden, cell.grads[3]
+    out: dict[str, Any] = {"dsinks_err": None, "dsinks_err_ratio": None, "dsinks_within_budget": None}
+    if golden.dsinks is None or cell.ref.slices is not None or cell.columns.get("grad_nan") \
+            or cell.columns.get("grad_inf"):
+        return out
+    rmse = error_vs_reference(dsinks, golden.dsinks)["rmse"]
+    base = cell.ref.baseline_extra.get("dsinks")
+    out["dsinks_err"] = relative_error(dsinks, golden.dsinks)
+    out["dsinks_err_ratio"] = _ratio(rmse, base)
+    out["dsinks_within_budget"] = within_budget(rmse, base, cell.case.dtype, GRAD_BUDGET_FACTOR["dq"])
+    return out
+
+
+def _ratio(err: float, base: float | None) -> float | None:
+    return err / base if base and math.isfinite(base) and base > 0 else None
+
+
+# --------------------------------------------------------------------------- the log-sum-exp
+
+def split_out_lse(result: Any, q: Any) -> tuple[Any, Any]:
+    """A variant declared to return (out, lse): the pair, its lse checked against the contract
+    ((B, H, Tq) floating, on q's device); ContractError otherwise."""
+    import torch
+    if not isinstance(result, (tuple, list)) or len(result) < 2:
+        raise ContractError(f"the variant declares it returns (out, lse) but returned {type(result).__name__}; "
+                            "expected a pair (docs/variants.md: returns)")
+    out, lse = result[0], result[1]
+    want = f"the lse as a floating tensor of shape {tuple(q.shape[:-1])} on {q.device}"
+    if not isinstance(lse, torch.Tensor):
+        raise ContractError(f"the variant returned {type(lse).__name__} as its lse; expected {want}")
+    if tuple(lse.shape) != tuple(q.shape[:-1]) or not lse.is_floating_point() or lse.device != q.device:
+        raise ContractError(f"the variant returned an lse of shape {tuple(lse.shape)}, dtype "
+                            f"{_dtype_name(lse.dtype)}, on {lse.device}; expected {want}")
+    return out, lse
+
+
+def out_of(cell: CellState, result: Any) -> Any:
+    """A call's out: the first of (out, lse) for a variant returning its lse, else the result."""
+    return split_out_lse(result, cell.q)[0] if cell.variant.returns_lse(cell.case.device) else result
+
+
+def _returns_lse(cell: CellState) -> bool:
+    return cell.lse is not None
+
+
+def _lse_convention(cell: CellState) -> tuple[Any, Any, str]:
+    """What the variant's lse is compared with: (the golden's lse, its gradient through the lse, the
+    baseline_extra prefix) in the variant's convention: the keys only, or in a sinks cell with
+    the sink counted when it declares lse_includes_sink (the golden converted, never its lse:
+    taking a dominant sink out of a kernel's lse would cost its rounding many times over)."""
+    golden = cell.golden
+    if cell.variant.lse_includes_sink and golden.lse_sink is not None:
+        return golden.lse_sink, golden.lse_sink_grads, "lse_sink"
+    return golden.lse, golden.lse_grads, "lse"
+
+
+@check("lse_error", needs=("out", "golden"), when=_returns_lse)
+def lse_error(cell: CellState) -> dict[str, Any]:
+    """The returned lse against the float64 golden's on the rows that see a key (RMSE, absolute),
+    its ratio to the same-dtype baseline's and the budget's verdict; and what it is on rows that
+    see no key (measure.lse.classify_lse_rows)."""
+    want, _, key = _lse_convention(cell)
+    rmse = lse_rmse(cell.ref.take(cell.lse), cell.golden, want)
+    base = cell.ref.baseline_extra.get(key)
+    return {"lse_err": rmse, "lse_err_ratio": _ratio(rmse, base),
+            "lse_within_budget": within_budget(rmse, base, cell.case.dtype),
+            "lse_masked_rows": classify_lse_rows(_keys_only(cell), ~cell.ref.row_visible)}
+
+
+def _keys_only(cell: CellState) -> Any:
+    """The variant's lse in the keys-only convention, for what it is on rows that see no key: there a
+    kernel counting the sink writes the sink itself (exactly: the keys' part is -inf)."""
+    return keys_only_lse(cell.lse, cell.inputs.sinks, cell.variant.lse_includes_sink)
+
+
+@check("lse_merge", needs=("out", "golden", "variant"), when=_returns_lse)
+def lse_merge(cell: CellState) -> dict[str, Any]:
+    """The variant on the keys split in two, the halves' (out, lse) merged as split-KV and ring
+    attention merge them (sinks applied once, after), against the float64 golden: RMSE, ratio to
+    the same-dtype baseline's merge and the verdict. Null, with a reason, where the variant cannot
+    take a half's mask, or the keys cannot be split."""
+    import torch
+    out = {"merge_err": None, "merge_err_ratio": None, "merge_within_budget": None}
+    extra = {name: value for name, value in cell.kwargs.items() if name not in ("mask", "causal", "sinks")}
+
+    def call(q, k, v, *, mask=None, causal=False):
+        return split_out_lse(cell.fn(q, k, v, mask=mask, causal=causal, **extra), q)
+
+    try:
+        with torch.no_grad():
+            merged = merged_output(call, cell.q.detach(), cell.k.detach(), cell.v.detach(), cell.inputs.mask,
+                                   cell.inputs.causal, cell.ref.alignment, cell.inputs.sinks,
+                                   cell.variant.lse_includes_sink)
+    except Unsupported as exc:
+        return {**out, "reason": _joined(cell, f"merge check not run: {exc}")}
+    if merged is None:
+        return out
+    cell.merged = merged
+    rmse = error_vs_reference(cell.ref.take(merged), cell.golden.out, cell.golden.row_visible)["rmse"]
+    base = cell.ref.baseline_extra.get("merge")
+    return {"merge_err": rmse, "merge_err_ratio": _ratio(rmse, base),
+            "merge_within_budget": within_budget(rmse, base, cell.case.dtype)}
+
+
+@check("lse_grads", needs=("grads", "golden", "variant"),
+       when=lambda cell: cell.lse is not None and cell.golden.lse_grads is not None)
+def lse_grads(cell: CellState) -> dict[str, Any]:
+    """The gradient through the returned lse alone: dq and dk of <lse, grad_lse> (grad_lse drawn
+    per cell; the lse does not depend on v) against the golden's, each RMSE over the same-dtype
+    baseline's, and one verdict for both. A kernel with no gradient through its lse gets zeros
+    (pytorch/torchtitan#4796); lse_differentiable says whether the lse carries a gradient at all."""
+    import torch
+    with torch.enable_grad():
+        out, lse = split_out_lse(cell.fn(cell.q, cell.k, cell.v, **cell.kwargs), cell.q)
+        grads = (None, None)
+        if lse.requires_grad:
+            grads = torch.autograd.grad(lse.double(), (cell.q, cell.k), cell.inputs.grad_lse.double(),
+                                        allow_unused=True)
+    grads = tuple(torch.zeros_like(t) if g is None else g for g, t in zip(grads, (cell.q, cell.k)))
+    cell.lse_loss_grads = grads             # for the lse diagnosis, after timing
+    ref = cell.ref
+    _, want, key = _lse_convention(cell)
+    cols: dict[str, Any] = {"lse_differentiable": bool(lse.requires_grad)}
+    if cell.columns.get("grad_nan") or cell.columns.get("grad_inf"):
+        return cols                         # not judged where the gradients are not finite (the nonfinite check's)
+    verdicts = []
+    for g, got, take in zip(LSE_GRADIENTS, grads, (ref.take, ref.take_kv)):
+        rmse = error_vs_reference(take(got), want[g])["rmse"]
+        base = ref.baseline_extra.get(f"{key}_{g}")
+        cols[f"lse_{g}_err_ratio"] = _ratio(rmse, base)
+        verdicts.append(within_budget(rmse, base, cell.case.dtype, GRAD_BUDGET_FACTOR[g]))
+    cols["lse_grads_within_budget"] = None if None in verdicts else all(verdicts)
+    return cols
+
+
+LSE_GRADIENTS: tuple[str, ...] = ("dq", "dk")   # what the lse depends on (not v)
+
+
+@check("lse_diagnosis", needs=("out", "golden", "record"), phase="diagnosis",
+       when=lambda cell: bool(set(lse_outside_budget(cell.columns)) & {"lse_within_budget", "merge_within_budget"}))
+def lse_diagnosis(cell: CellState) -> dict[str, Any]:
+    """The known mistake of the lse the variant's lse or merge matches (measure.lse_diagnosis), for
+    cells whose lse or merge is outside its budget."""
+    from .lse_diagnosis import diagnose_lse_cell
+    try:
+        return diagnose_lse_cell(cell)
+    except Exception as exc:  # noqa: BLE001
+        return {"reason": _joined(cell, f"lse diagnosis failed: {failure_reason(exc)}")}
+
+
+@check("lse_grad_diagnosis", needs=("golden", "record"), phase="diagnosis",
+       when=lambda cell: "lse_grads_within_budget" in lse_outside_budget(cell.columns)
+       and cell.lse_loss_grads is not None)
+def lse_grad_diagnosis(cell: CellState) -> dict[str, Any]:
+    """The known mistake of the gradient through the lse its dq and dk match, for cells where that
+    gradient is outside its budget."""
+    from .lse_diagnosis import diagnose_lse_grads_cell
+    try:
+        return diagnose_lse_grads_cell(cell)
+    except Exception as exc:  # noqa: BLE001
+        return {"reason": _joined(cell, f"lse gradient diagnosis failed: {failure_reason(exc)}")}
+
+
+def _joined(cell: CellState, note: str) -> str:
+    return "; ".join(filter(None, [cell.columns.get("reason"), note]))
 
 
 # --------------------------------------------------------------------------- after timing
@@ -244,14 +427,15 @@ def variant_weight_metrics(variant: Variant, inputs: Inputs, ref: Reference, q: 
 
     q, k = ref.take(q), ref.take_kv(k)                                           # (B|1, H|k, Tq, d)
     mask, visible = ref.take(inputs.mask), ref.take(inputs.visible)
+    sinks = sinks_for_slices(inputs.sinks, ref.slices)
     with torch.no_grad():
-        probs = variant.probs(q, k, mask=mask, causal=inputs.causal,
-                              score_mod=inputs.score_mod)                         # (B, H, Tq, Tk)
+        probs = variant.probs(q, k, mask=mask, causal=inputs.causal, score_mod=inputs.score_mod,
+                              **({} if sinks is None else {"sinks": sinks}))      # (B, H, Tq, Tk)
     sat = SaturationAccumulator()
     zero_where_golden_positive = golden_positive = 0
     leaked = None
     for r0, r1, gold, vis in golden_prob_chunks(q, k, causal=inputs.causal, visible=visible,
-                                                score_mod=inputs.score_mod):
+                                                score_mod=inputs.score_mod, sinks=sinks):
         p = probs[:, :, r0:r1].double()                                          # (B, H, rows, Tk)
         visx = None if vis is None else vis.expand_as(p)
         sat.add(p, visx)
@@ -269,7 +453,7 @@ def variant_weight_metrics(variant: Variant, inputs: Inputs, ref: Reference, q: 
     return m
 
 
-@check("diagnosis", needs=("out", "golden", "record"), phase="diagnosis",
+@check("diagnosis", needs=("out", "golden", "variant", "record"), phase="diagnosis",
        when=lambda cell: numerics_defect(cell.columns))
 def diagnosis(cell: CellState) -> dict[str, Any]:
     """The known mistake a defective output matches (measure.diagnosis), for the cells an error
@@ -277,7 +461,8 @@ def diagnosis(cell: CellState) -> dict[str, Any]:
     measurements and its reason says so (a diagnosis is an explanation, not a measurement)."""
     from .diagnosis import diagnose_cell
     try:
-        return diagnose_cell(cell.out, cell.inputs, cell.ref, cell.case.dtype, cell.ref.baseline_rmse)
+        return diagnose_cell(cell.out, cell.inputs, cell.ref, cell.case.dtype, cell.ref.baseline_rmse,
+                             call=forward_with(cell))
     except Exception as exc:  # noqa: BLE001
         m = cell.columns
         return {"reason": "; ".join(filter(None, [m.get("reason"), f"diagnosis failed: {failure_reason(exc)}"]))}

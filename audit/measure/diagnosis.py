@@ -19,12 +19,19 @@ on the cell's own inputs, on a bounded subset of the golden's (batch, head) slic
 The best match (smallest error) wins, except that the matches whose outputs are within their
 tolerance of the best's (the two mistakes are indistinguishable on this cell) tie with it, and
 a tie goes to the higher specificity, then to the mistake registered first.
+
+A cell no mistake matches is diagnosed again on its leak probes when the caller can run the
+variant (diagnose_cell's `call`): the keys some rows must not see changed, by enough that their
+scores pass the dtype's range (probe_gain), the comparison on those rows only. There correct
+attention is the cell's own, so golden and tolerance are the cell's; a mistake bound to the
+dtype's range (precision "cell": masking after a renormalised softmax, exact in float64 and at
+roundoff in fp32 on N(0, 1) inputs) shows there in every dtype.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
 
 from ..workload.backward_mistakes import BACKWARD_MISTAKES, backward_of, full_groups
 from ..workload.inputs import Inputs, torch_dtype
@@ -39,6 +46,13 @@ DIAGNOSIS_FLOP_BUDGET = {"cpu": 1e8, "cuda": 1e10}
 # times the RMSE of the golden rounded to the dtype: eager's ratio to that on the T=256 cells of
 # the cpu preset is 3.9 (bf16) and 3.7 (fp16) at the median, from 2.0 (in fp32 atol dominates).
 FALLBACK_ROUNDING = 4.0
+# A leak probe changes the keys some rows must not see by 3 + N(0, 1) an element: their scores
+# move by about 10, inside every dtype's range, where a mistake bound to that range is at
+# roundoff (broken.mask_after_softmax, fp32, d 32, T 128: RMSE 6e-8 against the golden on the
+# probe's rows, the mistake in fp32 as far from it, both under the tolerance of 1.1e-6).
+# diagnose_probes scales the change until the median probe row's largest hidden score has
+# risen this many times the dtype's range (probe_gain): x 108-152 in fp32, x 19-23 in fp16.
+PROBE_REACH = 4.0
 
 
 @dataclass
@@ -75,9 +89,12 @@ def tolerance(baseline_rmse: float | None, dtype: str, golden_out: Any = None, r
 
 
 def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
-             mistakes: Mapping[str, Mistake] | None = None, own_error: bool = True) -> Diagnosis:
+             mistakes: Mapping[str, Mistake] | None = None, own_error: bool = True,
+             within: Any = None) -> Diagnosis:
     """Match `observed` (b, h, Tq, d) against every mistake on `attempt` (golden_out: the correct
     (b, h, Tq, d) float64 output, 0 on rows that see no key); see the module docstring.
+    within: (b|1, 1, Tq) bool, the only rows compared (a leak probe's, where the golden is the
+    cell's own), or None: every row.
 
     tol is the cell's budget (tolerance()). own_error: a mistake's budget is also at least
     BUDGET_FACTOR × the error of the mistaken code itself in the cell's dtype (the mistake run
@@ -91,7 +108,9 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
     import torch
     observed, golden_out = observed.double(), golden_out.double()
     shape = observed.shape[:-1]                                              # (b, h, Tq)
-    seen = attempt.seen().expand(shape)
+    within = (torch.ones(shape, dtype=torch.bool, device=observed.device) if within is None
+              else within.expand(shape))                                     # (b, h, Tq)
+    seen = attempt.seen().expand(shape) & within
     result = Diagnosis("none", None, error_vs_reference(observed, golden_out, seen)["rmse"], tol)
     if attempt.observed is None:
         attempt.observed = observed
@@ -110,7 +129,7 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
         if m.rows == "seen":
             rows = seen & ~torch.isnan(out).any(-1)                          # rows it leaves a key
         else:
-            rows = torch.ones(shape, dtype=torch.bool, device=observed.device)
+            rows = within
         if not bool((rows & finite_obs & torch.isfinite(out).all(-1)).any()):
             continue                                                         # no finite evidence
         err, dist = _rmse(observed, out, rows), _rmse(out, golden_out, rows)
@@ -194,16 +213,21 @@ def attempt_for(inputs: Inputs, batches: list[int], heads: list[int], *, alignme
         observed = observed.detach().index_select(0, b_index).index_select(1, h_index).double()
     return Attempt(q=q, k=k, v=v, heads=tuple(heads), n_heads=inputs.q.shape[1], causal=inputs.causal,
                    alignment=alignment, visible=vis, bias=bias, score_mod=inputs.score_mod, observed=observed,
-                   dtype=dtype)
+                   dtype=dtype, sinks=None if inputs.sinks is None else inputs.sinks.detach().double())
 
 
-def diagnose_cell(out: Any, inputs: Inputs, ref: Any, dtype: str,
-                  baseline_rmse: float | None) -> dict[str, Any]:
+def diagnose_cell(out: Any, inputs: Inputs, ref: Any, dtype: str, baseline_rmse: float | None,
+                  call: Callable[[Any, Any], Any] | None = None) -> dict[str, Any]:
     """The diagnosis columns of one cell: `diagnosis` (a mistake's name, "none" when none
     matched), `diagnosis_err`, `diagnosis_golden_err` and `diagnosis_slices` ([[b, h], ...]).
 
     out: the variant's full (B, H, Tq, d) output in the cell dtype; ref: the cell's
     cellcache.Reference (golden of ref.alignment on ref.slices); baseline_rmse: ref.baseline_rmse.
+    call: (k', v') (B, Hkv, Tk, d) in the cell dtype -> the variant's detached (B, H, Tq, d) output
+    on (q, k', v') with the cell's keyword arguments, or None. With it, a cell no mistake matches
+    is diagnosed again on its leak probes (diagnose_probes): the mistakes bound to the dtype's
+    range show on N(0, 1) inputs at roundoff only. The columns are then those of the probe that
+    named a mistake (the errors on its rows), else the cell's.
     """
     import torch
     B, H, Tq, d = out.shape
@@ -213,10 +237,82 @@ def diagnose_cell(out: Any, inputs: Inputs, ref: Any, dtype: str,
         attempt = attempt_for(inputs, batches, heads, alignment=ref.alignment, dtype=dtype, observed=out)
         golden = _golden_for(ref, batches, heads).double()                  # (b, h, Tq, d)
         seen = attempt.seen().expand(golden.shape[:-1])
-        found = diagnose(attempt.observed, attempt, golden, tolerance(baseline_rmse, dtype, golden, seen))
+        tol = tolerance(baseline_rmse, dtype, golden, seen)
+        found = diagnose(attempt.observed, attempt, golden, tol)
+    if found.name == "none" and call is not None:
+        found = diagnose_probes(call, inputs, ref, attempt, golden, tol, batches) or found
     return {"diagnosis": found.name, "diagnosis_err": found.err,
             "diagnosis_golden_err": found.golden_err,
             "diagnosis_slices": [[b, h] for b in batches for h in heads]}
+
+
+def weight_range(dtype: str) -> float:
+    """-ln of the dtype's smallest positive number (subnormal): a softmax weight e^-x with x past
+    it is 0 in that dtype (fp32 103.3, bf16 92.2, fp16 16.6), the range a mistake of precision
+    "cell" lives at the edge of."""
+    import torch
+    info = torch.finfo(torch_dtype(dtype))
+    return -math.log(info.tiny * info.eps)
+
+
+def probe_gain(attempt: Attempt, k2: Any, rows: Any) -> float:
+    """The factor a leak probe's change to the hidden keys is scaled by, so that a mistake bound
+    to the dtype's range shows on the probe's rows: the median row's largest score change on a
+    changed key (those that rise) becomes PROBE_REACH × weight_range(dtype); at least 1.
+
+    k2: the probe's keys on the attempt's batches (b, Hkv, Tk, d) float64; rows: (b|1, 1, Tq) bool.
+    """
+    delta = attempt.pair(k2 - attempt.k)                                     # (b, h, Tk, d)
+    changed = delta.ne(0).any(-1)[:, :, None]                                # (b, h, 1, Tk)
+    moved = (attempt.q @ delta.transpose(-2, -1)) * attempt.scale            # (b, h, Tq, Tk)
+    top = moved.masked_fill(~changed, -math.inf).amax(-1)                   # (b, h, Tq)
+    rising = top[rows.expand(top.shape) & (top > 0)]                         # (n,)
+    if not rising.numel():
+        return 1.0
+    return max(1.0, PROBE_REACH * weight_range(attempt.dtype) / float(rising.median()))
+
+
+def diagnose_probes(call: Callable[[Any, Any], Any], inputs: Inputs, ref: Any, attempt: Attempt,
+                    golden: Any, tol: float, batches: list[int]) -> Diagnosis | None:
+    """The first leak probe (ref.leak_probes: k', v' changed on keys its rows must not see) on
+    which a mistake matches the variant's output, compared on the probe's rows only; None when
+    none does.
+
+    On those rows correct attention is the cell's own (the changed keys are hidden from them), so
+    the golden and the tolerance are the cell's and a correct variant's output is the one the
+    cell already judged; a mistake that lets the hidden keys in shows there. The probe's change
+    is scaled first (probe_gain): its keys' scores must pass the dtype's range for the mistakes
+    of precision "cell" to show (softmax over every key then masked: the visible weights flush
+    to zero and renormalising gives 0/0).
+    attempt, golden (b, h, Tq, d), tol: the cell's, on the diagnosis slices of `batches`. A probe
+    the variant raises on is skipped: the cell keeps its own diagnosis, an explanation, not a
+    measurement.
+    """
+    import torch
+    b_index = torch.tensor(batches, device=inputs.k.device)
+    for k2, v2, rows in ref.leak_probes:
+        with torch.no_grad():
+            rows = rows if rows.shape[0] == 1 else rows.index_select(0, b_index)          # (b|1, 1, Tq)
+            k = inputs.k.detach()
+            delta = k2.detach().double() - k.double()                                    # (B, Hkv, Tk, d)
+            # keys past sqrt(max) could overflow the scores (d products summed): a finite probe
+            most = math.sqrt(torch.finfo(k.dtype).max) / max(float(delta.abs().max()), 1e-30)
+            gain = min(probe_gain(attempt, k2.detach().index_select(0, b_index).double(), rows),
+                       max(1.0, most))
+            k3 = (k.double() + gain * delta).to(k.dtype)                                 # (B, Hkv, Tk, d)
+        try:                        # not under no_grad: the timed calls' grad mode (compiled code reused)
+            out = call(k3, v2)      # (B, H, Tq, d)
+        except Exception:  # noqa: BLE001 - a variant refusing the probe's keys keeps the cell's diagnosis
+            continue
+        with torch.no_grad():
+            h_index = torch.tensor(attempt.heads, device=out.device)
+            probe = replace(attempt, k=k3.index_select(0, b_index).double(),
+                            v=v2.detach().index_select(0, b_index).double(),
+                            observed=out.detach().index_select(0, b_index).index_select(1, h_index).double())
+            found = diagnose(probe.observed, probe, golden, tol, within=rows)
+        if found.name != "none":
+            return found
+    return None
 
 
 # --------------------------------------------------------------------------- the gradients

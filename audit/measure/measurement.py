@@ -29,7 +29,7 @@ from ..workload.presets import Preset
 from ..workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
 from . import compile_cache
 from .cellcache import BuildCache, Reference
-from .checks import CellState, ContractError, check_output, failure_reason, run_checks
+from .checks import CellState, ContractError, check_output, failure_reason, run_checks, split_out_lse
 from .memory import held_bytes, peak_during
 from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .repeats import Repeats, deterministic_algorithms_enabled
@@ -97,12 +97,23 @@ class _Cell(CellState):
     fwd: Samples | None = None
     fb: Samples | None = None
     timer: dict | None = None
+    last_lse: Any = None            # the lse of the last call, for a variant returning (out, lse)
 
     def forward(self) -> Any:
-        return self.fn(self.q, self.k, self.v, **self.kwargs)                  # (B, H, Tq, d_v)
+        """One call -> out (B, H, Tq, d_v); a variant returning (out, lse) leaves its lse in last_lse."""
+        result = self.fn(self.q, self.k, self.v, **self.kwargs)
+        if not self.variant.returns_lse(self.case.device):
+            return result
+        out, self.last_lse = split_out_lse(result, self.q)
+        return out
+
+    def leaves(self) -> tuple:
+        """What the gradients are taken of: q, k, v, and the sinks in a sinks cell."""
+        sinks = self.kwargs.get("sinks")
+        return (self.q, self.k, self.v) + (() if sinks is None else (sinks,))
 
     def forward_backward(self) -> tuple:
-        return input_grads(self.forward(), (self.q, self.k, self.v), self.inputs.grad_out)
+        return input_grads(self.forward(), self.leaves(), self.inputs.grad_out)
 
 
 def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
@@ -134,7 +145,10 @@ def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset
                      fused_attention_count() if variant.compiled else 0,
                      compile_cache.snapshot() if variant.compiled else None)
     q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
-    cell = _Cell(case, variant, inputs, ref, preset, fn, q, k, v, inputs.call_kwargs())
+    kwargs = inputs.call_kwargs()
+    if "sinks" in kwargs:                       # a leaf of its own: the sinks' gradient is checked
+        kwargs["sinks"] = kwargs["sinks"].detach().requires_grad_(True)
+    cell = _Cell(case, variant, inputs, ref, preset, fn, q, k, v, kwargs)
     cell.phases, cell.sync, cell.build, cell.counts_before = phases, sync_for(case.device), build, counts_before
     cell.n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
     cell.limit_s = math.inf if preset.max_cell_s is None else preset.max_cell_s
@@ -165,6 +179,8 @@ def _first_calls(cell: _Cell) -> None:
         except BackwardUnsupported as exc:  # forward-only here: inputs must not require grad
             cell.backward_reason = str(exc)
             cell.q, cell.k, cell.v = cell.q.detach(), cell.k.detach(), cell.v.detach()
+            if "sinks" in cell.kwargs:
+                cell.kwargs["sinks"] = cell.kwargs["sinks"].detach()
             cell.first_fwd = time_call(first_forward, sync=sync)
     check_output(first_out[-1], cell.q, cell.v)
     with phases("determinism"):
@@ -177,6 +193,7 @@ def _first_calls(cell: _Cell) -> None:
         (out, cell.warm_fwd), m["peak_bytes"] = peak_during(lambda: _timed_result(cell.forward, sync),
                                                             cell.case.device)
         cell.out = out.detach()             # held for the checks and the diagnosis
+        cell.lse = None if cell.last_lse is None else cell.last_lse.detach()
     with phases("determinism"):
         cell.repeats.add("out", cell.out)
     if cell.warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * cell.n_timed > cell.limit_s:
@@ -188,7 +205,7 @@ def _first_calls(cell: _Cell) -> None:
     def first_forward_backward() -> None:
         result = cell.forward()
         first_out.append(result.detach())
-        first_out.append(input_grads(result, (cell.q, cell.k, cell.v), cell.inputs.grad_out))
+        first_out.append(input_grads(result, cell.leaves(), cell.inputs.grad_out))
 
     if cell.backward_reason is None:
         with phases("warmup"):

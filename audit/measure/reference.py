@@ -38,6 +38,14 @@ class Golden:
     row_visible: Any              # (B|1, H|1, Tq) bool: row sees at least one key
     saturation: dict[str, Any]    # max_prob, entropy, min_entropy, onehot_frac, max_logit, max_qk
     alignment: str = "top-left"
+    lse: Any = None               # (B, H, Tq) float64 logsumexp over the keys (no sink), -inf on rows seeing none
+    dsinks: Any = None            # (H,) float64 gradient of the sinks (a sinks cell with gradients), or None
+    # {"dq", "dk"}: the gradient through the lse alone, of <lse, grad_lse> (a returned LSE's), or None
+    lse_grads: dict[str, Any] | None = None
+    # sinks cells: the lse with the sink counted, logaddexp(lse, sink) (flash-attn's, FlashInfer's
+    # convention), and the gradient through it; None elsewhere
+    lse_sink: Any = None
+    lse_sink_grads: dict[str, Any] | None = None
 
 
 def visibility(tq: int, tk: int, r0: int, r1: int, *, causal: bool, device: Any,
@@ -81,7 +89,8 @@ def _chunks(tq: int, per_row_bytes: int, device: Any = "cpu") -> Iterator[tuple[
 
 
 def golden_prob_chunks(q: Any, k: Any, *, causal: bool, visible: Any = None, scale: float | None = None,
-                       alignment: str = "top-left", score_mod: Any = None) -> Iterator[tuple[int, int, Any, Any]]:
+                       alignment: str = "top-left", score_mod: Any = None,
+                       sinks: Any = None) -> Iterator[tuple[int, int, Any, Any]]:
     """Yield (r0, r1, probs (B, H, rows, Tk) float64, vis or None); fully masked rows are 0."""
     import torch
     q64, k64 = q.detach().double(), k.detach().double()
@@ -96,14 +105,24 @@ def golden_prob_chunks(q: Any, k: Any, *, causal: bool, visible: Any = None, sca
                          device=q.device)
         if vis is not None:
             scores = scores.masked_fill(~vis, float("-inf"))
-        probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)       # (B, H, rows, Tk)
+        if sinks is not None:                                                  # (H,): one more column, dropped
+            column = sinks.detach().double().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+            probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        probs = torch.nan_to_num(probs, nan=0.0)                               # (B, H, rows, Tk)
         yield r0, r1, probs, vis
 
 
 def golden_attention(q: Any, k: Any, v: Any, *, grad_out: Any = None, causal: bool = False,
                      visible: Any = None, scale: float | None = None,
-                     alignment: str = "top-left", score_mod: Any = None) -> Golden:
-    """Attention and (when grad_out is given) its gradients in float64 on the rounded inputs."""
+                     alignment: str = "top-left", score_mod: Any = None, sinks: Any = None,
+                     grad_lse: Any = None) -> Golden:
+    """Attention, its logsumexp and (when grad_out is given) its gradients in float64 on the
+    rounded inputs. sinks: (H,) logits, one more softmax column per query head with no value (a
+    row that sees no key then gives the sink all its weight: out 0); with gradients their dsinks.
+    grad_lse (B, H, Tq): also dq and dk of <lse, grad_lse>, the gradient through the lse alone
+    (Golden.lse_grads; the lse does not depend on v)."""
     import torch
 
     q64, k64, v64 = (t.detach().double() for t in (q, k, v))
@@ -111,13 +130,20 @@ def golden_attention(q: Any, k: Any, v: Any, *, grad_out: Any = None, causal: bo
     Tk = k64.shape[-2]
     scale = d ** -0.5 if scale is None else scale
     out = torch.empty_like(q64)                                                # (B, H, Tq, d)
+    lse = torch.empty(B, H, Tq, dtype=torch.float64, device=q.device)          # (B, H, Tq)
     dq, dk, dv = ((torch.zeros_like(t) if grad_out is not None else None) for t in (q64, k64, v64))
+    with_lse_grads = grad_out is not None and grad_lse is not None
+    lse_grads = {g: torch.zeros_like(t) for g, t in (("dq", q64), ("dk", k64))} if with_lse_grads else None
+    lse_sink_grads = {g: torch.zeros_like(t) for g, t in (("dq", q64), ("dk", k64))} \
+        if with_lse_grads and sinks is not None else None
     row_visible = torch.zeros(B, H, Tq, dtype=torch.bool, device=q.device)
     sat = SaturationAccumulator()
     max_qk = torch.zeros((), dtype=torch.float64, device=q.device)            # stays on the device
     needs_grad = grad_out is not None
     kl = k64.detach().requires_grad_(needs_grad)                               # (B, Hkv, Tk, d)
     vl = v64.detach().requires_grad_(needs_grad)
+    sl = None if sinks is None else sinks.detach().double().requires_grad_(needs_grad)   # (H,)
+    dsinks = None if sl is None or not needs_grad else torch.zeros_like(sl)
     for r0, r1 in _chunks(Tq, B * H * Tk * 8, q.device):
         vis = visibility(Tq, Tk, r0, r1, causal=causal, alignment=alignment, visible=visible,
                          device=q.device)
@@ -129,29 +155,51 @@ def golden_attention(q: Any, k: Any, v: Any, *, grad_out: Any = None, causal: bo
                 scores = score_mod(scores)
             if vis is not None:
                 scores = scores.masked_fill(~vis, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
+            if sl is None:
+                probs = torch.softmax(scores, dim=-1)
+            else:                                                              # the sink: one more column
+                column = sl.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)   # (B, H, rows, 1)
+                probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
             any_vis = torch.ones_like(probs[..., 0], dtype=torch.bool) if vis is None \
                 else vis.any(-1).expand(probs.shape[:-1])                      # (B, H, rows)
             probs = torch.where(any_vis[..., None], probs, torch.zeros_like(probs))
             oc = grouped_matmul(probs, vl)                                     # (B, H, rows, d)
+            lse_c = torch.where(any_vis, torch.logsumexp(scores.masked_fill(~any_vis[..., None], 0.0), dim=-1),
+                                torch.full_like(probs[..., 0], float("-inf")))  # (B, H, rows)
             if needs_grad:
-                gq, gk, gv = torch.autograd.grad(oc, (qc, kl, vl), grad_out[:, :, r0:r1].double())
-                dq[:, :, r0:r1] = gq
-                dk += gk
-                dv += gv
+                leaves = (qc, kl, vl) + (() if sl is None else (sl,))
+                grads = torch.autograd.grad(oc, leaves, grad_out[:, :, r0:r1].double(), retain_graph=with_lse_grads)
+                dq[:, :, r0:r1] = grads[0]
+                dk += grads[1]
+                dv += grads[2]
+                if dsinks is not None:
+                    dsinks += grads[3]
+            if with_lse_grads:
+                upstream = grad_lse[:, :, r0:r1].double().masked_fill(~any_vis, 0.0)        # (B, H, rows)
+                grads = torch.autograd.grad(lse_c, (qc, kl), upstream, retain_graph=lse_sink_grads is not None)
+                lse_grads["dq"][:, :, r0:r1] = grads[0]
+                lse_grads["dk"] += grads[1]
+                if lse_sink_grads is not None:
+                    with_sink = torch.logaddexp(lse_c, sl.detach().view(1, -1, 1))            # (B, H, rows)
+                    grads = torch.autograd.grad(with_sink, (qc, kl), upstream)
+                    lse_sink_grads["dq"][:, :, r0:r1] = grads[0]
+                    lse_sink_grads["dk"] += grads[1]
         out[:, :, r0:r1] = oc.detach()
+        lse[:, :, r0:r1] = lse_c.detach()
         row_visible[:, :, r0:r1] = any_vis
         p = probs.detach()
         sat.add(p, None if vis is None else vis.expand_as(p))
         seen = raw.detach() if vis is None else raw.detach().masked_fill(~vis, 0.0)
         if seen.numel():
             max_qk = torch.maximum(max_qk, seen.abs().amax())
-        del raw, scores, probs, p, seen
+        del raw, scores, probs, p, seen, lse_c
     saturation = sat.result()
     saturation["max_qk"] = float(max_qk)
     saturation["max_logit"] = float(max_qk) * scale
+    lse_sink = None if sl is None else torch.logaddexp(lse, sl.detach().view(1, -1, 1))     # (B, H, Tq)
     return Golden(out=out, dq=dq, dk=dk, dv=dv, row_visible=row_visible, saturation=saturation,
-                  alignment=alignment)
+                  alignment=alignment, lse=lse, dsinks=dsinks, lse_grads=lse_grads, lse_sink=lse_sink,
+                  lse_sink_grads=lse_sink_grads)
 
 
 def row_visibility(tq: int, tk: int, *, causal: bool, device: Any, visible: Any = None,

@@ -23,7 +23,7 @@ from ..core.runfolder import RUN_FILE
 from ..measure.numerics import BACKWARD_FLOP_FACTOR
 from .costmodel import (CALL_WEIGHT_POWER, COMPILED_VARIANTS, CellShape, CostModel, Params, Settings,
                         call_features, call_variant, cudnn_config, device_type, exposes_weights,
-                        golden_cost_inputs, kernel_key, leak_probe_count, masked_rows_checked)
+                        golden_cost_inputs, kernel_key, leak_probe_count, masked_rows_checked, returns_lse)
 
 
 def _nnls(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -213,7 +213,8 @@ def _explained(row: Any, shape: CellShape, settings: Settings) -> float:
     compile_s = compile_s if isinstance(compile_s, (int, float)) and compile_s == compile_s else 0.0
     energy = row.get("energy_window_s")
     energy = energy * 1.03 if isinstance(energy, (int, float)) and energy == energy else 0.0
-    return ((1 + settings.warmup_fwd_calls) * t_f + (1 + settings.warmup_fwd_bwd_calls) * t_fb
+    lse = settings.lse_checks and returns_lse(shape.case.variant, shape.case.device)   # halves, lse gradient
+    return ((1 + settings.warmup_fwd_calls + lse) * t_f + (1 + settings.warmup_fwd_bwd_calls + lse) * t_fb
             + leak_probe_count(shape.case) * t_f
             + compile_s + energy
             + _samples_wall(row, "fwd") + _samples_wall(row, "fwd_bwd"))

@@ -77,6 +77,7 @@ class Settings:
     masked_rows_loop: bool = False  # schema 2 classified fully masked rows one by one (a sync each)
     warmup_fwd_calls: int = 1       # forward warm-up calls besides the numerics call (schema 8 and before: 2) ...
     warmup_fwd_bwd_calls: int = 1   # ... and forward+backward ones (schema 8 and before: 2)
+    lse_checks: bool = True         # the lse checks of variants returning one (schema 10 and before: none)
     cpu_chunk_bytes: int = 32 * 2**20
     cuda_chunk_bytes: int = 256 * 2**20
 
@@ -97,6 +98,8 @@ class Settings:
         argv = list(run_info.get("argv") or [])
         if "--energy-window-s" in argv:
             base = replace(base, energy_window_s=float(argv[argv.index("--energy-window-s") + 1]))
+        if int(run_info.get("schema", 3)) <= 10:
+            base = replace(base, lse_checks=False)
         if int(run_info.get("schema", 3)) <= 8:
             base = replace(base, warmup_fwd_calls=2, warmup_fwd_bwd_calls=2)
         if int(run_info.get("schema", 3)) <= 2:
@@ -279,6 +282,15 @@ def score_mod_of(case: Case) -> str:
 
 def exposes_weights(variant: str) -> bool:
     return variant in PROBS_VARIANTS or variant.startswith(PROBS_VARIANTS_PREFIX)
+
+
+def returns_lse(variant: str, device: str) -> bool:
+    """Whether a built-in variant's cells on `device` return the log-sum-exp (its lse checks cost a
+    forward on the two halves of the keys and a forward+backward through the lse); a plug-in's or
+    an hf: variant's declaration is not read here (it would import the user's module)."""
+    from ..workload.variants import builtin_variants
+    spec = builtin_variants().get(variant)
+    return spec is not None and spec.returns_lse(device)
 
 
 def masked_rows_checked(shape: CellShape) -> float:
@@ -482,6 +494,8 @@ class CostModel:
             phases["setup"] += shared - phases["compile"]
             phases["warmup"] = settings.warmup_fwd_calls * t_f + settings.warmup_fwd_bwd_calls * t_fb
             phases["numerics"] = t_f * (1 + leak_probe_count(case)) + t_fb
+            if settings.lse_checks and returns_lse(case.variant, dev):   # the merge's halves, the lse's gradient
+                phases["numerics"] += t_f + t_fb
             if settings.masked_rows_loop:
                 phases["numerics"] += masked_rows_checked(shape) * self._const("masked_row_s", dev, 0.0)
             if case.variant.startswith(BROKEN_PREFIX):     # made to fail: its cells get a diagnosis

@@ -56,18 +56,19 @@ def parse_shard(text: str) -> Shard:
     return Shard(index, count)
 
 
-def cell_costs(cases: Sequence[Case], preset: Preset) -> dict[str, int]:
+def cell_costs(cases: Sequence[Case], preset: Preset, settings: Any = None) -> dict[str, int]:
     """{id: predicted microseconds} on the priors' reference machine, the same on every machine.
 
     A cell's cost leaves out what a run pays once whatever cells it holds (start-up, a
     backend's first use): every shard pays those. Its input set's golden and compiled code
-    stay in (they go with the set)."""
+    stay in (they go with the set). settings: costmodel.Settings to predict with (default: the
+    preset's, today's checks)."""
     from .costmodel import CostModel, Settings, load_priors
 
     params = load_priors()
     ceilings = {dev: ref.get("ceilings") for dev, ref in params.reference.items()}
     free = {dev: ref.get("free_bytes") for dev, ref in params.reference.items()}
-    pred = CostModel(params).predict(list(cases), Settings.of_preset(preset), ceilings, free)
+    pred = CostModel(params).predict(list(cases), settings or Settings.of_preset(preset), ceilings, free)
     once = pred["shared_s"] - pred["golden"] - pred["compile"]
     seconds = (pred["total_s"] - once).clip(lower=0.0)
     return {cell: int(round(s * 1e6)) for cell, s in zip(pred["id"], seconds)}

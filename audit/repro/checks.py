@@ -52,12 +52,17 @@ def call_variant(attention: Callable[..., Any], inputs: Any, grad: bool = True) 
     (a variant with no backward here gets inputs that do not require grad)."""
     q, k, v = (t.detach().requires_grad_(grad) for t in (inputs.q, inputs.k, inputs.v))
     try:
-        out = attention(q, k, v, **inputs.call_kwargs())                       # (B, H, Tq, d)
+        out = output_of(attention(q, k, v, **inputs.call_kwargs()))            # (B, H, Tq, d)
     except BackwardUnsupported:
         if not grad:
             raise
         return call_variant(attention, inputs, grad=False)
     return q, k, v, out
+
+
+def output_of(result: Any) -> Any:
+    """A call's out: the first of the (out, lse) a variant returning its log-sum-exp gives."""
+    return result[0] if isinstance(result, (tuple, list)) else result
 
 
 def _at(index: Any) -> str:
@@ -84,7 +89,7 @@ def _probe_rows(attention: Any, inputs: Any, ref: Any, q: Any, out: Any) -> list
     found = []
     for k2, v2, rows in ref.leak_probes:
         k2, v2 = (t.detach().requires_grad_(q.requires_grad) for t in (k2, v2))
-        after = attention(q, k2, v2, **inputs.call_kwargs()).detach()            # (B, H, Tq, d)
+        after = output_of(attention(q, k2, v2, **inputs.call_kwargs())).detach()  # (B, H, Tq, d)
         change = changed_max(out, after, rows)
         sel = rows.expand(out.shape[:-1])                                              # (B, H, Tq)
         both_nan = torch.isnan(out) & torch.isnan(after)
@@ -107,7 +112,7 @@ def _rerun_change(attention: Any, inputs: Any, q: Any, out: Any) -> float:
     variant's noise floor, which a leak must clear (core.defects.LEAK_OVER_NOISE)."""
     import torch
     k, v = (t.detach().requires_grad_(q.requires_grad) for t in (inputs.k, inputs.v))
-    again = attention(q, k, v, **inputs.call_kwargs()).detach()                  # (B, H, Tq, d)
+    again = output_of(attention(q, k, v, **inputs.call_kwargs())).detach()      # (B, H, Tq, d)
     return changed_max(out, again, torch.ones(out.shape[:-1], dtype=torch.bool, device=out.device))
 
 
@@ -121,12 +126,15 @@ def _pct(x: float | None) -> str:
 
 
 def _with_diagnosis(defect: bool, case: Any, inputs: Any, ref: Any, out: Any, recorded: dict,
-                    lines: list[str], measured: dict) -> tuple:
+                    lines: list[str], measured: dict, attention: Any = None) -> tuple:
     """A verifier's result with the cell's diagnosis checked again where the audit recorded one: the
-    same known mistakes (measure.diagnosis) on the same inputs, which must name the same one."""
+    same known mistakes (measure.diagnosis) on the same inputs, which must name the same one (the
+    variant called again on the leak probes' keys where the audit's diagnosis did)."""
     if recorded.get("diagnosis") is None:
         return defect, lines, measured
-    found = diagnose_cell(out.detach(), inputs, ref, case.dtype, ref.baseline_rmse)
+    call = None if attention is None else (
+        lambda k2, v2: output_of(attention(inputs.q.detach(), k2, v2, **inputs.call_kwargs())).detach())
+    found = diagnose_cell(out.detach(), inputs, ref, case.dtype, ref.baseline_rmse, call=call)
     return _rediagnosed(defect, lines, measured, recorded, found, "diagnosis", "the output")
 
 
@@ -178,7 +186,7 @@ def verify_nonfinite(case: Any, inputs: Any, load_variant: Callable, recorded: d
             parts.append(f"{name} {int(torch.isnan(g).sum())} NaN, {int(torch.isinf(g).sum())} inf of {g.numel()}")
         lines.append("gradients (backward of the output with the audit's seeded grad_out): " + "; ".join(parts))
     defect = measured["out_nonfinite_visible"] > 0 or bool(measured["grad_nan"]) or bool(measured["grad_inf"])
-    return _with_diagnosis(defect, case, inputs, ref, out, recorded, lines, measured)
+    return _with_diagnosis(defect, case, inputs, ref, out, recorded, lines, measured, attention)
 
 
 def verify_error_budget(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
@@ -200,7 +208,7 @@ def verify_error_budget(case: Any, inputs: Any, load_variant: Callable, recorded
              + ("within it" if ok else "OUTSIDE it" if ok is False else "no finite baseline to judge by")
              + ("" if ratio is None else f" ({ratio:.4g}x the baseline's error)")]
     measured = {"rmse": err["rmse"], "max_abs_err": err["max_abs_err"], "err_ratio": ratio, "within_budget": ok}
-    return _with_diagnosis(ok is False, case, inputs, ref, out, recorded, lines, measured)
+    return _with_diagnosis(ok is False, case, inputs, ref, out, recorded, lines, measured, attention)
 
 
 def verify_grad_error_budget(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
@@ -252,7 +260,7 @@ def verify_masked_leakage(case: Any, inputs: Any, load_variant: Callable, record
                      f"probability on masked keys (expected 0)")
     defect = (change or 0) > LEAK_OVER_NOISE * noise or (measured["leak_mass"] or 0) > 0
     return _with_diagnosis(defect, case, inputs, ref, out, recorded,
-                           lines or ["this input set masks nothing: no leak to look for"], measured)
+                           lines or ["this input set masks nothing: no leak to look for"], measured, attention)
 
 
 def verify_fully_masked_rows(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:

@@ -60,6 +60,11 @@ WORST: dict[str, tuple[Callable[[dict], tuple], str]] = {
     "memory_leak": (lambda r: (_num(r, "leaked_bytes"),), "most memory kept"),
     "cell_failed": (lambda r: (_STATUS_RANK.get(r.get("status"), -1),), "first error, else oom, else timeout"),
     "nondeterministic": (lambda r: (_num(r, "repeat_max_diff"),), "largest difference between runs"),
+    "lse_error_budget": (lambda r: (max(_num(r, "lse_err_ratio"), _num(r, "merge_err_ratio")),),
+                         "largest lse or merge error relative to the baseline's"),
+    "lse_grad_budget": (lambda r: (max(_num(r, "lse_dq_err_ratio"), _num(r, "lse_dk_err_ratio")),),
+                        "largest error of the gradient through the lse relative to the baseline's"),
+    "lse_masked_rows": (lambda r: (1.0 if r.get("lse_masked_rows") else 0.0,), "lse on empty rows recorded"),
 }
 
 # Checks whose finding lists cells that do not show the defect themselves (fp16_overflow lists
@@ -75,6 +80,8 @@ RECORDED_COLUMNS = ("out_nonfinite_visible", "grad_nan", "grad_inf", "rmse", "ma
                     "underflow_frac", "diagnosis", "diagnosis_err", "diagnosis_golden_err", "repeat_differs", "repeat_max_diff", "deterministic_algorithms",
                     "dq_err_ratio", "dk_err_ratio", "dv_err_ratio", "dq_within_budget", "dk_within_budget", "dv_within_budget",
                     "grad_diagnosis", "grad_diagnosis_err", "grad_diagnosis_golden_err",
+                    "lse_err", "lse_within_budget", "lse_masked_rows", "merge_err", "merge_within_budget",
+                    "lse_differentiable", "lse_grads_within_budget", "lse_diagnosis", "lse_grad_diagnosis",
                     "leaked_bytes", "status", "reason")
 
 
@@ -153,8 +160,12 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     from ..workload.variants import is_plugin_name, resolve
     from .checks import VERIFIERS, cell_failed_child, run_repro, time_limit_s
     from .embed import Embedder, NotSelfContained
+    from .lse_checks import LSE_VERIFIERS
 
+    verifiers = {**VERIFIERS, **LSE_VERIFIERS}
     check = finding["check"]
+    if check not in verifiers:
+        raise NotSelfContained(f"no verifier checks {check} in a standalone script yet")
     case = Case.from_mapping(cell)
     if case.scenario not in SCENARIOS:
         raise NotSelfContained(f"scenario {case.scenario!r} is unknown to this version of the audit")
@@ -187,7 +198,7 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     score_mod_name = emb.bind("scenario_score_mod", score_mod) if score_mod is not None else "None"
     emb.bind("draw_inputs", draw_inputs)
     inputs_end = emb.mark()
-    emb.bind("verify", VERIFIERS[check])
+    emb.bind("verify", verifiers[check])
     emb.bind("run_repro", run_repro)
     child = emb.bind("child", cell_failed_child) if check == "cell_failed" else "None"
     if plugin:

@@ -16,6 +16,7 @@ The result is a plug-in like any other (docs/variants.md): `--variant mymodule:f
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable
 
 from ..core.errors import Unsupported, UsageError
@@ -24,7 +25,8 @@ from .inputs import causal_keep
 LAYOUTS: tuple[str, ...] = ("bhtd", "bthd")
 CAUSAL_KINDS: tuple[str | None, ...] = ("top-left", "bottom-right", None)
 MASK_FORMS: tuple[str, ...] = ("none", "bool", "additive", "key_padding")
-RETURNS: tuple[str, ...] = ("out", "first")
+RETURNS: tuple[str, ...] = ("out", "first", "out_lse")
+LSE_LAYOUTS: tuple[str, ...] = ("bht", "bth")
 
 
 def _check(name: str, value: Any, allowed: Iterable[Any]) -> None:
@@ -37,7 +39,9 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
           causal_arg: str | tuple[str, Any] | None = "causal", masks: Iterable[str] = ("none",),
           mask_arg: str = "attn_mask", key_padding_arg: str = "key_padding_mask",
           scale_arg: str | None = "scale", softcap_arg: str | None = None, gqa: bool = False,
-          returns: str = "out", name: str | None = None, **fixed: Any) -> Callable[..., Any]:
+          returns: str = "out", lse_layout: str = "bht", lse_base: float | None = None,
+          sink_arg: str | None = None, lse_includes_sink: bool = False, causal_with_mask: bool = True,
+          name: str | None = None, **fixed: Any) -> Callable[..., Any]:
     """A plug-in calling `fn` the way it is declared to be called.
 
     layout: "bhtd" (q (B, H, T, d), SDPA's) or "bthd" (q (B, T, H, d), flash-attn's and xFormers').
@@ -52,12 +56,26 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
     scale_arg: the keyword of the softmax scale (None: the kernel always uses 1/sqrt(d)).
     softcap_arg: the keyword of tanh soft-capping (flash-attn's softcap), if it has one.
     gqa: it takes k and v with fewer heads than q (query head h meets key/value head h // group).
-    returns: "out" (a tensor) or "first" (a tuple whose first element is the output).
+    returns: "out" (a tensor), "first" (a tuple whose first element is the output) or "out_lse" (a
+      tuple (out, lse, ...): the log-sum-exp is checked too, docs/numerics.md).
+    lse_layout: the lse's layout, "bht" ((B, H, Tq): flash-attn's softmax_lse) or "bth" ((B, Tq, H)).
+    lse_base: the base of its logarithm when not e (2 for FlashInfer's return_lse); it is converted.
+    sink_arg: the keyword of per-head attention sinks (H,) (flash-attn's learnable_sink, s_aux), if any.
+    lse_includes_sink: its lse counts the sink (flash-attn's and FlashInfer's do; flex's does not).
+    causal_with_mask: False when the kernel refuses its causal flag together with a mask (SDPA's math
+      rule: "Explicit attn_mask should not be set when is_causal=True"): such cells get causal folded
+      into the mask, in the declared alignment.
     fixed: keyword arguments passed on every call (dropout_p=0.0, ...).
     """
     _check("layout", layout, LAYOUTS)
     _check("causal", causal, CAUSAL_KINDS)
     _check("returns", returns, RETURNS)
+    _check("lse_layout", lse_layout, LSE_LAYOUTS)
+    if lse_base is not None and not (isinstance(lse_base, (int, float)) and lse_base > 1):
+        raise UsageError(f"audit.adapt: lse_base={lse_base!r}; allowed: a number > 1 (2 for base-2 LSEs), "
+                         "or None for the natural log")
+    if returns != "out_lse" and (lse_base is not None or lse_includes_sink):
+        raise UsageError("audit.adapt: lse_base and lse_includes_sink describe a returned lse: give returns='out_lse'")
     masks = (masks,) if isinstance(masks, str) else tuple(masks)
     bad = [m for m in masks if m not in MASK_FORMS]
     if bad:
@@ -74,9 +92,13 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
     label = name or getattr(fn, "__qualname__", None) or type(fn).__name__
     declared = causal        # the kernel's alignment (the call's `causal` is the cell's flag)
 
-    def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+    def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None):
         # q: (B, H, Tq, d); k, v: (B, Hkv, Tk, d): the audit's contract (variants.py)
         kwargs = dict(fixed)
+        if sinks is not None:
+            if sink_arg is None:
+                raise Unsupported(f"{label} declares no sinks argument (sink_arg)")
+            kwargs[sink_arg] = sinks
         if score_mod is not None:
             if softcap_arg is None or getattr(score_mod, "kind", None) != "softcap":
                 raise Unsupported(f"{label} declares no {score_mod.kind} argument (softcap_arg)")
@@ -87,7 +109,7 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
                                   f"is not 1/sqrt(d)")
             kwargs[scale_arg] = scale
         tensor_mask, key_padding, causal_flag = _convert_mask(
-            label, takes, q, k, mask, causal, declared, causal_arg, mask_arg)
+            label, takes, q, k, mask, causal, declared, causal_arg, mask_arg, causal_with_mask)
         if tensor_mask is not None:
             kwargs[mask_arg] = tensor_mask
         if key_padding is not None:
@@ -98,32 +120,44 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
             kwargs[causal_arg[0]] = causal_arg[1]
         if layout == "bthd":
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))      # (B, T, H, d) views, last dim contiguous
-        out = fn(q, k, v, **kwargs)
-        if returns == "first":
-            out = out[0]
-        return out.transpose(1, 2) if layout == "bthd" else out  # (B, H, Tq, d)
+        result = fn(q, k, v, **kwargs)
+        out = result[0] if returns in ("first", "out_lse") else result
+        out = out.transpose(1, 2) if layout == "bthd" else out  # (B, H, Tq, d)
+        if returns != "out_lse":
+            return out
+        lse = result[1]
+        lse = lse.transpose(1, 2) if lse_layout == "bth" else lse                  # (B, H, Tq)
+        if lse_base is not None:
+            lse = lse * math.log(lse_base)                                          # log_b(x) · ln b = ln x
+        return out, lse
 
     attention.__doc__ = (f"{label} by declaration (audit.adapt): layout {layout}, causal {causal or 'none'}, "
                          f"masks {', '.join(sorted(takes)) or 'none'}")
     attention.__name__ = attention.__qualname__ = f"adapted_{getattr(fn, '__name__', 'kernel')}"
-    attention.audit_supports = tuple(f for f, ok in (("gqa", gqa), ("score_mod", softcap_arg is not None)) if ok)
+    attention.audit_supports = tuple(f for f, ok in (("gqa", gqa), ("score_mod", softcap_arg is not None),
+                                                     ("sinks", sink_arg is not None)) if ok)
     attention.audit_causal_alignment = causal or "top-left"
+    attention.audit_returns = "out_lse" if returns == "out_lse" else "out"
+    attention.audit_lse_includes_sink = lse_includes_sink
     attention.audit_declaration = dict(layout=layout, causal=causal, masks=sorted(takes), gqa=gqa,
-                                       returns=returns)
+                                       returns=returns, lse_layout=lse_layout, lse_base=lse_base, sink_arg=sink_arg,
+                                       lse_includes_sink=lse_includes_sink, causal_with_mask=causal_with_mask)
     return attention
 
 
 def _convert_mask(label: str, takes: frozenset, q: Any, k: Any, mask: Any, causal: bool,
-                  declared: str | None, causal_arg: Any, mask_arg: str) -> tuple[Any, Any, bool]:
+                  declared: str | None, causal_arg: Any, mask_arg: str,
+                  causal_with_mask: bool = True) -> tuple[Any, Any, bool]:
     """The cell's mask and causal flag in forms the kernel takes: (tensor mask for mask_arg,
     (B, Tk) key padding, causal flag). Raises Unsupported where no declared form fits."""
     import torch
 
-    # Causal goes to the kernel as its own flag, unless it has none or the flag shares the
-    # mask's argument (xFormers' attn_bias): then it is folded into the mask, in the kernel's
-    # declared alignment (top-left, the contract's, when it declares none).
+    # Causal goes to the kernel as its own flag, unless it has none, the flag shares the mask's
+    # argument (xFormers' attn_bias), or the kernel refuses the flag beside a mask (SDPA's math
+    # rule, causal_with_mask=False): then it is folded into the mask, in the kernel's declared
+    # alignment (top-left, the contract's, when it declares none).
     shares_arg = isinstance(causal_arg, tuple) and causal_arg[0] == mask_arg
-    fold = causal and (declared is None or (mask is not None and shares_arg))
+    fold = causal and (declared is None or (mask is not None and (shares_arg or not causal_with_mask)))
     if fold and not takes & {"bool", "additive"}:
         why = "no causal masking" if declared is None else f"causal and a mask both through {mask_arg!r}"
         raise Unsupported(f"{label} declares {why}, and no bool or additive mask to fold causal into")

@@ -61,7 +61,7 @@ def backward_of(a: Attempt, *, dq_scale: float = 1.0, dk_scale: float = 1.0, row
         scores = scores + a.bias
 
     def probs(seen: Any) -> Any:
-        return torch.nan_to_num(a.softmax(scores, seen), nan=0.0)             # a row with no key: 0
+        return torch.nan_to_num(a.softmax(scores, seen, sinks=a.head_sinks()), nan=0.0)   # a row with no key: 0
 
     p = probs(a.keep())
     out = p @ vv                                                             # (b, h, Tq, d): the right O

@@ -3,7 +3,7 @@ Each is a weights function (its defect in the hand-written form); variants._buil
 it as `broken.<name>` with the scenarios its defect shows in (docs/extending.md)."""
 from __future__ import annotations
 
-from .eager import eager_probs, kv_for_queries, masked_scores
+from .eager import eager_lse_attention, eager_probs, kv_for_queries, masked_scores
 from .inputs import causal_keep
 
 
@@ -90,3 +90,37 @@ def broken_backward_dq_scale_missing(q, k, v, *, mask=None, causal=False, scale=
     factor = 1.0 / (q.shape[-1] ** -0.5 if scale is None else scale)
     q = q.detach() + factor * (q - q.detach())                                # q itself; dq × 1/scale
     return eager_probs(q, k, mask=mask, causal=causal, scale=scale) @ kv_for_queries(q, v)
+
+
+# Right output, wrong or missing extra: the log-sum-exp a kernel returns beside out, and the
+# attention sinks it takes (docs/numerics.md: the LSE and sinks checks). Each is eager's
+# (out, lse) with one thing wrong; only the LSE, merge, LSE-gradient or sinks checks can flag them.
+LSE_CONTROLS: dict[str, str] = {
+    "sink_ignored": "takes the sinks argument and drops it (vllm-project/vllm#52148)",
+    "lse_base2": "returns its log-sum-exp in base 2 (pytorch/pytorch#181645)",
+    "lse_no_grad": "returns a log-sum-exp no gradient flows back through (pytorch/torchtitan#4796)",
+}
+
+
+def broken_sink_ignored_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None):
+    """The weights broken_sink_ignored uses: eager's over the keys, the sinks dropped."""
+    return eager_probs(q, k, mask=mask, causal=causal, scale=scale, score_mod=score_mod)
+
+
+def broken_sink_ignored(q, k, v, *, mask=None, causal=False, scale=None, sinks=None):
+    """eager's (out, lse) with the sinks taken and ignored: each row's weight stays on its keys."""
+    return eager_lse_attention(q, k, v, mask=mask, causal=causal, scale=scale)
+
+
+def broken_lse_base2(q, k, v, *, mask=None, causal=False, scale=None, sinks=None):
+    """eager's (out, lse) with lse = log2(sum exp(s)): a kernel working in exp2 that forgets to
+    convert its log-sum-exp back to base e (divides it by ln 2)."""
+    import math
+    out, lse = eager_lse_attention(q, k, v, mask=mask, causal=causal, scale=scale, sinks=sinks)
+    return out, lse / math.log(2.0)
+
+
+def broken_lse_no_grad(q, k, v, *, mask=None, causal=False, scale=None, sinks=None):
+    """eager's (out, lse) with the lse detached: right values, no gradient through them."""
+    out, lse = eager_lse_attention(q, k, v, mask=mask, causal=causal, scale=scale, sinks=sinks)
+    return out, lse.detach()

@@ -1,5 +1,6 @@
 """transformers' attention functions as variants: `hf:sdpa`, `hf:eager`, `hf:flex_attention`,
-`hf:NAME` for any name registered in `ALL_ATTENTION_FUNCTIONS` (a user's own kernel included).
+`hf:NAME` for any name registered in `ALL_ATTENTION_FUNCTIONS` (a user's own kernel included),
+`hf:MODEL.eager` for a model's own eager function (`hf:gpt_oss.eager`: gpt-oss's, with sinks).
 
 Each is called the way a transformers model calls it (LlamaAttention.forward):
 
@@ -89,6 +90,44 @@ def unavailable(name: str, device: str | None = None) -> str | None:
     return None
 
 
+MODEL_EAGER_SUFFIX = ".eager"      # hf:MODEL.eager: that model's own eager_attention_forward
+
+
+def _model_eager(name: str) -> Callable[..., Any]:
+    """`MODEL.eager` -> transformers.models.MODEL.modeling_MODEL.eager_attention_forward: a model's
+    own eager attention (gpt-oss's reads module.sinks), called as that model calls it."""
+    import importlib
+    model = name[: -len(MODEL_EAGER_SUFFIX)]
+    try:
+        module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+    except ImportError as exc:
+        raise UsageError(f"--variant: hf:{name}: transformers has no model {model!r} here ({exc}); "
+                         "give a model folder name, e.g. hf:gpt_oss.eager") from None
+    fn = getattr(module, "eager_attention_forward", None)
+    if fn is None:
+        raise UsageError(f"--variant: hf:{name}: transformers.models.{model} defines no eager_attention_forward")
+    return fn
+
+
+def takes_sinks(name: str) -> bool:
+    """Whether transformers' function `name` applies attention sinks: it takes `s_aux` (flex, flash),
+    or (a model's eager function) reads `module.sinks`, as gpt-oss's does."""
+    import inspect
+    fn = _function(name)
+    if "s_aux" in inspect.signature(fn).parameters:
+        return True
+    try:
+        return "module.sinks" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+
+
+# transformers 5.24's flex_attention_forward on the CPU: "Attention sinks cannot be run on CPU with flex
+# attention" (it skips the lse there, and applies sinks through it).
+FLEX_CPU_SINKS = ("transformers' flex_attention_forward cannot apply sinks on the CPU (it asks flex for no "
+                  "lse there, and applies sinks through the lse)")
+
+
 def check_name(name: str) -> None:
     """UsageError unless `name` is eager or registered in ALL_ATTENTION_FUNCTIONS."""
     _function(name)
@@ -118,6 +157,8 @@ def _function(name: str) -> Callable[..., Any]:
     if name == EAGER:
         from transformers.models.llama.modeling_llama import eager_attention_forward
         return eager_attention_forward
+    if name.endswith(MODEL_EAGER_SUFFIX):
+        return _model_eager(name)
     if name not in functions.valid_keys():
         raise UsageError(f"--variant: hf:{name} is not registered in transformers' ALL_ATTENTION_FUNCTIONS; "
                          f"registered: {', '.join(hf_names())}; a kernel of yours: hf:MODULE:{name}, "
@@ -185,7 +226,10 @@ def _mask_function(q: Any, k: Any, mask: Any, causal: bool) -> tuple[Callable, A
 def build(name: str) -> Callable[..., Any]:
     """The audit-contract callable of transformers' attention function `name` (torch is imported
     in the call, not captured: audit.repro copies the closure into reproduction scripts)."""
+    import inspect
     fn = _function(name)
+    uses_s_aux = "s_aux" in inspect.signature(fn).parameters
+    reads_sinks = not uses_s_aux and takes_sinks(name)
     _, name = split(name)
     if name == "flex_attention":
         # transformers compiles flex_attention once, and Dynamo recompiles it per kind of cell:
@@ -193,15 +237,19 @@ def build(name: str) -> Callable[..., Any]:
         from .compiling import configure_dynamo
         configure_dynamo()
     _, mask_functions = _registry()
+    if name.endswith(MODEL_EAGER_SUFFIX):
+        name = EAGER        # a model's eager function gets the eager mask and config, as in the model
     make_mask = mask_functions.get(name) if name in mask_functions.valid_keys() else None
     built: list = []        # [(mask tensor, causal, q shape, (module, attention_mask))]: the last one built
 
-    def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+    def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None):
         import torch
         reason = unavailable(name, q.device.type)
         if name == "flex_attention" and q.device.type == "cpu" and mask is not None \
                 and mask.dtype != torch.bool:
             reason = FLEX_CPU_TENSOR_MASK
+        if name == "flex_attention" and q.device.type == "cpu" and sinks is not None:
+            reason = FLEX_CPU_SINKS
         if reason:
             raise Unsupported(reason)
         if name == "flex_attention" and q.device.type == "cpu" and torch.is_grad_enabled() \
@@ -218,6 +266,13 @@ def build(name: str) -> Callable[..., Any]:
         kwargs: dict[str, Any] = {}
         if score_mod is not None:
             kwargs["softcap"] = score_mod.cap
+        if uses_s_aux:              # sinks as the model holds them: s_aux, or a parameter its function reads
+            if sinks is not None:
+                kwargs["s_aux"] = sinks
+        elif reads_sinks:
+            # a cell without sinks: -inf sinks, which take no weight (softmax over the keys alone)
+            module.sinks = sinks if sinks is not None else torch.full((q.shape[1],), float("-inf"),
+                                                                      dtype=q.dtype, device=q.device)
         out, _ = fn(module, q, k, v, attention_mask, dropout=0.0, scaling=scaling, **kwargs)
         return out.transpose(1, 2)                           # (B, Tq, H, d) -> (B, H, Tq, d)
 
@@ -257,11 +312,14 @@ def _attention_mask(name: str, make_mask: Callable | None, q: Any, k: Any, mask:
 
 
 def capabilities(name: str) -> dict[str, str]:
-    """What `hf:name` cannot take (Variant.unsupported): soft-capping, except flex_attention."""
+    """What `hf:name` cannot take (Variant.unsupported): soft-capping, except flex_attention; sinks,
+    except the functions that take s_aux or read module.sinks (takes_sinks)."""
+    limits = {} if takes_sinks(name) else {
+        "sinks": "it takes no s_aux and reads no module.sinks: a model with sinks (gpt-oss) cannot use it"}
     _, name = split(name)
     if name == "flex_attention":
-        return {}
+        return limits
     why = {EAGER: "Llama's eager_attention_forward ignores softcap (Gemma 2's applies it)",
            "sdpa": "transformers' sdpa_attention_forward raises on softcap"}.get(
         name, "not known to apply softcap: transformers passes it as a keyword a function may ignore")
-    return {"score_mod": why}
+    return {"score_mod": why, **limits}

@@ -63,23 +63,27 @@ class Inputs:
     visible: Any = None       # logical (B|1, 1, Tq|1, Tk) bool from the mask alone (causal applied separately), or None
     mask_form: str = "none"   # none | bool | neginf | finfo_min | bias (a finite additive bias, nothing masked)
     score_mod: ScoreMod | None = None  # applied to the scaled scores before masking, or None
+    sinks: Any = None         # (H,) attention-sink logits in the cell dtype (gpt-oss), or None
+    grad_lse: Any = None      # (B, H, Tq) fp32 upstream gradient on a returned LSE, 0 on rows that see no key
 
     def call_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of a variant call: mask and causal, and score_mod only when the
-        cell has one (a variant without the capability is never handed it)."""
+        """Keyword arguments of a variant call: mask and causal, and score_mod and sinks only when
+        the cell has them (a variant without the capability is never handed them)."""
         kwargs: dict[str, Any] = dict(mask=self.mask, causal=self.causal)
         if self.score_mod is not None:
             kwargs["score_mod"] = self.score_mod
+        if self.sinks is not None:
+            kwargs["sinks"] = self.sinks
         return kwargs
 
     def needs(self) -> set[str]:
         """The features (variants.FEATURES, and "mqa") this input set asks of a variant."""
-        return needs(self.q.shape[1], self.k.shape[1], self.score_mod)
+        return needs(self.q.shape[1], self.k.shape[1], self.score_mod, self.sinks is not None)
 
 
-def needs(heads: int, kv_heads: int, score_mod: Any) -> set[str]:
-    """What a cell with these heads and score modification asks of a variant: "gqa" (k, v with
-    fewer heads than q), also "mqa" when they have one, "score_mod" (a ScoreMod)."""
+def needs(heads: int, kv_heads: int, score_mod: Any, sinks: bool = False) -> set[str]:
+    """What a cell with these heads, score modification and sinks asks of a variant: "gqa" (k, v
+    with fewer heads than q), also "mqa" when they have one, "score_mod" (a ScoreMod), "sinks"."""
     out = set()
     if kv_heads != heads:
         out.add("gqa")
@@ -87,6 +91,8 @@ def needs(heads: int, kv_heads: int, score_mod: Any) -> set[str]:
             out.add("mqa")
     if score_mod is not None:
         out.add("score_mod")
+    if sinks:
+        out.add("sinks")
     return out
 
 
@@ -98,6 +104,7 @@ class Scenario:
     draw: Callable[..., dict]            # (case, gen, tq, tk) -> overrides for Inputs fields
     mask: tuple[str, str] | None = None  # (bool | float, per-batch | per-row) of the mask tensor, if any
     score_mod: ScoreMod | None = None    # a score modification every variant must apply
+    sinks: bool = False                  # its draw returns per-head attention-sink logits ("sinks")
 
 
 def _randn(gen, shape):
@@ -266,6 +273,42 @@ def _sliding_window(case, gen, tq, tk) -> dict:
     return out
 
 
+# The sinks scenario's heads, by h % 4: the sink above every score of its head (it takes most of each
+# row's weight: dropping it changes out the most), about half the weight, about a sixth, none.
+SINK_ABOVE_MAX = 2.0                  # sink = the head's largest scaled score + this
+SINK_NEGLIGIBLE = -30.0
+
+
+def _sinks(masked_rows: bool):
+    def draw(case, gen, tq, tk):
+        out = _draw_sinks(case, gen, tq, tk)
+        if masked_rows and tq > 1:                # fully masked rows meet the sinks: out 0 there
+            import torch
+            keep = torch.ones(1, 1, tq, tk, dtype=torch.bool)          # (1, 1, Tq, Tk)
+            keep[..., fully_masked_rows(tq), :] = False
+            out.update(mask=keep, visible=keep, mask_form="bool")
+        return out
+    return draw
+
+
+def _draw_sinks(case, gen, tq, tk) -> dict:
+    """q, k, v ~ N(0, 1) and one sink logit per query head (H,), gpt-oss's learned sinks, drawn so
+    the sink's share of the weight differs by head (SINK_* above): heads whose sink dominates,
+    shares a visible part, or has none. A row that sees no key gives all its weight to the sink."""
+    import math
+    import torch
+    out = _normal(case, gen, tq, tk)
+    q, k = out["q"], out["k"]                                            # (B, H, Tq, d), (B, Hkv, Tk, d)
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)              # (B, H, Tk, d)
+    top = ((q @ k.transpose(-2, -1)) * case.d_k ** -0.5).amax(dim=(0, 2, 3))   # (H,) largest scaled score
+    log_keys = math.log(tk) + 0.5                                          # ln(sum of exp(s)), s ~ N(0, 1)
+    by_kind = [top + SINK_ABOVE_MAX, torch.full_like(top, log_keys), torch.full_like(top, SINK_NEGLIGIBLE),
+               torch.full_like(top, log_keys - 1.6)]
+    heads = torch.arange(q.shape[1])
+    out["sinks"] = torch.stack(by_kind)[heads % 4, heads]                  # (H,)
+    return out
+
+
 SOFTCAP = ScoreMod("softcap", 50.0)   # Gemma 2's attn_logit_softcapping
 SOFTCAP_Q_SCALE = 16.0                # q × 16: logits of std ~16 reach the cap's curved range
 
@@ -302,6 +345,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("softcap", f"Gemma 2's logit soft-capping s -> {SOFTCAP.cap:g}·tanh(s/{SOFTCAP.cap:g}) "
              f"on q × {SOFTCAP_Q_SCALE:g} (a score modification)", lambda t: t, _scaled(SOFTCAP_Q_SCALE),
              score_mod=SOFTCAP),
+    Scenario("sinks", "q, k, v ~ N(0, 1) with gpt-oss's attention sinks: one logit per head, above every score "
+             "(heads 0, 4, ...), about half or a sixth of the weight, or none; every 8th query row sees no key "
+             "(its weight all on the sink: out 0) (vllm-project/vllm#52148: sinks dropped silently)",
+             lambda t: t, _sinks(masked_rows=True), ("bool", "per-row"), sinks=True),
+    Scenario("sinks_decode", "one query (q_len = 1) against T keys with the sinks scenario's sinks: gpt-oss decoding",
+             lambda t: 1, _sinks(masked_rows=False), sinks=True),
 ]}
 
 
@@ -317,7 +366,7 @@ def scenario_mask_kind(name: str) -> str | None:
     "padding" (a key padding mask, (B, 1, 1, T): the catalogue's per-batch masks), or None (any
     other mask, a score modification, an unknown scenario: no kind)."""
     scenario = SCENARIOS.get(name)
-    if scenario is None or scenario.score_mod is not None:
+    if scenario is None or scenario.score_mod is not None or scenario.sinks:
         return None
     if scenario.mask is None:
         return "plain"
@@ -360,7 +409,8 @@ def mask_shape(case: Case) -> tuple[str, tuple[int, ...]] | None:
 
 def cell_needs(case: Case) -> set[str]:
     """What a cell asks of a variant (needs()), known without building its tensors."""
-    return needs(case.heads, case.effective_kv_heads, SCENARIOS[case.scenario].score_mod)
+    scenario = SCENARIOS[case.scenario]
+    return needs(case.heads, case.effective_kv_heads, scenario.score_mod, scenario.sinks)
 
 
 def make_inputs(case: Case) -> Inputs:
@@ -400,8 +450,13 @@ def draw_inputs(case: Case, draw: Callable[..., dict], tq: int, score_mod: Score
         seeing = visible & causal_keep(tq, tk, visible.device) if case.causal else visible   # (B|1, 1, Tq|1, Tk)
         seeing = seeing.expand(*seeing.shape[:2], tq, tk).any(-1)                      # (B|1, 1, Tq)
         grad_out = grad_out.masked_fill(~seeing[..., None], 0.0)
+    # drawn after everything else, so the other tensors of every input set are what they always were
+    grad_lse = _randn(gen, (case.batch, case.heads, tq)).to(case.device)                # (B, H, Tq) fp32
+    if visible is not None:
+        grad_lse = grad_lse.masked_fill(~seeing, 0.0)
+    sinks = drawn.get("sinks")
     return Inputs(q=to_cell(drawn["q"]), k=to_cell(drawn["k"]), v=to_cell(drawn["v"]),
-                  grad_out=grad_out,
+                  grad_out=grad_out, grad_lse=grad_lse, sinks=None if sinks is None else to_cell(sinks),
                   mask=mask, causal=case.causal,
                   visible=visible,
                   mask_form=drawn.get("mask_form", "none"), score_mod=score_mod)

@@ -116,6 +116,15 @@ class Attempt:
     dtype: str = "fp32"           # the cell's dtype: the range of the mistakes that depend on it
     grad_out: Any = None          # (b, h, Tq, d) float64 upstream gradient (backward mistakes), or None
     observed_grads: Any = None    # {"dq", "dk", "dv"}: the variant's float64 gradients (for fits), or None
+    sinks: Any = None             # (H,) float64 attention-sink logits of every query head (a sinks cell), or None
+    grad_lse: Any = None          # (b, h, Tq) float64 upstream gradient on the lse (lse mistakes), or None
+
+    def head_sinks(self, sinks: Any = _SAME) -> Any:
+        """The sinks (H,) -> those of the selected query heads as a (1, h, 1, 1) column, or None."""
+        sinks = self.sinks if sinks is _SAME else sinks
+        if sinks is None:
+            return None
+        return sinks[list(self.heads)].view(1, -1, 1, 1)
 
     def __post_init__(self) -> None:
         if self.scale is None:
@@ -194,12 +203,16 @@ class Attempt:
         return keep.expand(*keep.shape[:2], self.tq, self.tk).any(-1)      # (b|1, 1, Tq)
 
     @staticmethod
-    def softmax(scores: Any, keep: Any, dim: int = -1) -> Any:
-        """Hidden scores to -inf, softmax over `dim`: an empty row (or column) becomes NaN."""
+    def softmax(scores: Any, keep: Any, dim: int = -1, sinks: Any = None) -> Any:
+        """Hidden scores to -inf, softmax over `dim`: an empty row (or column) becomes NaN. sinks
+        (1, h, 1, 1) or None: one more column over the keys (dim -1), dropped after the softmax."""
         import torch
         if keep is not None:
             scores = scores.masked_fill(~keep, float("-inf"))
-        return torch.softmax(scores, dim=dim)
+        if sinks is None or dim != -1:
+            return torch.softmax(scores, dim=dim)
+        column = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)            # (b, h, rows, 1)
+        return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
 
     def stored(self, t: Any) -> Any:
         """t as the cell's dtype stores it (rounded, overflow to inf, underflow to 0), in float64:
@@ -209,12 +222,13 @@ class Attempt:
     def attend(self, *, pairing: list[int] | None = None, scale: float | None = None,
                score_mod: Any = _SAME, keep: Any = _SAME, dim: int = -1,
                weights: Callable[[Any, Any], Any] | None = None, k: Any = None, v: Any = None,
-               rows: Any = None) -> Any:
+               rows: Any = None, sinks: Any = _SAME) -> Any:
         """Attention as the cell defines it, except what is overridden: -> (b, h, rows, d), in the
         attempt's dtype (float64, or the cell's for Attempt.in_dtype).
 
         weights(scores (b, h, rows, Tk), keep or None) -> probabilities replaces the masked
-        softmax; rows (a slice or index) computes only those query rows.
+        softmax; rows (a slice or index) computes only those query rows. sinks: the (H,) sinks to use
+        instead of the cell's (None: none), applied by the masked softmax (`weights` applies its own).
         """
         q = self.q if rows is None else self.q[:, :, rows]                   # (b, h, rows, d)
         kk = self.pair(self.k if k is None else k, pairing)                  # (b, h, Tk, d)
@@ -227,7 +241,8 @@ class Attempt:
             bias = self.bias[..., rows, :] if rows is not None and self.bias.shape[-2] > 1 else self.bias
             scores = scores + bias                                           # after score_mod, as a mask
         keep = self.keep(rows=rows) if keep is _SAME else keep
-        probs = weights(scores, keep) if weights is not None else self.softmax(scores, keep, dim)
+        probs = weights(scores, keep) if weights is not None else self.softmax(scores, keep, dim,
+                                                                             self.head_sinks(sinks))
         return probs.to(vv.dtype) @ vv                                       # (b, h, rows, d)
 
 
@@ -480,3 +495,48 @@ def no_max_subtraction(a: Attempt) -> Any:
          where="a softcap or score_mod argument not passed on (a kernel or path that lacks it).")
 def score_mod_ignored(a: Attempt) -> Any:
     return a.attend(score_mod=None) if a.score_mod is not None else None
+
+
+# --------------------------------------------------------------------------- sinks (output mistakes)
+
+def _has_sinks(a: Attempt) -> bool:
+    return a.sinks is not None
+
+
+@mistake("sink_ignored", title="attention sinks ignored",
+         what="The sinks argument is taken and never read: each row's weight stays on its keys, as if the "
+              "model had no sinks.",
+         where="a kernel path that accepts sinks and drops them (vllm-project/vllm#52148: the FA2 prefill "
+               "path; radixark/miles#1500: eager and SDPA fallbacks)", specificity=2)
+def sink_ignored(a: Attempt) -> Any:
+    return a.attend(sinks=None) if _has_sinks(a) else None
+
+
+@mistake("sink_after_normalisation", title="sink added after normalisation",
+         what="The keys' weights are normalised first and exp(sink) then added to the normalised "
+              "denominator (1 + exp(sink)) instead of to the sum of exp(scores).",
+         where="a sink bolted onto a finished softmax, or applied inside flex's score_mod "
+               "(huggingface/transformers#41026)")
+def sink_after_normalisation(a: Attempt) -> Any:
+    if not _has_sinks(a):
+        return None
+    import torch
+    return a.attend(sinks=None) / (1.0 + torch.exp(a.head_sinks()))                  # (b, h, Tq, d)
+
+
+@mistake("sink_shared", title="one sink shared by every head",
+         what="Every head uses the first head's sink instead of its own.",
+         where="a sink tensor indexed without the head, or broadcast from a scalar")
+def sink_shared(a: Attempt) -> Any:
+    if not _has_sinks(a) or bool((a.sinks == a.sinks[0]).all()):
+        return None
+    return a.attend(sinks=a.sinks[:1].expand_as(a.sinks))
+
+
+@mistake("sink_wrong_head", title="sink of the wrong head",
+         what="Head h uses the sink of head h + 1: the sinks are indexed off by one head.",
+         where="a head index offset (tensor parallelism's local head range, GQA's kv head) used for the sinks")
+def sink_wrong_head(a: Attempt) -> Any:
+    if not _has_sinks(a) or a.n_heads < 2 or bool((a.sinks == a.sinks[0]).all()):
+        return None
+    return a.attend(sinks=a.sinks.roll(-1))

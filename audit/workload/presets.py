@@ -62,7 +62,7 @@ def preset_cases(preset: Preset, overrides: Mapping[str, Iterable[Any]] | None =
 STABILITY_SCENARIOS: tuple[str, ...] = (
     "normal", "scaled_x4", "scaled_x16", "scaled_x64", "outliers", "fp16_range", "padding",
     "fully_masked_bool", "fully_masked_neginf", "fully_masked_finfo_min", "decode", "cross_causal",
-    "left_padding", "low_lse", "shifted_bias",
+    "left_padding", "low_lse", "shifted_bias", "sinks",
 )
 # Scenarios from bug reports (inputs.SCENARIOS says which report each comes from).
 REPORTED_SCENARIOS: tuple[str, ...] = ("left_padding", "low_lse", "shifted_bias")
@@ -70,6 +70,10 @@ GPU_STABILITY_SCENARIOS: tuple[str, ...] = (
     "normal", "scaled_x16", "scaled_x64", "outliers", "fp16_range", "padding",
     "fully_masked_bool", "fully_masked_neginf", "cross_causal", "left_padding", "low_lse", "shifted_bias",
 )
+# Built-ins whose point is the log-sum-exp they return (the LSE, merge and sinks checks), not their
+# speed: flash_op is sdpa_flash's kernel, flex_eager torch's dense fallback. Their own sub-grids.
+LSE_VARIANTS: tuple[str, ...] = ("flash_op", "flex_eager")
+LSE_SCENARIOS: tuple[str, ...] = ("normal", "padding", "fully_masked_bool", "cross_causal", "sinks")
 # pytorch/pytorch#196678: cuDNN's masked kernels broke at T ≡ 64 (mod 128)
 GPU_ODD_SEQ_LEN = 1088
 
@@ -83,7 +87,7 @@ COMPILED = ("compiled", "compiled_unfused", "flex")
 def presets() -> dict[str, Preset]:
     from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS  # no torch import at module level
     # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
-    variants = tuple(v for v in BUILTIN_NAMES if v != "flex")
+    variants = tuple(v for v in BUILTIN_NAMES if v != "flex" and v not in LSE_VARIANTS)
     controls = tuple(c for c in NEGATIVE_CONTROLS if c not in GQA_CONTROLS)   # GQA's: on GQA cells only
     every = variants + controls
     uncompiled = tuple(v for v in variants if not v.startswith("compiled"))
@@ -108,7 +112,9 @@ def presets() -> dict[str, Preset]:
                      device=("cpu",), dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,),
                      heads=(2,), causal=(False, True),
                      scenario=("scaled_x64", "fp16_range", "padding", "fully_masked_bool",
-                               "fully_masked_neginf", "sliding_window", "softcap")),
+                               "fully_masked_neginf", "sliding_window", "softcap", "sinks")),
+                dict(variant=("eager",) + LSE_VARIANTS, device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,), seq_len=(64,),
+                     batch=(1,), heads=(2,), causal=(False, True), scenario=("normal", "padding", "fully_masked_bool", "sinks")),
                 dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash") + GQA_CONTROLS, device=("cpu",),
                      dtype=("fp32",), d_k=(32,), seq_len=(64,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1),
                      causal=(True,), scenario=("normal", "sliding_window", "softcap")),
@@ -135,10 +141,14 @@ def presets() -> dict[str, Preset]:
                 dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,),
                      batch=(2,), heads=(2,), causal=(False, True),
                      scenario=("padding", "cross_causal", "decode", "sliding_window", "softcap")),
-                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash") + GQA_CONTROLS,
+                dict(variant=("flash_op",), device=("cpu",), dtype=DTYPES, d_k=(64,), seq_len=(256,),
+                     batch=(2,), heads=(2,), causal=(False, True), scenario=STABILITY_SCENARIOS),
+                dict(variant=("flex_eager",), device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,), seq_len=(256,),
+                     batch=(2,), heads=(2,), causal=(False, True), scenario=LSE_SCENARIOS),
+                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash", "flash_op") + GQA_CONTROLS,
                      device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,), seq_len=(256,), batch=(2,), heads=(4,),
                      kv_heads=(4, 2, 1), causal=(False, True),
-                     scenario=("normal", "padding", "decode", "sliding_window", "softcap")),
+                     scenario=("normal", "padding", "decode", "sliding_window", "softcap", "sinks")),
                 dict(variant=("compiled", "sdpa", "sdpa_flash", "flex"), device=("cpu",), dtype=("fp32",), d_k=(64,),
                      seq_len=(1024,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1), causal=(False, True),
                      scenario=("normal",)),
@@ -168,6 +178,14 @@ def presets() -> dict[str, Preset]:
                 dict(variant=tuple(v for v in every if v not in COMPILED), device=("cuda",),
                      dtype=("fp16", "bf16"), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
                      causal=(False, True), scenario=GPU_STABILITY_SCENARIOS),
+                # the CUDA backends that return their lse (eager, the flash op, compiled flex), with sinks
+                # (flash_op takes no mask on CUDA: its masked cells are skipped with that reason); flex
+                # compiles per kind of cell (~4 s each): its sinks cells only, in the stability grid's dtype
+                dict(variant=("eager", "flash_op", "broken.sink_ignored"),
+                     device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
+                     causal=(False, True), scenario=LSE_SCENARIOS + ("sinks_decode",)),
+                dict(variant=("flex",), device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,),
+                     heads=(16,), causal=(True,), scenario=("sinks",)),
                 # Compiled code is built once per shape, dtype and mask kind (~4 s each on an H200):
                 # fp16 only (where fp16_range overflows), and the unfused compile of the hand-written
                 # math non-causal only (causal changes its mask, not its arithmetic).

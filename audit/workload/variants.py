@@ -13,7 +13,15 @@ j <= i), as `scaled_dot_product_attention(is_causal=True)`. scale: None means
 1/sqrt(d). score_mod (only passed in cells that have one, inputs.ScoreMod): an
 elementwise function of the scaled scores, applied before masking.
 
-A variant that cannot take Hkv < H or a score_mod says so in `Variant.unsupported`
+sinks (only passed in cells that have them, the sinks scenario): (H,) attention-sink logits,
+gpt-oss's, one more softmax column per query head with no value.
+
+A variant that returns the log-sum-exp (Variant.lse_on names the devices where it does)
+returns (out, lse) instead: lse (B, H, Tq), natural log of the sum over the keys of
+exp(masked, scaled scores), any float dtype; in sinks cells over the keys only unless it
+declares lse_includes_sink. The audit checks it (measure.checks: LSE error, merge, LSE gradients).
+
+A variant that cannot take Hkv < H, a score_mod or sinks says so in `Variant.unsupported`
 (a plug-in: by declaring what it supports); such cells are skipped with that reason
 rather than computed some other way.
 """
@@ -26,12 +34,16 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..core.errors import BackwardUnsupported, Unsupported, UsageError
 from .compiling import configure_dynamo
-from .controls import (BACKWARD_CONTROLS, broken_clamped_probs, broken_gqa_wrong_head_probs, broken_mask_after_softmax_probs,
+from .controls import (BACKWARD_CONTROLS, LSE_CONTROLS, broken_lse_base2, broken_lse_no_grad, broken_sink_ignored,
+                       broken_sink_ignored_probs,
+                       broken_clamped_probs, broken_gqa_wrong_head_probs, broken_mask_after_softmax_probs,
                        broken_no_max_subtraction_probs, broken_softmax_wrong_dim_probs, broken_unscaled_probs,
                        broken_backward_dq_scale_missing, broken_backward_rowsum_d_missing, kv_tiled)
-from .eager import (_from_probs, eager_attention, eager_fp32_attention, eager_fp32_probs, eager_probs,  # noqa: F401
-                    kv_for_queries)
+from .eager import (_from_probs, eager_attention, eager_fp32_attention, eager_fp32_lse_attention,  # noqa: F401
+                    eager_fp32_probs, eager_lse_attention, eager_probs, kv_for_queries)
 from .inputs import causal_keep
+from .lse_kernels import _flash_op, apply_sinks_by_lse  # noqa: F401  (apply_sinks_by_lse: measure uses it)
+from .lse_kernels import fold_causal as _fold_causal
 
 AttentionFn = Callable[..., Any]
 
@@ -57,10 +69,18 @@ class Variant:
     # A negative control: the scenarios whose every cell shows its defect (empty: any cell it
     # runs). The time budget gives its self-check the cheapest of those cells first, not a grid.
     reveals: tuple[str, ...] = ()
+    # The devices where it returns (out, lse) instead of out (module docstring), and whether that
+    # lse counts the sink in its sum (default: over the keys only, flex's convention).
+    lse_on: tuple[str, ...] = ()
+    lse_includes_sink: bool = False
 
     @property
     def negative_control(self) -> bool:
         return self.family == "broken"
+
+    def returns_lse(self, device: str) -> bool:
+        """True when its calls on `device` ("cpu", "cuda", "cuda:0") return (out, lse)."""
+        return device.split(":")[0] in self.lse_on
 
     def refusal(self, needs: Iterable[str]) -> str | None:
         """Why this variant does not run a cell needing these features, or None when it does."""
@@ -75,9 +95,13 @@ class Variant:
 # Capabilities a cell may need beyond plain multi-head attention (inputs.needs): "gqa" (k, v with
 # fewer heads than q, MQA included) and "score_mod" (inputs.ScoreMod). A plug-in declares those it
 # has; a cell's needs may also name "mqa" (one key/value head), which "gqa" covers.
-FEATURES: tuple[str, ...] = ("gqa", "score_mod")
+FEATURES: tuple[str, ...] = ("gqa", "score_mod", "sinks")
 FEATURE_NAMES = {"gqa": "GQA/MQA (kv_heads < heads)", "mqa": "MQA (kv_heads = 1)",
-                 "score_mod": "a score modification (soft-capping)"}
+                 "score_mod": "a score modification (soft-capping)",
+                 "sinks": "attention sinks (one logit per head, gpt-oss)"}
+# What the returned (out, lse) may be: RETURNS of a plug-in's `audit_returns` and audit.adapt's returns.
+PLUGIN_RETURNS: tuple[str, ...] = ("out", "out_lse")
+LSE_DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
 # --------------------------------------------------------------------------- compiled
@@ -184,16 +208,6 @@ def _sdpa(backend_name: str | None) -> AttentionFn:
     return call
 
 
-def _fold_causal(q, k, mask, causal):
-    """SDPA refuses attn_mask with is_causal: fold the causal part into the mask."""
-    import torch
-    if mask is None or not causal:
-        return mask, causal
-    keep = causal_keep(q.shape[-2], k.shape[-2], q.device)
-    mask = (mask & keep) if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
-    return mask, False
-
-
 def sdpa_dispatch_choice(q, k, v, *, mask=None, causal=False, scale=None) -> str:
     """The SDPA backend the dispatcher picks for these inputs (torch._fused_sdp_choice)."""
     import torch
@@ -209,21 +223,33 @@ def _forced(name: str) -> Callable[..., str]:
 
 # --------------------------------------------------------------------------- FlexAttention
 
-def _flex() -> AttentionFn:
-    """torch.compile(flex_attention, fullgraph=True); causal and bool masks as block masks, float
-    masks and the cell's ScoreMod as score_mod, GQA with enable_gqa.
+# torch 2.13: compiled flex on the CPU "only supports inference and `return_lse` is not supported yet".
+FLEX_CPU_NO_LSE = ("compiled flex_attention on the CPU cannot return the log-sum-exp (torch: \"return_lse is "
+                   "not supported yet\"), which sinks are applied through")
+FLEX_LSE_DEVICES = ("cuda",)
+
+
+def _flex(compiled_flex: bool = True) -> AttentionFn:
+    """torch.compile(flex_attention, fullgraph=True) (compiled_flex=False: flex_attention itself,
+    eager, the dense math torch runs uncompiled); causal and bool masks as block masks, float
+    masks and the cell's ScoreMod as score_mod, GQA with enable_gqa. Where flex returns the
+    log-sum-exp (eager everywhere, compiled on CUDA: FLEX_LSE_DEVICES) the call returns
+    (out, lse), and sinks are applied through it (apply_sinks_by_lse).
 
     fullgraph: a graph break inside flex_attention would make Dynamo run the frame eagerly, and
     flex's eager branch only warns, then builds the whole score matrix: such a cell would be
     timed and reported as "flex". With fullgraph the break is the cell's error instead.
     """
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
-    compiled = _compiled_fn(flex_attention, None, fullgraph=True)
+    compiled = _compiled_fn(flex_attention, None, fullgraph=True) if compiled_flex else flex_attention
     block_mask_for: list = []     # [(mask tensor, causal, BlockMask)]: the last one built
 
-    def call(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None):
+    def call(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None):
+        with_lse = not compiled_flex or q.device.type in FLEX_LSE_DEVICES
+        if sinks is not None and not with_lse:
+            raise Unsupported(FLEX_CPU_NO_LSE)
         if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise BackwardUnsupported("FlexAttention has no backward on CPU in this torch "
                                       "(NotImplementedError); forward measured without grad")
@@ -263,12 +289,18 @@ def _flex() -> AttentionFn:
                                       create_block_mask(mask_mod, batch, None, tq, tk, device=q.device.type))]
             block_mask = block_mask_for[0][2]
         gqa = {"enable_gqa": True} if k.shape[-3] != q.shape[-3] else {}
+        if with_lse:
+            gqa["return_aux"] = AuxRequest(lse=True)
         try:
-            return compiled(q, k, v, block_mask=block_mask, scale=scale, **gqa,
-                            score_mod=flex_score_mod if (modify is not None or float_mask is not None) else None)
+            result = compiled(q, k, v, block_mask=block_mask, scale=scale, **gqa,
+                              score_mod=flex_score_mod if (modify is not None or float_mask is not None) else None)
         except torch._dynamo.exc.Unsupported as exc:
             raise RuntimeError(f"flex_attention did not compile as one graph (fullgraph=True), so it "
                                f"would have run eagerly: {_first_line(exc)}") from exc
+        if not with_lse:
+            return result
+        out, lse = result[0], result[1].lse                                       # (B, H, Tq, d), (B, H, Tq)
+        return (out if sinks is None else apply_sinks_by_lse(out, lse, sinks)), lse
 
     return call
 
@@ -278,15 +310,17 @@ def _flex() -> AttentionFn:
 BROKEN_PREFIX = "broken."
 SDPA_NO_SCORE_MOD = ("scaled_dot_product_attention has no score modification argument; "
                      "soft-capping would need the scores it never materializes")
+SDPA_NO_SINKS = "scaled_dot_product_attention has no sink argument"
 
 
 def _builtins() -> dict[str, Variant]:
-    sdpa_limits = {"score_mod": SDPA_NO_SCORE_MOD}
+    sdpa_limits = {"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS}
+    both = LSE_DEVICES
     specs = [
-        Variant("eager", "hand-written softmax(QKᵀ·scale)V, every step in the input dtype",
-                lambda: eager_attention, probs=eager_probs),
-        Variant("eager_fp32", "hand-written; scores and softmax upcast to fp32, cast back for P·V",
-                lambda: eager_fp32_attention, probs=eager_fp32_probs),
+        Variant("eager", "hand-written softmax(QKᵀ·scale)V, every step in the input dtype; returns its logsumexp",
+                lambda: eager_lse_attention, probs=eager_probs, lse_on=both),
+        Variant("eager_fp32", "hand-written; scores, softmax and logsumexp upcast to fp32, cast back for P·V",
+                lambda: eager_fp32_lse_attention, probs=eager_fp32_probs, lse_on=both),
         Variant("compiled", "torch.compile(eager), default settings (Inductor may rewrite it into SDPA)",
                 functools.partial(_compiled, None), compiled=True, family="compiled"),
         Variant("compiled_unfused", "torch.compile(eager) with pattern matching off: the hand-written math compiled",
@@ -307,9 +341,15 @@ def _builtins() -> dict[str, Variant]:
                 lambda: _sdpa("CUDNN_ATTENTION"), family="sdpa", backend=_forced("CUDNN_ATTENTION"),
                 unsupported=sdpa_limits),
         Variant("flex", "torch.compile(flex_attention): causal/padding/window as block masks, float masks "
-                "and soft-capping as score_mod, GQA with enable_gqa",
-                _flex, compiled=True, family="compiled"),
+                "and soft-capping as score_mod, GQA with enable_gqa; on CUDA its LSE, sinks through it",
+                _flex, compiled=True, family="compiled", lse_on=FLEX_LSE_DEVICES),
+        Variant("flex_eager", "flex_attention uncompiled (torch's dense fallback) with its LSE, sinks through it",
+                functools.partial(_flex, False), family="eager", lse_on=both),
+        Variant("flash_op", "SDPA's flash kernel as its op (aten._scaled_dot_product_flash_attention[_for_cpu]), "
+                "returning out and the LSE", _flash_op, family="sdpa", lse_on=both,
+                unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS}),
     ]
+    no_sinks = {"sinks": "a negative control of another defect: its weights function takes no sinks"}
     # Each control with the scenarios whose cells show its defect (every cell, in each dtype,
     # causal or not: tests/test_variants.py), the first the one its fp32 cells are also diagnosed
     # in as its mistake: a wrong scale or softmax dimension shows anywhere, a mask applied after
@@ -325,13 +365,13 @@ def _builtins() -> dict[str, Variant]:
         doc = (probs_fn.__doc__ or "").strip().splitlines()[0]
         specs.append(Variant(name, "NEGATIVE CONTROL: " + doc,
                              (lambda f=probs_fn: _from_probs(f)), family="broken", probs=probs_fn,
-                             reveals=reveals))
+                             reveals=reveals, unsupported=no_sinks))
     specs.append(Variant(
         "broken.gqa_wrong_head", "NEGATIVE CONTROL: " + broken_gqa_wrong_head_probs.__doc__.strip(),
         lambda: _from_probs(broken_gqa_wrong_head_probs, pair_kv=kv_tiled), family="broken",
         probs=broken_gqa_wrong_head_probs,
         requires={"gqa": "with kv_heads == heads, h % kv_heads is h, the right pairing: nothing to detect"},
-        unsupported={"mqa": "with one key/value head every pairing is the same: nothing to detect"},
+        unsupported={"mqa": "with one key/value head every pairing is the same: nothing to detect", **no_sinks},
         reveals=()))                  # any GQA cell it runs
     for attention in (broken_backward_rowsum_d_missing, broken_backward_dq_scale_missing):
         # right forward, wrong backward: shows in any cell with a backward
@@ -339,20 +379,33 @@ def _builtins() -> dict[str, Variant]:
         doc = BACKWARD_CONTROLS[name.removeprefix(BROKEN_PREFIX + "backward_")]
         specs.append(Variant(name, f"NEGATIVE CONTROL: eager's forward, {doc}", (lambda a=attention: a),
                              family="broken", probs=eager_probs,
-                             unsupported={"score_mod": "its hand-written backward takes no score modification"},
+                             unsupported={"score_mod": "its hand-written backward takes no score modification",
+                                          **no_sinks},
                              reveals=("normal", "scaled_x4", "outliers", "padding")))
+    for attention, reveals in ((broken_sink_ignored, ("sinks",)), (broken_lse_base2, ("normal", "padding")),
+                               (broken_lse_no_grad, ("normal", "padding"))):
+        # right out (but for the sinks it drops), wrong or missing extras: the LSE and sinks checks
+        name = BROKEN_PREFIX + attention.__name__.removeprefix("broken_")
+        needs_sinks = {"sinks": "it drops the sinks: a cell without them has nothing to show"} \
+            if attention is broken_sink_ignored else {}
+        probs = broken_sink_ignored_probs if attention is broken_sink_ignored else eager_probs
+        specs.append(Variant(name, f"NEGATIVE CONTROL: eager's (out, lse), {LSE_CONTROLS[name.removeprefix(BROKEN_PREFIX)]}",
+                             (lambda a=attention: a), family="broken", probs=probs, lse_on=both,
+                             unsupported={"score_mod": "its hand-written form takes no score modification"},
+                             requires=needs_sinks, reveals=reveals))
     return {v.name: v for v in specs}
 
 
 VERDICT_BASELINE = "sdpa"      # what a PyTorch user gets by default: the verdict's yardstick
 BUILTIN_NAMES: tuple[str, ...] = (
     "eager", "eager_fp32", "compiled", "compiled_unfused",
-    "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex",
+    "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex", "flex_eager", "flash_op",
 )
 NEGATIVE_CONTROLS: tuple[str, ...] = (
     "broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
     "broken.no_max_subtraction", "broken.softmax_wrong_dim", "broken.gqa_wrong_head",
     "broken.backward_rowsum_d_missing", "broken.backward_dq_scale_missing",
+    "broken.sink_ignored", "broken.lse_base2", "broken.lse_no_grad",
 )
 GQA_CONTROLS: tuple[str, ...] = ("broken.gqa_wrong_head",)   # run (and flagged) on GQA cells only
 
@@ -427,12 +480,26 @@ def load_plugin(spec: str) -> Variant:
     doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
     description = doc[0] if doc else f"user plug-in {spec}"
     return Variant(spec, description, lambda: fn, family="plugin", unsupported=_undeclared(spec, fn),
-                   causal_alignment=_declared_alignment(spec, fn))
+                   causal_alignment=_declared_alignment(spec, fn), **declared_returns(f"--variant: {spec}", fn))
 
 
 SUPPORTS_ATTRIBUTE = "audit_supports"
 ALIGNMENT_ATTRIBUTE = "audit_causal_alignment"
+RETURNS_ATTRIBUTE = "audit_returns"
+LSE_SINK_ATTRIBUTE = "audit_lse_includes_sink"
 CAUSAL_ALIGNMENTS: tuple[str, ...] = ("top-left", "bottom-right")
+
+
+def declared_returns(where: str, fn: Any) -> dict[str, Any]:
+    """Variant fields from a callable's `audit_returns` ("out", the default, or "out_lse": it
+    returns (out, lse) on every device) and `audit_lse_includes_sink` (its lse counts the sink)."""
+    returns = getattr(fn, RETURNS_ATTRIBUTE, "out")
+    if returns not in PLUGIN_RETURNS:
+        raise UsageError(f"{where}.{RETURNS_ATTRIBUTE} is {returns!r}; allowed: {', '.join(PLUGIN_RETURNS)}")
+    includes_sink = getattr(fn, LSE_SINK_ATTRIBUTE, False)
+    if not isinstance(includes_sink, bool):
+        raise UsageError(f"{where}.{LSE_SINK_ATTRIBUTE} is {includes_sink!r}; allowed: True, False")
+    return {"lse_on": LSE_DEVICES if returns == "out_lse" else (), "lse_includes_sink": includes_sink}
 
 
 def _declared_alignment(spec: str, fn: Any) -> str:

@@ -16,9 +16,10 @@ def grouped(q, t):
 
 def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, pair=grouped,
               diagonal=0, upper=False, use_causal=True, use_mask=True, invert=False, fill=float("-inf"),
-              dim=-1, swap_qk=False, empty_rows_zero=False):
+              dim=-1, swap_qk=False, empty_rows_zero=False, sinks=None):
     """Hand-written attention in fp32 with switches for the mistakes; all off: correct (NaN on
-    rows that see no key unless empty_rows_zero)."""
+    rows that see no key unless empty_rows_zero or a sink takes their weight). sinks: (H,) logits,
+    one more softmax column per head, dropped after it."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     kk, vv = pair(q, k), pair(q, v)                                          # (B, H, Tk, d)
     scores = ((kk @ q.transpose(-2, -1)) if swap_qk else (q @ kk.transpose(-2, -1))) * scale
@@ -36,7 +37,11 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, p
             scores = scores + mask
     if keep is not None:
         scores = scores.masked_fill(~keep, fill)
-    probs = torch.softmax(scores, dim=dim)
+    if sinks is not None:
+        column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=dim)
     if empty_rows_zero:
         probs = torch.nan_to_num(probs, nan=0.0)
     return probs @ vv                                                        # (B, H, Tq, d)
@@ -161,3 +166,20 @@ def no_max_subtraction(q, k, v, *, mask=None, causal=False, scale=None, score_mo
 
 def score_mod_ignored(q, k, v, *, score_mod=None, **kw):
     return attention(q, k, v, **kw)
+
+
+def sink_ignored(q, k, v, *, sinks=None, **kw):
+    return attention(q, k, v, empty_rows_zero=True, **kw)
+
+
+def sink_after_normalisation(q, k, v, *, sinks=None, **kw):
+    out = attention(q, k, v, empty_rows_zero=True, **kw)                    # normalised over the keys first
+    return out / (1.0 + torch.exp(sinks.float())).view(1, -1, 1, 1)
+
+
+def sink_shared(q, k, v, *, sinks=None, **kw):
+    return attention(q, k, v, empty_rows_zero=True, sinks=sinks[:1].expand_as(sinks), **kw)
+
+
+def sink_wrong_head(q, k, v, *, sinks=None, **kw):
+    return attention(q, k, v, empty_rows_zero=True, sinks=sinks.roll(-1), **kw)

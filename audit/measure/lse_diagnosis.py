@@ -1,0 +1,202 @@
+"""Why a variant's log-sum-exp is wrong: the known mistake (workload.lse_mistakes) it matches.
+
+For the cells whose lse, merge or lse gradients are outside their budget (core.defects.
+lse_outside_budget), on the diagnosis slices of measure.diagnosis, in float64:
+
+- the lse itself: each LSE mistake's lse against the variant's, on the rows that see a key;
+- the merge: each LSE mistake applied to both halves of the keys (the halves' right outputs,
+  the mistaken lse), merged as measure.lse merges them, against the variant's merged output; so
+  a mistake that only shows on rows a half leaves empty (an lse of 0 there) is named too;
+- the gradients with the lse in the loss: each LSE gradient mistake's dq, dk, dv against the
+  variant's.
+
+A mistake matches when every comparison it can make is within its tolerance (the budget of
+that comparison: 2 × the baseline's RMSE + atol, measure.diagnosis.tolerance), it is
+distinguishable (further than two tolerances from the right answer on one of them) and the
+variant is nearer to it than to the right answer. The nearest match wins; ties go to the higher
+specificity, then to the first registered.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from ..workload.backward_mistakes import full_groups
+from ..workload.lse_mistakes import LSE_GRAD_MISTAKES, LSE_MISTAKES, lse_grads_of, lse_of
+from ..workload.mistakes import Attempt, sq_diff
+from ..workload.variants import apply_sinks_by_lse
+from .diagnosis import attempt_for, diagnosis_slices, tolerance
+from .lse import keys_only_lse, merge_partials, split_point
+from .numerics import GRAD_BUDGET_FACTOR
+
+
+def _rmse(x: Any, y: Any, rows: Any = None) -> float:
+    """RMSE over the selected rows' elements, NaN matching NaN (mistakes.sq_diff)."""
+    diff = sq_diff(x.double(), y.double())
+    if rows is not None:
+        diff = diff[rows.expand(diff.shape[:rows.dim()])]
+    return math.sqrt(float(diff.mean())) if diff.numel() else math.nan
+
+
+def _halves(a: Attempt) -> list[Attempt]:
+    """The attempt on each half of the keys (measure.lse.split_point), causal and mask as one
+    visibility cut to the half's keys, so a row may see no key of a half."""
+    import torch
+    tk = a.tk
+    h = split_point(tk)
+    keep = a.keep()
+    if keep is None:
+        keep = torch.ones(1, 1, a.tq, tk, dtype=torch.bool, device=a.q.device)
+    keep = keep.expand(keep.shape[0], 1, a.tq, tk)                                 # (b|1, 1, Tq, Tk)
+    out = []
+    for part in (slice(0, h), slice(h, tk)):
+        bias = None if a.bias is None else a.bias[..., part]
+        out.append(replace(a, k=a.k[..., part, :], v=a.v[..., part, :], causal=False, visible=keep[..., part],
+                           bias=bias))
+    return out
+
+
+def _merged(a: Attempt, lse_fn: Any) -> Any:
+    """The merge of the halves' right outputs (0 on a row that sees no key of its half) with the lse
+    `lse_fn(half)` gives (None: the right one) -> (b, h, Tq, d) float64, sinks applied after."""
+    import torch
+    parts = []
+    for half in _halves(a):
+        out = torch.nan_to_num(half.attend(sinks=None), nan=0.0)                    # (b, h, Tq, d)
+        lse = lse_fn(half) if lse_fn is not None else None
+        parts.append((out, lse_of(half) if lse is None else lse))
+    out, lse = merge_partials(*parts)
+    sinks = a.head_sinks()
+    return out if sinks is None else apply_sinks_by_lse(out, lse, sinks.view(-1))
+
+
+def diagnose_lse_cell(cell: Any) -> dict[str, Any]:
+    """The lse diagnosis columns of one cell (a measure.checks.CellState): `lse_diagnosis` (a
+    mistake's name, "none" when none matched), `lse_diagnosis_err` (the variant against it) and
+    `lse_diagnosis_golden_err` (against the right answer), on the comparison that decided."""
+    import torch
+    inputs, ref, dtype = cell.inputs, cell.ref, cell.case.dtype
+    B, H, Tq, d = cell.out.shape
+    Hkv, Tk = inputs.k.shape[1], inputs.k.shape[-2]
+    batches, heads = diagnosis_slices(B, H, Hkv, Tq, Tk, d, str(cell.out.device), ref.slices)
+    b_index = torch.tensor(batches, device=cell.out.device)
+    h_index = torch.tensor(heads, device=cell.out.device)
+
+    def pick(t: Any) -> Any:                                                        # (B, H, ...) -> (b, h, ...)
+        return t.detach().index_select(0, b_index).index_select(1, h_index).double()
+
+    cols = cell.columns
+    base = ref.baseline_extra
+    with torch.no_grad():
+        a = attempt_for(inputs, batches, heads, alignment=ref.alignment, dtype=dtype)
+        if inputs.sinks is not None:
+            a = replace(a, sinks=inputs.sinks.detach().double())
+        seen = a.seen().expand(len(batches), len(heads), Tq)                          # (b, h, Tq)
+        comparisons: dict[str, tuple[Any, Any, Any, float]] = {}   # name -> (observed, right, rows, tol)
+        if cols.get("lse_within_budget") is False:
+            right = lse_of(a)
+            observed = keys_only_lse(cell.lse, inputs.sinks, cell.variant.lse_includes_sink)   # (B, H, Tq)
+            comparisons["lse"] = (observed.index_select(0, b_index).index_select(1, h_index), right, seen,
+                                  tolerance(base.get("lse"), dtype, right[..., None], seen))
+        if cols.get("merge_within_budget") is False and getattr(cell, "merged", None) is not None and Tk > 1:
+            right = _merged(a, None)
+            comparisons["merge"] = (pick(cell.merged), right, seen, tolerance(base.get("merge"), dtype, right, seen))
+        found = _best(comparisons, LSE_MISTAKES, lambda m: {"lse": (lambda: m.fn(a)),
+                                                             "merge": (lambda: _merged(a, m.fn))})
+    name, err, golden_err = found if found is not None else ("none", None, _golden_err(comparisons))
+    return {"lse_diagnosis": name, "lse_diagnosis_err": err, "lse_diagnosis_golden_err": golden_err}
+
+
+def diagnose_lse_grads_cell(cell: Any) -> dict[str, Any]:
+    """The lse gradient diagnosis columns of one cell: `lse_grad_diagnosis` (an LSE gradient
+    mistake's name, "none" when none matched), `lse_grad_diagnosis_err`, `lse_grad_diagnosis_golden_err`
+    (the largest RMSE of dq, dk through the lse against the mistake's and the right ones)."""
+    import torch
+    inputs, ref = cell.inputs, cell.ref
+    B, H, Tq, d = cell.out.shape
+    Hkv, Tk = inputs.k.shape[1], inputs.k.shape[-2]
+    batches, heads = diagnosis_slices(B, H, Hkv, Tq, Tk, d, str(cell.out.device), ref.slices)
+    b_index = torch.tensor(batches, device=cell.out.device)
+    h_index = torch.tensor(heads, device=cell.out.device)
+
+    def pick(t: Any) -> Any:                                                        # (B, H, ...) -> (b, h, ...)
+        return t.detach().index_select(0, b_index).index_select(1, h_index).double()
+
+    with torch.no_grad():
+        a = attempt_for(inputs, batches, heads, alignment=ref.alignment, dtype=cell.case.dtype)
+        found = _grad_match(cell, a, b_index, pick)
+    if found is None:
+        return {"lse_grad_diagnosis": "none", "lse_grad_diagnosis_err": None, "lse_grad_diagnosis_golden_err": None}
+    name, err, golden_err = found
+    return {"lse_grad_diagnosis": name, "lse_grad_diagnosis_err": err, "lse_grad_diagnosis_golden_err": golden_err}
+
+
+def _golden_err(comparisons: dict) -> float | None:
+    errs = [_rmse(obs, right, rows) for obs, right, rows, _ in comparisons.values()]
+    return max(errs) if errs else None
+
+
+def _best(comparisons: dict, mistakes: dict, evaluate: Any) -> tuple[str, float, float] | None:
+    """(name, err against it, err against the right answer) of the best-matching mistake, or None."""
+    matches = []
+    for order, m in enumerate(mistakes.values()):
+        scores = []
+        for kind, (observed, right, rows, tol) in comparisons.items():
+            try:
+                mine = evaluate(m)[kind]()
+            except Exception:  # noqa: BLE001 - a broken (plug-in) mistake must not lose the cell
+                mine = None
+            if mine is None:
+                continue
+            scores.append((_rmse(observed, mine, rows), _rmse(mine, right, rows), _rmse(observed, right, rows), tol))
+        if not scores:
+            continue
+        ok = (all(err <= tol for err, _, _, tol in scores)
+              and any(dist > 2 * tol for _, dist, _, tol in scores)
+              and all(err < golden for err, _, golden, _ in scores))
+        if ok:
+            worst = max(err / tol for err, _, _, tol in scores)
+            matches.append((worst, -m.specificity, order, m.name, max(s[0] for s in scores), max(s[2] for s in scores)))
+    if not matches:
+        return None
+    best = min(matches)
+    return best[3], best[4], best[5]
+
+
+def _grad_match(cell: Any, a: Attempt, b_index: Any, pick: Any) -> tuple[str, float, float] | None:
+    """The LSE gradient mistake the variant's gradient through its lse (dq, dk of <lse, grad_lse>)
+    matches, or None. dq is compared everywhere, dk on the kv heads whose whole group the attempt
+    holds."""
+    a = replace(a, grad_lse=pick(cell.inputs.grad_lse))
+    kv = full_groups(a)
+    dq, dk = cell.lse_loss_grads
+    observed = {"dq": pick(dq), "dk": dk.detach().index_select(0, b_index).double()}   # (b, h|Hkv, T, d)
+    right = lse_grads_of(a)
+    names = ["dq"] + (["dk"] if kv else [])
+
+    def sel(grads: dict, g: str) -> Any:
+        return grads[g] if g == "dq" else grads[g][:, kv]
+
+    tol = {g: tolerance(cell.ref.baseline_extra.get(f"lse_{g}"), cell.case.dtype, sel(right, g),
+                        factor=GRAD_BUDGET_FACTOR[g]) for g in names}
+    matches = []
+    for order, m in enumerate(LSE_GRAD_MISTAKES.values()):
+        try:
+            mine = m.fn(a)
+        except Exception:  # noqa: BLE001 - a broken (plug-in) mistake must not lose the cell
+            continue
+        if mine is None:
+            continue
+        per = {g: (_rmse(sel(observed, g), sel(mine, g)), _rmse(sel(mine, g), sel(right, g)),
+                   _rmse(sel(observed, g), sel(right, g))) for g in names}
+        ok = (all(err <= tol[g] for g, (err, _, _) in per.items())
+              and any(dist > 2 * tol[g] for g, (_, dist, _) in per.items())
+              and all(err < golden for err, _, golden in per.values()))
+        if ok:
+            matches.append((max(per[g][0] / tol[g] for g in names), -m.specificity, order, m.name,
+                            max(p[0] for p in per.values()), max(p[2] for p in per.values())))
+    if not matches:
+        return None
+    best = min(matches)
+    return best[3], best[4], best[5]

@@ -1,0 +1,272 @@
+"""The log-sum-exp a variant returns and attention sinks (measure.checks: lse_error, lse_merge,
+lse_grads, sink_grad; measure.lse_diagnosis; workload.lse_mistakes): each check on a kernel that
+must trigger it and on one that must not, each lse mistake named on a kernel making it
+(tests/plugins/lse_kernels.py) and on no correct one, the merge's arithmetic, the sinks'
+golden, the declarations (plug-in attributes, audit.adapt, hf:), the negative controls."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import audit
+from audit.analysis.findings import compute_findings
+from audit.core.errors import UsageError
+from audit.core.grid import Case
+from audit.core.records import to_frame
+from audit.execute import runner
+from audit.measure import cellcache
+from audit.measure.lse import classify_lse_rows, keys_only_lse, merge_partials
+from audit.measure.reference import golden_attention
+from audit.workload import presets, variants
+from audit.workload.inputs import make_inputs
+from audit.workload.lse_mistakes import LSE_GRAD_MISTAKES, LSE_MISTAKES
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0, max_cell_s=None,
+                        energy_window_s=0.0)
+
+
+def run(cases):
+    sys.path.insert(0, str(PLUGINS))
+    try:
+        cache = cellcache.InputCache()
+        return {c.id: runner.run_cell(c, cache, PRESET, {}) for c in cases}
+    finally:
+        sys.path.remove(str(PLUGINS))
+
+
+def cell(variant, scenario="normal", dtype="fp32", causal=False, heads=4, kv=None, t=32):
+    return Case(variant, "cpu", dtype, 16, t, 2, heads, causal, scenario, kv)
+
+
+# --------------------------------------------------------------------------- the merge's arithmetic
+
+def test_merging_two_halves_gives_the_whole_and_an_empty_half_weighs_nothing():
+    torch.manual_seed(0)
+    s = torch.randn(1, 2, 5, 8, dtype=torch.float64)                            # scores (B, H, Tq, Tk)
+    v = torch.randn(1, 2, 8, 3, dtype=torch.float64)
+    s[0, 0, 1, 4:] = -math.inf                                                  # row 1 sees no key of half 2
+
+    def part(cols):
+        p = torch.softmax(s[..., cols], -1)
+        return torch.nan_to_num(p) @ v[:, :, cols], torch.logsumexp(s[..., cols], -1)
+    whole = torch.softmax(s, -1) @ v
+    out, lse = merge_partials(part(slice(0, 4)), part(slice(4, 8)))
+    torch.testing.assert_close(out, whole)
+    torch.testing.assert_close(lse, torch.logsumexp(s, -1))
+    # FlashAttention-2's +inf for an empty part is read as empty too; a 0 is not
+    o2, l2 = part(slice(4, 8))
+    l2 = l2.clone()
+    l2[0, 0, 1] = math.inf
+    torch.testing.assert_close(merge_partials(part(slice(0, 4)), (o2, l2))[0], whole)
+    l2[0, 0, 1] = 0.0
+    assert not torch.allclose(merge_partials(part(slice(0, 4)), (o2, l2))[0], whole)
+
+
+def test_the_lse_on_rows_that_see_no_key_is_classified():
+    empty = torch.tensor([[[True, False, True]]])                                # (1, 1, Tq)
+    assert classify_lse_rows(torch.tensor([[[-math.inf, 2.0, -math.inf]]]), empty) == "-inf"
+    assert classify_lse_rows(torch.tensor([[[0.0, 2.0, 0.0]]]), empty) == "zero"
+    assert classify_lse_rows(torch.tensor([[[0.0, 2.0, math.nan]]]), empty) == "mixed"
+    assert classify_lse_rows(torch.tensor([[[0.0, 2.0, 0.0]]]), torch.zeros_like(empty)) is None
+
+
+def test_an_lse_that_counts_the_sink_is_taken_back_to_the_keys_alone():
+    lse, sinks = torch.tensor([[[1.0, 3.0]]], dtype=torch.float64), torch.tensor([2.0], dtype=torch.float64)
+    with_sink = torch.logaddexp(lse, sinks.view(1, -1, 1))
+    torch.testing.assert_close(keys_only_lse(with_sink, sinks, True), lse)
+    torch.testing.assert_close(keys_only_lse(with_sink, sinks, False), with_sink)
+
+
+# --------------------------------------------------------------------------- the sinks' golden
+
+def test_a_sink_takes_a_share_of_every_row_and_all_of_a_row_that_sees_no_key():
+    inputs = make_inputs(cell("eager", "sinks", heads=4))
+    g = golden_attention(inputs.q, inputs.k, inputs.v, grad_out=inputs.grad_out, visible=inputs.visible,
+                         sinks=inputs.sinks)
+    plain = golden_attention(inputs.q, inputs.k, inputs.v, visible=inputs.visible)
+    empty = ~g.row_visible[0, 0]                                                # (Tq,)
+    assert bool(empty.any()) and bool((g.out[:, :, empty] == 0).all())          # all weight on the sink
+    # per head: the sink above every score changes out the most, the -30 one not at all
+    change = (g.out - plain.out)[:, :, ~empty].abs().amax(dim=(0, 2, 3))       # (H,)
+    assert change[0] > 0.5 and change[2] < 1e-9 and change[1] > 1e-2
+    # its gradient is the float64 autograd of the sinks' softmax column: nonzero where it weighs
+    assert g.dsinks is not None and g.dsinks.shape == (4,) and abs(float(g.dsinks[2])) < 1e-9
+    assert abs(float(g.dsinks[0])) > 1e-3
+
+
+# --------------------------------------------------------------------------- the checks, both ways
+
+@pytest.fixture(scope="module")
+def lse_run():
+    """Each plug-in of tests/plugins/lse_kernels.py, eager, flash_op and the controls on fp32 cells
+    (GQA 4/2, causal and not, normal, padding and sinks)."""
+    names = ["lse_kernels:" + n for n in ("correct", "lse_base2", "lse_unscaled_max", "lse_first_head_of_group",
+                                          "lse_empty_rows_zero", "lse_no_grad", "lse_includes_sink")]
+    cases = [cell(v, scenario, causal=causal, kv=2) for v in names + ["eager", "flash_op", "broken.lse_base2",
+                                                                      "broken.lse_no_grad", "broken.sink_ignored"]
+             for scenario in ("normal", "padding", "sinks") for causal in (False, True)]
+    recs = run(cases)
+    return recs, compute_findings(to_frame(list(recs.values())))
+
+
+def _records(lse_run, variant):
+    return [r for r in lse_run[0].values() if r["variant"] == variant and r["status"] == "ok"]
+
+
+@pytest.mark.parametrize("variant", ["lse_kernels:correct", "lse_kernels:lse_includes_sink", "eager"])
+def test_a_right_lse_is_within_every_budget_and_gets_no_finding(lse_run, variant):
+    recs = _records(lse_run, variant)
+    assert recs
+    for r in recs:
+        assert r["lse_within_budget"] is True and r["merge_within_budget"] is True, r["id"]
+        assert r["lse_grads_within_budget"] is True and r["lse_differentiable"] is True, r["id"]
+        assert r["lse_err_ratio"] < 3 and r["merge_err_ratio"] < 3
+    assert not [f for f in lse_run[1] if f["variant"] == variant and f["severity"] != "info"]
+
+
+@pytest.mark.parametrize("variant, mistake, check", [
+    ("lse_kernels:lse_base2", "lse_base2", "lse_error_budget"),
+    ("lse_kernels:lse_unscaled_max", "lse_unscaled_max", "lse_error_budget"),
+    ("lse_kernels:lse_first_head_of_group", "lse_first_head_of_group", "lse_error_budget"),
+    ("lse_kernels:lse_empty_rows_zero", "lse_empty_rows_zero", "lse_error_budget"),
+    ("lse_kernels:lse_no_grad", "lse_no_grad", "lse_grad_budget"),
+    ("broken.lse_base2", "lse_base2", "lse_error_budget"),
+    ("broken.lse_no_grad", "lse_no_grad", "lse_grad_budget"),
+    ("flash_op", "lse_empty_rows_zero", "lse_error_budget"),
+])
+def test_a_wrong_lse_is_an_error_finding_naming_its_mistake(lse_run, variant, mistake, check):
+    found = [f for f in lse_run[1] if f["variant"] == variant and f["check"] == check]
+    assert len(found) == 1 and found[0]["severity"] == "error", [f["check"] for f in lse_run[1]
+                                                                  if f["variant"] == variant]
+    assert found[0]["diagnosis"] == mistake, found[0]["message"]
+    assert all(r["within_budget"] is True for r in _records(lse_run, variant) if r["scenario"] != "sinks"
+               or variant != "broken.sink_ignored")                             # out itself is right
+
+
+def test_an_lse_with_no_gradient_is_named_by_the_gradient_check_alone(lse_run):
+    for r in _records(lse_run, "lse_kernels:lse_no_grad"):
+        assert r["lse_differentiable"] is False and r["lse_grads_within_budget"] is False
+        assert r["lse_within_budget"] is True and r["merge_within_budget"] is True
+    assert all(r["lse_differentiable"] is False for r in _records(lse_run, "flash_op")
+               if r["lse_differentiable"] is not None)                          # torch marks its lse so
+
+
+def test_the_merge_catches_an_lse_whose_value_is_right_where_it_is_compared(lse_run):
+    """lse 0 on a row that sees no key: the lse check compares rows that see a key, and a causal
+    cell has none empty; its halves do, and the merge shows it."""
+    recs = {(r["scenario"], r["causal"]): r for r in _records(lse_run, "lse_kernels:lse_empty_rows_zero")}
+    assert recs[("normal", True)]["lse_within_budget"] is True
+    assert recs[("normal", True)]["merge_within_budget"] is False
+    assert recs[("normal", False)]["merge_within_budget"] is True             # no empty row in a half
+
+
+def test_sinks_ignored_are_flagged_with_their_gradient_and_named(lse_run):
+    recs = _records(lse_run, "broken.sink_ignored")
+    assert recs and all(r["scenario"] == "sinks" for r in recs)                 # requires sinks: nothing else
+    # without its sink a row that sees no key is NaN (softmax of nothing): its gradients are the
+    # nonfinite check's; sinks_decode (below) has no such row, and the sinks' gradient is judged
+    assert all(r["within_budget"] is False and r["grad_nan"] > 0 for r in recs)
+    decode = run([cell("broken.sink_ignored", "sinks_decode", kv=2)])
+    assert all(r["dsinks_within_budget"] is False and r["within_budget"] is False for r in decode.values())
+    named = {f["diagnosis"] for f in lse_run[1] if f["variant"] == "broken.sink_ignored" and f.get("diagnosis")}
+    assert "sink_ignored" in named
+    for r in _records(lse_run, "eager"):
+        if r["scenario"] == "sinks":
+            assert r["dsinks_within_budget"] is True and r["dsinks_err"] < 1e-5
+
+
+def test_a_variant_without_sinks_is_skipped_with_the_reason():
+    recs = run([cell("sdpa", "sinks"), cell("flash_op", "sinks"), cell("flex", "sinks")])
+    for r in recs.values():
+        assert r["status"] == "skipped", r
+    assert "no sink argument" in recs[cell("sdpa", "sinks").id]["reason"]
+    assert "cannot return the log-sum-exp" in recs[cell("flex", "sinks").id]["reason"]
+
+
+def test_a_variant_declaring_out_lse_that_returns_out_alone_is_a_contract_error():
+    rec = run([cell("lse_kernels:not_a_pair")])[cell("lse_kernels:not_a_pair").id]
+    assert rec["status"] == "error" and "declares it returns (out, lse)" in rec["reason"], rec["reason"]
+
+
+def test_every_lse_mistake_has_a_kernel_making_it_here():
+    names = set(LSE_MISTAKES) | set(LSE_GRAD_MISTAKES)
+    sys.path.insert(0, str(PLUGINS))
+    try:
+        import importlib
+        module = importlib.import_module("lse_kernels")
+    finally:
+        sys.path.remove(str(PLUGINS))
+    assert all(callable(getattr(module, n, None)) for n in names), names
+
+
+# --------------------------------------------------------------------------- declarations
+
+def test_a_plugin_declaring_an_unknown_return_is_a_usage_error(monkeypatch):
+    def fn(q, k, v, **kw):
+        return q
+    fn.audit_returns = "lse"
+    with pytest.raises(UsageError, match="audit_returns is 'lse'; allowed: out, out_lse"):
+        variants.declared_returns("--variant: x", fn)
+
+
+def test_adapt_converts_a_base_2_lse_and_its_layout():
+    def kernel(q, k, v, scale=None):                                            # (B, T, H, d), lse (B, T, H) base 2
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+        return out.transpose(1, 2), lse.transpose(1, 2) / math.log(2.0)
+    adapted = audit.adapt(kernel, layout="bthd", causal=None, causal_arg=None, returns="out_lse",
+                          lse_layout="bth", lse_base=2)
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    out, lse = adapted(q, k, v)
+    torch.testing.assert_close(lse, torch.logsumexp((q @ k.transpose(-2, -1)) * 0.5, -1), rtol=1e-5, atol=1e-5)
+    assert adapted.audit_returns == "out_lse"
+    with pytest.raises(UsageError, match="lse_base"):
+        audit.adapt(kernel, lse_base=2)                                        # a base without returns="out_lse"
+
+
+def test_adapt_folds_causal_into_the_mask_for_a_kernel_that_refuses_both():
+    """SDPA's math rule, as diffusers' _native_math keeps it: causal_with_mask=False runs the
+    causal + padding cells; the default passes both and the kernel raises."""
+    math_sdpa = torch.ops.aten._scaled_dot_product_attention_math   # (out, weights); its masks: additive
+    refuses = audit.adapt(math_sdpa, causal_arg="is_causal", masks=("additive",), returns="first",
+                          causal_with_mask=False)
+    passes_both = audit.adapt(math_sdpa, causal_arg="is_causal", masks=("additive",), returns="first")
+    inputs = make_inputs(cell("x", "padding", causal=True))
+    with torch.no_grad():
+        out = refuses(inputs.q, inputs.k, inputs.v, mask=inputs.mask, causal=True)
+        want = variants.resolve("eager").build()(inputs.q, inputs.k, inputs.v, mask=inputs.mask, causal=True)[0]
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        with pytest.raises(RuntimeError):
+            passes_both(inputs.q, inputs.k, inputs.v, mask=inputs.mask, causal=True)
+
+
+def test_adapt_passes_sinks_to_the_declared_argument():
+    seen = {}
+
+    def kernel(q, k, v, learnable_sink=None, causal=False, scale=None):
+        seen["sink"] = learnable_sink
+        return q
+    adapted = audit.adapt(kernel, sink_arg="learnable_sink")
+    sinks = torch.tensor([1.0, 2.0])
+    adapted(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), sinks=sinks)
+    assert seen["sink"] is sinks and "sinks" in adapted.audit_supports
+    assert "sinks" not in audit.adapt(kernel).audit_supports
+
+
+hf = pytest.importorskip("transformers")
+
+
+def test_gpt_oss_eager_takes_sinks_and_llama_eager_is_skipped():
+    recs = run([cell("hf:gpt_oss.eager", "sinks", dtype=dtype, causal=True) for dtype in ("fp32", "bf16")]
+               + [cell("hf:eager", "sinks"), cell("hf:gpt_oss.eager", "normal")])
+    for dtype in ("fp32", "bf16"):
+        r = recs[cell("hf:gpt_oss.eager", "sinks", dtype=dtype, causal=True).id]
+        assert r["status"] == "ok" and r["within_budget"] is True and r["dsinks_within_budget"] is True, r
+    assert recs[cell("hf:eager", "sinks").id]["status"] == "skipped"
+    assert "reads no module.sinks" in recs[cell("hf:eager", "sinks").id]["reason"]
+    assert recs[cell("hf:gpt_oss.eager", "normal").id]["within_budget"] is True    # -inf sinks: no weight
