@@ -270,3 +270,12 @@ def test_gpt_oss_eager_takes_sinks_and_llama_eager_is_skipped():
     assert recs[cell("hf:eager", "sinks").id]["status"] == "skipped"
     assert "reads no module.sinks" in recs[cell("hf:eager", "sinks").id]["reason"]
     assert recs[cell("hf:gpt_oss.eager", "normal").id]["within_budget"] is True    # -inf sinks: no weight
+
+
+def test_a_budget_on_few_values_is_widened_by_their_chance_spread():
+    from audit.measure.numerics import _f_equal_dof_cdf, small_sample_factor
+    assert _f_equal_dof_cdf(19.0, 2) == pytest.approx(0.95) and _f_equal_dof_cdf(99.0, 2) == pytest.approx(0.99)
+    assert _f_equal_dof_cdf(1.0, 7) == pytest.approx(0.5)                      # F(n, n) is symmetric in log
+    factors = [small_sample_factor(n) for n in (2, 4, 16, 1000)]
+    assert factors == sorted(factors, reverse=True) and factors[0] == pytest.approx(999 ** 0.5, rel=1e-6)
+    assert 1.0 < factors[-1] < 1.2

@@ -87,7 +87,7 @@ COLUMNS: dict[str, str] = {
     "grad_diagnosis_golden_err": "the largest RMSE of a gradient against the float64 golden's, over the gradients compared",
     "dsinks_err": "sinks cells: relative error of the sinks' gradient (H,) against the float64 golden's; null where the golden covers a subset of (batch, head) slices or the gradients are not finite",
     "dsinks_err_ratio": "RMSE of the sinks' gradient over that of the same-dtype baseline's; null when not judged",
-    "dsinks_within_budget": "the sinks' gradient RMSE <= 2 * the baseline's + atol(dtype) (the gradient budget); null when not judged",
+    "dsinks_within_budget": "the sinks' gradient RMSE <= 2 * s(H) * the baseline's + atol(dtype), s(H) the chance spread of an RMSE of H values (docs/numerics.md); null when not judged",
     "lse_err": "variants returning the log-sum-exp: RMSE (absolute) of their lse against the float64 golden's on the rows that see a key, in the keys-only convention (a variant declaring lse_includes_sink has the sink taken out)",
     "lse_err_ratio": "lse_err over the same-dtype baseline's (hand-written logsumexp of the scores in the input dtype)",
     "lse_within_budget": "lse_err <= 2 * the baseline's + atol(dtype) (docs/numerics.md, The log-sum-exp); null when the baseline's is not finite",

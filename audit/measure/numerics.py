@@ -81,6 +81,61 @@ def within_budget(err: float, baseline_err: float | None, dtype: str, factor: fl
     return err <= factor * baseline_err + BUDGET_ATOL[dtype]
 
 
+# A gradient budget on few values (the sinks' gradient has one per head): the ratio of two RMSEs
+# of n values each carries chance of its own (squared, an F(n, n) variable when both errors are
+# rounding noise of one scale), so its factor is widened to the SMALL_SAMPLE_LEVEL quantile of that
+# spread: with 2 heads 2 × 31.6, with 16 heads 2 × 2.2, with thousands of values 2 × ~1.1.
+SMALL_SAMPLE_LEVEL = 0.999
+
+
+def small_sample_factor(n: int, level: float = SMALL_SAMPLE_LEVEL) -> float:
+    """sqrt of the `level` quantile of F(n, n): how far the RMSE of n noise values can stray above
+    that of n others of the same scale by chance alone (1 for n = 0: nothing to judge)."""
+    if n <= 0:
+        return 1.0
+    lo, hi = 1.0, 1e8
+    for _ in range(200):                        # bisection on the F(n, n) CDF
+        mid = math.sqrt(lo * hi)
+        if _f_equal_dof_cdf(mid, n) < level:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(hi)
+
+
+def _f_equal_dof_cdf(f: float, n: int) -> float:
+    """P(F <= f) for F(n, n): the regularized incomplete beta I_x(n/2, n/2), x = f / (1 + f)."""
+    a = n / 2.0
+    x = f / (1.0 + f)
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(2 * a) - 2 * math.lgamma(a) + a * math.log(x) + a * math.log1p(-x))
+    if x < 0.5:                                  # symmetric a = b: I_x(a, a) = 1 - I_{1-x}(a, a)
+        return front * _beta_fraction(a, x) / a
+    return 1.0 - front * _beta_fraction(a, 1.0 - x) / a
+
+
+def _beta_fraction(a: float, x: float) -> float:
+    """The continued fraction of the incomplete beta I_x(a, a) (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - 2 * a * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (a - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (2 * a + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-14:
+            break
+    return h
+
+
 def classify_masked_rows(out: Any, rows: Any, v: Any) -> str | None:
     """What a variant returns on fully masked query rows: nan, zero, uniform, other or mixed.
 
