@@ -57,8 +57,11 @@ def _prepare(case, phase, builds):
     kwargs = inputs.call_kwargs()
     sync = torch.cuda.synchronize if case.device == "cuda" else (lambda: None)
 
+    returns_lse = variant.returns_lse(case.device)
+
     def forward():
-        return fn(q, k, v, **kwargs)                                   # (B, H, T, d)
+        out = fn(q, k, v, **kwargs)                                    # (B, H, T, d), or (out, lse)
+        return out[0] if returns_lse else out
 
     def forward_backward():
         return torch.autograd.grad(forward(), (q, k, v), inputs.grad_out)

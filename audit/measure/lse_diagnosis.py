@@ -71,27 +71,34 @@ def _merged(a: Attempt, lse_fn: Any) -> Any:
     return out if sinks is None else apply_sinks_by_lse(out, lse, sinks.view(-1))
 
 
+def _slices(cell: Any) -> tuple[list[int], list[int], Any, Any, Any]:
+    """(batches, heads, their index tensors, pick) of the cell's diagnosis slices
+    (measure.diagnosis.diagnosis_slices); pick: (B, H, ...) -> (b, h, ...) float64."""
+    import torch
+    B, H, Tq, d = cell.out.shape
+    Hkv, Tk = cell.inputs.k.shape[1], cell.inputs.k.shape[-2]
+    batches, heads = diagnosis_slices(B, H, Hkv, Tq, Tk, d, str(cell.out.device), cell.ref.slices)
+    b_index = torch.tensor(batches, device=cell.out.device)
+    h_index = torch.tensor(heads, device=cell.out.device)
+
+    def pick(t: Any) -> Any:
+        return t.detach().index_select(0, b_index).index_select(1, h_index).double()
+    return batches, heads, b_index, h_index, pick
+
+
 def diagnose_lse_cell(cell: Any) -> dict[str, Any]:
     """The lse diagnosis columns of one cell (a measure.checks.CellState): `lse_diagnosis` (a
     mistake's name, "none" when none matched), `lse_diagnosis_err` (the variant against it) and
     `lse_diagnosis_golden_err` (against the right answer), on the comparison that decided."""
     import torch
     inputs, ref, dtype = cell.inputs, cell.ref, cell.case.dtype
-    B, H, Tq, d = cell.out.shape
-    Hkv, Tk = inputs.k.shape[1], inputs.k.shape[-2]
-    batches, heads = diagnosis_slices(B, H, Hkv, Tq, Tk, d, str(cell.out.device), ref.slices)
-    b_index = torch.tensor(batches, device=cell.out.device)
-    h_index = torch.tensor(heads, device=cell.out.device)
-
-    def pick(t: Any) -> Any:                                                        # (B, H, ...) -> (b, h, ...)
-        return t.detach().index_select(0, b_index).index_select(1, h_index).double()
+    batches, heads, b_index, h_index, pick = _slices(cell)
+    Tq, Tk = cell.out.shape[-2], inputs.k.shape[-2]
 
     cols = cell.columns
     base = ref.baseline_extra
     with torch.no_grad():
-        a = attempt_for(inputs, batches, heads, alignment=ref.alignment, dtype=dtype)
-        if inputs.sinks is not None:
-            a = replace(a, sinks=inputs.sinks.detach().double())
+        a = attempt_for(inputs, batches, heads, alignment=ref.alignment, dtype=dtype)   # sinks included
         seen = a.seen().expand(len(batches), len(heads), Tq)                          # (b, h, Tq)
         comparisons: dict[str, tuple[Any, Any, Any, float]] = {}   # name -> (observed, right, rows, tol)
         if cols.get("lse_within_budget") is False:
@@ -114,15 +121,7 @@ def diagnose_lse_grads_cell(cell: Any) -> dict[str, Any]:
     (the largest RMSE of dq, dk through the lse against the mistake's and the right ones)."""
     import torch
     inputs, ref = cell.inputs, cell.ref
-    B, H, Tq, d = cell.out.shape
-    Hkv, Tk = inputs.k.shape[1], inputs.k.shape[-2]
-    batches, heads = diagnosis_slices(B, H, Hkv, Tq, Tk, d, str(cell.out.device), ref.slices)
-    b_index = torch.tensor(batches, device=cell.out.device)
-    h_index = torch.tensor(heads, device=cell.out.device)
-
-    def pick(t: Any) -> Any:                                                        # (B, H, ...) -> (b, h, ...)
-        return t.detach().index_select(0, b_index).index_select(1, h_index).double()
-
+    batches, heads, b_index, _, pick = _slices(cell)
     with torch.no_grad():
         a = attempt_for(inputs, batches, heads, alignment=ref.alignment, dtype=cell.case.dtype)
         found = _grad_match(cell, a, b_index, pick)
