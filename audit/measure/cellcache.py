@@ -246,7 +246,7 @@ def lse_rmse(lse: Any, golden: Golden, want: Any = None) -> float:
 
 
 def merged_output(call: Any, q: Any, k: Any, v: Any, mask: Any, causal: bool, alignment: str,
-                  sinks: Any = None, includes_sink: bool = False) -> Any:
+                  sinks: Any = None) -> Any:
     """`call`'s (out, lse) on the keys split in two, merged as split-KV and ring attention merge them
     (measure.lse), the sinks applied once after through the merged lse: (B, H, Tq, d) float64, or
     None where the keys cannot be split (one key). The halves are called without sinks."""

@@ -336,8 +336,7 @@ def lse_merge(cell: CellState) -> dict[str, Any]:
     try:
         with torch.no_grad():
             merged = merged_output(call, cell.q.detach(), cell.k.detach(), cell.v.detach(), cell.inputs.mask,
-                                   cell.inputs.causal, cell.ref.alignment, cell.inputs.sinks,
-                                   cell.variant.lse_includes_sink)
+                                   cell.inputs.causal, cell.ref.alignment, cell.inputs.sinks)
     except Unsupported as exc:
         return {**out, "reason": _joined(cell, f"merge check not run: {exc}")}
     if merged is None:
