@@ -182,7 +182,7 @@ def test_a_golden_over_a_subset_of_groups_is_exact_for_them():
 # --------------------------------------------------------------------------- every variant
 
 SDPA = ("sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
-NO_CPU_BACKEND = ("sdpa_efficient", "sdpa_cudnn")
+NO_CPU_BACKEND = ("sdpa_efficient", "sdpa_cudnn", "efficient_op", "cudnn_op")
 
 
 CELLS = ((2, "sliding_window", True), (2, "softcap", False), (1, "normal", True))

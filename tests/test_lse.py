@@ -279,3 +279,23 @@ def test_a_budget_on_few_values_is_widened_by_their_chance_spread():
     factors = [small_sample_factor(n) for n in (2, 4, 16, 1000)]
     assert factors == sorted(factors, reverse=True) and factors[0] == pytest.approx(999 ** 0.5, rel=1e-6)
     assert 1.0 < factors[-1] < 1.2
+
+
+def test_the_cuda_only_lse_ops_are_skipped_on_the_cpu_with_the_reason_and_predicted_so():
+    from audit.plan.costmodel import CellShape, predicted_unsupported
+    recs = run([cell(v) for v in ("efficient_op", "cudnn_op")])
+    for r in recs.values():
+        assert r["status"] == "skipped" and "a CUDA-only op" in r["reason"], r
+    for v in ("efficient_op", "cudnn_op"):
+        c = cell(v)
+        assert predicted_unsupported(c, CellShape.of(c)) == "no such backend on the CPU"
+
+
+def test_the_lse_masked_rows_warning_reads_only_unmergeable_values():
+    def rec(variant, kind):
+        return {"id": f"{variant}-{kind}", "variant": variant, "status": "ok", "scenario": "fully_masked_bool",
+                "dtype": "fp32", "lse_masked_rows": kind}
+    found = compute_findings(to_frame([rec("a", "zero"), rec("b", "-inf"), rec("c", "+inf"), rec("d", "nan"),
+                                       rec("e", None)]))
+    flagged = {f["variant"] for f in found if f["check"] == "lse_masked_rows"}
+    assert flagged == {"a", "d"}

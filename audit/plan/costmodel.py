@@ -361,8 +361,10 @@ def predicted_unsupported(case: Case, shape: CellShape) -> str | None:
     if refusal:
         return refusal
     v, dev = case.variant, device_type(case.device)
-    if dev == "cpu" and v in ("sdpa_efficient", "sdpa_cudnn"):
+    if dev == "cpu" and v in ("sdpa_efficient", "sdpa_cudnn", "efficient_op", "cudnn_op"):
         return "no such backend on the CPU"
+    if dev == "cuda" and v in ("flash_op", "efficient_op", "cudnn_op") and (shape.mask is not None or case.gqa):
+        return "the raw op is called without a mask and takes no GQA"
     if dev == "cuda" and v == "sdpa_flash":
         if shape.mask is not None:
             return "FLASH_ATTENTION takes no attn_mask"

@@ -52,3 +52,34 @@ def _flash_op() -> AttentionFn:
         return result[0], result[1]
 
     return call
+
+
+# The other SDPA ops that return their lse, on CUDA only: (op, its positional arguments after q, k, v,
+# attn_bias and compute_log_sumexp up to is_causal: dropout_p, is_causal[, return_debug_mask]).
+CUDA_LSE_OPS = {"efficient": "_scaled_dot_product_efficient_attention",
+                "cudnn": "_scaled_dot_product_cudnn_attention"}
+
+
+def _cuda_lse_op(kind: str):
+    """aten._scaled_dot_product_{efficient,cudnn}_attention called as an op, with compute_log_sumexp:
+    (out, lse). CUDA only; no mask (SDPA's frontend pads and aligns a bias for these kernels, which a
+    raw call does not) and no GQA (the ops take k, v of H heads). The efficient op pads its lse to a
+    multiple of 32 rows and cuDNN's has a trailing dimension of 1: both cut back to (B, H, Tq)."""
+    import torch
+    name = CUDA_LSE_OPS[kind]
+
+    def call(q, k, v, *, mask=None, causal=False, scale=None):
+        if q.device.type != "cuda":
+            raise Unsupported(f"aten.{name} cannot run this cell on {q.device.type}: a CUDA-only op")
+        if mask is not None:
+            raise Unsupported(f"aten.{name} is called here without a mask (SDPA's frontend pads its bias)")
+        if k.shape[-3] != q.shape[-3]:
+            raise Unsupported(f"aten.{name} takes no GQA (k, v of H heads only)")
+        op = getattr(torch.ops.aten, name)
+        extra = (False,) if kind == "cudnn" else ()                            # return_debug_mask
+        result = op(q, k, v, None, True, 0.0, causal, *extra, scale=scale)
+        lse = result[1]
+        lse = lse[..., 0] if lse.dim() == 4 else lse[..., : q.shape[-2]]       # (B, H, Tq)
+        return result[0], lse
+
+    return call

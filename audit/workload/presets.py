@@ -73,6 +73,7 @@ GPU_STABILITY_SCENARIOS: tuple[str, ...] = (
 # Built-ins whose point is the log-sum-exp they return (the LSE, merge and sinks checks), not their
 # speed: flash_op is sdpa_flash's kernel, flex_eager torch's dense fallback. Their own sub-grids.
 LSE_VARIANTS: tuple[str, ...] = ("flash_op", "flex_eager")
+CUDA_LSE_OPS: tuple[str, ...] = ("efficient_op", "cudnn_op")   # the same for the CUDA-only SDPA ops
 LSE_SCENARIOS: tuple[str, ...] = ("normal", "padding", "fully_masked_bool", "cross_causal", "sinks")
 # pytorch/pytorch#196678: cuDNN's masked kernels broke at T ≡ 64 (mod 128)
 GPU_ODD_SEQ_LEN = 1088
@@ -87,7 +88,7 @@ COMPILED = ("compiled", "compiled_unfused", "flex")
 def presets() -> dict[str, Preset]:
     from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS  # no torch import at module level
     # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
-    variants = tuple(v for v in BUILTIN_NAMES if v != "flex" and v not in LSE_VARIANTS)
+    variants = tuple(v for v in BUILTIN_NAMES if v != "flex" and v not in LSE_VARIANTS + CUDA_LSE_OPS)
     controls = tuple(c for c in NEGATIVE_CONTROLS if c not in GQA_CONTROLS)   # GQA's: on GQA cells only
     every = variants + controls
     uncompiled = tuple(v for v in variants if not v.startswith("compiled"))
@@ -186,6 +187,8 @@ def presets() -> dict[str, Preset]:
                      causal=(False, True), scenario=LSE_SCENARIOS + ("sinks_decode",)),
                 dict(variant=("flex",), device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,),
                      heads=(16,), causal=(True,), scenario=("sinks",)),
+                dict(variant=CUDA_LSE_OPS, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,),
+                     heads=(16,), causal=(False, True), scenario=("normal",)),
                 # Compiled code is built once per shape, dtype and mask kind (~4 s each on an H200):
                 # fp16 only (where fp16_range overflows), and the unfused compile of the hand-written
                 # math non-causal only (causal changes its mask, not its arithmetic).

@@ -42,7 +42,7 @@ from .controls import (BACKWARD_CONTROLS, LSE_CONTROLS, broken_lse_base2, broken
 from .eager import (_from_probs, eager_attention, eager_fp32_attention, eager_fp32_lse_attention,  # noqa: F401
                     eager_fp32_probs, eager_lse_attention, eager_probs, kv_for_queries)
 from .inputs import causal_keep
-from .lse_kernels import _flash_op, apply_sinks_by_lse  # noqa: F401  (apply_sinks_by_lse: measure uses it)
+from .lse_kernels import _cuda_lse_op, _flash_op, apply_sinks_by_lse  # noqa: F401  (apply_sinks_by_lse: measure uses it)
 from .lse_kernels import fold_causal as _fold_causal
 
 AttentionFn = Callable[..., Any]
@@ -348,6 +348,10 @@ def _builtins() -> dict[str, Variant]:
         Variant("flash_op", "SDPA's flash kernel as its op (aten._scaled_dot_product_flash_attention[_for_cpu]), "
                 "returning out and the LSE", _flash_op, family="sdpa", lse_on=both,
                 unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS}),
+        *(Variant(f"{kind}_op", f"SDPA's {kind} kernel as its op (aten._scaled_dot_product_{kind}_attention, "
+                  "compute_log_sumexp), returning out and the LSE; CUDA only, no mask", functools.partial(_cuda_lse_op, kind),
+                  family="sdpa", lse_on=("cuda",), unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS})
+          for kind in ("efficient", "cudnn")),
     ]
     no_sinks = {"sinks": "a negative control of another defect: its weights function takes no sinks"}
     # Each control with the scenarios whose cells show its defect (every cell, in each dtype,
@@ -400,6 +404,7 @@ VERDICT_BASELINE = "sdpa"      # what a PyTorch user gets by default: the verdic
 BUILTIN_NAMES: tuple[str, ...] = (
     "eager", "eager_fp32", "compiled", "compiled_unfused",
     "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex", "flex_eager", "flash_op",
+    "efficient_op", "cudnn_op",
 )
 NEGATIVE_CONTROLS: tuple[str, ...] = (
     "broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
