@@ -299,3 +299,21 @@ def test_the_lse_masked_rows_warning_reads_only_unmergeable_values():
                                        rec("e", None)]))
     flagged = {f["variant"] for f in found if f["check"] == "lse_masked_rows"}
     assert flagged == {"a", "d"}
+
+
+def test_the_report_tabulates_the_lse_checks_of_variants_returning_one():
+    from audit.render.tables import lse_table
+
+    def rec(variant, ok, **extra):
+        return {"id": f"{variant}-{ok}-{len(extra)}", "variant": variant, "status": "ok", "dtype": "fp32",
+                "scenario": "normal", "lse_err": 1e-7, "lse_within_budget": True, "lse_err_ratio": 1.0,
+                "merge_within_budget": ok, "merge_err_ratio": 1.0 if ok else 50.0,
+                "lse_grads_within_budget": ok, "lse_dq_err_ratio": 1.0, "lse_differentiable": ok,
+                "lse_masked_rows": None, **extra}
+    table = lse_table(to_frame([rec("good", True), rec("bad", False), rec("bad", True, lse_masked_rows="zero"),
+                                {"id": "x", "variant": "sdpa", "status": "ok", "dtype": "fp32", "scenario": "normal"}]))
+    rows = {r["variant"]: r for r in table.to_dict("records")}
+    assert set(rows) == {"good", "bad"}                                          # sdpa returns no lse
+    assert rows["good"]["merge"] == "1/1" and rows["good"]["differentiable"] == "yes"
+    assert rows["bad"]["merge"] == "1/2" and rows["bad"]["max merge_err_ratio"] == 50.0
+    assert rows["bad"]["differentiable"] == "mixed" and rows["bad"]["on empty rows"] == "zero"

@@ -11,7 +11,7 @@ from .figures import draw_figures
 from .page import Block, Contents, write_page
 from .sections import (compile_section, environment_section, findings_section, grid_section, memory_section,
                        numerics_section, overview_section, read_json, speed_section, title_section)
-from .stability_sections import (budget_section, figures_section, fp16_section, leakage_section,
+from .stability_sections import (budget_section, figures_section, fp16_section, leakage_section, lse_section,
                                  masked_rows_section, saturation_section, scenarios_section, seed_section)
 from .time_budget import time_budget_section
 from .verdict import verdict_section
@@ -52,6 +52,7 @@ def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = N
         *compile_section(frame),
         *numerics_section(frame),
         *budget_section(frame),
+        *lse_section(frame),
         *fp16_section(frame),
         *masked_rows_section(frame),
         *leakage_section(frame),

@@ -13,6 +13,7 @@ from ..core.runfolder import SEED_CLAIMS_FILE
 from .data import BASELINE_VARIANT, FP16_MAX, FP16_RANGE_SCENARIO, MASK_FORMS, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, dtype_order, golden_saturation_rows, normal_rows, ok_rows, scenario_alpha, scenario_order, variant_order
 from .page import MISSING, Block, Figure, Heading, Mono, Table, format_value, para
 from .tables import (alignment_table, budget_table, fp16_overflow_table, gradient_budget_table, gradient_table, leakage_table,
+                     lse_table,
                      masked_rows_table, saturation_table, scenario_table, seed_claims_table, wide_by_variant)
 
 def _names_or_none(values: Iterable[str]) -> str:
@@ -83,6 +84,23 @@ def budget_section(frame: pd.DataFrame) -> list[Block]:
              "gradients and baselines are not judged), and its largest ratio to that baseline's error. "
              "Outside it: a grad_error_budget finding."),
         Table(budget),
+    ]
+
+
+def lse_section(frame: pd.DataFrame) -> list[Block]:
+    """The log-sum-exp checks of the variants that return one (docs/numerics.md)."""
+    table = lse_table(frame)
+    if table.empty:
+        return []
+    return [
+        Heading(3, "The log-sum-exp"),
+        para("Variants returning their log-sum-exp (lse): the lse against the float64 golden's, the "
+             "(out, lse) of two halves of the keys merged as split-KV and ring attention merge them, and "
+             "the gradient through the lse alone, each within 2 × hand-written attention's error in the "
+             "same dtype + atol (cells within / cells judged), with the largest ratio; whether the lse "
+             "carries a gradient, and what it is on rows that see no key (a merge reads only -inf and "
+             "+inf as empty). Outside: lse_error_budget and lse_grad_budget findings."),
+        Table(table),
     ]
 
 

@@ -245,6 +245,40 @@ def gradient_budget_table(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=columns)
 
 
+LSE_VERDICTS = (("lse", "lse_within_budget", "lse_err_ratio"), ("merge", "merge_within_budget", "merge_err_ratio"),
+                ("lse gradient", "lse_grads_within_budget", "lse_dq_err_ratio"))
+
+
+def lse_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The log-sum-exp checks per variant x dtype over the ok cells of variants returning one: for
+    the lse, the merge of two halves and the gradient through it, "within/judged" and the largest
+    ratio to the baseline's error (the gradient: dq's); whether the lse carries a gradient; what it
+    is on rows that see no key. Columns: variant, dtype, lse, merge, lse gradient, max ratios,
+    differentiable, on empty rows."""
+    columns = ["variant", "dtype", *(name for name, _, _ in LSE_VERDICTS),
+               *(f"max {ratio}" for _, _, ratio in LSE_VERDICTS), "differentiable", "on empty rows"]
+    ok = ok_rows(frame)
+    if ok.empty or "lse_within_budget" not in ok.columns:
+        return pd.DataFrame(columns=columns)
+    returns = ok[numeric(ok, "lse_err").notna()]
+    out = []
+    for variant in variant_order(returns["variant"]):
+        for dtype in dtype_order(returns.loc[returns["variant"] == variant, "dtype"]):
+            sel = returns[(returns["variant"] == variant) & (returns["dtype"] == dtype)]
+            row: dict[str, Any] = {"variant": variant, "dtype": dtype}
+            for name, verdict, ratio in LSE_VERDICTS:
+                yes, no = flag_equals(sel, verdict, True), flag_equals(sel, verdict, False)
+                row[name] = f"{int(yes.sum())}/{int((yes | no).sum())}"
+                row[f"max {ratio}"] = numeric(sel, ratio).max()
+            diff = sel["lse_differentiable"].dropna() if "lse_differentiable" in sel else pd.Series(dtype=object)
+            row["differentiable"] = ("yes" if diff.astype(bool).all() else "no" if not diff.astype(bool).any()
+                                     else "mixed") if len(diff) else "not judged"
+            empty = sorted(set(sel["lse_masked_rows"].dropna().astype(str))) if "lse_masked_rows" in sel else []
+            row["on empty rows"] = ", ".join(empty) or "no such row"
+            out.append(row)
+    return pd.DataFrame(out, columns=columns)
+
+
 def leakage_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per variant x scenario: max leak_max_change (0 = no leak) and max leak_mass, over ok
     cells where either was measured. Columns: variant, scenario, leak_max_change,
