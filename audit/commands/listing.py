@@ -26,7 +26,8 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print("  hf:NAME            transformers' attention functions: pip install 'attn-audit[hf]'")
     else:
         print(f"\ntransformers {hf.transformers_version()} attention functions (hf:MODULE:NAME: one your MODULE "
-              "registers):")
+              f"registers; hf:MODEL{hf.MODEL_EAGER_SUFFIX}: a model's own eager function, e.g. hf:gpt_oss.eager, "
+              "which takes sinks):")
         for name in hf.hf_names():
             why = hf.unavailable(name.removeprefix(hf.HF_PREFIX))
             print(f"  {name:<24} {'not here: ' + why if why else 'available'}")

@@ -128,7 +128,7 @@ def error_budget(cell: CellState) -> dict[str, Any]:
     """Error against the float64 golden on the rows that see a key, and the budget's verdict."""
     m = error_vs_reference(cell.ref.take(cell.out), cell.golden.out, cell.golden.row_visible)
     base = cell.ref.baseline_rmse
-    m["err_ratio"] = m["rmse"] / base if base and math.isfinite(base) and base > 0 else None
+    m["err_ratio"] = _ratio(m["rmse"], base)
     m["within_budget"] = within_budget(m["rmse"], base, cell.case.dtype)
     return m
 
@@ -211,7 +211,7 @@ def grad_budget(cell: CellState) -> dict[str, Any]:
         return out
     for g, rmse in grad_rmse(cell.grads, cell.ref).items():
         b = base[g]
-        out[f"{g}_err_ratio"] = rmse / b if b and math.isfinite(b) and b > 0 else None
+        out[f"{g}_err_ratio"] = _ratio(rmse, b)
         out[f"{g}_within_budget"] = within_budget(rmse, b, cell.case.dtype, GRAD_BUDGET_FACTOR[g])
     return out
 
@@ -234,8 +234,7 @@ def grad_diagnosis(cell: CellState) -> dict[str, Any]:
     try:
         return diagnose_grads_cell(cell.grads[:3], cell.inputs, cell.ref, cell.case.dtype)
     except Exception as exc:  # noqa: BLE001
-        m = cell.columns
-        return {"reason": "; ".join(filter(None, [m.get("reason"), f"gradient diagnosis failed: {failure_reason(exc)}"]))}
+        return {"reason": _joined(cell, f"gradient diagnosis failed: {failure_reason(exc)}")}
 
 
 @check("sink_grad", needs=("grads", "golden"), when=lambda cell: len(cell.grads) > 3)
@@ -465,8 +464,7 @@ def diagnosis(cell: CellState) -> dict[str, Any]:
         return diagnose_cell(cell.out, cell.inputs, cell.ref, cell.case.dtype, cell.ref.baseline_rmse,
                              call=forward_with(cell))
     except Exception as exc:  # noqa: BLE001
-        m = cell.columns
-        return {"reason": "; ".join(filter(None, [m.get("reason"), f"diagnosis failed: {failure_reason(exc)}"]))}
+        return {"reason": _joined(cell, f"diagnosis failed: {failure_reason(exc)}")}
 
 
 # --------------------------------------------------------------------------- the contract, and failures

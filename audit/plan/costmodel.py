@@ -377,6 +377,20 @@ def predicted_unsupported(case: Case, shape: CellShape) -> str | None:
     return None
 
 
+def _amortize(rows: list[dict], memberships: list[list[tuple]], paid: dict[tuple, float]) -> None:
+    """Each row's amortized_s (its own seconds plus its share of every shared cost it takes part
+    in, split over the ok cells sharing it) and shares (what it would pay alone: each shared cost
+    by what shares it)."""
+    members: dict[tuple, int] = {}
+    for row, groups in zip(rows, memberships):
+        for group in groups:
+            members[group] = members.get(group, 0) + (row["status"] == "ok")
+    for row, groups in zip(rows, memberships):
+        row["amortized_s"] = row["total_s"] - row["shared_s"] + sum(
+            paid.get(g, 0.0) / max(1, members[g]) for g in groups)
+        row["shares"] = tuple((g, paid[g]) for g in groups if paid.get(g))
+
+
 class CostModel:
     """Per-call times and per-phase constants; predict() walks a grid in run order."""
 
@@ -495,39 +509,43 @@ class CostModel:
                 shared += paid.setdefault(groups[-1], self._const("cudnn_config_s", dev, 0.0))
             phases["setup"] += shared - phases["compile"]
             phases["warmup"] = settings.warmup_fwd_calls * t_f + settings.warmup_fwd_bwd_calls * t_fb
-            phases["numerics"] = t_f * (1 + leak_probe_count(case)) + t_fb
-            if settings.lse_checks and returns_lse(case.variant, dev):   # the merge's halves, the lse's gradient
-                phases["numerics"] += t_f + t_fb
-            if settings.masked_rows_loop:
-                phases["numerics"] += masked_rows_checked(shape) * self._const("masked_row_s", dev, 0.0)
-            if case.variant.startswith(BROKEN_PREFIX):     # made to fail: its cells get a diagnosis
-                phases["numerics"] += (self._const("diagnosis_s", dev, DIAGNOSIS_DEFAULT_S[dev])
-                                       + diagnosis_flops(shape) / DIAGNOSIS_FLOPS_PER_S[dev])
-            if exposes_weights(case.variant):
-                _n, flops, chunks = golden_cost_inputs(shape, settings)
-                phases["numerics"] += (chunks * self._const("weights_chunk_s", dev, 1e-3)
-                                       + flops / BACKWARD_FLOP_FACTOR
-                                       / self._const("golden_flops_per_s", dev, 1e10))
-            device_timing = dev == "cuda" and settings.timing == "device"
-            host = self._const("host_call_s", f"{dev}|{case.variant}", HOST_CALL_DEFAULT_S[dev])
-            phases["timed"] = (timed_wall_s(t_f, settings, device_timing=device_timing, host_call_s=host)
-                               + timed_wall_s(t_fb, settings, device_timing=device_timing,
-                                              host_call_s=2.5 * host))
-            if dev == "cuda" and case.scenario == "normal":
-                phases["energy"] = energy_wall_s(t_f, settings)
+            phases["numerics"] = self._numerics_s(shape, settings, t_f, t_fb)
+            phases["timed"], phases["energy"] = self._timed_and_energy_s(case, settings, t_f, t_fb)
             rows.append(self._row(case, status, reason, phases, t_f, t_fb, shared_s=shared + phases["golden"]))
         columns = ["id", *AXES, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s",
                    "shared_s", "amortized_s", "shares"]
-        members: dict[tuple, int] = {}
-        for row, groups in zip(rows, memberships):
-            for group in groups:
-                members[group] = members.get(group, 0) + (row["status"] == "ok")
-        for row, groups in zip(rows, memberships):
-            row["amortized_s"] = row["total_s"] - row["shared_s"] + sum(
-                paid.get(g, 0.0) / max(1, members[g]) for g in groups)
-            # what the cell would pay alone: each shared cost it takes part in, by what shares it
-            row["shares"] = tuple((g, paid[g]) for g in groups if paid.get(g))
+        _amortize(rows, memberships, paid)
         return pd.DataFrame(rows, columns=columns)
+
+    def _timed_and_energy_s(self, case: Case, settings: Settings, t_f: float, t_fb: float) -> tuple[float, float]:
+        """The timed samples of both passes (CUDA events or the host clock, with the host's own cost
+        per call), and on CUDA speed cells (scenario normal) the energy window."""
+        dev = device_type(case.device)
+        device_timing = dev == "cuda" and settings.timing == "device"
+        host = self._const("host_call_s", f"{dev}|{case.variant}", HOST_CALL_DEFAULT_S[dev])
+        timed = (timed_wall_s(t_f, settings, device_timing=device_timing, host_call_s=host)
+                 + timed_wall_s(t_fb, settings, device_timing=device_timing, host_call_s=2.5 * host))
+        energy = energy_wall_s(t_f, settings) if dev == "cuda" and case.scenario == "normal" else 0.0
+        return timed, energy
+
+    def _numerics_s(self, shape: CellShape, settings: Settings, t_f: float, t_fb: float) -> float:
+        """The numerics phase: one call of each pass, the leak probes' forwards, the lse checks of a
+        variant returning one, the masked-row loop (schema 2), a control's diagnosis and the
+        float64 probabilities a variant's exposed weights are checked against."""
+        case, dev = shape.case, device_type(shape.case.device)
+        seconds = t_f * (1 + leak_probe_count(case)) + t_fb
+        if settings.lse_checks and returns_lse(case.variant, dev):   # the merge's halves, the lse's gradient
+            seconds += t_f + t_fb
+        if settings.masked_rows_loop:
+            seconds += masked_rows_checked(shape) * self._const("masked_row_s", dev, 0.0)
+        if case.variant.startswith(BROKEN_PREFIX):     # made to fail: its cells get a diagnosis
+            seconds += (self._const("diagnosis_s", dev, DIAGNOSIS_DEFAULT_S[dev])
+                        + diagnosis_flops(shape) / DIAGNOSIS_FLOPS_PER_S[dev])
+        if exposes_weights(case.variant):
+            _n, flops, chunks = golden_cost_inputs(shape, settings)
+            seconds += (chunks * self._const("weights_chunk_s", dev, 1e-3)
+                        + flops / BACKWARD_FLOP_FACTOR / self._const("golden_flops_per_s", dev, 1e10))
+        return seconds
 
     def _golden_s(self, shape: CellShape, settings: Settings) -> float:
         dev = device_type(shape.case.device)

@@ -67,27 +67,8 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
       into the mask, in the declared alignment.
     fixed: keyword arguments passed on every call (dropout_p=0.0, ...).
     """
-    _check("layout", layout, LAYOUTS)
-    _check("causal", causal, CAUSAL_KINDS)
-    _check("returns", returns, RETURNS)
-    _check("lse_layout", lse_layout, LSE_LAYOUTS)
-    if lse_base is not None and not (isinstance(lse_base, (int, float)) and lse_base > 1):
-        raise UsageError(f"audit.adapt: lse_base={lse_base!r}; allowed: a number > 1 (2 for base-2 LSEs), "
-                         "or None for the natural log")
-    if returns != "out_lse" and (lse_base is not None or lse_includes_sink):
-        raise UsageError("audit.adapt: lse_base and lse_includes_sink describe a returned lse: give returns='out_lse'")
-    masks = (masks,) if isinstance(masks, str) else tuple(masks)
-    bad = [m for m in masks if m not in MASK_FORMS]
-    if bad:
-        raise UsageError(f"audit.adapt: masks names unknown form(s) {', '.join(map(repr, bad))}; "
-                         f"allowed: {', '.join(MASK_FORMS)}")
-    if causal is not None and causal_arg is None:
-        raise UsageError("audit.adapt: causal is declared but causal_arg is None: name the argument "
-                         "that turns it on, or give causal=None")
-    if not (causal_arg is None or isinstance(causal_arg, str)
-            or (isinstance(causal_arg, tuple) and len(causal_arg) == 2 and isinstance(causal_arg[0], str))):
-        raise UsageError(f"audit.adapt: causal_arg={causal_arg!r}; allowed: an argument name, "
-                         "(name, value) or None")
+    masks = _validated(layout=layout, causal=causal, causal_arg=causal_arg, masks=masks, returns=returns,
+                       lse_layout=lse_layout, lse_base=lse_base, lse_includes_sink=lse_includes_sink)
     takes = frozenset(m for m in masks if m != "none")
     label = name or getattr(fn, "__qualname__", None) or type(fn).__name__
     declared = causal        # the kernel's alignment (the call's `causal` is the cell's flag)
@@ -143,6 +124,35 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
                                        returns=returns, lse_layout=lse_layout, lse_base=lse_base, sink_arg=sink_arg,
                                        lse_includes_sink=lse_includes_sink, causal_with_mask=causal_with_mask)
     return attention
+
+
+
+def _validated(*, layout: str, causal: str | None, causal_arg: Any, masks: Iterable[str] | str, returns: str,
+               lse_layout: str, lse_base: float | None, lse_includes_sink: bool) -> tuple[str, ...]:
+    """adapt()'s declaration checked (UsageError naming the bad value and what is allowed); the
+    mask forms as a tuple."""
+    _check("layout", layout, LAYOUTS)
+    _check("causal", causal, CAUSAL_KINDS)
+    _check("returns", returns, RETURNS)
+    _check("lse_layout", lse_layout, LSE_LAYOUTS)
+    if lse_base is not None and not (isinstance(lse_base, (int, float)) and lse_base > 1):
+        raise UsageError(f"audit.adapt: lse_base={lse_base!r}; allowed: a number > 1 (2 for base-2 LSEs), "
+                         "or None for the natural log")
+    if returns != "out_lse" and (lse_base is not None or lse_includes_sink):
+        raise UsageError("audit.adapt: lse_base and lse_includes_sink describe a returned lse: give returns='out_lse'")
+    masks = (masks,) if isinstance(masks, str) else tuple(masks)
+    bad = [m for m in masks if m not in MASK_FORMS]
+    if bad:
+        raise UsageError(f"audit.adapt: masks names unknown form(s) {', '.join(map(repr, bad))}; "
+                         f"allowed: {', '.join(MASK_FORMS)}")
+    if causal is not None and causal_arg is None:
+        raise UsageError("audit.adapt: causal is declared but causal_arg is None: name the argument "
+                         "that turns it on, or give causal=None")
+    if not (causal_arg is None or isinstance(causal_arg, str)
+            or (isinstance(causal_arg, tuple) and len(causal_arg) == 2 and isinstance(causal_arg[0], str))):
+        raise UsageError(f"audit.adapt: causal_arg={causal_arg!r}; allowed: an argument name, "
+                         "(name, value) or None")
+    return masks
 
 
 def _convert_mask(label: str, takes: frozenset, q: Any, k: Any, mask: Any, causal: bool,

@@ -86,161 +86,195 @@ COMPILED = ("compiled", "compiled_unfused", "flex")
 
 
 def presets() -> dict[str, Preset]:
-    from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS  # no torch import at module level
-    # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
-    variants = tuple(v for v in BUILTIN_NAMES if v != "flex" and v not in LSE_VARIANTS + CUDA_LSE_OPS)
-    controls = tuple(c for c in NEGATIVE_CONTROLS if c not in GQA_CONTROLS)   # GQA's: on GQA cells only
-    every = variants + controls
-    uncompiled = tuple(v for v in variants if not v.startswith("compiled"))
+    """Every preset by name: quick, cpu, gpu and gpu-check, each built from the registry's variant sets."""
+    sets = _VariantSets.of_registry()
+    return {p.name: p for p in (_quick(sets), _cpu(sets), _gpu(sets), _gpu_check())}
+
+
+@dataclass(frozen=True)
+class _VariantSets:
+    """The variant names the presets' grids are made of, from the registry."""
+
+    variants: tuple[str, ...]      # every built-in but flex and the lse-only ones (their own sub-grids)
+    controls: tuple[str, ...]      # the negative controls but the GQA ones (on GQA cells only)
+    gqa_controls: tuple[str, ...]
+
+    @property
+    def every(self) -> tuple[str, ...]:
+        return self.variants + self.controls
+
+    @property
+    def uncompiled(self) -> tuple[str, ...]:
+        return tuple(v for v in self.variants if not v.startswith("compiled"))
+
+    @classmethod
+    def of_registry(cls) -> "_VariantSets":
+        from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS  # no torch import at module level
+        # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
+        variants = tuple(v for v in BUILTIN_NAMES if v != "flex" and v not in LSE_VARIANTS + CUDA_LSE_OPS)
+        return cls(variants, tuple(c for c in NEGATIVE_CONTROLS if c not in GQA_CONTROLS), GQA_CONTROLS)
+
+
+def _quick(sets: _VariantSets) -> Preset:
+    variants, controls, uncompiled, gqa_controls = sets.variants, sets.controls, sets.uncompiled, sets.gqa_controls
+    return Preset(
+        name="quick",
+        description="tiny grid for CI and tests: speed on normal inputs plus a few scenarios "
+                    "and the negative controls (well under 90 s on 2 cores)",
+        grids=(
+            dict(variant=uncompiled, device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,),
+                 seq_len=(64, 128), batch=(1,), heads=(2,), causal=(False, True),
+                 scenario=("normal",)),
+            # compiled code is built per shape (about 3.5 s a compile on 2 cores, Inductor's
+            # cache cold): one length
+            dict(variant=tuple(v for v in variants if v not in uncompiled), device=("cpu",),
+                 dtype=("fp32", "bf16"), d_k=(32,), seq_len=(128,), batch=(1,), heads=(2,),
+                 causal=(False, True), scenario=("normal",)),
+            dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(32,), seq_len=(64,),
+                 batch=(1,), heads=(2,), causal=(False, True), scenario=("normal", "softcap")),
+            dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math") + controls,
+                 device=("cpu",), dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,),
+                 heads=(2,), causal=(False, True),
+                 scenario=("scaled_x64", "fp16_range", "padding", "fully_masked_bool",
+                           "fully_masked_neginf", "sliding_window", "softcap", "sinks")),
+            dict(variant=("eager",) + LSE_VARIANTS, device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,), seq_len=(64,),
+                 batch=(1,), heads=(2,), causal=(False, True), scenario=("normal", "padding", "fully_masked_bool", "sinks")),
+            dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash") + gqa_controls, device=("cpu",),
+                 dtype=("fp32",), d_k=(32,), seq_len=(64,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1),
+                 causal=(True,), scenario=("normal", "sliding_window", "softcap")),
+            dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math"), device=("cpu",),
+                 dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,), heads=(2,),
+                 causal=(False, True), scenario=REPORTED_SCENARIOS),
+        ),
+        # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
+        min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5,
+    )
+
+
+def _cpu(sets: _VariantSets) -> Preset:
+    variants, every, gqa_controls = sets.variants, sets.every, sets.gqa_controls
+    return Preset(
+        name="cpu",
+        description="default without CUDA: every built-in variant, 3 dtypes, d_k 32-128, "
+                    "seq_len 128-2048, plus every scenario and negative control at T=256",
+        grids=(
+            dict(variant=variants, device=("cpu",), dtype=DTYPES, d_k=(32, 64, 128),
+                 seq_len=(128, 512, 2048), batch=(1,), heads=(2,), causal=(False, True),
+                 scenario=("normal",)),
+            dict(variant=("flex",), device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,),
+                 seq_len=(512, 2048), batch=(1,), heads=(2,), causal=(False, True),
+                 scenario=("normal",)),
+            dict(variant=every, device=("cpu",), dtype=DTYPES, d_k=(64,), seq_len=(256,),
+                 batch=(2,), heads=(2,), causal=(False, True), scenario=STABILITY_SCENARIOS),
+            dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,),
+                 batch=(2,), heads=(2,), causal=(False, True),
+                 scenario=("padding", "cross_causal", "decode", "sliding_window", "softcap")),
+            dict(variant=("flash_op",), device=("cpu",), dtype=DTYPES, d_k=(64,), seq_len=(256,),
+                 batch=(2,), heads=(2,), causal=(False, True), scenario=STABILITY_SCENARIOS),
+            dict(variant=("flex_eager",), device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,), seq_len=(256,),
+                 batch=(2,), heads=(2,), causal=(False, True), scenario=LSE_SCENARIOS),
+            dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash", "flash_op") + gqa_controls,
+                 device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,), seq_len=(256,), batch=(2,), heads=(4,),
+                 kv_heads=(4, 2, 1), causal=(False, True),
+                 scenario=("normal", "padding", "decode", "sliding_window", "softcap", "sinks")),
+            dict(variant=("compiled", "sdpa", "sdpa_flash", "flex"), device=("cpu",), dtype=("fp32",), d_k=(64,),
+                 seq_len=(1024,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1), causal=(False, True),
+                 scenario=("normal",)),
+        ),
+        min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0,
+    )
+
+
+def _gpu(sets: _VariantSets) -> Preset:
+    every, uncompiled, gqa_controls = sets.every, sets.uncompiled, sets.gqa_controls
     gqa_gpu = ("eager", "sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")   # GQA speed cells on CUDA
-    return {
-        "quick": Preset(
-            name="quick",
-            description="tiny grid for CI and tests: speed on normal inputs plus a few scenarios "
-                        "and the negative controls (well under 90 s on 2 cores)",
-            grids=(
-                dict(variant=uncompiled, device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,),
-                     seq_len=(64, 128), batch=(1,), heads=(2,), causal=(False, True),
-                     scenario=("normal",)),
-                # compiled code is built per shape (about 3.5 s a compile on 2 cores, Inductor's
-                # cache cold): one length
-                dict(variant=tuple(v for v in variants if v not in uncompiled), device=("cpu",),
-                     dtype=("fp32", "bf16"), d_k=(32,), seq_len=(128,), batch=(1,), heads=(2,),
-                     causal=(False, True), scenario=("normal",)),
-                dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(32,), seq_len=(64,),
-                     batch=(1,), heads=(2,), causal=(False, True), scenario=("normal", "softcap")),
-                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math") + controls,
-                     device=("cpu",), dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,),
-                     heads=(2,), causal=(False, True),
-                     scenario=("scaled_x64", "fp16_range", "padding", "fully_masked_bool",
-                               "fully_masked_neginf", "sliding_window", "softcap", "sinks")),
-                dict(variant=("eager",) + LSE_VARIANTS, device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,), seq_len=(64,),
-                     batch=(1,), heads=(2,), causal=(False, True), scenario=("normal", "padding", "fully_masked_bool", "sinks")),
-                dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash") + GQA_CONTROLS, device=("cpu",),
-                     dtype=("fp32",), d_k=(32,), seq_len=(64,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1),
-                     causal=(True,), scenario=("normal", "sliding_window", "softcap")),
-                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math"), device=("cpu",),
-                     dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,), heads=(2,),
-                     causal=(False, True), scenario=REPORTED_SCENARIOS),
-            ),
-            # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
-            min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5,
+    return Preset(
+        name="gpu",
+        description=f"default with CUDA: seq_len 512-16384 at {GPU_TOKENS} tokens per cell, 16 heads, "
+                    "bf16 at d_k 64-256, fp16/fp32 at d_k 128, plus scenarios at T=1024 and masked "
+                    f"cells at T={GPU_ODD_SEQ_LEN} (≡ 64 mod 128)",
+        grids=(
+            *(dict(variant=uncompiled, device=("cuda",), dtype=("bf16",), d_k=(64, 128, 256),
+                   seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
+                   scenario=("normal",)) for t in GPU_SEQ_LENS),
+            *(dict(variant=uncompiled, device=("cuda",), dtype=("fp16",), d_k=(128,),
+                   seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
+                   scenario=("normal",)) for t in GPU_SEQ_LENS),
+            # fp32 up to T 8192; the math backend (5 s a cell there, its 8192² fp32 scores) only
+            # up to T 2048, which shows the same
+            *(dict(variant=tuple(v for v in uncompiled if t < 8192 or v != "sdpa_math"), device=("cuda",),
+                   dtype=("fp32",), d_k=(128,), seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,),
+                   causal=(False, True), scenario=("normal",)) for t in GPU_SEQ_LENS[:-1]),
+            *(dict(variant=COMPILED, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(t,),
+                   batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
+                   scenario=("normal",)) for t in GPU_COMPILED_SEQ_LENS),
+            dict(variant=tuple(v for v in every if v not in COMPILED), device=("cuda",),
+                 dtype=("fp16", "bf16"), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
+                 causal=(False, True), scenario=GPU_STABILITY_SCENARIOS),
+            # the CUDA backends that return their lse (eager, the flash op, compiled flex), with sinks
+            # (flash_op takes no mask on CUDA: its masked cells are skipped with that reason); flex
+            # compiles per kind of cell (~4 s each): its sinks cells only, in the stability grid's dtype
+            dict(variant=("eager", "flash_op", "broken.sink_ignored"),
+                 device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
+                 causal=(False, True), scenario=LSE_SCENARIOS + ("sinks_decode",)),
+            dict(variant=("flex",), device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,),
+                 heads=(16,), causal=(True,), scenario=("sinks",)),
+            dict(variant=CUDA_LSE_OPS, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,),
+                 heads=(16,), causal=(False, True), scenario=("normal",)),
+            # Compiled code is built once per shape, dtype and mask kind (~4 s each on an H200):
+            # fp16 only (where fp16_range overflows), and the unfused compile of the hand-written
+            # math non-causal only (causal changes its mask, not its arithmetic).
+            dict(variant=("compiled", "flex"), device=("cuda",), dtype=("fp16",), d_k=(128,),
+                 seq_len=(1024,), batch=(2,), heads=(16,), causal=(False, True),
+                 scenario=GPU_STABILITY_SCENARIOS),
+            dict(variant=("compiled_unfused",), device=("cuda",), dtype=("fp16",), d_k=(128,),
+                 seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
+                 scenario=GPU_STABILITY_SCENARIOS),
+            # GQA/MQA (the H16 KV16 cells above are their multi-head baseline), the serving case
+            # (one query against a KV cache of up to 128k), and flex on the new scenarios.
+            dict(variant=gqa_gpu, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(8192,),
+                 batch=(GPU_TOKENS // 8192,), heads=(16,), kv_heads=(4, 1), causal=(False, True),
+                 scenario=("normal",)),
+            dict(variant=gqa_gpu, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(8192, 32768, 131072),
+                 batch=(1,), heads=(16,), kv_heads=(16, 4, 1), causal=(False,), scenario=("decode",)),
+            dict(variant=("eager", "sdpa", "sdpa_efficient", "sdpa_cudnn"), device=("cuda",),
+                 dtype=("bf16",), d_k=(128,), seq_len=(GPU_ODD_SEQ_LEN,), batch=(2,), heads=(16,),
+                 causal=(False, True), scenario=("padding", "left_padding")),
+            dict(variant=gqa_gpu + ("flex",) + gqa_controls,
+                 device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
+                 kv_heads=(16, 4), causal=(True,), scenario=("normal", "padding", "sliding_window", "softcap")),
         ),
-        "cpu": Preset(
-            name="cpu",
-            description="default without CUDA: every built-in variant, 3 dtypes, d_k 32-128, "
-                        "seq_len 128-2048, plus every scenario and negative control at T=256",
-            grids=(
-                dict(variant=variants, device=("cpu",), dtype=DTYPES, d_k=(32, 64, 128),
-                     seq_len=(128, 512, 2048), batch=(1,), heads=(2,), causal=(False, True),
-                     scenario=("normal",)),
-                dict(variant=("flex",), device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,),
-                     seq_len=(512, 2048), batch=(1,), heads=(2,), causal=(False, True),
-                     scenario=("normal",)),
-                dict(variant=every, device=("cpu",), dtype=DTYPES, d_k=(64,), seq_len=(256,),
-                     batch=(2,), heads=(2,), causal=(False, True), scenario=STABILITY_SCENARIOS),
-                dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,),
-                     batch=(2,), heads=(2,), causal=(False, True),
-                     scenario=("padding", "cross_causal", "decode", "sliding_window", "softcap")),
-                dict(variant=("flash_op",), device=("cpu",), dtype=DTYPES, d_k=(64,), seq_len=(256,),
-                     batch=(2,), heads=(2,), causal=(False, True), scenario=STABILITY_SCENARIOS),
-                dict(variant=("flex_eager",), device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,), seq_len=(256,),
-                     batch=(2,), heads=(2,), causal=(False, True), scenario=LSE_SCENARIOS),
-                dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash", "flash_op") + GQA_CONTROLS,
-                     device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,), seq_len=(256,), batch=(2,), heads=(4,),
-                     kv_heads=(4, 2, 1), causal=(False, True),
-                     scenario=("normal", "padding", "decode", "sliding_window", "softcap", "sinks")),
-                dict(variant=("compiled", "sdpa", "sdpa_flash", "flex"), device=("cpu",), dtype=("fp32",), d_k=(64,),
-                     seq_len=(1024,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1), causal=(False, True),
-                     scenario=("normal",)),
-            ),
-            min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0,
+        min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=480.0,
+    )
+
+
+def _gpu_check() -> Preset:
+    return Preset(
+        name="gpu-check",
+        description="the GPU acceptance checks (make gpu-check): small and large speed cells of "
+                    "every SDPA backend, masked causal cells, compiled-code reuse, a golden subset, "
+                    "a cell too big for the device",
+        grids=(
+            # First: the cells predicted not to fit (recorded as oom in milliseconds), so a main
+            # step cut short by its time limit still has them for check_oom.
+            dict(variant=("eager", "eager_fp32"), device=("cuda",), dtype=("fp32",), d_k=(128,),
+                 seq_len=(65536,), batch=(1,), heads=(16,), causal=(False,), scenario=("normal",)),
+            *(dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"),
+                   device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(t,), batch=(b,), heads=(16,),
+                   causal=(False, True), scenario=("normal",))
+              for t, b in ((512, 32), (1024, 2), (8192, 2))),
+            dict(variant=("eager", "sdpa"), device=("cuda",), dtype=("bf16",), d_k=(128,),
+                 seq_len=(16384,), batch=(1,), heads=(16,), causal=(False,), scenario=("normal",)),
+            dict(variant=("eager", "eager_fp32", "broken.clamped", "sdpa", "sdpa_cudnn"),
+                 device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,),
+                 heads=(16,), causal=(True,),
+                 scenario=("padding", "fully_masked_bool", "fully_masked_neginf", "cross_causal")),
+            dict(variant=("compiled", "flex"), device=("cuda",), dtype=("fp16",), d_k=(128,),
+                 seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
+                 scenario=("normal", "scaled_x16", "padding")),
         ),
-        "gpu": Preset(
-            name="gpu",
-            description=f"default with CUDA: seq_len 512-16384 at {GPU_TOKENS} tokens per cell, 16 heads, "
-                        "bf16 at d_k 64-256, fp16/fp32 at d_k 128, plus scenarios at T=1024 and masked "
-                        f"cells at T={GPU_ODD_SEQ_LEN} (≡ 64 mod 128)",
-            grids=(
-                *(dict(variant=uncompiled, device=("cuda",), dtype=("bf16",), d_k=(64, 128, 256),
-                       seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
-                       scenario=("normal",)) for t in GPU_SEQ_LENS),
-                *(dict(variant=uncompiled, device=("cuda",), dtype=("fp16",), d_k=(128,),
-                       seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
-                       scenario=("normal",)) for t in GPU_SEQ_LENS),
-                # fp32 up to T 8192; the math backend (5 s a cell there, its 8192² fp32 scores) only
-                # up to T 2048, which shows the same
-                *(dict(variant=tuple(v for v in uncompiled if t < 8192 or v != "sdpa_math"), device=("cuda",),
-                       dtype=("fp32",), d_k=(128,), seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,),
-                       causal=(False, True), scenario=("normal",)) for t in GPU_SEQ_LENS[:-1]),
-                *(dict(variant=COMPILED, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(t,),
-                       batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
-                       scenario=("normal",)) for t in GPU_COMPILED_SEQ_LENS),
-                dict(variant=tuple(v for v in every if v not in COMPILED), device=("cuda",),
-                     dtype=("fp16", "bf16"), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
-                     causal=(False, True), scenario=GPU_STABILITY_SCENARIOS),
-                # the CUDA backends that return their lse (eager, the flash op, compiled flex), with sinks
-                # (flash_op takes no mask on CUDA: its masked cells are skipped with that reason); flex
-                # compiles per kind of cell (~4 s each): its sinks cells only, in the stability grid's dtype
-                dict(variant=("eager", "flash_op", "broken.sink_ignored"),
-                     device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
-                     causal=(False, True), scenario=LSE_SCENARIOS + ("sinks_decode",)),
-                dict(variant=("flex",), device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,),
-                     heads=(16,), causal=(True,), scenario=("sinks",)),
-                dict(variant=CUDA_LSE_OPS, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,),
-                     heads=(16,), causal=(False, True), scenario=("normal",)),
-                # Compiled code is built once per shape, dtype and mask kind (~4 s each on an H200):
-                # fp16 only (where fp16_range overflows), and the unfused compile of the hand-written
-                # math non-causal only (causal changes its mask, not its arithmetic).
-                dict(variant=("compiled", "flex"), device=("cuda",), dtype=("fp16",), d_k=(128,),
-                     seq_len=(1024,), batch=(2,), heads=(16,), causal=(False, True),
-                     scenario=GPU_STABILITY_SCENARIOS),
-                dict(variant=("compiled_unfused",), device=("cuda",), dtype=("fp16",), d_k=(128,),
-                     seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
-                     scenario=GPU_STABILITY_SCENARIOS),
-                # GQA/MQA (the H16 KV16 cells above are their multi-head baseline), the serving case
-                # (one query against a KV cache of up to 128k), and flex on the new scenarios.
-                dict(variant=gqa_gpu, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(8192,),
-                     batch=(GPU_TOKENS // 8192,), heads=(16,), kv_heads=(4, 1), causal=(False, True),
-                     scenario=("normal",)),
-                dict(variant=gqa_gpu, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(8192, 32768, 131072),
-                     batch=(1,), heads=(16,), kv_heads=(16, 4, 1), causal=(False,), scenario=("decode",)),
-                dict(variant=("eager", "sdpa", "sdpa_efficient", "sdpa_cudnn"), device=("cuda",),
-                     dtype=("bf16",), d_k=(128,), seq_len=(GPU_ODD_SEQ_LEN,), batch=(2,), heads=(16,),
-                     causal=(False, True), scenario=("padding", "left_padding")),
-                dict(variant=gqa_gpu + ("flex",) + GQA_CONTROLS,
-                     device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
-                     kv_heads=(16, 4), causal=(True,), scenario=("normal", "padding", "sliding_window", "softcap")),
-            ),
-            min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=480.0,
-        ),
-        "gpu-check": Preset(
-            name="gpu-check",
-            description="the GPU acceptance checks (make gpu-check): small and large speed cells of "
-                        "every SDPA backend, masked causal cells, compiled-code reuse, a golden subset, "
-                        "a cell too big for the device",
-            grids=(
-                # First: the cells predicted not to fit (recorded as oom in milliseconds), so a main
-                # step cut short by its time limit still has them for check_oom.
-                dict(variant=("eager", "eager_fp32"), device=("cuda",), dtype=("fp32",), d_k=(128,),
-                     seq_len=(65536,), batch=(1,), heads=(16,), causal=(False,), scenario=("normal",)),
-                *(dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"),
-                       device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(t,), batch=(b,), heads=(16,),
-                       causal=(False, True), scenario=("normal",))
-                  for t, b in ((512, 32), (1024, 2), (8192, 2))),
-                dict(variant=("eager", "sdpa"), device=("cuda",), dtype=("bf16",), d_k=(128,),
-                     seq_len=(16384,), batch=(1,), heads=(16,), causal=(False,), scenario=("normal",)),
-                dict(variant=("eager", "eager_fp32", "broken.clamped", "sdpa", "sdpa_cudnn"),
-                     device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,),
-                     heads=(16,), causal=(True,),
-                     scenario=("padding", "fully_masked_bool", "fully_masked_neginf", "cross_causal")),
-                dict(variant=("compiled", "flex"), device=("cuda",), dtype=("fp16",), d_k=(128,),
-                     seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
-                     scenario=("normal", "scaled_x16", "padding")),
-            ),
-            min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=180.0,
-        ),
-    }
+        min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=180.0,
+    )
 
 
 def default_preset_name() -> str:
