@@ -171,11 +171,11 @@ def check_lse_grad_budget(frame: pd.DataFrame) -> list[dict]:
         else ok.iloc[0:0]
 
     def make(variant: str, g: pd.DataFrame) -> dict:
-        parts = [p for p in (_outside(g, "lse_grads_within_budget", "lse_dq_err_ratio", "dq"),) if p]
+        outside = _outside(g, "lse_grads_within_budget", "lse_dq_err_ratio", "dq")   # g: all outside
         dead = g["lse_differentiable"].astype("object").eq(False).sum() if "lse_differentiable" in g else 0
         note = f"; its lse carries no gradient at all in {int(dead)} of them" if dead else ""
         return _finding("lse_grad_budget", "error", variant,
-                        f"{variant}'s gradient through its log-sum-exp is outside its budget: {'; '.join(parts)}"
+                        f"{variant}'s gradient through its log-sum-exp is outside its budget: {outside}"
                         f"{note} ({_where(g)}). A loss or a merge that uses its lse trains with incomplete "
                         f"dq and dk (pytorch/torchtitan#4796).", g["id"])
     return _per_variant(rows, make)
