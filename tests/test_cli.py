@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from audit.core import grid
+from audit.core.units import format_duration, parse_duration
 from audit.workload import presets
 from audit.workload.variants import BUILTIN_NAMES
 
@@ -219,15 +220,24 @@ def test_bad_budget_is_a_usage_error():
 
 
 def test_dry_run_shows_what_a_budget_cuts(capsys):
-    proc = here(capsys, "run", "--preset", "cpu", "--budget", "30s", "--dry-run")
+    """A budget that cuts on any CPU: sized on this machine's own unlimited plan (twice its reserve
+    for start-up, ceilings and report, which scales with the host's speed and load, plus a third
+    of the cells' time), never a fixed number of seconds (a 30 s budget left no cell on a slower CI host)."""
+    import re
+    whole = here(capsys, "run", "--preset", "cpu", "--budget", "none", "--dry-run")
+    assert whole.returncode == 0, whole.stderr
+    cells_s, reserve_s = (parse_duration(text) for text in re.search(
+        r"predicted (.+?) \(\+ (.+?) start-up", whole.stdout.strip().splitlines()[-1]).groups())
+    budget_s = int(2 * reserve_s + cells_s / 3)
+    proc = here(capsys, "run", "--preset", "cpu", "--budget", f"{budget_s}s", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     ids, count = dry_run_ids(proc.stdout)
     assert count == f"{len(ids)} cells"
     cut = [line for line in proc.stdout.splitlines()
            if "  skipped: over the budget" in line or "over the per-cell limit" in line]
-    assert cut and len(cut) < len(ids)
+    assert cut and len(cut) < len(ids), (budget_s, cells_s, reserve_s)
     last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith("plan: ") and "budget 30 s" in last and f"{len(cut)}" in last
+    assert last.startswith("plan: ") and f"budget {format_duration(budget_s)}" in last and f"{len(cut)}" in last
     unlimited = here(capsys, "run", "--preset", "quick", "--budget", "none", "--dry-run")
     assert "no budget" in unlimited.stdout.strip().splitlines()[-1]
 
