@@ -42,6 +42,7 @@ CELLS: dict[str, dict] = {
     "mask_after_softmax_renormalised": dict(scenario="scaled_x64", causal=True),   # fp32 underflow
     "fully_masked_nan": dict(scenario="fully_masked_bool"),
     "fully_masked_uniform": dict(scenario="fully_masked_bool"),
+    "zero_keys_as_padding": dict(scenario="sparse", causal=True),
     "scale_squared": {},
     "scale_missing": {},
     "scale_inverted": {},
@@ -124,6 +125,7 @@ def test_a_correct_implementation_is_not_diagnosed_on_that_cell(name):
     dict(), dict(causal=True), dict(scenario="scaled_x16"), dict(scenario="padding", causal=True),
     dict(scenario="cross_causal", causal=True), dict(scenario="sliding_window"), dict(scenario="outliers"),
     dict(scenario="decode", causal=True), dict(heads=4, kv_heads=2, causal=True),
+    dict(scenario="sparse", causal=True), dict(scenario="constant_rows"), dict(scenario="heavy_tailed"),
 ], ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()) or "normal")
 def test_no_mistake_matches_a_correct_variant(variant, dtype, fields):
     case, inputs, ref = cell(dtype=dtype, **fields)
@@ -158,6 +160,8 @@ CONTROLS = [
     ("broken.clamped", dict(causal=True), "probs_clamped"),
     ("broken.no_max_subtraction", dict(dtype="fp16", scenario="scaled_x4"), "no_max_subtraction"),
     ("broken.no_max_subtraction", dict(causal=True, scenario="scaled_x64"), "no_max_subtraction"),
+    ("broken.zero_keys_as_padding", dict(scenario="sparse"), "zero_keys_as_padding"),
+    ("broken.zero_keys_as_padding", dict(dtype="bf16", causal=True, scenario="sparse"), "zero_keys_as_padding"),
 ]
 
 

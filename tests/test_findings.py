@@ -93,7 +93,7 @@ OWN_DEFECT = {"broken.unscaled": "scale_missing", "broken.mask_after_softmax": "
               "broken.backward_rowsum_d_missing": "rowsum_d_missing",
               "broken.backward_dq_scale_missing": "dq_scale_missing",
               "broken.sink_ignored": "sink_ignored", "broken.lse_base2": "lse_base2",
-              "broken.lse_no_grad": "lse_no_grad"}
+              "broken.lse_no_grad": "lse_no_grad", "broken.zero_keys_as_padding": "zero_keys_as_padding"}
 
 
 def test_every_negative_control_gets_an_error_finding_diagnosed_as_its_own_defect(quick_run):

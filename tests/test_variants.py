@@ -57,9 +57,10 @@ def test_builtin_registry_matches_names():
 
 
 def test_negative_controls_are_a_separate_name_space():
-    assert len(NEGATIVE_CONTROLS) == 11
+    assert len(NEGATIVE_CONTROLS) == 12
     assert set(NEGATIVE_CONTROLS) == {"broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
                                       "broken.no_max_subtraction", "broken.softmax_wrong_dim",
+                                      "broken.zero_keys_as_padding",
                                       "broken.gqa_wrong_head", "broken.backward_rowsum_d_missing",
                                       "broken.backward_dq_scale_missing", "broken.sink_ignored",
                                       "broken.lse_base2", "broken.lse_no_grad"}

@@ -52,6 +52,14 @@ def broken_softmax_wrong_dim_probs(q, k, *, mask=None, causal=False, scale=None,
     return torch.softmax(masked_scores(q, k, mask, causal, scale, upcast=False, score_mod=score_mod), dim=-2)
 
 
+def broken_zero_keys_as_padding_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None):
+    """Takes every all-zero key for padding: keys whose vector is exactly 0 are masked out before softmax."""
+    import torch
+    padding = (kv_for_queries(q, k) == 0).all(-1)[..., None, :]   # (B, H, 1, Tk): the key is all zeros
+    scores = masked_scores(q, k, mask, causal, scale, upcast=False, score_mod=score_mod)  # (B, H, Tq, Tk)
+    return torch.softmax(scores.masked_fill(padding, float("-inf")), dim=-1)
+
+
 def kv_tiled(q, t):
     """The GQA pairing bug: k or v tiled over the query heads (B, H, Tk, d), so query head h
     meets key/value head h % Hkv instead of h // (H / Hkv)."""

@@ -147,6 +147,81 @@ def _fp16_range(case, gen, tq, tk) -> dict:
     return dict(q=along(H, tq, 576.0), k=along(Hkv, tk, 383.0), v=_randn(gen, (B, Hkv, tk, d)))
 
 
+# Value shortcuts: inputs on which code that holds only for N(0, 1) inputs (an "analytical"
+# shortcut a kernel search loop found: KernelBench#82 tests with uniform and Pareto inputs) is wrong.
+UNIFORM_BOUND = 3.0 ** 0.5           # U(-sqrt(3), sqrt(3)) has unit variance
+STUDENT_T_DOF = 3                    # heavy_tailed: Student-t with 3 degrees of freedom (finite variance 3)
+SPARSE_DENSITY = 0.1                 # sparse: the fraction of the entries of q, k and v that are not 0
+
+
+def _uniform(case, gen, tq, tk) -> dict:
+    """q, k, v ~ U(-sqrt(3), sqrt(3)): unit variance as N(0, 1), but bounded (|x| <= sqrt(3))."""
+    import torch
+    B, H, Hkv, d = case.batch, case.heads, case.effective_kv_heads, case.d_k
+
+    def uniform(shape):
+        return (torch.rand(shape, generator=gen, dtype=torch.float32) * 2.0 - 1.0) * UNIFORM_BOUND
+    return dict(q=uniform((B, H, tq, d)), k=uniform((B, Hkv, tk, d)), v=uniform((B, Hkv, tk, d)))
+
+
+def _student_t(gen, shape):
+    """Student-t with STUDENT_T_DOF degrees of freedom, scaled to unit variance: z / sqrt(chi2 / nu)
+    · sqrt((nu - 2) / nu), chi2 the sum of nu squared N(0, 1) (all drawn from `gen`)."""
+    nu = STUDENT_T_DOF
+    z = _randn(gen, shape)
+    chi2 = (_randn(gen, (nu, *shape)) ** 2).sum(0)
+    return z / (chi2 / nu).sqrt() * ((nu - 2) / nu) ** 0.5
+
+
+def _heavy_tailed(case, gen, tq, tk) -> dict:
+    """q, k, v ~ Student-t(3) scaled to unit variance: most entries smaller than N(0, 1)'s, a few
+    (about 1 in 500) beyond 6 standard deviations."""
+    B, H, Hkv, d = case.batch, case.heads, case.effective_kv_heads, case.d_k
+    return dict(q=_student_t(gen, (B, H, tq, d)), k=_student_t(gen, (B, Hkv, tk, d)),
+                v=_student_t(gen, (B, Hkv, tk, d)))
+
+
+def zero_query_rows(tq: int) -> list[int]:
+    """constant_rows' query rows that are all-zero vectors: every 4th row, starting at 1 (at least one)."""
+    return list(range(min(1, tq - 1), tq, 4))
+
+
+def constant_key_heads(kv_heads: int) -> list[int]:
+    """constant_rows' key/value heads whose keys are all one vector: the odd ones (none with one kv head)."""
+    return list(range(1, kv_heads, 2))
+
+
+def _constant_rows(case, gen, tq, tk) -> dict:
+    """q, k, v ~ N(0, 1), then rows of constant scores: the query rows zero_query_rows(Tq) are all
+    zero (every score 0), and in the kv heads constant_key_heads(Hkv) every key is that head's first
+    key (every score of a row equal, in each query head reading it). Both rows attend uniformly."""
+    out = _normal(case, gen, tq, tk)
+    q, k = out["q"], out["k"]                                      # (B, H, Tq, d), (B, Hkv, Tk, d)
+    q[:, :, zero_query_rows(tq)] = 0.0
+    for h in constant_key_heads(k.shape[1]):
+        k[:, h] = k[:, h, :1].clone()                              # (B, 1, d) -> every key of head h
+    return out
+
+
+def zero_key_positions(tk: int) -> list[int]:
+    """sparse's key positions whose key vector is all zeros: every 8th, starting at 3 (at least one)."""
+    return list(range(min(3, tk - 1), tk, 8))
+
+
+def _sparse(case, gen, tq, tk) -> dict:
+    """Mostly exact zeros: each entry of q, k, v is N(0, 1) · sqrt(1 / SPARSE_DENSITY) with
+    probability SPARSE_DENSITY (0.1) and exactly 0.0 otherwise (unit variance, as N(0, 1)); and the
+    keys at zero_key_positions(Tk) are all-zero vectors in every head: real keys, with score 0."""
+    import torch
+    out = _normal(case, gen, tq, tk)
+    for name in ("q", "k", "v"):
+        t = out[name]
+        kept = torch.rand(t.shape, generator=gen) < SPARSE_DENSITY
+        out[name] = torch.where(kept, t * SPARSE_DENSITY ** -0.5, torch.zeros_like(t))
+    out["k"][..., zero_key_positions(tk), :] = 0.0               # (B, Hkv, Tk, d)
+    return out
+
+
 def causal_offset(tq: int, tk: int, alignment: str) -> int:
     """Query i may see keys j <= i + offset: 0 top-left, Tk - Tq bottom-right."""
     if alignment == "top-left":
@@ -351,6 +426,18 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              lambda t: t, _sinks(masked_rows=True), ("bool", "per-row"), sinks=True),
     Scenario("sinks_decode", "one query (q_len = 1) against T keys with the sinks scenario's sinks: gpt-oss decoding",
              lambda t: 1, _sinks(masked_rows=False), sinks=True),
+    Scenario("uniform", "q, k, v ~ U(-sqrt(3), sqrt(3)): unit variance, bounded; catches a shortcut that holds only "
+             "for N(0, 1) inputs (KernelBench#82 tests with uniform inputs)", lambda t: t, _uniform),
+    Scenario("heavy_tailed", "q, k, v ~ Student-t(3) scaled to unit variance: a few entries beyond 6 standard "
+             "deviations; catches a shortcut that holds only for N(0, 1) inputs (KernelBench#82: Pareto inputs)",
+             lambda t: t, _heavy_tailed),
+    Scenario("constant_rows", "N(0, 1) with rows of constant scores: every 4th query row (from row 1) all zero, "
+             "and every key of the odd kv heads one vector: uniform attention on those rows; catches a "
+             "shortcut that holds only for N(0, 1) inputs and breaks on ties (a row of scores without spread)",
+             lambda t: t, _constant_rows),
+    Scenario("sparse", "90% of q, k, v exactly 0 (the rest N(0, 10): unit variance) and every 8th key (from 3) "
+             "an all-zero vector, a real key of score 0; catches a shortcut that holds only for dense N(0, 1) "
+             "inputs (zeros skipped, all-zero keys taken for padding)", lambda t: t, _sparse),
 ]}
 
 

@@ -413,6 +413,20 @@ def fully_masked_uniform(a: Attempt) -> Any:
     return min(fills, key=lambda f: float(sq_diff(f, a.observed).sum()))     # the form it uses
 
 
+@mistake("zero_keys_as_padding", title="all-zero keys taken for padding",
+         what="Every key whose vector is exactly zero is masked out as if it were padding: right on dense "
+              "inputs, wrong where a real key is all zeros (its score 0 is a real score).",
+         where="a padding mask inferred from the data (k.abs().sum(-1) == 0, a zero-key check) instead of "
+               "taken as an argument.")
+def zero_keys_as_padding(a: Attempt) -> Any:
+    zero = (a.k == 0).all(-1)                                                # (b, Hkv, Tk)
+    if not bool(zero.any()):
+        return None                                                          # cannot differ: no all-zero key
+    real = ~a.pair(zero)[:, :, None, :]                                      # (b, h, 1, Tk)
+    keep = a.keep()
+    return a.attend(keep=real if keep is None else keep & real)
+
+
 # --------------------------------------------------------------------------- scale
 
 @mistake("scale_squared", title="scores scaled by 1/d",

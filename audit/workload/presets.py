@@ -66,6 +66,8 @@ STABILITY_SCENARIOS: tuple[str, ...] = (
 )
 # Scenarios from bug reports (inputs.SCENARIOS says which report each comes from).
 REPORTED_SCENARIOS: tuple[str, ...] = ("left_padding", "low_lse", "shifted_bias")
+# Inputs on which a shortcut that holds only for N(0, 1) inputs is wrong (KernelBench#82).
+VALUE_SCENARIOS: tuple[str, ...] = ("uniform", "heavy_tailed", "constant_rows", "sparse")
 GPU_STABILITY_SCENARIOS: tuple[str, ...] = (
     "normal", "scaled_x16", "scaled_x64", "outliers", "fp16_range", "padding",
     "fully_masked_bool", "fully_masked_neginf", "cross_causal", "left_padding", "low_lse", "shifted_bias",
@@ -98,6 +100,8 @@ class _VariantSets:
     variants: tuple[str, ...]      # every built-in but flex and the lse-only ones (their own sub-grids)
     controls: tuple[str, ...]      # the negative controls but the GQA ones (on GQA cells only)
     gqa_controls: tuple[str, ...]
+    value_controls: tuple[str, ...] = ()   # the controls whose defect shows on value scenarios only
+    value_reveals: tuple[str, ...] = ()    # those scenarios (their Variant.reveals)
 
     @property
     def every(self) -> tuple[str, ...]:
@@ -107,12 +111,24 @@ class _VariantSets:
     def uncompiled(self) -> tuple[str, ...]:
         return tuple(v for v in self.variants if not v.startswith("compiled"))
 
+    def value_shortcuts(self) -> dict:
+        """The value scenarios for `every` variant and control, in one shape the quick and cpu presets
+        both compile already (fp32, d_k 32, T 128, batch 1, 2 heads, not causal: their normal cells'),
+        so the compiled variants reuse that code (the cost model's compile_key has no scenario)."""
+        return dict(variant=self.every, device=("cpu",), dtype=("fp32",), d_k=(32,), seq_len=(128,),
+                    batch=(1,), heads=(2,), causal=(False,), scenario=VALUE_SCENARIOS)
+
     @classmethod
     def of_registry(cls) -> "_VariantSets":
-        from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS  # no torch import at module level
+        # no torch import at module level
+        from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS, builtin_variants
         # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
         variants = tuple(v for v in BUILTIN_NAMES if v != "flex" and v not in LSE_VARIANTS + CUDA_LSE_OPS)
-        return cls(variants, tuple(c for c in NEGATIVE_CONTROLS if c not in GQA_CONTROLS), GQA_CONTROLS)
+        controls = tuple(c for c in NEGATIVE_CONTROLS if c not in GQA_CONTROLS)
+        reveals = {c: builtin_variants()[c].reveals for c in controls}
+        value_controls = tuple(c for c in controls if reveals[c] and set(reveals[c]) <= set(VALUE_SCENARIOS))
+        value_reveals = tuple(dict.fromkeys(s for c in value_controls for s in reveals[c]))
+        return cls(variants, controls, GQA_CONTROLS, value_controls, value_reveals)
 
 
 def _quick(sets: _VariantSets) -> Preset:
@@ -145,6 +161,7 @@ def _quick(sets: _VariantSets) -> Preset:
             dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math"), device=("cpu",),
                  dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,), heads=(2,),
                  causal=(False, True), scenario=REPORTED_SCENARIOS),
+            sets.value_shortcuts(),
         ),
         # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
         min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5,
@@ -180,6 +197,7 @@ def _cpu(sets: _VariantSets) -> Preset:
             dict(variant=("compiled", "sdpa", "sdpa_flash", "flex"), device=("cpu",), dtype=("fp32",), d_k=(64,),
                  seq_len=(1024,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1), causal=(False, True),
                  scenario=("normal",)),
+            sets.value_shortcuts(),
         ),
         min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0,
     )
@@ -208,9 +226,13 @@ def _gpu(sets: _VariantSets) -> Preset:
             *(dict(variant=COMPILED, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(t,),
                    batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
                    scenario=("normal",)) for t in GPU_COMPILED_SEQ_LENS),
-            dict(variant=tuple(v for v in every if v not in COMPILED), device=("cuda",),
+            dict(variant=tuple(v for v in every if v not in COMPILED + sets.value_controls), device=("cuda",),
                  dtype=("fp16", "bf16"), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
                  causal=(False, True), scenario=GPU_STABILITY_SCENARIOS),
+            # a control whose defect shows on a value scenario only (broken.zero_keys_as_padding: sparse)
+            # is right on every scenario above: on the GPU (the preset fills its budget) where it shows alone
+            dict(variant=sets.value_controls, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,),
+                 batch=(2,), heads=(16,), causal=(False, True), scenario=sets.value_reveals),
             # the CUDA backends that return their lse (eager, the flash op, compiled flex), with sinks
             # (flash_op takes no mask on CUDA: its masked cells are skipped with that reason); flex
             # compiles per kind of cell (~4 s each): its sinks cells only, in the stability grid's dtype

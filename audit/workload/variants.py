@@ -38,6 +38,7 @@ from .controls import (BACKWARD_CONTROLS, LSE_CONTROLS, broken_lse_base2, broken
                        broken_sink_ignored_probs,
                        broken_clamped_probs, broken_gqa_wrong_head_probs, broken_mask_after_softmax_probs,
                        broken_no_max_subtraction_probs, broken_softmax_wrong_dim_probs, broken_unscaled_probs,
+                       broken_zero_keys_as_padding_probs,
                        broken_backward_dq_scale_missing, broken_backward_rowsum_d_missing, kv_tiled)
 from .eager import (_from_probs, eager_attention, eager_fp32_attention, eager_fp32_lse_attention,  # noqa: F401
                     eager_fp32_probs, eager_lse_attention, eager_probs, kv_for_queries)
@@ -358,13 +359,15 @@ def _builtins() -> dict[str, Variant]:
     # causal or not: tests/test_variants.py), the first the one its fp32 cells are also diagnosed
     # in as its mistake: a wrong scale or softmax dimension shows anywhere, a mask applied after
     # a renormalised softmax only on rows that see no key (elsewhere it is right to rounding), a
-    # clamp where keys are masked, a missing max where exp overflows.
+    # clamp where keys are masked, a missing max where exp overflows, all-zero keys taken for
+    # padding where real keys are all zeros (sparse; dense inputs have none).
     anywhere = ("normal", "scaled_x4", "scaled_x16", "scaled_x64", "outliers")
     for probs_fn, reveals in ((broken_unscaled_probs, anywhere + ("padding",)),
                               (broken_mask_after_softmax_probs, ("fully_masked_bool", "fully_masked_neginf")),
                               (broken_clamped_probs, ("padding", "fully_masked_bool", "fully_masked_neginf")),
                               (broken_no_max_subtraction_probs, ("scaled_x64", "fp16_range")),
-                              (broken_softmax_wrong_dim_probs, anywhere + ("fully_masked_bool", "fully_masked_neginf"))):
+                              (broken_softmax_wrong_dim_probs, anywhere + ("fully_masked_bool", "fully_masked_neginf")),
+                              (broken_zero_keys_as_padding_probs, ("sparse",))):
         name = BROKEN_PREFIX + probs_fn.__name__.removeprefix("broken_").removesuffix("_probs")
         doc = (probs_fn.__doc__ or "").strip().splitlines()[0]
         specs.append(Variant(name, "NEGATIVE CONTROL: " + doc,
@@ -408,8 +411,8 @@ BUILTIN_NAMES: tuple[str, ...] = (
 )
 NEGATIVE_CONTROLS: tuple[str, ...] = (
     "broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
-    "broken.no_max_subtraction", "broken.softmax_wrong_dim", "broken.gqa_wrong_head",
-    "broken.backward_rowsum_d_missing", "broken.backward_dq_scale_missing",
+    "broken.no_max_subtraction", "broken.softmax_wrong_dim", "broken.zero_keys_as_padding",
+    "broken.gqa_wrong_head", "broken.backward_rowsum_d_missing", "broken.backward_dq_scale_missing",
     "broken.sink_ignored", "broken.lse_base2", "broken.lse_no_grad",
 )
 GQA_CONTROLS: tuple[str, ...] = ("broken.gqa_wrong_head",)   # run (and flagged) on GQA cells only

@@ -122,6 +122,14 @@ def fully_masked_uniform(q, k, v, **kw):
     return attention(q, k, v, fill=torch.finfo(q.dtype).min, **kw)
 
 
+def zero_keys_as_padding(q, k, v, *, mask=None, **kw):
+    """Keys whose vector is all zeros taken for padding: masked out with the mask's padded keys."""
+    real = (grouped(q, k) != 0).any(-1)[:, :, None, :]                      # (B, H, 1, Tk)
+    if mask is not None:
+        real = real & (mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min)
+    return attention(q, k, v, mask=real, **kw)
+
+
 def scale_squared(q, k, v, **kw):
     kw.pop("scale", None)
     return attention(q, k, v, scale=1.0 / q.shape[-1], **kw)
