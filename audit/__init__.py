@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     import pandas as pd
 
-__all__ = ["Unsupported", "__version__", "adapt", "code_version", "compare", "load", "merge", "report", "run"]
+__all__ = ["Unsupported", "__version__", "adapt", "code_version", "compare", "load", "merge", "report", "run",
+           "verdict"]
 
 
 def run(preset: str | None = None, out: "str | Path | None" = None, **options: Any) -> "Path | None":
@@ -42,6 +43,16 @@ def report(run_dir: "str | Path", out: "str | Path | None" = None) -> dict:
     """Rebuild a run folder's findings, figures and index.md/index.html; returns their paths."""
     from .commands.report import report as _report
     return _report(run_dir, out)
+
+
+def verdict(run_dir: "str | Path", variants: "Sequence[str] | None" = None, *,
+            min_speedup: float | None = None) -> dict:
+    """Pass or fail per variant of a run folder, with the reasons: {"passed": bool, "variants":
+    {name: {"passed", "reasons", ...}}}. A variant fails on an error finding (numerics, gradients,
+    the referee's checks) or, with min_speedup, when slower than that against sdpa: the gate of a
+    kernel-generation loop (docs/generated-kernels.md; `attn-audit verdict` exits 1 on a failure)."""
+    from .commands.verdict import verdict as _verdict
+    return _verdict(run_dir, variants, min_speedup=min_speedup)
 
 
 def compare(a: "str | Path", b: "str | Path", out: "str | Path | None" = None, *,

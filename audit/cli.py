@@ -14,7 +14,7 @@ import threading
 from types import ModuleType
 from typing import NoReturn, Sequence
 
-from .commands import compare, deps, fit_costs, gpu_check, listing, merge, report, run
+from .commands import compare, deps, fit_costs, gpu_check, listing, merge, report, run, verdict
 from .commands.common import UsageArgumentParser
 from .core.errors import UsageError
 from .core.records import NewerSchema
@@ -22,7 +22,7 @@ from .core.records import NewerSchema
 EXIT_USAGE = 2
 # The subcommands, in --help's order: each module has HELP, DESCRIPTION, add_arguments, main.
 COMMANDS: dict[str, ModuleType] = {
-    "list": listing, "run": run, "report": report, "compare": compare, "merge": merge,
+    "list": listing, "run": run, "report": report, "verdict": verdict, "compare": compare, "merge": merge,
     "fit-costs": fit_costs, "gpu-check": gpu_check, "deps": deps,
 }
 

@@ -20,6 +20,7 @@ class FakeGPU:
     nvml_call_s: float = 20e-6          # host time one NVML query costs
     now: float = 0.0                    # host clock, seconds
     free_at: float = 0.0                # when the device finishes what is queued
+    side_free_at: float = 0.0           # ... and what is queued on another stream (events do not see it)
     busy: list = field(default_factory=list)   # merged (start, end) device busy intervals
 
     # -- host side -------------------------------------------------------------------------
@@ -51,9 +52,21 @@ class FakeGPU:
         fn.calls = calls
         return fn
 
+    def side_kernel(self, device_s: float, side_s: float, host_s: float):
+        """fn() that queues `device_s` on the current stream and `side_s` more on another stream (a
+        kernel returning before its work is done); counts calls."""
+        main = self.kernel(device_s, host_s)
+
+        def fn():
+            main()
+            self.side_free_at = max(self.side_free_at, self.now) + side_s
+        fn.calls = main.calls
+        return fn
+
     # -- the CudaClock interface (timing.measure_device, EnergyMeter.measure) ----------------
     def synchronize(self) -> None:
-        self.now = max(self.now, self.free_at)
+        """Device-wide: every stream's work."""
+        self.now = max(self.now, self.free_at, self.side_free_at)
 
     def hold(self, seconds: float) -> None:
         self.host(2e-6)

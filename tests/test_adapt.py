@@ -71,6 +71,14 @@ def test_declared_kernels_get_no_error_cell_and_follow_their_bottom_right_alignm
     assert cells["declared:flash", "softcap", True]["status"] == "ok"        # softcap_arg="softcap"
 
 
+def test_declared_kernels_pass_every_referee_check(cells):
+    """The stand-ins do the work on every call: the referee has nothing to say about them."""
+    from audit.core.referee import failed_checks, refereed
+    ok = [r for r in cells.values() if r["status"] == "ok"]
+    assert ok and all(refereed(r) for r in ok)
+    assert {r["id"]: r["referee_detail"] for r in ok if failed_checks(r)} == {}
+
+
 def test_cells_a_declared_kernel_cannot_take_are_skipped_with_the_reason(cells):
     padding = cells["declared:flash", "padding", False]
     assert padding["status"] == "skipped" and "flash_attn_func takes masks: none" in padding["reason"]

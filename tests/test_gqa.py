@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from audit.analysis import findings
 from audit.core import grid, records
 from audit.core.errors import UsageError
+from audit.core.referee import failed_checks, refereed
 from audit.core.grid import Case
 from audit.execute import runner
 from audit.measure.numerics import attention_flops, error_vs_reference
@@ -208,6 +209,7 @@ def test_every_variant_is_right_or_skipped_with_a_reason_on_gqa_window_and_softc
             if c.variant not in ("flex", "flex_eager"):             # no FlexAttention backward on the CPU
                 assert max(rec["dq_err"], rec["dk_err"], rec["dv_err"]) < 1e-4, c.id
             assert rec["kv_heads"] == c.effective_kv_heads and rec["id"] == c.id
+            assert refereed(rec) and not failed_checks(rec), (c.id, rec["referee_detail"])  # does the work
 
 
 def test_sdpa_passes_enable_gqa_only_to_gqa_cells():

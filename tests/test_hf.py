@@ -64,6 +64,14 @@ def test_no_hf_cell_is_an_error(cells):
     assert sum(r["status"] == "ok" for r in cells.values()) >= 0.75 * len(cells)
 
 
+def test_transformers_attention_functions_pass_every_referee_check(cells):
+    """transformers' functions do the work on every call: the referee has nothing to say about them."""
+    from audit.core.referee import failed_checks, refereed
+    ok = [r for r in cells.values() if r["status"] == "ok" and r["variant"].startswith("hf:")]
+    assert ok and all(refereed(r) for r in ok)
+    assert {r["id"]: r["referee_detail"] for r in ok if failed_checks(r)} == {}
+
+
 def test_hf_sdpa_agrees_with_sdpa_on_every_cell(cells):
     compared = 0
     for (variant, dtype, scenario, causal), rec in cells.items():

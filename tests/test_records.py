@@ -87,9 +87,9 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_11_with_migrations_from_1_to_10():
-    assert SCHEMA_VERSION == 11
-    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+def test_schema_is_12_with_migrations_from_1_to_11():
+    assert SCHEMA_VERSION == 12
+    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
 
 
 @pytest.mark.parametrize("schema, added", [
@@ -108,6 +108,9 @@ def test_schema_is_11_with_migrations_from_1_to_10():
           "merge_within_budget", "lse_differentiable", "lse_dq_err_ratio", "lse_dk_err_ratio",
           "lse_grads_within_budget", "lse_diagnosis", "lse_grad_diagnosis", "dsinks_err", "dsinks_err_ratio",
           "dsinks_within_budget")),
+    # schema 11 had no referee: null (not refereed), not True (passed)
+    (11, ("referee_inputs_untouched", "referee_values_follow", "referee_every_call", "referee_physically_possible",
+          "referee_detail", "fwd_fenced_ms")),
 ])
 def test_an_older_record_reads_with_the_columns_it_did_not_measure_null(tmp_path, schema, added):
     old = full_record()

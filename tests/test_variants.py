@@ -21,7 +21,10 @@ from audit.measure.numerics import error_vs_reference
 from audit.measure.reference import golden_attention
 from audit.workload import variants
 from audit.workload.inputs import make_inputs, seed_for, torch_dtype
-from audit.workload.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, resolve
+from audit.workload.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, REFEREE_CONTROL_NAMES, resolve
+
+# the controls of a numerics defect (their weights exposed, their defect in the output or gradients)
+NUMERICS_CONTROLS = [c for c in NEGATIVE_CONTROLS if c not in REFEREE_CONTROL_NAMES]
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 AGREEING = ("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash")
@@ -57,13 +60,17 @@ def test_builtin_registry_matches_names():
 
 
 def test_negative_controls_are_a_separate_name_space():
-    assert len(NEGATIVE_CONTROLS) == 12
+    assert len(NEGATIVE_CONTROLS) == 20
     assert set(NEGATIVE_CONTROLS) == {"broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
                                       "broken.no_max_subtraction", "broken.softmax_wrong_dim",
                                       "broken.zero_keys_as_padding",
                                       "broken.gqa_wrong_head", "broken.backward_rowsum_d_missing",
                                       "broken.backward_dq_scale_missing", "broken.sink_ignored",
-                                      "broken.lse_base2", "broken.lse_no_grad"}
+                                      "broken.lse_base2", "broken.lse_no_grad",
+                                      # the referee's (tests/test_referee.py): SDPA's values, one trick each
+                                      "broken.writes_input", "broken.pointer_cache", "broken.background_thread",
+                                      "broken.tensor_subclass", "broken.finds_reference",
+                                      "broken.skips_after_warmup", "broken.patches_timer", "broken.value_cache"}
     assert set(variants.GQA_CONTROLS) <= set(NEGATIVE_CONTROLS)
     assert not set(NEGATIVE_CONTROLS) & set(BUILTIN_NAMES)
     for name in NEGATIVE_CONTROLS:
@@ -71,7 +78,7 @@ def test_negative_controls_are_a_separate_name_space():
         assert name.startswith(variants.BROKEN_PREFIX)
         assert v.family == "broken" and v.negative_control
         assert v.description.startswith("NEGATIVE CONTROL")
-        assert v.probs is not None and not v.compiled
+        assert (v.probs is not None) == (name not in REFEREE_CONTROL_NAMES) and not v.compiled
     for name in BUILTIN_NAMES:
         v = resolve(name)
         assert v.family != "broken" and not v.negative_control
@@ -81,10 +88,10 @@ def test_negative_controls_are_a_separate_name_space():
 def test_probs_is_exposed_by_hand_written_variants_only():
     table = variants.builtin_variants()
     with_probs = {name for name, v in table.items() if v.probs is not None}
-    assert with_probs == {"eager", "eager_fp32"} | set(NEGATIVE_CONTROLS)
+    assert with_probs == {"eager", "eager_fp32"} | set(NEGATIVE_CONTROLS) - set(REFEREE_CONTROL_NAMES)
 
 
-@pytest.mark.parametrize("name", ["eager", "eager_fp32", *NEGATIVE_CONTROLS])
+@pytest.mark.parametrize("name", ["eager", "eager_fp32", *NUMERICS_CONTROLS])
 def test_probs_times_v_is_the_variant_output(name):
     v_ = resolve(name)
     q, k, v = qkv()
@@ -525,11 +532,12 @@ def _control_cases(control: str, scenarios):
             for scenario in scenarios for dtype in ("fp32", "fp16") for causal in (False, True)]
 
 
-@pytest.mark.parametrize("control", NEGATIVE_CONTROLS)
+@pytest.mark.parametrize("control", NUMERICS_CONTROLS)
 def test_every_cell_of_a_scenario_a_control_declares_shows_its_defect(control):
     """Variant.reveals is what the time budget gives a control's self-check (plan.budget): each
     declared scenario must show the defect in every cell, in fp32 and fp16, causal or not: an
-    error finding covers each such cell. A scenario it does not declare may not (broken.no_max_
+    error finding covers each such cell. (The referee's controls on the preset's cells, each by its
+    own check alone: tests/test_referee.py.) A scenario it does not declare may not (broken.no_max_
     subtraction is right on normal inputs), which is why the budget needs the declaration."""
     from audit.analysis.findings import compute_findings
     from audit.core.records import to_frame

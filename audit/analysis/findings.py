@@ -15,6 +15,8 @@ import pandas as pd
 
 from ..core.defects import BUDGETED_GRADIENTS, REPEATED_TENSORS, grad_outside_budget, leaks, nonfinite
 from ..core.grid import INPUT_AXES
+from ..core.referee import REFEREE_CHECKS
+from ..core.referee import column as referee_column
 from ..core.runfolder import FINDINGS_FILE
 
 NEGATIVE_CONTROL_PREFIX = "broken."
@@ -415,6 +417,32 @@ def check_deterministic_mode(frame: pd.DataFrame) -> list[dict]:
                      + "; ".join(parts) + ".", mode["id"])]
 
 
+def check_referee(frame: pd.DataFrame) -> list[dict]:
+    """The referee's checks (core.referee): one error finding per variant and failed check, naming
+    the check, what the first failing call showed (the numbers), and where. A variant that fails
+    one was not measured doing the work: its speed is not comparable, its numerics not trusted."""
+    ok = _ok(frame)
+    found = []
+    for name, meaning in REFEREE_CHECKS.items():
+        col = referee_column(name)
+        if col not in ok:
+            continue
+        failed = ok[ok[col].astype("object").eq(False)]
+        for variant, g in failed.groupby("variant", sort=True):
+            judged = int(ok.loc[ok["variant"] == variant, col].astype("object").isin([True, False]).sum())
+            details = [d.get(name) for d in g.get("referee_detail", pd.Series(dtype=object))
+                       if isinstance(d, dict) and d.get(name)]
+            seen = f" First: {details[0]}." if details else ""
+            finding = _finding("referee", "error", str(variant),
+                               f"{variant} fails the referee's {name} check in {len(g)} of {judged} cell(s) "
+                               f"({_where(g)}): it must hold that {meaning}.{seen} Its times there are not of "
+                               "the work and its numbers cannot be trusted: never use it as measured "
+                               "(docs/generated-kernels.md).", g["id"])
+            finding["referee_check"] = name
+            found.append(finding)
+    return found
+
+
 def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
     rows = frame[frame["status"].isin(["error", "oom", "timeout"])]
 
@@ -430,7 +458,7 @@ RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
     check_lse_masked_rows, check_masked_leakage, check_fully_masked_rows,
     check_finfo_min_masks, check_fp16_range, check_saturation, check_compiled_rewrite, check_graph_breaks,
     check_alignment, check_underflow, check_memory_leak, check_nondeterministic, check_deterministic_mode,
-    check_failed_cells,
+    check_referee, check_failed_cells,
 )
 
 

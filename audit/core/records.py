@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from .referee import REFEREE_CHECKS, column as referee_column
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 # Every column a user can rely on, with its meaning. docs/output.md's column table is
@@ -46,6 +47,8 @@ COLUMNS: dict[str, str] = {
     "timer": "how time was measured (cpu: perf_counter around blocks of calls; cuda: CUDA events around blocks of calls queued behind a spin kernel, the device's own time)",
     "fwd_host_ms": "CUDA: median host time to issue one forward call (Python, dispatch, launches), ms",
     "fwd_bwd_host_ms": "CUDA: median host time to issue one forward+backward call, ms",
+    "fwd_fenced_ms": "CUDA: per-call time of a block of the timed forward calls between two device-wide synchronizes (every stream, host issue time included); the referee compares it with fwd_ms (docs/generated-kernels.md)",
+    "fwd_bwd_fenced_ms": "CUDA: the same for forward+backward",
     "host_bound": "CUDA: true when issuing the calls takes the host longer than the device takes to run them (forward or forward+backward): in a plain loop the GPU would wait for Python; fwd_ms is the device's time either way",
     "l2_flush": "CUDA: true when the L2 was flushed (a 256 MiB buffer overwritten) before every timed sample (--l2-flush)",
     "cuda_graph": "true when CUDA-graph replays were timed (--cuda-graph); never compare timings across these methods",
@@ -105,6 +108,9 @@ COLUMNS: dict[str, str] = {
     "lse_grad_diagnosis": "cells whose gradient through the lse is outside its budget: the known lse gradient mistake it matches (lse_no_grad), or none",
     "lse_grad_diagnosis_err": "the larger RMSE of dq, dk through the lse against the matched mistake's (null when none matched)",
     "lse_grad_diagnosis_golden_err": "the same against the float64 golden's",
+    **{referee_column(name): f"referee: true when {meaning}; false when not (referee_detail says what was seen); null where it could not run (docs/generated-kernels.md)"
+       for name, meaning in REFEREE_CHECKS.items()},
+    "referee_detail": "per failed referee check: the call and the numbers seen ({check: text}); null when every check that ran passed",
     "max_logit": "max |q·k·scale| over visible pairs (float64); compare with the dtype's max",
     "max_qk": "max |q·k| before scaling over visible pairs (what an unscaled-first matmul must hold)",
     "max_prob": "mean over query rows of the largest attention probability",
@@ -151,7 +157,7 @@ COLUMNS: dict[str, str] = {
     "energy_read_s": "CUDA: median host time one read of NVML's energy counter took in the cell, s (the GPU's queued work must outlast it; an edge of the window is timed to about one read)",
     "telemetry_reason": "why telemetry columns are null or partial (no GPU, no driver, ...)",
     "elapsed_s": "wall time spent on the cell, seconds",
-    "phase_s": "where the cell's elapsed_s went: seconds per phase (setup, golden, compile, warmup, numerics, leak, determinism, diagnosis, saturation, timed, energy: core/timesplit.py CELL_PHASES), only the phases the cell went through; the report's Time budget section sums them",
+    "phase_s": "where the cell's elapsed_s went: seconds per phase (setup, golden, compile, warmup, numerics, leak, determinism, diagnosis, saturation, referee, timed, energy: core/timesplit.py CELL_PHASES), only the phases the cell went through; the report's Time budget section sums them",
     "predicted_s": "the cost model's prediction of the cell's wall time when the run was planned, seconds (docs/planning.md)",
     "started_at": "UTC time the cell started (ISO 8601)",
     "env": "environment: torch version, device name, CPU model, threads, git commit, cpu_allocator (pinned malloc thresholds), NVML info",
@@ -324,8 +330,14 @@ def _v10_to_v11(record: dict[str, Any]) -> dict[str, Any]:
     return _with_columns(record, 11)
 
 
+def _v11_to_v12(record: dict[str, Any]) -> dict[str, Any]:
+    """v12 added the referee (referee_<check>, referee_detail) and CUDA's device-wide fenced times
+    (fwd_fenced_ms, fwd_bwd_fenced_ms); not checked before: null."""
+    return _with_columns(record, 12)
+
+
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
-              8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11}
+              8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12}
 
 
 class NewerSchema(ValueError):

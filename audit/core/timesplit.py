@@ -25,6 +25,7 @@ CELL_PHASES: dict[str, str] = {
     "determinism": "keeping and comparing the repeated outputs and gradients bit for bit",
     "diagnosis": "matching a defective output against the library of known mistakes",
     "saturation": "the variant's own attention weights against the float64 probabilities",
+    "referee": "the referee's checks: inputs compared, outputs read again, the calls with new values or new tensors",
     "timed": "the timed calls",
     "energy": "the NVML energy window (CUDA)",
 }

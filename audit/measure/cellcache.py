@@ -12,6 +12,7 @@ from ..workload.inputs import Inputs, make_inputs
 from ..workload.eager import eager_lse_attention, kv_for_queries, masked_scores, softmax_with_sinks
 from ..workload.variants import Variant, apply_sinks_by_lse
 from .lse import merge_partials, split_calls
+from .referee import shifted_values
 from .numerics import error_vs_reference
 from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices, visibility
 
@@ -84,6 +85,9 @@ class Reference:
     # ... and the baseline's RMSE on what a returned LSE is checked by (BASELINE_EXTRAS: its lse, the
     # merge of its halves, the gradients with the lse in the loss, the sinks' gradient), None where not
     baseline_extra: dict[str, float | None] = field(default_factory=dict)
+    # the forward golden with v's values shifted (referee.shifted_values): what the referee's
+    # values_follow check compares a variant's move with; None where not built
+    values_moved: Golden | None = None
 
     def take(self, t: Any) -> Any:
         return take_slices(t, self.slices)
@@ -155,8 +159,10 @@ def build_reference(case: Case, inputs: Inputs, alignment: str = "top-left") -> 
     base_out, base_grads, extra = _baseline_errors(q, k, v, mask, inputs.causal, golden, mod, alignment, grad_out,
                                                    sinks, grad_lse)
     extra["merge"] = _baseline_merge(q, k, v, mask, inputs.causal, golden, alignment, sinks)
+    moved = golden_attention(q, k, shifted_values(v), causal=inputs.causal, visible=visible, score_mod=mod,
+                             alignment=alignment, sinks=sinks)          # the referee's new values, forward only
     return Reference(golden, by_alignment, base_out, base_grads,
-                     leak_probes(inputs, alignment), slices, rows, case.heads, alignment, extra)
+                     leak_probes(inputs, alignment), slices, rows, case.heads, alignment, extra, moved)
 
 
 def sinks_for_slices(sinks: Any, slices: list[tuple[int, int]] | None) -> Any:

@@ -146,8 +146,13 @@ def forward_with(cell: CellState) -> Callable[[Any, Any], Any]:
     grad = cell.q.requires_grad
 
     def call(k2: Any, v2: Any) -> Any:
-        return out_of(cell, cell.fn(cell.q, k2.detach().requires_grad_(grad), v2.detach().requires_grad_(grad),
-                                    **cell.kwargs)).detach()
+        # copies: the probes are the input set's, shared by its variants (a call may write into its inputs)
+        out = out_of(cell, cell.fn(cell.q, k2.detach().clone().requires_grad_(grad),
+                                   v2.detach().clone().requires_grad_(grad), **cell.kwargs)).detach()
+        settle = getattr(cell, "settle_if_incomplete", None)      # a variant the referee found incomplete
+        if settle is not None:
+            settle()
+        return out
     return call
 
 
@@ -334,8 +339,8 @@ def lse_merge(cell: CellState) -> dict[str, Any]:
 
     try:
         with torch.no_grad():
-            merged = merged_output(call, cell.q.detach(), cell.k.detach(), cell.v.detach(), cell.inputs.mask,
-                                   cell.inputs.causal, cell.ref.alignment, cell.inputs.sinks)
+            merged = merged_output(call, cell.q.detach(), cell.k.detach(), cell.v.detach(), cell.kwargs.get("mask"),
+                                   cell.inputs.causal, cell.ref.alignment, cell.kwargs.get("sinks"))
     except Unsupported as exc:
         return {**out, "reason": _joined(cell, f"merge check not run: {exc}")}
     if merged is None:

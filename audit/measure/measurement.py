@@ -17,6 +17,7 @@ function in measure/checks.py, not a branch here.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -27,7 +28,7 @@ from ..core.timesplit import PhaseClock
 from ..workload.inputs import Inputs
 from ..workload.presets import Preset
 from ..workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
-from . import compile_cache
+from . import compile_cache, referee, refereeing
 from .cellcache import BuildCache, Reference
 from .checks import CellState, ContractError, check_output, failure_reason, run_checks, split_out_lse
 from .memory import held_bytes, peak_during
@@ -98,6 +99,17 @@ class _Cell(CellState):
     fb: Samples | None = None
     timer: dict | None = None
     last_lse: Any = None            # the lse of the last call, for a variant returning (out, lse)
+    grad_out: Any = None            # (B, H, Tq, d_v) the cell's own copy of the upstream gradient
+    pristine: dict | None = None    # the input set's tensors, untouched: what the cell's copies must still hold
+    vault: Any = None               # referee.Vault: the goldens sealed while the variant runs
+    verdicts: Any = None            # referee.Verdicts
+    first_result: Any = None        # the warm-up forward's out, held for the referee (read again later)
+    at_return: Any = None           # a copy of it taken as the call returned
+    new_threads: list | None = None  # Python threads the warm-up forward started, alive when it returned
+    incomplete: bool = False        # complete_at_return failed: calls whose results are read at once settle first
+    settle_s: float = referee.SETTLE_MIN_S   # how long work a call left running took to finish (twice that)
+    returned_at: float = 0.0        # when the warm-up forward returned (perf_counter)
+    fenced: dict | None = None      # CUDA: per-call seconds of each timed pass with a device-wide fence
 
     def forward(self) -> Any:
         """One call -> out (B, H, Tq, d_v); a variant returning (out, lse) leaves its lse in last_lse."""
@@ -113,7 +125,23 @@ class _Cell(CellState):
         return (self.q, self.k, self.v) + (() if sinks is None else (sinks,))
 
     def forward_backward(self) -> tuple:
-        return input_grads(self.forward(), self.leaves(), self.inputs.grad_out)
+        return input_grads(self.forward(), self.leaves(), self.grad_out)
+
+    def settle_if_incomplete(self) -> None:
+        """What a check calling the variant does after each call (checks.forward_with)."""
+        refereeing.settle_if_incomplete(self)
+
+    def call_tensors(self) -> list:
+        """(name, tensor) of everything the calls are handed: q, k, v, the keyword tensors, grad_out."""
+        return referee.call_tensors(self.q, self.k, self.v, self.kwargs, ("grad_out", self.grad_out))
+
+    def release(self) -> None:
+        """Drop what the cell's calls returned (another variant's outputs must not be reachable from
+        the next cell's calls, even through a reference cycle) and unseal the goldens."""
+        if self.vault is not None:
+            self.vault.release()
+        self.out = self.lse = self.grads = self.merged = self.first_result = self.last_lse = None
+        self.lse_loss_grads = None
 
 
 def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
@@ -127,28 +155,44 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
     phases: where the cell's seconds per phase go (core.timesplit: the record's phase_s).
     """
     cell = _set_up(case, variant, inputs, ref, preset, builds, phases if phases is not None else PhaseClock())
-    _first_calls(cell)
-    run_checks("output", cell, cell.phases)
-    _gradients(cell)
-    _timing(cell)
-    _derived(cell, ceilings, meter)
-    run_checks("record", cell, cell.phases)
-    return cell.columns
+    try:
+        _first_calls(cell)
+        run_checks("output", cell, cell.phases)
+        _gradients(cell)
+        refereeing.values_follow(cell)
+        _timing(cell)
+        _derived(cell, ceilings, meter)
+        run_checks("record", cell, cell.phases)
+        refereeing.timers_untouched(cell)
+        cell.columns.update(cell.verdicts.columns())
+        return cell.columns
+    finally:
+        cell.release()
 
 
 def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset: Preset,
             builds: "BuildCache | None", phases: PhaseClock) -> _Cell:
     """The variant's callable, leaves that require grad, and the counters compiling moves."""
+    referee.pin_timers()                        # before the variant is built (imported, compiled)
     with phases("setup"):
         fn, build = (builds or BuildCache()).get(variant, inputs)
     counts_before = (compiled_graph_count() if variant.compiled else 0, graph_break_count(),
                      fused_attention_count() if variant.compiled else 0,
                      compile_cache.snapshot() if variant.compiled else None)
-    q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
-    kwargs = inputs.call_kwargs()
-    if "sinks" in kwargs:                       # a leaf of its own: the sinks' gradient is checked
-        kwargs["sinks"] = kwargs["sinks"].detach().requires_grad_(True)
-    cell = _Cell(case, variant, inputs, ref, preset, fn, q, k, v, kwargs)
+    # The cell's calls get copies of the input set's tensors (the referee compares them with the
+    # originals after each pass, and a call that writes into its inputs cannot corrupt the next
+    # variant's); the sinks are a leaf of their own (their gradient is checked).
+    q, k, v = (referee.own_copy(t, True) for t in (inputs.q, inputs.k, inputs.v))
+    kwargs = {name: referee.own_copy(t, name == "sinks") if refereeing.is_tensor(t) else t
+              for name, t in inputs.call_kwargs().items()}
+    vault = referee.Vault([ref.golden, *ref.by_alignment.values(), ref.values_moved], (*q.shape[:-1], v.shape[-1]), ref.slices,
+                          refereeing.error_budget(ref, case.dtype), ref.golden.out.device)
+    vault.plant(ref.golden.out)
+    cell = _Cell(case, variant, inputs, ref, preset, vault.guard(fn), q, k, v, kwargs)
+    cell.grad_out = referee.own_copy(inputs.grad_out, False)
+    cell.pristine = dict(q=inputs.q, k=inputs.k, v=inputs.v, grad_out=inputs.grad_out,
+                         **{name: t for name, t in inputs.call_kwargs().items() if refereeing.is_tensor(t)})
+    cell.vault, cell.verdicts = vault, referee.Verdicts()
     cell.phases, cell.sync, cell.build, cell.counts_before = phases, sync_for(case.device), build, counts_before
     cell.n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
     cell.limit_s = math.inf if preset.max_cell_s is None else preset.max_cell_s
@@ -171,7 +215,13 @@ def _first_calls(cell: _Cell) -> None:
     first_out: list = []
 
     def first_forward() -> None:
-        first_out.append(cell.forward())
+        threads = set(threading.enumerate())
+        out = cell.forward()
+        if refereeing.is_tensor(out):                 # as read at return (complete_at_return's), before anything else
+            cell.at_return = out.detach().clone()
+        first_out.append(out)
+        cell.new_threads = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
+        cell.returned_at = referee.clock()
 
     with phases("warmup"):
         try:
@@ -183,8 +233,9 @@ def _first_calls(cell: _Cell) -> None:
                 cell.kwargs["sinks"] = cell.kwargs["sinks"].detach()
             cell.first_fwd = time_call(first_forward, sync=sync)
     check_output(first_out[-1], cell.q, cell.v)
-    with phases("determinism"):
-        cell.repeats.add("out", first_out.pop())
+    cell.first_result = first_out[-1]
+    refereeing.plain_result(cell, cell.first_result, "warm-up forward", [])
+    first_out.pop()                         # held as cell.first_result until complete_at_return reads it again
     m["reason"] = cell.backward_reason and f"forward only: {cell.backward_reason}"
     with phases("numerics"):
         if cell.variant.backend is not None:
@@ -192,8 +243,14 @@ def _first_calls(cell: _Cell) -> None:
                                                      causal=cell.inputs.causal)
         (out, cell.warm_fwd), m["peak_bytes"] = peak_during(lambda: _timed_result(cell.forward, sync),
                                                             cell.case.device)
-        cell.out = out.detach()             # held for the checks and the diagnosis
-        cell.lse = None if cell.last_lse is None else cell.last_lse.detach()
+    with phases("referee"):
+        refereeing.plain_result(cell, out, "numerics forward", [cell.first_result])
+        refereeing.complete_at_return(cell)
+        refereeing.inputs_untouched(cell, "forward")
+    cell.out = out.detach()                 # held for the checks and the diagnosis
+    cell.lse = None if cell.last_lse is None else cell.last_lse.detach()
+    with phases("referee"):
+        refereeing.out_of_reach(cell)
     with phases("determinism"):
         cell.repeats.add("out", cell.out)
     if cell.warm_fwd * (1 + BACKWARD_FLOP_FACTOR) * cell.n_timed > cell.limit_s:
@@ -205,17 +262,19 @@ def _first_calls(cell: _Cell) -> None:
     def first_forward_backward() -> None:
         result = cell.forward()
         first_out.append(result.detach())
-        first_out.append(input_grads(result, cell.leaves(), cell.inputs.grad_out))
+        first_out.append(input_grads(result, cell.leaves(), cell.grad_out))
 
     if cell.backward_reason is None:
         with phases("warmup"):
             cell.first_fb = time_call(first_forward_backward, sync=sync)
+        refereeing.settle_if_incomplete(cell)
         with phases("determinism"):
             cell.repeats.add_grads(first_out.pop())
             cell.repeats.add("out", first_out.pop())
     else:
         with phases("warmup"):
             time_call(first_forward, sync=sync)
+        refereeing.settle_if_incomplete(cell)
         with phases("determinism"):
             cell.repeats.add("out", first_out.pop())
     cell.held_after_warmup = held_bytes(cell.case.device)
@@ -229,6 +288,8 @@ def _gradients(cell: _Cell) -> None:
     with cell.phases("numerics"):
         (cell.grads, cell.warm_fb), cell.columns["peak_fwd_bwd_bytes"] = peak_during(
             lambda: _timed_result(cell.forward_backward, cell.sync), cell.case.device)
+    with cell.phases("referee"):
+        refereeing.inputs_untouched(cell, "backward")
     with cell.phases("determinism"):
         cell.repeats.add_grads(cell.grads)
     run_checks("gradients", cell, cell.phases)
@@ -251,16 +312,27 @@ def _timing(cell: _Cell) -> None:
     if variant.compiled and cell.build.fused is None:
         cell.build.fused = fused_attention_count() > fused_before
     last_grads: list = []
+    last_out: list = [None]
+
+    def timed_forward() -> Any:
+        last_out[0] = out = cell.forward()         # a reference, not a copy: read after the timing
+        return out
 
     def timed_forward_backward() -> None:
         last_grads[:] = [cell.forward_backward()]
 
-    with cell.phases("timed"):
+    with cell.phases("timed"), cell.vault.sealed_for():
         cell.fwd, cell.fb, cell.timer = _time_cell(
-            cell.case, cell.preset, cell.forward, timed_forward_backward if cell.backward_reason is None else None,
+            cell.case, cell.preset, timed_forward, timed_forward_backward if cell.backward_reason is None else None,
             cell.warm_fwd, cell.warm_fb)
+    cell.fenced = cell.timer.pop("fenced_s", None)
+    with cell.phases("referee"):
+        refereeing.inputs_untouched(cell, "timed calls")
+        refereeing.every_call(cell, last_out[0], last_grads[0] if last_grads else None)
+        if cell.fenced:
+            refereeing.stream_gap(cell)
     with cell.phases("determinism"):
-        if last_grads:
+        if last_grads and not cell.verdicts.failed("every_call"):   # skipped work is not nondeterminism
             cell.repeats.add_grads(last_grads.pop())
         cell.columns.update(cell.repeats.columns(), deterministic_algorithms=deterministic_algorithms_enabled())
         cell.repeats.release()
@@ -311,6 +383,8 @@ def _derived(cell: _Cell, ceilings: dict | None, meter: Any) -> None:
         m[key] = golden.saturation[key]
     m["golden_onehot_frac"] = golden.saturation["onehot_frac"]
     m.update(_roofline(case, tq, cell.inputs, fwd, fb, ceilings))
+    with cell.phases("referee"):
+        refereeing.physically_possible(cell, ceilings)
     with cell.phases("energy"):
         m.update(_telemetry(case, cell.forward, fwd, cell.sync, meter, cell.preset))
     if variant.probs is None:       # no weights of its own: the golden's saturation
@@ -352,21 +426,26 @@ def _time_cell(case: Case, preset: Preset, forward: Callable[[], Any],
     sync = sync_for(case.device)
     fallback = None
 
-    def one(fn: Callable[[], Any], estimate: float) -> Samples:
+    fenced: dict[str, float] = {}
+
+    def one(fn: Callable[[], Any], estimate: float, key: str) -> Samples:
         nonlocal fallback
         if case.device == "cuda" and fallback is None:
             try:
                 clock = cuda_clock()
-                return measure_device(fn, estimate_s=estimate, clock=clock,
-                                      min_samples=preset.min_samples, min_time_s=preset.min_time_s,
-                                      before_sample=flush, host_clock=clock.host_clock)
+                samples = measure_device(fn, estimate_s=estimate, clock=clock,
+                                         min_samples=preset.min_samples, min_time_s=preset.min_time_s,
+                                         before_sample=flush, host_clock=clock.host_clock)
+                # the same block of calls with a device-wide fence: work on another stream shows
+                fenced[key] = referee.fenced_time(fn, samples.calls_per_sample, sync, clock=clock.host_clock)
+                return samples
             except DeviceTimingFailed as exc:
                 fallback = str(exc)
         return measure(fn, estimate_s=estimate, min_samples=preset.min_samples,
                        min_time_s=preset.min_time_s, sync=sync, before_sample=flush)
 
-    fwd = one(timed_fwd, warm_fwd)
-    fb = one(timed_fb, warm_fb) if timed_fb is not None else None
+    fwd = one(timed_fwd, warm_fwd, "fwd")
+    fb = one(timed_fb, warm_fb, "fwd_bwd") if timed_fb is not None else None
     blocks = f"{fwd.calls_per_sample}/{fb.calls_per_sample if fb else '-'}"
     if case.device != "cuda":
         clock = "perf_counter"
@@ -377,7 +456,7 @@ def _time_cell(case: Case, preset: Preset, forward: Callable[[], Any],
     timer = (f"{case.device}: {clock}, {method}, blocks of {blocks} calls"
              + (", L2 flushed before each sample" if flush is not None else ""))
     return fwd, fb, {"timer": timer, "l2_flush": flush is not None,
-                     "cuda_graph": method == "cuda-graph replay"}
+                     "cuda_graph": method == "cuda-graph replay", "fenced_s": fenced or None}
 
 
 def _timing_method(case: Case, preset: Preset, forward: Callable[[], Any],

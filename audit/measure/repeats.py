@@ -25,7 +25,7 @@ def bitwise_equal(a: Any, b: Any) -> bool:
     import torch
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return bool(torch.equal(a.contiguous().view(bits), b.contiguous().view(bits)))
 
 
@@ -57,6 +57,20 @@ class Repeats:
             return
         if not bitwise_equal(self._first[name], t):
             self._max_diff[name] = max(self._max_diff.get(name, 0.0), largest_difference(self._first[name], t))
+
+    def differing(self) -> list[str]:
+        """The names whose runs so far were not all bitwise identical."""
+        return list(self._max_diff)
+
+    def first(self, name: str) -> Any:
+        """The held first run of `name` (a copy taken when it was added), or None."""
+        return self._first.get(name)
+
+    def replace_first(self, name: str, tensor: Any) -> None:
+        """Hold another copy as the first run (the referee found the first read incomplete: the
+        later runs are compared with what the call did produce)."""
+        self._first[name] = tensor.detach().clone()
+        self._max_diff.pop(name, None)
 
     def add_grads(self, grads: tuple[Any, Any, Any]) -> None:
         for name, grad in zip(REPEATED_TENSORS[1:], grads):

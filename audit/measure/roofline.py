@@ -44,8 +44,11 @@ ROOFLINE_COLUMNS: tuple[str, ...] = (
 
 def _best_rate(fn: Callable[[], object], work_per_call: float, *, budget_s: float,
                sync: Callable[[], None] | None, warm_s: float,
-               min_block_s: float = 0.02, clock: Callable[[], float] = time.perf_counter) -> float:
-    """Best (max) work/s over repeated blocks of calls, for `budget_s` seconds.
+               min_block_s: float = 0.02, clock: Callable[[], float] = time.perf_counter,
+               spread: list | None = None) -> float:
+    """Best (max) work/s over repeated blocks of calls, for `budget_s` seconds; `spread`, if given,
+    gets the best block's rate over the median block's (the measurement's own noise: the referee's
+    margin for a cell faster than the ceiling).
 
     `fn` is already warmed up; `warm_s` is one warm call's time, used to batch
     short calls into blocks of >= `min_block_s` so the clock and the device sync
@@ -54,6 +57,8 @@ def _best_rate(fn: Callable[[], object], work_per_call: float, *, budget_s: floa
     samples = measure(fn, estimate_s=warm_s, min_samples=1, min_time_s=budget_s, max_samples=10**9,
                       min_block_s=min_block_s, clock=clock, sync=sync)
     fastest = min(samples.per_call_s)
+    if spread is not None and fastest > 0:
+        spread.append(samples.median_s / fastest)
     return work_per_call / fastest if fastest > 0 else 0.0
 
 
@@ -87,7 +92,7 @@ def _grow(make: Callable[[int], Callable[[], object]], size: int, max_size: int,
 
 
 def _matmul_rate(device: str, dtype: str, max_n: int, budget_s: float,
-                 sync: Callable[[], None] | None) -> tuple[float, int, float]:
+                 sync: Callable[[], None] | None, spread: list | None = None) -> tuple[float, int, float]:
     """(FLOP/s, n used, the setup call's seconds) of an n×n @ n×n matmul in `dtype` within `budget_s` seconds.
 
     n starts at MIN_MATMUL_N (or max_n if smaller) and doubles (8x the work) while the
@@ -106,12 +111,31 @@ def _matmul_rate(device: str, dtype: str, max_n: int, budget_s: float,
         return lambda: torch.matmul(a, b)                                             # (n, n)
 
     fn, n, warm, spent, setup = _grow(make, min(MIN_MATMUL_N, max_n), max_n, 2, 8.0, budget_s, sync)
-    rate = _best_rate(fn, 2.0 * n ** 3, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm)
+    rate = _best_rate(fn, 2.0 * n ** 3, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm,
+                      spread=spread)
     return rate, n, setup
 
 
+def matmul_rate_now(device: str, dtype: str, expected_flops_per_s: float | None, *, repeats: int = 3,
+                    target_s: float = 0.01, min_n: int = 512, max_n: int = 8192) -> float:
+    """FLOP/s of one n×n matmul in `dtype`, best of `repeats`, with n sized so one call takes about
+    `target_s` at the expected rate (at least min_n: a call long enough that a busy machine's
+    scheduler and thread barriers cost it little). The referee's second look at a ceiling."""
+    import torch
+
+    from ..workload.inputs import torch_dtype
+    rate = expected_flops_per_s or 1e11
+    n = int(min(max_n, max(min_n, round((target_s * rate / 2) ** (1 / 3) / 64) * 64)))
+    gen = torch.Generator(device=device).manual_seed(1)
+    a = torch.randn(n, n, generator=gen, device=device).to(torch_dtype(dtype))          # (n, n)
+    b = torch.randn(n, n, generator=gen, device=device).to(torch_dtype(dtype))          # (n, n)
+    sync = sync_for(device)
+    best = min(time_call(lambda: torch.matmul(a, b), sync=sync) for _ in range(repeats + 1))
+    return 2.0 * n ** 3 / best if best > 0 else 0.0
+
+
 def _copy_rate(device: str, max_bytes: int, budget_s: float,
-               sync: Callable[[], None] | None) -> tuple[float, int]:
+               sync: Callable[[], None] | None, spread: list | None = None) -> tuple[float, int]:
     """(bytes/s, tensor bytes) of dst.copy_(src), counting bytes read + bytes written; the
     tensor grows from MIN_COPY_BYTES (4x at a time) within the budget, up to max_bytes."""
     import torch
@@ -138,8 +162,8 @@ def _copy_rate(device: str, max_bytes: int, budget_s: float,
         fn, nbytes, warm, spent, _setup = _grow(make, min(MIN_COPY_BYTES, max_bytes), MIN_COPY_BYTES, 4, 4.0,
                                                 budget_s, sync)
     numel = nbytes // 4
-    return _best_rate(fn, 2.0 * numel * 4, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm), \
-        numel * 4
+    return _best_rate(fn, 2.0 * numel * 4, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm,
+                      spread=spread), numel * 4
 
 
 HOST_PROBE_REPEATS = 5
@@ -209,6 +233,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
         "threads": torch.get_num_threads(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "host_probe_s": host_probe_s(),
+        "spread": {},          # per dtype and "copy": best repeat's rate over the median's (the referee's margin)
     }
     share = 0.9 * budget_s / (len(dtypes) + 1)      # 10% left for allocations and the rest
     for dt in dtypes:
@@ -220,7 +245,9 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
             n = defaults.get(dt, 1024)
         out["matmul_n_max"][dt], out["matmul_setup_s"][dt] = n, None
         try:
-            rate, used_n, setup_s = _matmul_rate(device, dt, n, share, sync)
+            spread: list = []
+            rate, used_n, setup_s = _matmul_rate(device, dt, n, share, sync, spread)
+            out["spread"][dt] = spread[0] if spread else None
             if not (math.isfinite(rate) and rate > 0):
                 raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
             out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = rate, used_n
@@ -230,7 +257,9 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
             out["matmul_reason"][dt] = f"{type(exc).__name__}: {exc}"[:500]
     try:
         out["copy_bytes_max"] = copy_bytes or (CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES)
-        rate, used = _copy_rate(device, out["copy_bytes_max"], share, sync)
+        spread = []
+        rate, used = _copy_rate(device, out["copy_bytes_max"], share, sync, spread)
+        out["spread"]["copy"] = spread[0] if spread else None
         if not (math.isfinite(rate) and rate > 0):
             raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
         out["copy_bytes_per_s"], out["copy_tensor_bytes"] = rate, used

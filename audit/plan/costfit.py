@@ -21,8 +21,8 @@ import numpy as np
 from ..core.grid import Case
 from ..core.runfolder import RUN_FILE
 from ..measure.numerics import BACKWARD_FLOP_FACTOR
-from .costmodel import (CALL_WEIGHT_POWER, COMPILED_VARIANTS, CellShape, CostModel, Params, Settings,
-                        call_features, call_variant, cudnn_config, device_type, exposes_weights,
+from .costmodel import (CALL_WEIGHT_POWER, COMPILED_VARIANTS, REFEREE_CALLS, REFEREE_DEFAULT_S, CellShape,
+                        CostModel, Params, Settings, call_features, call_variant, cudnn_config, device_type, exposes_weights,
                         golden_cost_inputs, kernel_key, leak_probe_count, masked_rows_checked, returns_lse)
 
 
@@ -214,7 +214,10 @@ def _explained(row: Any, shape: CellShape, settings: Settings) -> float:
     energy = row.get("energy_window_s")
     energy = energy * 1.03 if isinstance(energy, (int, float)) and energy == energy else 0.0
     lse = settings.lse_checks and returns_lse(shape.case.variant, shape.case.device)   # halves, lse gradient
-    return ((1 + settings.warmup_fwd_calls + lse) * t_f + (1 + settings.warmup_fwd_bwd_calls + lse) * t_fb
+    referee = REFEREE_CALLS if settings.referee else 0                                 # values_follow's forwards
+    referee_s = REFEREE_DEFAULT_S[device_type(shape.case.device)] if settings.referee else 0.0
+    return ((1 + settings.warmup_fwd_calls + lse + referee) * t_f + (1 + settings.warmup_fwd_bwd_calls + lse) * t_fb
+            + referee_s
             + leak_probe_count(shape.case) * t_f
             + compile_s + energy
             + _samples_wall(row, "fwd") + _samples_wall(row, "fwd_bwd"))

@@ -78,6 +78,7 @@ class Settings:
     warmup_fwd_calls: int = 1       # forward warm-up calls besides the numerics call (schema 8 and before: 2) ...
     warmup_fwd_bwd_calls: int = 1   # ... and forward+backward ones (schema 8 and before: 2)
     lse_checks: bool = True         # the lse checks of variants returning one (schema 10 and before: none)
+    referee: bool = True            # the referee's calls and float64 forward (schema 11 and before: none)
     cpu_chunk_bytes: int = 32 * 2**20
     cuda_chunk_bytes: int = 256 * 2**20
 
@@ -98,6 +99,8 @@ class Settings:
         argv = list(run_info.get("argv") or [])
         if "--energy-window-s" in argv:
             base = replace(base, energy_window_s=float(argv[argv.index("--energy-window-s") + 1]))
+        if int(run_info.get("schema", 3)) <= 11:
+            base = replace(base, referee=False)
         if int(run_info.get("schema", 3)) <= 10:
             base = replace(base, lse_checks=False)
         if int(run_info.get("schema", 3)) <= 8:
@@ -125,6 +128,10 @@ HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
 # mistake's float64 forward over the diagnosis slices at this rate. Measured on 2 cores of an AMD
 # EPYC: 11 ms at T=64 (H=4, d=64), 47 ms at T=256 with GQA, 180 ms at T=1024 (one slice).
 DIAGNOSIS_DEFAULT_S = {"cpu": 0.005, "cuda": 0.002}   # cuda: ~10 launches per mistake, unmeasured
+# The referee's own time in a cell besides its calls (the wait for work a call left running, copies,
+# bitwise comparisons): 4-9 ms on quick's CPU cells (2-core Intel Xeon); not fitted (costfit: explained).
+REFEREE_DEFAULT_S = {"cpu": 0.005, "cuda": 0.002}
+REFEREE_CALLS = 2        # the values_follow check's forwards (new values in place; old values in new tensors)
 DIAGNOSIS_FLOPS_PER_S = {"cpu": 3e10, "cuda": 2e13}   # cuda: an H200 at a third of its float64 peak, unmeasured
 
 
@@ -536,6 +543,8 @@ class CostModel:
         seconds = t_f * (1 + leak_probe_count(case)) + t_fb
         if settings.lse_checks and returns_lse(case.variant, dev):   # the merge's halves, the lse's gradient
             seconds += t_f + t_fb
+        if settings.referee:             # its forwards and the rest (its float64 forward: _golden_s)
+            seconds += REFEREE_CALLS * t_f + REFEREE_DEFAULT_S[dev]
         if settings.masked_rows_loop:
             seconds += masked_rows_checked(shape) * self._const("masked_row_s", dev, 0.0)
         if case.variant.startswith(BROKEN_PREFIX):     # made to fail: its cells get a diagnosis
@@ -548,8 +557,12 @@ class CostModel:
         return seconds
 
     def _golden_s(self, shape: CellShape, settings: Settings) -> float:
+        """An input set's float64 golden (with gradients), and with the referee the forward of its
+        shifted values (once per set, shared by its variants)."""
         dev = device_type(shape.case.device)
         _n, flops, chunks = golden_cost_inputs(shape, settings)
+        if settings.referee:
+            flops *= 1 + 1 / (1 + BACKWARD_FLOP_FACTOR)
         return (chunks * self._const("golden_chunk_s", dev, 5e-3)
                 + flops / self._const("golden_flops_per_s", dev, 1e10))
 

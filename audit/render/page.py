@@ -62,10 +62,12 @@ class Anchor:
 @dataclass(frozen=True)
 class Span:
     """Several inline parts in one table cell (a badge and a link, an anchor and a badge);
-    keep_together: one unbroken line in HTML (a short badge and its words)."""
+    keep_together: one unbroken line in HTML (a short badge and its words); struck: shown struck
+    through (a speed the referee found was not of the work)."""
 
     parts: tuple["Inline", ...]
     keep_together: bool = False
+    struck: bool = False
 
     @property
     def text(self) -> str:
@@ -193,7 +195,8 @@ def _markdown_inline(parts: Iterable[Inline], in_table: bool = False) -> str:
     out = []
     for part in parts:
         if isinstance(part, Span):
-            out.append(_markdown_inline(part.parts, in_table))
+            inner = _markdown_inline(part.parts, in_table)
+            out.append(f"~~{inner}~~" if part.struck else inner)
         elif isinstance(part, Anchor):
             out.append(f'<a id="{html.escape(part.name)}"></a>{part.text}')
         elif isinstance(part, Badge) and in_table:
@@ -282,6 +285,7 @@ def _html_inline(parts: Iterable[Inline]) -> str:
     for part in parts:
         if isinstance(part, Span):
             inner = _html_inline(part.parts)
+            inner = f"<s>{inner}</s>" if part.struck else inner
             out.append(f'<span class="keep">{inner}</span>' if part.keep_together else inner)
         elif isinstance(part, Anchor):
             out.append(f'<span id="{html.escape(part.name)}">{html.escape(part.text)}</span>')

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..analysis.findings import FINFO_MIN_SCENARIO
 from ..core.defects import REPEATED_TENSORS
+from ..core.referee import refereed
 from ..workload.inputs import MASK_KIND_LABELS, mask_kind
 from ..workload.variants import VERDICT_BASELINE
 from .data import (BASELINE_VARIANT, MATCH_AXES, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, SEVERITY_ORDER,
@@ -178,7 +179,7 @@ def verdict_rows(frame: pd.DataFrame, baseline: str = VERDICT_BASELINE) -> pd.Da
     and fwd_bwd_memory (variant peak / baseline peak; below 1 is smaller), the matched cells of
     each, masked_rows and determinism (text). The baseline itself reads 1 with its own cell count."""
     columns = ["variant", "speedup", "fwd_cells", "fwd_bwd_speedup", "fwd_bwd_cells", "memory", "memory_cells",
-               "fwd_bwd_memory", "fwd_bwd_memory_cells", "masked_rows", "determinism"]
+               "fwd_bwd_memory", "fwd_bwd_memory_cells", "masked_rows", "determinism", "refereed"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
     measured = _real_variants(ok_rows(frame))
@@ -210,6 +211,7 @@ def verdict_rows(frame: pd.DataFrame, baseline: str = VERDICT_BASELINE) -> pd.Da
         own = frame[frame["variant"] == variant]
         row["masked_rows"] = masked_rows_text(ok_rows(own))
         row["determinism"] = determinism_text(own)
+        row["refereed"] = any(refereed(r) for r in ok_rows(own).to_dict("records"))
         out.append(row)
     table = pd.DataFrame(out, columns=columns)
     order = table["speedup"].map(lambda s: -s if s is not None and pd.notna(s) else math.inf)
@@ -229,6 +231,27 @@ def _cells_value(row: pd.Series) -> Inline | int:
 
 
 GRADIENT_CHECK = "grad_error_budget"      # analysis.findings: gradients outside their budget
+REFEREE_CHECK = "referee"                 # analysis.findings: a referee check failed (not doing the work)
+
+
+def referee_findings(findings: list[dict] | None) -> dict[str, list[tuple[dict, str]]]:
+    """variant -> its referee findings and their anchors: its speed was not measured doing the work,
+    so it is shown struck through and never recommended."""
+    out: dict[str, list[tuple[dict, str]]] = {}
+    for f, a in anchored_findings(findings):
+        if f.get("check") == REFEREE_CHECK:
+            out.setdefault(str(f.get("variant")), []).append((f, a))
+    return out
+
+
+def referee_text(variant: str, refereed: set[str], failed: dict[str, list[tuple[dict, str]]]) -> Inline:
+    """The verdict's referee column: 'passed', the failed checks linked, or 'not refereed'."""
+    if variant in failed:
+        parts: list[Inline] = ["failed: "]
+        for i, (finding, anchor) in enumerate(failed[variant]):
+            parts += ([", "] if i else []) + [Link(str(finding.get("referee_check") or "referee"), "#" + anchor)]
+        return Span(tuple(parts))
+    return "passed" if variant in refereed else "not refereed"
 
 
 def gradient_findings(findings: list[dict] | None) -> dict[str, tuple[dict, str]]:
@@ -242,12 +265,19 @@ def verdict_display(rows: pd.DataFrame, findings: list[dict] | None, baseline: s
     whose gradients are outside their budget reads "not for training" for forward+backward."""
     worst = worst_findings(findings)
     wrong_grads = gradient_findings(findings)
+    gamed = referee_findings(findings)
+    checked = set(rows.loc[rows["refereed"].astype(bool), "variant"]) if "refereed" in rows else set()
+
+    def speed(row: pd.Series, column: str) -> Inline:
+        """A speed ratio; struck through where the referee found the variant not doing the work."""
+        text = ratio(row, column, False)
+        return Span((text,), keep_together=True, struck=True) if row["variant"] in gamed else _unbroken(text)
 
     def fwd_bwd_cell(row: pd.Series) -> Inline:
         if row["variant"] in wrong_grads:
             finding, anchor = wrong_grads[row["variant"]]
             return Span(("not for training: ", Link("wrong gradients", "#" + anchor)), keep_together=True)
-        return _unbroken(ratio(row, "fwd_bwd_speedup", False))
+        return speed(row, "fwd_bwd_speedup")
 
     def finding_cell(variant: str) -> Inline:
         if findings is None:
@@ -265,7 +295,7 @@ def verdict_display(rows: pd.DataFrame, findings: list[dict] | None, baseline: s
     records = [r for _, r in rows.iterrows()]
     return pd.DataFrame({
         "variant": rows["variant"],
-        f"fwd vs {baseline}": [_unbroken(ratio(r, "speedup", False)) for r in records],
+        f"fwd vs {baseline}": [speed(r, "speedup") for r in records],
         f"fwd+bwd vs {baseline}": [fwd_bwd_cell(r) for r in records],
         "peak fwd": [_unbroken(ratio(r, "memory", True)) for r in records],
         "peak fwd+bwd": [_unbroken(ratio(r, "fwd_bwd_memory", True)) for r in records],
@@ -273,6 +303,7 @@ def verdict_display(rows: pd.DataFrame, findings: list[dict] | None, baseline: s
         "worst finding": [finding_cell(v) for v in rows["variant"]],
         "fully masked rows": [_unbroken(t) for t in rows["masked_rows"]],
         "3 runs": [_unbroken(t) for t in rows["determinism"]],
+        "referee": [referee_text(v, checked, gamed) for v in rows["variant"]],
     })
 
 
@@ -376,7 +407,10 @@ def recommendations(frame: pd.DataFrame, findings: list[dict] | None) -> list[Re
                 elsewhere: dict[str, tuple[dict, str]] = {}
                 for finding, anchor, cells in errors:
                     variant = str(finding.get("variant"))
-                    if variant in chosen and variant not in flagged and cells & scope_ids.get(variant, set()):
+                    # a referee finding anywhere rules the variant out everywhere: it was not measured
+                    # doing the work, so no cell of it is evidence
+                    anywhere = finding.get("check") == REFEREE_CHECK
+                    if variant in chosen and variant not in flagged and (anywhere or cells & scope_ids.get(variant, set())):
                         flagged[variant] = (finding, anchor)
                     elif variant in chosen:
                         elsewhere.setdefault(variant, (finding, anchor))
@@ -478,7 +512,9 @@ def verdict_section(frame: pd.DataFrame, findings: list[dict] | None) -> list[Bl
     blocks += [
         para(f"Against {baseline}{instead}: geometric means over matched cells (scenario ", Mono(NORMAL_SCENARIO),
              "). 3 runs: out, dq, dk, dv bitwise identical on the same inputs. Forward+backward is judged by "
-             "the gradient budget too: a variant whose gradients are outside it is not for training."),
+             "the gradient budget too: a variant whose gradients are outside it is not for training. Referee: "
+             "whether every call did the work it was timed for (docs/generated-kernels.md); a variant that "
+             "fails a referee check has its speed struck through and is never recommended."),
         Table(verdict_display(rows, findings, baseline)),
     ]
     unrun = [v for v in _real_variants(frame) if v not in real]

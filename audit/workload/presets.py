@@ -77,6 +77,8 @@ GPU_STABILITY_SCENARIOS: tuple[str, ...] = (
 LSE_VARIANTS: tuple[str, ...] = ("flash_op", "flex_eager")
 CUDA_LSE_OPS: tuple[str, ...] = ("efficient_op", "cudnn_op")   # the same for the CUDA-only SDPA ops
 LSE_SCENARIOS: tuple[str, ...] = ("normal", "padding", "fully_masked_bool", "cross_causal", "sinks")
+# The referee's control that only its physically_possible check catches (a cache as fast as a copy).
+REFEREE_SPEED_CONTROL = "broken.value_cache"
 # pytorch/pytorch#196678: cuDNN's masked kernels broke at T ≡ 64 (mod 128)
 GPU_ODD_SEQ_LEN = 1088
 
@@ -102,6 +104,7 @@ class _VariantSets:
     gqa_controls: tuple[str, ...]
     value_controls: tuple[str, ...] = ()   # the controls whose defect shows on value scenarios only
     value_reveals: tuple[str, ...] = ()    # those scenarios (their Variant.reveals)
+    referee_controls: tuple[str, ...] = ()  # the referee's controls (right values, one trick each): their own cells
 
     @property
     def every(self) -> tuple[str, ...]:
@@ -118,17 +121,30 @@ class _VariantSets:
         return dict(variant=self.every, device=("cpu",), dtype=("fp32",), d_k=(32,), seq_len=(128,),
                     batch=(1,), heads=(2,), causal=(False,), scenario=VALUE_SCENARIOS)
 
+    def referee_cells(self, dtypes: tuple[str, ...]) -> tuple[dict, ...]:
+        """The referee's controls on the cells that show their tricks: normal inputs, causal or not,
+        in `dtypes`; the one caught by physically_possible alone (broken.value_cache, a cache as fast
+        as a copy) where 1 GFLOP of fp32 matmuls takes milliseconds on any CPU (d_k 64, T 1024, 4 heads)."""
+        fast = tuple(c for c in self.referee_controls if c == REFEREE_SPEED_CONTROL)
+        tricks = tuple(c for c in self.referee_controls if c not in fast)
+        grids = (dict(variant=tricks, device=("cpu",), dtype=dtypes, d_k=(32,), seq_len=(64,), batch=(1,),
+                      heads=(2,), causal=(False, True), scenario=("normal",)),)
+        if fast:
+            grids += (dict(variant=fast, device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(1024,), batch=(1,),
+                           heads=(4,), causal=(False,), scenario=("normal",)),)
+        return grids
+
     @classmethod
     def of_registry(cls) -> "_VariantSets":
         # no torch import at module level
-        from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS, builtin_variants
+        from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS, REFEREE_CONTROL_NAMES, builtin_variants
         # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
         variants = tuple(v for v in BUILTIN_NAMES if v != "flex" and v not in LSE_VARIANTS + CUDA_LSE_OPS)
-        controls = tuple(c for c in NEGATIVE_CONTROLS if c not in GQA_CONTROLS)
+        controls = tuple(c for c in NEGATIVE_CONTROLS if c not in GQA_CONTROLS + REFEREE_CONTROL_NAMES)
         reveals = {c: builtin_variants()[c].reveals for c in controls}
         value_controls = tuple(c for c in controls if reveals[c] and set(reveals[c]) <= set(VALUE_SCENARIOS))
         value_reveals = tuple(dict.fromkeys(s for c in value_controls for s in reveals[c]))
-        return cls(variants, controls, GQA_CONTROLS, value_controls, value_reveals)
+        return cls(variants, controls, GQA_CONTROLS, value_controls, value_reveals, REFEREE_CONTROL_NAMES)
 
 
 def _quick(sets: _VariantSets) -> Preset:
@@ -162,6 +178,7 @@ def _quick(sets: _VariantSets) -> Preset:
                  dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,), heads=(2,),
                  causal=(False, True), scenario=REPORTED_SCENARIOS),
             sets.value_shortcuts(),
+            *sets.referee_cells(("fp32", "bf16")),
         ),
         # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
         min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5,
@@ -198,6 +215,7 @@ def _cpu(sets: _VariantSets) -> Preset:
                  seq_len=(1024,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1), causal=(False, True),
                  scenario=("normal",)),
             sets.value_shortcuts(),
+            *sets.referee_cells(("fp32", "bf16", "fp16")),
         ),
         min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0,
     )
@@ -212,12 +230,13 @@ def _gpu(sets: _VariantSets) -> Preset:
                     "bf16 at d_k 64-256, fp16/fp32 at d_k 128, plus scenarios at T=1024 and masked "
                     f"cells at T={GPU_ODD_SEQ_LEN} (≡ 64 mod 128)",
         grids=(
-            *(dict(variant=uncompiled, device=("cuda",), dtype=("bf16",), d_k=(64, 128, 256),
-                   seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
-                   scenario=("normal",)) for t in GPU_SEQ_LENS),
-            *(dict(variant=uncompiled, device=("cuda",), dtype=("fp16",), d_k=(128,),
-                   seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True),
-                   scenario=("normal",)) for t in GPU_SEQ_LENS),
+            # the math backend (0.1 s a call at T 16384, its 16384² scores) up to T 8192, which shows the same
+            *(dict(variant=tuple(v for v in uncompiled if t < 16384 or v != "sdpa_math"), device=("cuda",),
+                   dtype=("bf16",), d_k=(64, 128, 256), seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,),
+                   causal=(False, True), scenario=("normal",)) for t in GPU_SEQ_LENS),
+            *(dict(variant=tuple(v for v in uncompiled if t < 16384 or v != "sdpa_math"), device=("cuda",),
+                   dtype=("fp16",), d_k=(128,), seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,),
+                   causal=(False, True), scenario=("normal",)) for t in GPU_SEQ_LENS),
             # fp32 up to T 8192; the math backend (5 s a cell there, its 8192² fp32 scores) only
             # up to T 2048, which shows the same
             *(dict(variant=tuple(v for v in uncompiled if t < 8192 or v != "sdpa_math"), device=("cuda",),

@@ -42,7 +42,9 @@ from .controls import (BACKWARD_CONTROLS, LSE_CONTROLS, broken_lse_base2, broken
                        broken_backward_dq_scale_missing, broken_backward_rowsum_d_missing, kv_tiled)
 from .eager import (_from_probs, eager_attention, eager_fp32_attention, eager_fp32_lse_attention,  # noqa: F401
                     eager_fp32_probs, eager_lse_attention, eager_probs, kv_for_queries)
+from . import referee_controls
 from .inputs import causal_keep
+from .referee_controls import REFEREE_CONTROLS
 from .lse_kernels import _cuda_lse_op, _flash_op, apply_sinks_by_lse  # noqa: F401  (apply_sinks_by_lse: measure uses it)
 from .lse_kernels import fold_causal as _fold_causal
 
@@ -400,6 +402,14 @@ def _builtins() -> dict[str, Variant]:
                              (lambda a=attention: a), family="broken", probs=probs, lse_on=both,
                              unsupported={"score_mod": "its hand-written form takes no score modification"},
                              requires=needs_sinks, reveals=reveals))
+    for name, (check, doc) in REFEREE_CONTROLS.items():
+        # right values when checked once, one trick each: only the referee's `check` can flag them
+        attention = getattr(referee_controls, f"broken_{name}")
+        specs.append(Variant(BROKEN_PREFIX + name, f"NEGATIVE CONTROL (referee: {check}): {doc}",
+                             (lambda a=attention: a), family="broken",
+                             unsupported={"score_mod": "it games its benchmark with SDPA, which has no score "
+                                                       "modification", "sinks": SDPA_NO_SINKS},
+                             reveals=("normal",)))
     return {v.name: v for v in specs}
 
 
@@ -414,7 +424,9 @@ NEGATIVE_CONTROLS: tuple[str, ...] = (
     "broken.no_max_subtraction", "broken.softmax_wrong_dim", "broken.zero_keys_as_padding",
     "broken.gqa_wrong_head", "broken.backward_rowsum_d_missing", "broken.backward_dq_scale_missing",
     "broken.sink_ignored", "broken.lse_base2", "broken.lse_no_grad",
+    *(BROKEN_PREFIX + name for name in REFEREE_CONTROLS),
 )
+REFEREE_CONTROL_NAMES: tuple[str, ...] = tuple(BROKEN_PREFIX + name for name in REFEREE_CONTROLS)
 GQA_CONTROLS: tuple[str, ...] = ("broken.gqa_wrong_head",)   # run (and flagged) on GQA cells only
 
 

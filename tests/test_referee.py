@@ -1,0 +1,262 @@
+"""The referee (measure/referee.py, core/referee.py): each check catches its negative control and
+nothing else does; a kernel that does the work passes every check (built-ins: tests/test_gqa.py,
+transformers' functions: tests/test_hf.py, declared stand-ins: tests/test_adapt.py); each
+mechanism on inputs that must trigger it and on inputs that must not."""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import time
+
+import pytest
+import torch
+
+from audit.analysis.findings import compute_findings
+from audit.core.grid import Case
+from audit.core.records import to_frame
+from audit.core.referee import REFEREE_CHECKS, column, failed_checks, refereed
+from audit.execute import runner
+from audit.measure import cellcache, measurement, referee
+from audit.measure.reference import golden_attention
+from audit.workload import presets, variants
+from audit.workload.referee_controls import REFEREE_CONTROLS
+from tests.fake_gpu import FakeGPU
+
+# At least 3 timed samples per pass: the warm-up detector (skips_after_warmup) starts skipping
+# after the calls a cell makes before its timing, so its last timed call is one it skipped.
+PRESET = dataclasses.replace(presets.presets()["quick"], min_samples=3, min_time_s=0.0, max_cell_s=None)
+
+
+def run(cases, ceilings=None):
+    cache = cellcache.InputCache()
+    return {c.id: runner.run_cell(c, cache, PRESET, {}, ceilings=ceilings) for c in cases}
+
+
+# --------------------------------------------------------------------------- the controls, end to end
+
+@pytest.fixture(scope="module")
+def control_run():
+    """Every referee control but value_cache on fp32 and bf16 cells (T 64, causal and not) beside
+    sdpa; no ceilings (physically_possible: tests below)."""
+    cases = [Case(v, "cpu", dtype, 32, 64, 1, 2, causal, "normal")
+             for v in [f"broken.{n}" for n in REFEREE_CONTROLS if n != "value_cache"] + ["sdpa"]
+             for dtype in ("fp32", "bf16") for causal in (False, True)]
+    recs = run(cases)
+    return recs, compute_findings(to_frame(list(recs.values())))
+
+
+@pytest.mark.parametrize("name", [n for n in REFEREE_CONTROLS if n != "value_cache"])
+def test_each_control_is_caught_by_its_own_check_and_by_no_other(control_run, name):
+    recs, found = control_run
+    check = REFEREE_CONTROLS[name][0]
+    mine = [r for r in recs.values() if r["variant"] == f"broken.{name}"]
+    assert mine and all(r["status"] == "ok" for r in mine), [(r["id"], r["reason"]) for r in mine]
+    for r in mine:
+        assert failed_checks(r) == [check], (r["id"], r["referee_detail"])
+        assert r["referee_detail"][check]
+    errors = [f for f in found if f["variant"] == f"broken.{name}" and f["severity"] != "info"]
+    assert [(f["check"], f.get("referee_check")) for f in errors] == [("referee", check)], errors
+    assert f"referee's {check} check in 4 of 4 cell(s)" in errors[0]["message"]
+
+
+def test_sdpa_beside_the_controls_passes_every_check(control_run):
+    recs, found = control_run
+    mine = [r for r in recs.values() if r["variant"] == "sdpa"]
+    assert all(refereed(r) and not failed_checks(r) for r in mine), [r["referee_detail"] for r in mine]
+    assert not [f for f in found if f["variant"] == "sdpa" and f["severity"] == "error"]
+
+
+def test_the_patched_timer_is_put_back_for_the_next_cell(control_run):
+    assert not referee.timers_changed()
+    assert time.perf_counter is referee._PRISTINE_TIMERS_CLOCK
+
+
+def test_a_cache_faster_than_the_machine_is_caught_by_physically_possible_alone():
+    """value_cache returns a copy of an earlier output for inputs it saw (compared in full): right on
+    every call, and faster than 1 GFLOP of fp32 matmuls. The run's ceilings here are 1000x too low
+    (1 GFLOP/s): every cell looks impossible against them, and is judged against a matmul measured
+    again now, so sdpa passes."""
+    low = {"matmul_flops_per_s": {"fp32": 1e9, "bf16": 1e9, "fp16": 1e9}, "copy_bytes_per_s": 1e9}
+    cases = [Case(v, "cpu", "fp32", 64, 1024, 1, 4, False, "normal") for v in ("sdpa", "broken.value_cache")]
+    recs = run(cases, ceilings={"cpu": low})
+    sdpa, cache = (recs[c.id] for c in cases)
+    assert sdpa["status"] == cache["status"] == "ok"
+    assert sdpa[column("physically_possible")] is True and not failed_checks(sdpa), sdpa["referee_detail"]
+    assert failed_checks(cache) == ["physically_possible"], cache["referee_detail"]
+    assert "faster than this machine can compute it" in cache["referee_detail"]["physically_possible"]
+    assert "measured again now" in cache["referee_detail"]["physically_possible"]
+
+
+# --------------------------------------------------------------------------- the mechanisms
+
+def test_verdicts_fail_once_failed_and_keep_what_was_seen():
+    v = referee.Verdicts()
+    v.judge("every_call", True)
+    v.judge("every_call", False, "the last call differed")
+    v.judge("every_call", True)
+    v.judge("plain_result", None)
+    cols = v.columns()
+    assert cols[column("every_call")] is False and cols[column("plain_result")] is None
+    assert cols["referee_detail"] == {"every_call": "the last call differed"}
+    assert set(cols) == {column(n) for n in REFEREE_CHECKS} | {"referee_detail"}
+    with pytest.raises(ValueError, match="unknown referee check"):
+        v.judge("no_such_check", False)
+
+
+def _golden(tq=16, d=8):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, tq, d, generator=gen) for _ in range(3))
+    return golden_attention(q, k, v, grad_out=torch.randn(1, 2, tq, d, generator=gen))
+
+
+def test_the_vault_hides_the_golden_from_a_search_and_gives_it_back_bit_for_bit():
+    golden = _golden()
+    before = {name: getattr(golden, name).clone() for name in ("out", "dq", "dk", "dv", "lse")}
+    vault = referee.Vault([golden], tuple(golden.out.shape), None, budget=1e-3, device="cpu")
+    vault.plant(golden.out)
+
+    def float64_of_out_shape():
+        return [o for o in gc.get_objects() if type(o) is torch.Tensor and o.dtype == torch.float64
+                and tuple(o.shape) == tuple(golden.out.shape)]
+    assert any(t is golden.out for t in float64_of_out_shape())
+    with vault.sealed_for():
+        found = float64_of_out_shape()
+        assert golden.out.dtype == torch.int64 and not any(t is golden.out for t in found)
+        assert any(t is vault.decoy for t in found)          # what a search finds: the decoy
+    for name, value in before.items():
+        assert getattr(golden, name).dtype == torch.float64
+        assert torch.equal(getattr(golden, name).view(torch.int64), value.view(torch.int64)), name
+
+
+def test_the_decoy_check_catches_a_copy_and_passes_an_honest_error():
+    golden = _golden(tq=64, d=16)
+    budget = 4e-3
+    vault = referee.Vault([golden], tuple(golden.out.shape), None, budget=budget, device="cpu")
+    vault.plant(golden.out)
+    copied = vault.decoy.to(torch.bfloat16)                                   # a kernel returning it
+    ok, seen = vault.clear_of_decoy(copied, golden.out, None)
+    assert ok is False and "copied a reference" in seen
+    honest = (golden.out + budget * torch.randn(golden.out.shape, generator=torch.Generator().manual_seed(5),
+                                                dtype=torch.float64)).to(torch.bfloat16)
+    assert vault.clear_of_decoy(honest, golden.out, None)[0] is True
+    assert vault.clear_of_decoy(golden.out.to(torch.bfloat16), golden.out, None)[0] is True
+
+
+def test_an_output_that_does_not_move_with_new_values_fails_and_nan_is_no_wildcard():
+    before = torch.zeros(1, 2, 8, 4)
+    golden_move = torch.zeros(1, 2, 8, 4, dtype=torch.float64)
+    golden_move[..., -1] = referee.VALUES_SHIFT
+    rows = torch.ones(1, 1, 8, dtype=torch.bool)
+    moved = before + golden_move.float() + 1e-3
+    assert referee.follows_move(moved, before, golden_move, rows)[0] is True
+    assert referee.follows_move(before.clone(), before, golden_move, rows)[0] is False     # stale
+    nan = moved.clone()
+    nan[0, 0, 0, 0] = math.nan
+    assert referee.follows_move(nan, before, golden_move, rows)[0] is False
+
+
+def test_shifted_values_change_one_feature_at_inner_keys_only():
+    v = torch.randn(1, 2, 8, 4)
+    v2 = referee.shifted_values(v)
+    changed = (v2 != v)
+    assert changed[..., 1:-1, -1].all() and int(changed.sum()) == 2 * 6
+    assert torch.equal(v2[..., 0, :], v[..., 0, :]) and torch.equal(v2[..., -1, :], v[..., -1, :])
+
+
+def test_a_write_into_an_input_is_named_and_undone():
+    pristine = {"q": torch.randn(2, 3), "mask": torch.ones(2, 3, dtype=torch.bool)}
+    q, mask = pristine["q"].clone(), pristine["mask"].clone()
+    current = [("q", q), ("mask", mask)]
+    assert referee.changed_inputs(current, pristine) == []
+    q.view(torch.int32)[0, 0] ^= 1                                              # one bit
+    mask[1, 2] = False
+    assert referee.changed_inputs(current, pristine) == ["q", "mask"]
+    referee.restore(current, pristine, ["q", "mask"])
+    assert referee.changed_inputs(current, pristine) == []
+    nan = torch.full((2,), math.nan)
+    assert referee.changed_inputs([("x", nan.clone())], {"x": nan}) == []       # the same NaN bits
+
+
+def test_a_plain_result_owns_its_memory():
+    q = torch.randn(2, 4)
+    assert referee.plain_problems(q.clone(), [("q", q)], [], "out") == []
+    assert "subclass" in referee.plain_problems(q.clone().as_subclass(type("Lazy", (torch.Tensor,), {})),
+                                                [], [], "out")[0]
+    assert "shares memory with the input q" in referee.plain_problems(q[1:], [("q", q)], [], "out")[0]
+    previous = torch.randn(2, 4)
+    assert "previous call's output" in referee.plain_problems(previous.view(8), [], [previous], "out")[0]
+
+
+def test_a_patched_clock_or_timing_function_is_found_and_put_back(monkeypatch):
+    from audit.measure import timing
+    referee.pin_timers()
+    assert referee.timers_changed() == []
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() / 2)
+    assert referee.timers_changed() == ["time.perf_counter"]
+    referee.restore_timers()
+    assert time.perf_counter is real and referee.timers_changed() == []
+    code = timing.time_call.__code__
+    timing.time_call.__code__ = (lambda fn, *, clock=None, sync=None: 0.0).__code__
+    try:
+        # the function and the name the measuring code imported it by: one object, both named
+        assert referee.timers_changed() == ["audit.measure.timing.time_call", "audit.measure.measurement.time_call"]
+    finally:
+        referee.restore_timers()
+    assert timing.time_call.__code__ is code
+
+
+def test_a_pass_faster_than_the_ceiling_is_impossible_unless_a_fresh_ceiling_allows_it():
+    gflop = 1e9
+    ok, seen = referee.physical_verdict("the forward", 1e-3, gflop, 1e6, 1e12, 1e11, None)
+    assert ok is True and seen == ""                                     # at 100% of the limit
+    ok, seen = referee.physical_verdict("the forward", 1e-4, gflop, 1e6, 1e12, 1e11, None)
+    assert ok is False and "10x faster than this machine can compute it" in seen and "margin 1.25x" in seen
+    # within the ceiling's own spread (best repeat 1.5x the median): a wider margin
+    assert referee.physical_verdict("the forward", 6e-4, gflop, 1e6, 1e12, 1e11, 1.5)[0] is True
+    # a ceiling measured while the machine was busy, corrected by one measured again now
+    assert referee.physical_verdict("the forward", 1e-4, gflop, 1e6, 1e12, 1e11, None,
+                                    recheck=lambda: (1e13, None))[0] is True
+    # bytes bind only past the caches
+    big = 4 * referee.CACHE_BYTES
+    ok, seen = referee.physical_verdict("the forward", 1e-3, 1.0, big, 1e15, 1e11, None)
+    assert ok is False and "MiB at" in seen
+    assert referee.physical_verdict("the forward", 1e-6, 1.0, 1e6, 1e15, 1e11, None)[0] is True
+
+
+def test_visible_pairs_count_the_keys_each_query_must_see():
+    from audit.workload.inputs import make_inputs
+    full = make_inputs(Case("sdpa", "cpu", "fp32", 8, 16, 2, 2, False, "normal"))
+    causal = make_inputs(Case("sdpa", "cpu", "fp32", 8, 16, 2, 2, True, "normal"))
+    assert referee.visible_pairs(full) == 2 * 2 * 16 * 16
+    assert referee.visible_pairs(causal) == 2 * 2 * 16 * 17 // 2
+
+
+def test_work_left_on_another_stream_shows_against_the_device_wide_fence(monkeypatch):
+    """The fake GPU: a kernel that queues 200 µs on the timed stream and 800 µs more on another one.
+    Its events read 0.2 ms; the device-wide fence reads the other stream's 0.8 ms a call (the two
+    streams overlap), and the cell is judged on it."""
+    gpu = FakeGPU()
+    monkeypatch.setattr(measurement, "cuda_clock", lambda: gpu)
+    monkeypatch.setattr(measurement, "sync_for", lambda device: gpu.synchronize)
+    case = Case("sdpa_cudnn", "cuda", "bf16", 128, 1024, 2, 16, False, "normal")
+    preset = dataclasses.replace(PRESET, min_samples=5, min_time_s=0.01)
+    honest = gpu.kernel(device_s=200e-6, host_s=20e-6)
+    fwd, _fb, timer = measurement._time_cell(case, preset, honest, None, 220e-6, 0.0)
+    assert not referee.other_stream_gap(timer["fenced_s"]["fwd"], fwd.median_s, fwd.host_median_s)
+    sneaky = gpu.side_kernel(device_s=200e-6, side_s=800e-6, host_s=20e-6)
+    fwd, _fb, timer = measurement._time_cell(case, preset, sneaky, None, 220e-6, 0.0)
+    assert fwd.median_s == pytest.approx(200e-6)
+    fenced = timer["fenced_s"]["fwd"]
+    assert fenced == pytest.approx(0.8e-3, rel=0.05)
+    assert referee.other_stream_gap(fenced, fwd.median_s, fwd.host_median_s)
+
+
+def test_every_control_is_registered_with_the_check_it_is_for():
+    table = variants.builtin_variants()
+    for name, (check, _doc) in REFEREE_CONTROLS.items():
+        assert check in REFEREE_CHECKS
+        v = table[f"broken.{name}"]
+        assert v.family == "broken" and f"referee: {check}" in v.description and v.reveals == ("normal",)
+    assert {c for c, _ in REFEREE_CONTROLS.values()} == set(REFEREE_CHECKS)    # one per check at least
