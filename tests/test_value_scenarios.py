@@ -13,7 +13,7 @@ from audit.measure import cellcache
 from audit.workload import inputs, presets
 from audit.workload.inputs import (SPARSE_DENSITY, UNIFORM_BOUND, constant_key_heads, make_inputs, mask_kind,
                                    scenario_mask_kind, zero_key_positions, zero_query_rows)
-from audit.workload.variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS, builtin_variants
+from audit.workload.variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS, builtin_variants, REFEREE_CONTROL_NAMES
 
 VALUE_SCENARIOS = ("uniform", "heavy_tailed", "constant_rows", "sparse")
 # B 2, H 4, T 128, d 32: 32768 entries in each of q, k and v
@@ -165,9 +165,10 @@ def test_correct_variants_are_within_budget_on_every_value_scenario(scenario):
 def test_the_quick_and_cpu_presets_run_the_value_scenarios_for_every_variant_and_control():
     table = presets.presets()
     # every built-in but flex and the LSE-only ops (their own sub-grids), compiled ones included; every
-    # control but the GQA ones (on GQA cells only)
+    # control but the GQA ones (on GQA cells only) and the referee's (right values: their own cells)
     own = ("flex",) + presets.LSE_VARIANTS + presets.CUDA_LSE_OPS
-    expected = {v for v in BUILTIN_NAMES if v not in own} | set(NEGATIVE_CONTROLS) - set(GQA_CONTROLS)
+    expected = ({v for v in BUILTIN_NAMES if v not in own} | set(NEGATIVE_CONTROLS)) - set(GQA_CONTROLS) \
+        - set(REFEREE_CONTROL_NAMES)
     assert {"compiled", "sdpa", "broken.zero_keys_as_padding"} <= expected
     for name in ("quick", "cpu"):
         cells = presets.preset_cases(table[name])

@@ -185,8 +185,8 @@ def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset
     q, k, v = (referee.own_copy(t, True) for t in (inputs.q, inputs.k, inputs.v))
     kwargs = {name: referee.own_copy(t, name == "sinks") if refereeing.is_tensor(t) else t
               for name, t in inputs.call_kwargs().items()}
-    vault = referee.Vault([ref.golden, *ref.by_alignment.values(), ref.values_moved], (*q.shape[:-1], v.shape[-1]), ref.slices,
-                          refereeing.error_budget(ref, case.dtype), ref.golden.out.device)
+    vault = referee.Vault([ref.golden, *ref.by_alignment.values(), ref.values_moved], (*q.shape[:-1], v.shape[-1]),
+                          ref.slices, refereeing.error_budget(ref, case.dtype))
     vault.plant(ref.golden.out)
     cell = _Cell(case, variant, inputs, ref, preset, vault.guard(fn), q, k, v, kwargs)
     cell.grad_out = referee.own_copy(inputs.grad_out, False)
@@ -385,7 +385,7 @@ def _derived(cell: _Cell, ceilings: dict | None, meter: Any) -> None:
     m.update(_roofline(case, tq, cell.inputs, fwd, fb, ceilings))
     with cell.phases("referee"):
         refereeing.physically_possible(cell, ceilings)
-    with cell.phases("energy"):
+    with cell.phases("energy"), cell.vault.sealed_for():      # the goldens out of reach, as in the timed calls
         m.update(_telemetry(case, cell.forward, fwd, cell.sync, meter, cell.preset))
     if variant.probs is None:       # no weights of its own: the golden's saturation
         m.update({key: golden.saturation[key] for key in ("max_prob", "entropy", "min_entropy", "onehot_frac")})

@@ -26,6 +26,8 @@ import types
 from typing import Any, Callable, Iterator
 
 from ..core.referee import REFEREE_CHECKS, column
+from .reference import visibility
+from .repeats import bitwise_equal
 
 # ---------------------------------------------------------------------------- results
 
@@ -59,12 +61,6 @@ class Verdicts:
 
 
 # ---------------------------------------------------------------------------- tensors
-
-def bitwise_equal(a: Any, b: Any) -> bool:
-    """Same shape, dtype and bits (NaN equal only to the same NaN: never a wildcard)."""
-    from .repeats import bitwise_equal as same_bits
-    return same_bits(a, b)
-
 
 def shares_memory(a: Any, b: Any) -> bool:
     """Whether two tensors live in the same storage (a view of the other, or both of one buffer)."""
@@ -315,13 +311,12 @@ class Vault:
     DECOY_SHARE × the error budget × a random sign per element, elsewhere 0.
     """
 
-    def __init__(self, goldens: list[Any], out_shape: tuple[int, ...], slices: Any, budget: float,
-                 device: Any) -> None:
+    def __init__(self, goldens: list[Any], out_shape: tuple[int, ...], slices: Any, budget: float) -> None:
         import torch
         self._tensors = _float64_tensors(goldens)
         self._key = secrets.randbits(62) | 1
         self.sealed = False
-        self._out_shape, self._slices, self._device = tuple(out_shape), slices, device
+        self._out_shape, self._slices = tuple(out_shape), slices
         self.offset = DECOY_SHARE * budget if budget and math.isfinite(budget) and budget > 0 else 0.0
         self._signs: Any = None              # int8 (judged slices...) ±1: not a float64 tensor a search finds
         self.decoy: Any = None
@@ -495,7 +490,6 @@ BACKWARD_MIN_MATMULS = 2.0   # a backward does at least two forwards' matmuls (d
 
 def visible_pairs(inputs: Any, alignment: str = "top-left") -> int:
     """(query, key) pairs a correct kernel must compute, summed over batch and heads."""
-    from .reference import visibility
     q, k = inputs.q, inputs.k
     B, H, tq = q.shape[0], q.shape[1], q.shape[-2]
     tk = k.shape[-2]

@@ -66,12 +66,6 @@ class Repeats:
         """The held first run of `name` (a copy taken when it was added), or None."""
         return self._first.get(name)
 
-    def replace_first(self, name: str, tensor: Any) -> None:
-        """Hold another copy as the first run (the referee found the first read incomplete: the
-        later runs are compared with what the call did produce)."""
-        self._first[name] = tensor.detach().clone()
-        self._max_diff.pop(name, None)
-
     def add_grads(self, grads: tuple[Any, Any, Any]) -> None:
         for name, grad in zip(REPEATED_TENSORS[1:], grads):
             self.add(name, grad)

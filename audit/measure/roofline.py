@@ -14,6 +14,7 @@ import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from ..workload.inputs import torch_dtype
 from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .timing import measure, sync_for, time_call
 
@@ -100,7 +101,6 @@ def _matmul_rate(device: str, dtype: str, max_n: int, budget_s: float,
     """
     import torch
 
-    from ..workload.inputs import torch_dtype
 
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -123,7 +123,6 @@ def matmul_rate_now(device: str, dtype: str, expected_flops_per_s: float | None,
     scheduler and thread barriers cost it little). The referee's second look at a ceiling."""
     import torch
 
-    from ..workload.inputs import torch_dtype
     rate = expected_flops_per_s or 1e11
     n = int(min(max_n, max(min_n, round((target_s * rate / 2) ** (1 / 3) / 64) * 64)))
     gen = torch.Generator(device=device).manual_seed(1)

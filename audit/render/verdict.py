@@ -303,7 +303,7 @@ def verdict_display(rows: pd.DataFrame, findings: list[dict] | None, baseline: s
         "worst finding": [finding_cell(v) for v in rows["variant"]],
         "fully masked rows": [_unbroken(t) for t in rows["masked_rows"]],
         "3 runs": [_unbroken(t) for t in rows["determinism"]],
-        "referee": [referee_text(v, checked, gamed) for v in rows["variant"]],
+        **({"referee": [referee_text(v, checked, gamed) for v in rows["variant"]]} if checked else {}),
     })
 
 
@@ -513,8 +513,7 @@ def verdict_section(frame: pd.DataFrame, findings: list[dict] | None) -> list[Bl
         para(f"Against {baseline}{instead}: geometric means over matched cells (scenario ", Mono(NORMAL_SCENARIO),
              "). 3 runs: out, dq, dk, dv bitwise identical on the same inputs. Forward+backward is judged by "
              "the gradient budget too: a variant whose gradients are outside it is not for training. Referee: "
-             "whether every call did the work it was timed for (docs/generated-kernels.md); a variant that "
-             "fails a referee check has its speed struck through and is never recommended."),
+             "did every call do the work it was timed for; a variant failing it is struck through, never recommended."),
         Table(verdict_display(rows, findings, baseline)),
     ]
     unrun = [v for v in _real_variants(frame) if v not in real]

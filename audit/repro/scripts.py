@@ -21,6 +21,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
+from ..core.referee import REFEREE_COLUMNS, failed_checks
 from ..core.runfolder import FINDINGS_FILE, REPRO_DIR, RUN_FILE
 
 
@@ -65,6 +66,7 @@ WORST: dict[str, tuple[Callable[[dict], tuple], str]] = {
     "lse_grad_budget": (lambda r: (max(_num(r, "lse_dq_err_ratio"), _num(r, "lse_dk_err_ratio")),),
                         "largest error of the gradient through the lse relative to the baseline's"),
     "lse_masked_rows": (lambda r: (1.0 if r.get("lse_masked_rows") else 0.0,), "lse on empty rows recorded"),
+    "referee": (lambda r: (float(len(failed_checks(r))),), "most referee checks failed"),
 }
 
 # Checks whose finding lists cells that do not show the defect themselves (fp16_overflow lists
@@ -82,7 +84,7 @@ RECORDED_COLUMNS = ("out_nonfinite_visible", "grad_nan", "grad_inf", "rmse", "ma
                     "grad_diagnosis", "grad_diagnosis_err", "grad_diagnosis_golden_err",
                     "lse_err", "lse_within_budget", "lse_masked_rows", "merge_err", "merge_within_budget",
                     "lse_differentiable", "lse_grads_within_budget", "lse_diagnosis", "lse_grad_diagnosis",
-                    "leaked_bytes", "status", "reason")
+                    *REFEREE_COLUMNS, "referee_detail", "leaked_bytes", "status", "reason")
 
 
 def ranked_cells(finding: dict, by_id: dict[str, dict]) -> list[dict]:
@@ -161,8 +163,9 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     from .checks import VERIFIERS, cell_failed_child, run_repro, time_limit_s
     from .embed import Embedder, NotSelfContained
     from .lse_checks import LSE_VERIFIERS
+    from .referee_checks import REFEREE_CHECK_VERIFIERS
 
-    verifiers = {**VERIFIERS, **LSE_VERIFIERS}
+    verifiers = {**VERIFIERS, **LSE_VERIFIERS, **REFEREE_CHECK_VERIFIERS}
     check = finding["check"]
     if check not in verifiers:
         raise NotSelfContained(f"no verifier checks {check} in a standalone script yet")

@@ -36,7 +36,7 @@ REFEREE_CONTROLS: dict[str, tuple[str, str]] = {
 }
 # What each control's first honest calls cost before the trick starts (skips_after_warmup).
 SKIP_AFTER_CALLS = 6
-THREAD_DELAY_S = 0.005        # background_thread: the thread starts its work this long after the return
+THREAD_DELAY_S = 0.02         # background_thread: the thread starts its work this long after the return
 
 
 def _sdpa(q: Any, k: Any, v: Any, mask: Any, causal: bool) -> Any:
