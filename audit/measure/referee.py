@@ -134,7 +134,7 @@ def plain_problems(result: Any, inputs: list[tuple[str, Any]], previous: list[An
 # CPU: how long the referee waits before reading an output again: one numerics call's time, at
 # least SETTLE_MIN_S and at most SETTLE_MAX_S (a thread still writing is seen within a call's time).
 SETTLE_MIN_S = 0.002
-SETTLE_MAX_S = 0.2
+SETTLE_MAX_S = 0.1       # also the longest wait for threads a call left running (a thread pool never ends)
 
 
 def settle(device: str, call_s: float) -> None:

@@ -58,9 +58,9 @@ def complete_at_return(cell: Any) -> None:
         return
     if cell.new_threads:                   # threads the call left running: their time since it returned
         referee.join_threads(cell.new_threads)
-        cell.settle_s = max(referee.SETTLE_MIN_S, 2 * (referee.clock() - cell.returned_at))
+        cell.settle_s = min(referee.SETTLE_MAX_S, max(referee.SETTLE_MIN_S, 2 * (referee.clock() - cell.returned_at)))
     cell.new_threads = None
-    referee.settle(cell.case.device, max(cell.warm_fwd, cell.settle_s))
+    referee.settle(cell.case.device, cell.warm_fwd)
     later = later.detach()
     if not referee.bitwise_equal(at_return, later):
         from .repeats import largest_difference

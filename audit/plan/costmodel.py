@@ -129,8 +129,8 @@ HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
 # EPYC: 11 ms at T=64 (H=4, d=64), 47 ms at T=256 with GQA, 180 ms at T=1024 (one slice).
 DIAGNOSIS_DEFAULT_S = {"cpu": 0.005, "cuda": 0.002}   # cuda: ~10 launches per mistake, unmeasured
 # The referee's own time in a cell besides its calls (the wait for work a call left running, copies,
-# bitwise comparisons): 4-9 ms on quick's CPU cells (2-core Intel Xeon); not fitted (costfit: explained).
-REFEREE_DEFAULT_S = {"cpu": 0.005, "cuda": 0.002}
+# bitwise comparisons, sealing): 6.6 ms a cell on quick's CPU cells (2-core Intel Xeon); not fitted.
+REFEREE_DEFAULT_S = {"cpu": 0.007, "cuda": 0.002}
 REFEREE_CALLS = 2        # the values_follow check's forwards (new values in place; old values in new tensors)
 DIAGNOSIS_FLOPS_PER_S = {"cpu": 3e10, "cuda": 2e13}   # cuda: an H200 at a third of its float64 peak, unmeasured
 
