@@ -110,7 +110,8 @@ def negative_control_check(frame: pd.DataFrame, findings: list[dict]) -> pd.Data
     rows = []
     for control in controls:
         errors = [f for f in findings if f.get("variant") == control and f.get("severity") == "error"]
-        checks = sorted({str(f.get("check")) for f in errors})
+        checks = sorted({str(f.get("check")) + (f": {f['referee_check']}" if f.get("referee_check") else "")
+                         for f in errors})                     # a referee finding names its check
         named = sorted((f for f in errors if f.get("diagnosis") not in (None, "none")),
                        key=lambda f: -int(f.get("diagnosis_cells") or 0))
         diagnosed = list(dict.fromkeys(str(f.get("diagnosis_title") or f["diagnosis"]) for f in named))
