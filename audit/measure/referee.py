@@ -137,13 +137,12 @@ SETTLE_MIN_S = 0.002
 SETTLE_MAX_S = 0.1       # also the longest wait for threads a call left running (a thread pool never ends)
 
 
-def settle(device: str, call_s: float) -> None:
-    """Let work a call left running finish: CUDA: a device-wide synchronize (every stream, not the
-    current one's); CPU: a wait of about one call's time (pinned sleep: a patched time.sleep
-    does not shorten it)."""
-    if str(device).startswith("cuda"):
-        import torch
-        torch.cuda.synchronize()
+def settle(sync: Callable[[], None] | None, call_s: float) -> None:
+    """Let work a call left running finish: on CUDA `sync` is the device-wide synchronize (every
+    stream, not the current one's: timing.sync_for); on the CPU (no sync) a wait of about one
+    call's time (pinned sleep: a patched time.sleep does not shorten it)."""
+    if sync is not None:
+        sync()
         return
     _PRISTINE_SLEEP(min(SETTLE_MAX_S, max(SETTLE_MIN_S, call_s)))
 
@@ -368,10 +367,16 @@ class Vault:
             self.unseal()
 
     def guard(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """fn, sealed while it runs: every call of the variant a check makes goes through this."""
+        """fn, sealed while it runs: every call of the variant goes through this. Inside a sealed
+        stretch (the timed calls) it costs one attribute read, not a context manager."""
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            with self.sealed_for():
+            if self.sealed:
                 return fn(*args, **kwargs)
+            self.seal()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.unseal()
         guarded.__wrapped__ = fn               # type: ignore[attr-defined]
         return guarded
 

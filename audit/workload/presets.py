@@ -123,12 +123,14 @@ class _VariantSets:
     def uncompiled(self) -> tuple[str, ...]:
         return tuple(v for v in self.variants if not v.startswith("compiled"))
 
-    def value_shortcuts(self) -> dict:
-        """The value scenarios for `every` variant and control, in one shape the quick and cpu presets
-        both compile already (fp32, d_k 32, T 128, batch 1, 2 heads, not causal: their normal cells'),
-        so the compiled variants reuse that code (the cost model's compile_key has no scenario)."""
-        return dict(variant=self.every, device=("cpu",), dtype=("fp32",), d_k=(32,), seq_len=(128,),
-                    batch=(1,), heads=(2,), causal=(False,), scenario=VALUE_SCENARIOS)
+    def value_shortcuts(self, controls: bool = True) -> dict:
+        """The value scenarios for every variant (and every control, or with controls=False only those
+        whose defect shows there), in one shape the quick and cpu presets both compile already (fp32,
+        d_k 32, T 128, batch 1, 2 heads, not causal: their normal cells'), so the compiled variants
+        reuse that code (the cost model's compile_key has no scenario)."""
+        return dict(variant=self.every if controls else self.variants + self.value_controls, device=("cpu",),
+                    dtype=("fp32",), d_k=(32,), seq_len=(128,), batch=(1,), heads=(2,), causal=(False,),
+                    scenario=VALUE_SCENARIOS)
 
     def referee_cells(self, dtypes: tuple[str, ...]) -> tuple[dict, ...]:
         """The referee's controls on the cells that show their tricks: normal inputs, causal or not,
@@ -187,8 +189,8 @@ def _quick(sets: _VariantSets) -> Preset:
             dict(variant=("eager", "eager_fp32", "sdpa", "sdpa_math"), device=("cpu",),
                  dtype=("fp32", "fp16"), d_k=(32,), seq_len=(64,), batch=(1,), heads=(2,),
                  causal=(False, True), scenario=REPORTED_SCENARIOS),
-            sets.value_shortcuts(),
-            *sets.referee_cells(("fp32", "bf16")),
+            sets.value_shortcuts(controls=False),     # the other controls: in the cpu preset's
+            *sets.referee_cells(("fp32",)),
         ),
         # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
         min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5,
