@@ -260,3 +260,31 @@ def test_every_control_is_registered_with_the_check_it_is_for():
         v = table[f"broken.{name}"]
         assert v.family == "broken" and f"referee: {check}" in v.description and v.reveals == ("normal",)
     assert {c for c, _ in REFEREE_CONTROLS.values()} == set(REFEREE_CHECKS)    # one per check at least
+
+
+def test_on_cuda_the_referee_waits_with_the_device_wide_synchronize_and_judges_the_fenced_time():
+    """The CUDA paths on the CPU: settle calls the cell's synchronize (timing.sync_for: device-wide on
+    CUDA) instead of sleeping, and physically_possible judges a pass on the larger of its events'
+    median and its device-wide fenced time (work on another stream counts)."""
+    from types import SimpleNamespace
+
+    from audit.measure import refereeing
+    from audit.measure.timing import Samples
+    from audit.workload.inputs import make_inputs
+    synced = []
+    referee.settle(lambda: synced.append(1), 10.0)                 # 10 s if it slept: it must not
+    assert synced == [1]
+    inputs = make_inputs(Case("sdpa", "cpu", "fp32", 32, 64, 1, 2, False, "normal"))
+    flops = 2.0 * referee.visible_pairs(inputs) * 64                # QK^T and PV, d_k = d_v = 32
+    ceilings = {"matmul_flops_per_s": {"fp32": flops / 3e-3}, "copy_bytes_per_s": 1e12}   # 3 ms at the limit
+
+    def cell(fenced):
+        return SimpleNamespace(case=Case("sdpa", "cuda", "fp32", 32, 64, 1, 2, False, "normal"), inputs=inputs,
+                               q=inputs.q, k=inputs.k, v=inputs.v, ref=SimpleNamespace(alignment="top-left"),
+                               fwd=Samples([1e-3]), fb=None, fenced=fenced, verdicts=referee.Verdicts())
+    honest = cell({"fwd": 5e-3})                  # 1 ms by its stream's events, 5 ms device-wide
+    refereeing.physically_possible(honest, ceilings)
+    assert honest.verdicts.passed["physically_possible"] is True
+    alone = cell(None)                            # 1 ms and nothing else: 3x faster than the limit
+    refereeing.physically_possible(alone, ceilings)   # (its fresh look at a CUDA matmul fails here: no CUDA)
+    assert alone.verdicts.passed["physically_possible"] is False
