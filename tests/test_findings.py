@@ -121,6 +121,9 @@ def test_every_negative_control_gets_an_error_finding_diagnosed_as_its_own_defec
         assert "Diagnosis: in" in finding["message"] and finding["diagnosis_title"] in finding["message"]
         golden_err = finding["diagnosis_golden_err"]                  # None: NaN against the golden
         assert golden_err is None or finding["diagnosis_err"] < golden_err
+    # correct code does the work on every call: no referee finding about a real variant, on any scenario
+    assert not [(f["variant"], f.get("referee_check")) for f in found
+                if f["check"] == "referee" and not f["variant"].startswith("broken.")]
     # correct code has no numerics defect, so nothing diagnosed: no diagnosis of its output at all,
     # and none of its gradients on normal inputs (sdpa's fp32 gradients at huge logits are outside
     # their budget: the CPU flash backward's own error, matching no known mistake)

@@ -264,7 +264,8 @@ def test_a_piece_that_cannot_be_copied_gives_a_reason_not_a_script(quick_run, tm
         assert re.search(r"scenario_draw: cannot copy (tests\.)?test_repro\.test_a_piece.*<lambda>",
                          finding["repro_reason"])
     rest = [f for f in found if f not in only_there]
-    assert all(f.get("repro") for f in rest)    # on another scenario, if need be, and saying so
+    assert all(f.get("repro") for f in rest), [  # on another scenario, if need be, and saying so
+        (f["check"], f["variant"], f.get("repro_reason")) for f in rest if not f.get("repro")]
     moved = [f for f in rest if f.get("repro_reason")]
     assert moved and all("worst cell not copied: " in f["repro_reason"] and "scaled_x64" not in
                          (run / f["repro"]).read_text().split("AXES = ")[1].splitlines()[0] for f in moved)

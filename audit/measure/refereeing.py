@@ -120,8 +120,8 @@ def values_follow(cell: Any) -> None:
         golden_move = moved - cell.golden.out
         rows = cell.golden.row_visible
         ok, share = referee.follows_move(ref.take(in_place), ref.take(cell.out), golden_move, rows)
-        if not ok and cell.columns.get("within_budget") is False:
-            ok = None       # a wrong output need not move as the golden does: its error findings say so
+        if not ok and cell.columns.get("within_budget") is not True:
+            ok = None       # a wrong (or not judged: NaN) output need not move as the golden does: its findings say so
         verdicts.judge("values_follow", ok,
                        f"with new values written into the same tensors the output moved {share:.3g} of the "
                        f"golden's move away from it (at most {referee.VALUES_FOLLOW:g}): it answered from what "
