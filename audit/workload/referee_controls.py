@@ -39,6 +39,18 @@ SKIP_AFTER_CALLS = 6
 THREAD_DELAY_S = 0.02         # background_thread: the thread starts its work this long after the return
 
 
+class _Memory:
+    """What the controls keep between calls, held by a class rather than module globals: a
+    reproduction script copies the controls' code (this class's source: empty), not what they
+    held in the process that wrote the script."""
+
+    pointer_cache: dict = {}      # pointer_cache: (pointers, shapes, ...) -> its first output
+    found: dict = {}              # finds_reference: (shape, dtype, device) -> a weak reference to what it found
+    calls: dict = {}              # skips_after_warmup: calls per q buffer and shapes
+    patched: list = []            # patches_timer: the clocks it put in place
+    value_cache: list = []        # value_cache: [(q, k, v, flags, out)], the last few
+
+
 def _sdpa(q: Any, k: Any, v: Any, mask: Any, causal: bool) -> Any:
     """SDPA (B, H, Tq, d_v) on the cell's inputs, GQA by enable_gqa; a float mask is additive."""
     import torch.nn.functional as F
@@ -80,7 +92,6 @@ def broken_writes_input(q: Any, k: Any, v: Any, *, mask: Any = None, causal: boo
     return _sdpa(q, k, v, mask, causal)
 
 
-_POINTER_CACHE: dict[tuple, Any] = {}
 
 
 def broken_pointer_cache(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bool = False) -> Any:
@@ -88,8 +99,8 @@ def broken_pointer_cache(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bo
     every call (its work is not what is wrong, so only the stale answer shows, on any CPU)."""
     key = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in (q, k, v)) + (causal, mask is None)
     fresh = _sdpa(q.detach(), k.detach(), v.detach(), mask, causal)
-    _POINTER_CACHE.setdefault(key, fresh)
-    return _with_sdpa_backward(_POINTER_CACHE[key].clone(), q, k, v, mask, causal)
+    _Memory.pointer_cache.setdefault(key, fresh)
+    return _with_sdpa_backward(_Memory.pointer_cache[key].clone(), q, k, v, mask, causal)
 
 
 def broken_background_thread(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bool = False) -> Any:
@@ -119,7 +130,6 @@ def lazy_output_type() -> type:
     return type("LazyAttentionOutput", (torch.Tensor,), {"__module__": __name__})
 
 
-_FOUND: dict[tuple, Any] = {}      # (shape, dtype, device) -> a weak reference to what the search found
 
 
 def broken_finds_reference(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bool = False) -> Any:
@@ -133,27 +143,26 @@ def broken_finds_reference(q: Any, k: Any, v: Any, *, mask: Any = None, causal: 
     with torch.no_grad():
         honest = _sdpa(*(t.detach() for t in (q, k, v)), mask, causal)             # (B, H, Tq, d_v)
     key = (shape, q.dtype, str(q.device))
-    found = _FOUND[key]() if key in _FOUND else None
+    found = _Memory.found[key]() if key in _Memory.found else None
     candidates = [found] if found is not None else gc.get_objects()
     for obj in candidates:
         if type(obj) is torch.Tensor and obj.dtype == torch.float64 and tuple(obj.shape) == shape \
                 and obj.device == q.device and not obj.requires_grad:
             agrees = ((obj - honest.double()).abs() <= 0.05).all(-1, keepdim=True)  # (B, H, Tq, 1)
             if bool(agrees.any()):
-                _FOUND[key] = weakref.ref(obj)
+                _Memory.found[key] = weakref.ref(obj)
                 return _with_sdpa_backward(torch.where(agrees, obj.to(q.dtype), honest), q, k, v, mask, causal)
     return _with_sdpa_backward(honest, q, k, v, mask, causal)
 
 
-_CALLS: dict[tuple, int] = {}
 
 
 def broken_skips_after_warmup(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bool = False) -> Any:
     """SDPA for its first SKIP_AFTER_CALLS calls on the same q buffer (a benchmark's loop); later,
     attention over the first half of the keys only (the warm-up is over: nobody checks)."""
     key = (q.data_ptr(), tuple(q.shape), tuple(k.shape), q.dtype, causal, mask is None)
-    _CALLS[key] = _CALLS.get(key, 0) + 1
-    if _CALLS[key] <= SKIP_AFTER_CALLS:
+    _Memory.calls[key] = _Memory.calls.get(key, 0) + 1
+    if _Memory.calls[key] <= SKIP_AFTER_CALLS:
         return _sdpa(q, k, v, mask, causal)
     half = max(1, k.shape[-2] // 2)
     part = None if mask is None else mask[..., :half]
@@ -161,22 +170,20 @@ def broken_skips_after_warmup(q: Any, k: Any, v: Any, *, mask: Any = None, causa
     return _with_sdpa_backward(values, q, k, v, mask, causal)
 
 
-_PATCHED: list = []
 
 
 def broken_patches_timer(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bool = False) -> Any:
     """SDPA, after making time.perf_counter run at half speed (again whenever it was put back)."""
-    if time.perf_counter not in _PATCHED:
+    if time.perf_counter not in _Memory.patched:
         real = time.perf_counter
 
         def half_speed() -> float:
             return real() / 2
-        _PATCHED.append(half_speed)
+        _Memory.patched.append(half_speed)
         time.perf_counter = half_speed
     return _sdpa(q, k, v, mask, causal)
 
 
-_VALUE_CACHE: list = []    # [(q, k, v, causal, mask is None, out)], the last few
 
 
 def broken_value_cache(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bool = False) -> Any:
@@ -184,11 +191,11 @@ def broken_value_cache(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bool
     SDPA: right on every call, and as fast as a comparison and a copy."""
     import torch
     flags = (causal, mask is None)
-    for cq, ck, cv, cflags, out in _VALUE_CACHE:
+    for cq, ck, cv, cflags, out in _Memory.value_cache:
         if cflags == flags and cq.shape == q.shape and torch.equal(cq, q.detach()) and torch.equal(ck, k.detach()) \
                 and torch.equal(cv, v.detach()):
             return _with_sdpa_backward(out.clone(), q, k, v, mask, causal)
     out = _sdpa(q.detach(), k.detach(), v.detach(), mask, causal)
-    _VALUE_CACHE.insert(0, (q.detach().clone(), k.detach().clone(), v.detach().clone(), flags, out))
-    del _VALUE_CACHE[4:]
+    _Memory.value_cache.insert(0, (q.detach().clone(), k.detach().clone(), v.detach().clone(), flags, out))
+    del _Memory.value_cache[4:]
     return _with_sdpa_backward(out.clone(), q, k, v, mask, causal)
