@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from audit.core.referee import failed_checks
 from audit.workload import variants
 
 from .conftest import selected_cases
@@ -25,6 +26,8 @@ CPU_FLASH = ("sdpa", "sdpa_flash")
 def known_failure(rec: dict) -> str | None:
     """Why a cell of a correct variant is expected to break the contract, or None."""
     name, scenario = rec["variant"], rec["scenario"]
+    if name in variants.REFEREE_CONTROL_NAMES:
+        return "negative control: built to fail a referee check (right values, one trick)"
     if name.startswith(variants.BROKEN_PREFIX):
         return "negative control: built to fail the numerics checks"
     if scenario == "fp16_range" and rec["dtype"] == "fp16" and name in ("eager", "compiled", "compiled_unfused"):
@@ -84,6 +87,8 @@ def check_contract(rec: dict) -> list[str]:
         problems.append(f"output changes by {rec['leak_max_change']:.3g} when masked keys change")
     if rec["masked_rows"] not in (None, "zero", "nan"):
         problems.append(f"fully masked rows return {rec['masked_rows']}")
+    for check in failed_checks(rec):                     # the referee: did every call do the work?
+        problems.append(f"referee {check}: {(rec.get('referee_detail') or {}).get(check, '')}")
     return problems
 
 
