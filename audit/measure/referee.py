@@ -132,19 +132,21 @@ def plain_problems(result: Any, inputs: list[tuple[str, Any]], previous: list[An
 # ---------------------------------------------------------------------------- complete at return
 
 # CPU: how long the referee waits before reading an output again: one numerics call's time, at
-# least SETTLE_MIN_S and at most SETTLE_MAX_S (a thread still writing is seen within a call's time).
+# least SETTLE_MIN_S and at most SETTLE_WAIT_S (work still writing shows as a change within that: the
+# cpu preset's slowest calls take 0.1 s, and waiting each out cost 4% of its run).
 SETTLE_MIN_S = 0.002
-SETTLE_MAX_S = 0.1       # also the longest wait for threads a call left running (a thread pool never ends)
+SETTLE_WAIT_S = 0.02
+SETTLE_MAX_S = 0.1       # the longest wait for Python threads a call left running (a thread pool never ends)
 
 
-def settle(sync: Callable[[], None] | None, call_s: float) -> None:
+def settle(sync: Callable[[], None] | None, call_s: float, limit_s: float = SETTLE_WAIT_S) -> None:
     """Let work a call left running finish: on CUDA `sync` is the device-wide synchronize (every
     stream, not the current one's: timing.sync_for); on the CPU (no sync) a wait of about one
-    call's time (pinned sleep: a patched time.sleep does not shorten it)."""
+    call's time, SETTLE_MIN_S to limit_s (pinned sleep: a patched time.sleep does not shorten it)."""
     if sync is not None:
         sync()
         return
-    _PRISTINE_SLEEP(min(SETTLE_MAX_S, max(SETTLE_MIN_S, call_s)))
+    _PRISTINE_SLEEP(min(limit_s, max(SETTLE_MIN_S, call_s)))
 
 
 _PRISTINE_SLEEP = time.sleep

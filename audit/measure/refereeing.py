@@ -77,8 +77,8 @@ def complete_at_return(cell: Any) -> None:
 def settle_if_incomplete(cell: Any) -> None:
     """After a call whose result is read at once: let work it left running finish, for a variant
     complete_at_return already failed (once is enough for the finding)."""
-    if cell.incomplete:
-        referee.settle(cell.sync, max(cell.warm_fwd, cell.settle_s))
+    if cell.incomplete:                    # as long as its threads took, up to SETTLE_MAX_S
+        referee.settle(cell.sync, max(cell.warm_fwd, cell.settle_s), referee.SETTLE_MAX_S)
 
 
 def out_of_reach(cell: Any) -> None:
@@ -151,7 +151,7 @@ def every_call(cell: Any, last_out: Any, last_grads: tuple | None) -> None:
     ref, m, dtype = cell.ref, cell.columns, cell.case.dtype
     last_out = out_of(cell, last_out) if isinstance(last_out, (tuple, list)) else last_out
     if not referee.bitwise_equal(last_out.detach(), cell.out):
-        referee.settle(cell.sync, max(cell.warm_fwd, cell.settle_s))   # work the last call left running
+        referee.settle(cell.sync, max(cell.warm_fwd, cell.settle_s), referee.SETTLE_MAX_S)   # work it left running
     if referee.bitwise_equal(last_out.detach(), cell.out):
         cell.verdicts.judge("every_call", True)
     else:
