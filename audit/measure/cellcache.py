@@ -88,6 +88,9 @@ class Reference:
     # the forward golden with v's values shifted (referee.shifted_values): what the referee's
     # values_follow check compares a variant's move with; None where not built
     values_moved: Golden | None = None
+    # the referee's decoy of this input set and its offset's signs (referee.Vault.plant), built by its
+    # first cell and taken by the others: one per input set, like the golden it is made from
+    decoy: tuple | None = None
 
     def take(self, t: Any) -> Any:
         return take_slices(t, self.slices)

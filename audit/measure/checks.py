@@ -66,6 +66,10 @@ class CellState:
     def golden(self) -> Golden:
         return self.ref.golden
 
+    def settle_if_incomplete(self) -> None:
+        """After a call a check reads at once: nothing here; a measured cell waits for work its
+        variant left running once the referee found it does (measurement._Cell)."""
+
 
 @dataclass(frozen=True)
 class Check:
@@ -149,9 +153,7 @@ def forward_with(cell: CellState) -> Callable[[Any, Any], Any]:
         # copies: the probes are the input set's, shared by its variants (a call may write into its inputs)
         out = out_of(cell, cell.fn(cell.q, k2.detach().clone().requires_grad_(grad),
                                    v2.detach().clone().requires_grad_(grad), **cell.kwargs)).detach()
-        settle = getattr(cell, "settle_if_incomplete", None)      # a variant the referee found incomplete
-        if settle is not None:
-            settle()
+        cell.settle_if_incomplete()         # a variant the referee found incomplete: its work, first
         return out
     return call
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..core.errors import BackwardUnsupported
@@ -105,7 +105,7 @@ class _Cell(CellState):
     verdicts: Any = None            # referee.Verdicts
     first_result: Any = None        # the warm-up forward's out, held for the referee (read again later)
     at_return: Any = None           # a copy of it taken as the call returned
-    new_threads: list | None = None  # Python threads the warm-up forward started, alive when it returned
+    new_threads: list = field(default_factory=list)  # Python threads the first two forwards left running
     incomplete: bool = False        # complete_at_return failed: calls whose results are read at once settle first
     settle_s: float = referee.SETTLE_MIN_S   # how long work a call left running took to finish (twice that)
     returned_at: float = 0.0        # when the warm-up forward returned (perf_counter)
@@ -187,7 +187,7 @@ def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset
               for name, t in inputs.call_kwargs().items()}
     vault = referee.Vault([ref.golden, *ref.by_alignment.values(), ref.values_moved], (*q.shape[:-1], v.shape[-1]),
                           ref.slices, refereeing.error_budget(ref, case.dtype))
-    vault.plant(ref.golden.out)
+    ref.decoy = vault.plant(ref.golden.out, ref.decoy)
     cell = _Cell(case, variant, inputs, ref, preset, vault.guard(fn), q, k, v, kwargs)
     cell.grad_out = referee.own_copy(inputs.grad_out, False)
     cell.pristine = dict(q=inputs.q, k=inputs.k, v=inputs.v, grad_out=inputs.grad_out,
@@ -241,8 +241,10 @@ def _first_calls(cell: _Cell) -> None:
         if cell.variant.backend is not None:
             m["sdpa_backend"] = cell.variant.backend(cell.q, cell.k, cell.v, mask=cell.inputs.mask,
                                                      causal=cell.inputs.causal)
+        threads = set(threading.enumerate())
         (out, cell.warm_fwd), m["peak_bytes"] = peak_during(lambda: _timed_result(cell.forward, sync),
                                                             cell.case.device)
+        cell.new_threads += [t for t in threading.enumerate() if t not in threads and t.is_alive()]
     with phases("referee"):
         refereeing.plain_result(cell, out, "numerics forward", [cell.first_result])
         refereeing.complete_at_return(cell)

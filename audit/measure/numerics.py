@@ -71,14 +71,19 @@ GRADIENTS: tuple[str, ...] = ("dq", "dk", "dv")
 GRAD_BUDGET_FACTOR = {"dq": 2.0, "dk": 2.0, "dv": 2.0}
 
 
+def budget_bound(baseline_err: float, dtype: str, factor: float = BUDGET_FACTOR) -> float:
+    """The largest error the budget allows: factor * baseline + atol(dtype)."""
+    return factor * baseline_err + BUDGET_ATOL[dtype]
+
+
 def within_budget(err: float, baseline_err: float | None, dtype: str, factor: float = BUDGET_FACTOR) -> bool | None:
-    """True/False against the budget err <= factor * baseline + atol(dtype); None when the
-    baseline itself is not finite."""
+    """True/False against the budget err <= budget_bound(baseline); None when the baseline itself
+    is not finite."""
     if baseline_err is None or not math.isfinite(baseline_err):
         return None
     if not math.isfinite(err):
         return False
-    return err <= factor * baseline_err + BUDGET_ATOL[dtype]
+    return err <= budget_bound(baseline_err, dtype, factor)
 
 
 # A gradient budget on few values (the sinks' gradient has one per head): the ratio of two RMSEs

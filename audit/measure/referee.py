@@ -323,8 +323,13 @@ class Vault:
         self.decoy: Any = None
         self._torch = torch
 
-    def plant(self, golden_out: Any) -> None:
-        """Build the decoy from the golden's output (B|1, H|k, Tq, d) on its slices (call unsealed)."""
+    def plant(self, golden_out: Any, planted: tuple | None = None) -> tuple:
+        """Build the decoy from the golden's output (B|1, H|k, Tq, d) on its slices (call unsealed),
+        or take `planted`, one built for the same input set and budget before; -> (decoy, signs),
+        for the next cell of the input set to take."""
+        if planted is not None:
+            self.decoy, self._signs = planted
+            return planted
         torch = self._torch
         gen = torch.Generator().manual_seed(secrets.randbits(31))
         signs = (torch.randint(0, 2, tuple(golden_out.shape), generator=gen, dtype=torch.int8) * 2 - 1)
@@ -337,6 +342,7 @@ class Vault:
             for i, (b, h) in enumerate(self._slices):
                 decoy[b, h] = offset[0, i]
         self.decoy = decoy
+        return decoy, self._signs
 
     def seal(self) -> None:
         if self.sealed:

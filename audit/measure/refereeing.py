@@ -20,10 +20,11 @@ def is_tensor(value: Any) -> bool:
 
 
 def error_budget(ref: Reference, dtype: str) -> float:
-    """The output's error budget in this cell (numerics.within_budget's bound), or the dtype's atol."""
-    from .numerics import BUDGET_ATOL, BUDGET_FACTOR
+    """The output's error budget in this cell (numerics.budget_bound), or the dtype's atol where
+    the baseline's error is not finite."""
+    from .numerics import budget_bound
     base = ref.baseline_rmse
-    return BUDGET_FACTOR * (base if base is not None and math.isfinite(base) else 0.0) + BUDGET_ATOL[dtype]
+    return budget_bound(base if base is not None and math.isfinite(base) else 0.0, dtype)
 
 
 def inputs_untouched(cell: Any, after: str) -> None:
@@ -56,10 +57,10 @@ def complete_at_return(cell: Any) -> None:
     cell.at_return = None
     if at_return is None or later is None:
         return
-    if cell.new_threads:                   # threads the call left running: their time since it returned
-        referee.join_threads(cell.new_threads)
+    if cell.new_threads:                   # threads the calls left running (the warm-up's and the numerics'):
+        referee.join_threads(cell.new_threads)     # their time since the warm-up returned
         cell.settle_s = min(referee.SETTLE_MAX_S, max(referee.SETTLE_MIN_S, 2 * (referee.clock() - cell.returned_at)))
-    cell.new_threads = None
+    cell.new_threads = []
     referee.settle(cell.sync, cell.warm_fwd)
     later = later.detach()
     if not referee.bitwise_equal(at_return, later):
@@ -149,7 +150,6 @@ def every_call(cell: Any, last_out: Any, last_grads: tuple | None) -> None:
     if last_out is None:
         return
     ref, m, dtype = cell.ref, cell.columns, cell.case.dtype
-    last_out = out_of(cell, last_out) if isinstance(last_out, (tuple, list)) else last_out
     if not referee.bitwise_equal(last_out.detach(), cell.out):
         referee.settle(cell.sync, max(cell.warm_fwd, cell.settle_s), referee.SETTLE_MAX_S)   # work it left running
     if referee.bitwise_equal(last_out.detach(), cell.out):

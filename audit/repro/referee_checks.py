@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from ..core.referee import REFEREE_CHECKS
 from ..measure.cellcache import build_reference
-from ..measure.numerics import BUDGET_ATOL, BUDGET_FACTOR, error_vs_reference, within_budget
+from ..measure.numerics import budget_bound, error_vs_reference, within_budget
 from ..measure.referee import (DECOY_SHARE, PHYSICAL_MARGIN, SETTLE_MIN_S, Vault, bitwise_equal, follows_move,
                                lower_bound_s, plain_problems, shifted_values, visible_pairs)
 from ..measure.roofline import matmul_rate_now
@@ -88,7 +88,7 @@ def _plain_result(attention: Callable, case: Any, inputs: Any, ref: Any) -> tupl
 
 def _out_of_reach(attention: Callable, case: Any, inputs: Any, ref: Any) -> tuple[bool | None, str]:
     q, k, v, kwargs = _copies(inputs, True)
-    budget = BUDGET_FACTOR * (ref.baseline_rmse or 0.0) + BUDGET_ATOL[case.dtype]
+    budget = budget_bound(ref.baseline_rmse or 0.0, case.dtype)
     vault = Vault([ref.golden, ref.values_moved], (*q.shape[:-1], v.shape[-1]), ref.slices, budget)
     vault.plant(ref.golden.out)
     vault.seal()
