@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from audit.core.grid import AXES
+
 ROOT = Path(__file__).resolve().parent
 
 TEST_HOME_ENV = "ATTN_AUDIT_TEST_HOME"   # the test session's own folder (shared by xdist workers)
 _MADE_HOME = pytest.StashKey[str]()      # set when this process made that folder (and removes it)
 
-AXIS_OPTIONS = ("variant", "device", "dtype", "d_k", "seq_len", "batch", "heads", "kv_heads", "causal",
-                "scenario")
+AXIS_OPTIONS = AXES      # one --audit-<axis> option per axis of the grid (core.grid: one definition)
 
 
 def pytest_addoption(parser):

@@ -150,7 +150,7 @@ def test_a_causal_flag_that_shares_the_mask_argument_is_folded_in_the_declared_a
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(layout="thd"), "layout='thd'; allowed: 'bhtd', 'bthd'"),
+    (dict(layout="tbhd"), "layout='tbhd'; allowed: 'bhtd', 'bthd', 'thd'"),
     (dict(causal="top-right"), "causal='top-right'"),
     (dict(masks=("padding",)), "unknown form(s) 'padding'; allowed: none, bool, additive, key_padding"),
     (dict(returns="all"), "returns='all'"),

@@ -188,9 +188,12 @@ def test_dry_run_axis_overrides_combine(capsys):
     assert proc.returncode == 0, proc.stderr
     expected = quick_ids(variant=("eager", "sdpa"), seq_len=(32,), causal=(True,), dtype=("fp32",))
     # each override replaces its axis in every sub-grid; the scenarios stay per sub-grid
-    by_hand = {grid.Case(v, "cpu", "fp32", 32, 32, 1, h, True, s, kv).id
-               for sub in presets.presets()["quick"].grids for v in ("eager", "sdpa") for s in sub["scenario"]
-               for h in sub["heads"] for kv in grid.sub_grid_values(sub, "kv_heads")}
+    by_hand = {grid.Case(v, "cpu", "fp32", 32, 32, b, h, True, s, kv, dv).id
+               for sub in presets.presets()["quick"].grids
+               if not all(name.startswith("broken.") for name in sub["variant"])   # a controls-only sub-grid: dropped
+               for v in ("eager", "sdpa") for s in sub["scenario"]
+               for h in sub["heads"] for kv in grid.sub_grid_values(sub, "kv_heads") for b in sub["batch"]
+               for dv in grid.sub_grid_values(sub, "d_v")}
     assert set(expected) == by_hand
     assert len(expected) == len(by_hand)
     assert dry_run_ids(proc.stdout) == (expected, f"{len(expected)} cells")
@@ -199,7 +202,7 @@ def test_dry_run_axis_overrides_combine(capsys):
 def test_dry_run_overrides_down_to_one_cell_per_variant(capsys):
     proc = here(capsys, "run", "--preset", "quick", "--variant", "eager", "sdpa", "--seq-len", "32",
                "--causal", "true", "--dtype", "fp32", "--scenario", "normal", "--heads", "2",
-               "--kv-heads", "2", "--dry-run")
+               "--kv-heads", "2", "--batch", "1", "--d-k", "32", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert dry_run_ids(proc.stdout) == (["eager-cpu-fp32-d32-T32-B1-H2-causal-normal",
                                          "sdpa-cpu-fp32-d32-T32-B1-H2-causal-normal"], "2 cells")

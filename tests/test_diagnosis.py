@@ -56,6 +56,9 @@ CELLS: dict[str, dict] = {
     "sink_after_normalisation": dict(scenario="sinks", heads=4),
     "sink_shared": dict(scenario="sinks", heads=4),
     "sink_wrong_head": dict(scenario="sinks", heads=4, causal=True),
+    "document_boundary_ignored": dict(scenario="packed"),
+    "cu_seqlens_off_by_one": dict(scenario="packed"),
+    "v_read_at_k_stride": dict(d_v=8),
 }
 BASE = dict(variant="x", device="cpu", dtype="fp32", d_k=16, seq_len=32, batch=2, heads=2, causal=False,
             scenario="normal")

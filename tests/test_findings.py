@@ -93,7 +93,13 @@ OWN_DEFECT = {"broken.unscaled": "scale_missing", "broken.mask_after_softmax": "
               "broken.backward_rowsum_d_missing": "rowsum_d_missing",
               "broken.backward_dq_scale_missing": "dq_scale_missing",
               "broken.sink_ignored": "sink_ignored", "broken.lse_base2": "lse_base2",
-              "broken.lse_no_grad": "lse_no_grad", "broken.zero_keys_as_padding": "zero_keys_as_padding"}
+              "broken.lse_no_grad": "lse_no_grad", "broken.zero_keys_as_padding": "zero_keys_as_padding",
+              "broken.document_boundary_ignored": "document_boundary_ignored",
+              "broken.cu_seqlens_off_by_one": "cu_seqlens_off_by_one", "broken.v_read_at_k_stride": "v_read_at_k_stride",
+              "broken.paged_extra_page": "reads_past_used",                        # the paged_reads finding's
+              "broken.paged_wrong_sequence": "block_table_wrong_sequence"}
+# a control of a warning-level defect (core.defects.WARNING_DEFECTS): the warnings it must get
+OWN_WARNINGS = {"broken.batch_dependent_splits": {"batch_invariance", "chunk_invariance"}}
 
 
 def test_every_negative_control_gets_an_error_finding_diagnosed_as_its_own_defect(quick_run):
@@ -104,7 +110,7 @@ def test_every_negative_control_gets_an_error_finding_diagnosed_as_its_own_defec
     from audit.workload.variants import NEGATIVE_CONTROLS
 
     from audit.workload.variants import REFEREE_CONTROL_NAMES
-    assert set(OWN_DEFECT) == set(NEGATIVE_CONTROLS) - set(REFEREE_CONTROL_NAMES)
+    assert set(OWN_DEFECT) | set(OWN_WARNINGS) == set(NEGATIVE_CONTROLS) - set(REFEREE_CONTROL_NAMES)
     found = json.loads((quick_run / FINDINGS_FILE).read_text())
     # the referee's controls: a referee finding naming the check each is for (no numerics defect to diagnose)
     from audit.workload.referee_controls import REFEREE_CONTROLS
@@ -114,6 +120,8 @@ def test_every_negative_control_gets_an_error_finding_diagnosed_as_its_own_defec
             named = {(f["check"], f.get("referee_check")) for f in found if f["variant"] == f"broken.{name}"
                      and f["severity"] == "error"}
             assert named == {("referee", check)}, (name, named)
+    for control, checks in OWN_WARNINGS.items():
+        assert checks <= {f["check"] for f in found if f["variant"] == control and f["severity"] == "warning"}
     for control, mistake in OWN_DEFECT.items():
         named = {f.get("diagnosis") for f in found if f["variant"] == control and f["severity"] == "error"}
         assert mistake in named, (control, named)

@@ -17,7 +17,7 @@ from audit.workload.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, check_name
 
 
 def base_axes(**override):
-    axes = dict(variant=("eager",), device=("cpu",), dtype=("fp32",), d_k=(16,), seq_len=(8,),
+    axes = dict(variant=("eager",), device=("cpu",), dtype=("fp32",), d_k=(16,), d_v=(16,), seq_len=(8,),
                 batch=(1,), heads=(2,), kv_heads=(2,), causal=(False,), scenario=("normal",))
     axes.update(override)
     return axes
@@ -32,7 +32,7 @@ def test_case_id_examples():
 
 def test_case_id_changes_with_every_axis():
     case = Case("sdpa", "cpu", "bf16", 64, 1024, 1, 8, True)
-    changed = dict(variant="eager", device="cuda", dtype="fp16", d_k=32, seq_len=512, batch=2,
+    changed = dict(variant="eager", device="cuda", dtype="fp16", d_k=32, d_v=48, seq_len=512, batch=2,
                    heads=4, kv_heads=2, causal=False, scenario="other")
     assert set(changed) == set(AXES)
     ids = {case.id}

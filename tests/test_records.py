@@ -87,9 +87,9 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_12_with_migrations_from_1_to_11():
-    assert SCHEMA_VERSION == 12
-    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
+def test_schema_is_13_with_migrations_from_1_to_12():
+    assert SCHEMA_VERSION == 13
+    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 
 
 @pytest.mark.parametrize("schema, added", [
@@ -111,6 +111,9 @@ def test_schema_is_12_with_migrations_from_1_to_11():
     # schema 11 had no referee: null (not refereed), not True (passed)
     (11, ("referee_inputs_untouched", "referee_values_follow", "referee_every_call", "referee_physically_possible",
           "referee_detail", "fwd_fenced_ms")),
+    # schema 12 had no packed, paged or invariance checks: null (not checked), not 0 or True
+    (12, ("cross_doc_max_change", "paged_unread_max_change", "paged_diagnosis", "batch_invariant",
+          "chunk_invariant", "chunk_within_budget", "invariance_reason", "page_size")),
 ])
 def test_an_older_record_reads_with_the_columns_it_did_not_measure_null(tmp_path, schema, added):
     old = full_record()

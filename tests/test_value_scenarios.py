@@ -164,12 +164,14 @@ def test_correct_variants_are_within_budget_on_every_value_scenario(scenario):
 
 def test_the_quick_and_cpu_presets_run_the_value_scenarios_for_every_variant_and_control():
     """Every variant in both; every control in cpu, and in quick the ones whose defect shows there."""
+    from audit.workload.layout_controls import LAYOUT_CONTROLS
     table = presets.presets()
     # every built-in but flex and the LSE-only ops (their own sub-grids), compiled ones included; every
     # control but the GQA ones (on GQA cells only) and the referee's (right values: their own cells)
-    own = ("flex",) + presets.LSE_VARIANTS + presets.CUDA_LSE_OPS
+    own = ("flex",) + presets.LSE_VARIANTS + presets.CUDA_LSE_OPS + presets.LAYOUT_VARIANTS
+    layout_controls = {"broken." + c for c in LAYOUT_CONTROLS}          # the layouts' own cells
     expected = ({v for v in BUILTIN_NAMES if v not in own} | set(NEGATIVE_CONTROLS)) - set(GQA_CONTROLS) \
-        - set(REFEREE_CONTROL_NAMES)
+        - set(REFEREE_CONTROL_NAMES) - layout_controls
     assert {"compiled", "sdpa", "broken.zero_keys_as_padding"} <= expected
     value_controls = {c for c in NEGATIVE_CONTROLS if set(builtin_variants()[c].reveals or ()) <= set(VALUE_SCENARIOS)
                       and builtin_variants()[c].reveals}

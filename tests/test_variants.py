@@ -22,9 +22,12 @@ from audit.measure.reference import golden_attention
 from audit.workload import variants
 from audit.workload.inputs import make_inputs, seed_for, torch_dtype
 from audit.workload.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, REFEREE_CONTROL_NAMES, resolve
+from audit.workload.layout_controls import LAYOUT_CONTROLS
 
 # the controls of a numerics defect (their weights exposed, their defect in the output or gradients)
-NUMERICS_CONTROLS = [c for c in NEGATIVE_CONTROLS if c not in REFEREE_CONTROL_NAMES]
+# the layouts' controls (packed, paged, latent, invariance): tests/test_layouts.py
+LAYOUT_CONTROL_NAMES = [c for c in NEGATIVE_CONTROLS if c.removeprefix("broken.") in LAYOUT_CONTROLS]
+NUMERICS_CONTROLS = [c for c in NEGATIVE_CONTROLS if c not in REFEREE_CONTROL_NAMES + tuple(LAYOUT_CONTROL_NAMES)]
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 AGREEING = ("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash")
@@ -60,7 +63,7 @@ def test_builtin_registry_matches_names():
 
 
 def test_negative_controls_are_a_separate_name_space():
-    assert len(NEGATIVE_CONTROLS) == 20
+    assert len(NEGATIVE_CONTROLS) == 26
     assert set(NEGATIVE_CONTROLS) == {"broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
                                       "broken.no_max_subtraction", "broken.softmax_wrong_dim",
                                       "broken.zero_keys_as_padding",
@@ -70,7 +73,11 @@ def test_negative_controls_are_a_separate_name_space():
                                       # the referee's (tests/test_referee.py): SDPA's values, one trick each
                                       "broken.writes_input", "broken.pointer_cache", "broken.background_thread",
                                       "broken.tensor_subclass", "broken.finds_reference",
-                                      "broken.skips_after_warmup", "broken.patches_timer", "broken.value_cache"}
+                                      "broken.skips_after_warmup", "broken.patches_timer", "broken.value_cache",
+                                      # the layouts' (tests/test_layouts.py)
+                                      "broken.document_boundary_ignored", "broken.cu_seqlens_off_by_one",
+                                      "broken.paged_extra_page", "broken.paged_wrong_sequence",
+                                      "broken.v_read_at_k_stride", "broken.batch_dependent_splits"}
     assert set(variants.GQA_CONTROLS) <= set(NEGATIVE_CONTROLS)
     assert not set(NEGATIVE_CONTROLS) & set(BUILTIN_NAMES)
     for name in NEGATIVE_CONTROLS:
@@ -78,7 +85,7 @@ def test_negative_controls_are_a_separate_name_space():
         assert name.startswith(variants.BROKEN_PREFIX)
         assert v.family == "broken" and v.negative_control
         assert v.description.startswith("NEGATIVE CONTROL")
-        assert (v.probs is not None) == (name not in REFEREE_CONTROL_NAMES) and not v.compiled
+        assert (v.probs is not None) == (name in NUMERICS_CONTROLS) and not v.compiled
     for name in BUILTIN_NAMES:
         v = resolve(name)
         assert v.family != "broken" and not v.negative_control
@@ -88,7 +95,7 @@ def test_negative_controls_are_a_separate_name_space():
 def test_probs_is_exposed_by_hand_written_variants_only():
     table = variants.builtin_variants()
     with_probs = {name for name, v in table.items() if v.probs is not None}
-    assert with_probs == {"eager", "eager_fp32"} | set(NEGATIVE_CONTROLS) - set(REFEREE_CONTROL_NAMES)
+    assert with_probs == {"eager", "eager_fp32"} | set(NUMERICS_CONTROLS)
 
 
 @pytest.mark.parametrize("name", ["eager", "eager_fp32", *NUMERICS_CONTROLS])

@@ -18,53 +18,15 @@ from ..core.grid import INPUT_AXES
 from ..core.referee import REFEREE_CHECKS
 from ..core.referee import column as referee_column
 from ..core.runfolder import FINDINGS_FILE
+from .finding_rows import NEGATIVE_CONTROL_PREFIX, _finding, _num, _ok, _per_variant, _real_code, _rows_where, _where
+from .layout_rules import check_cross_document, check_invariance, check_paged_reads
 
-NEGATIVE_CONTROL_PREFIX = "broken."
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 FINFO_MIN_SCENARIO = "fully_masked_finfo_min"
 FP16_RANGE_SCENARIO = "fp16_range"
 SATURATION_EXCESS = 0.25     # a variant's one-hot row fraction above the golden's by more: `saturation`
 INPUT_SATURATION = 0.5       # the golden's one-hot row fraction above which inputs saturate softmax
 UNDERFLOW_FRAC = 0.01        # probabilities exactly 0 where float64 is positive, above which: `underflow`
-
-
-def _finding(check: str, severity: str, variant: str, message: str, cells: Iterable[str]) -> dict:
-    return {"check": check, "severity": severity, "variant": variant, "message": message,
-            "cells": sorted(cells)}
-
-
-def _ok(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[frame["status"] == "ok"]
-
-
-def _real_code(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows of real variants: a finding about several variants at once ("*") is about the
-    user's code, so the negative controls (broken.*), built to fail, stay out of it."""
-    return frame[~frame["variant"].astype(str).str.startswith(NEGATIVE_CONTROL_PREFIX)]
-
-
-def _num(frame: pd.DataFrame, col: str) -> pd.Series:
-    if col not in frame:
-        return pd.Series(float("nan"), index=frame.index)
-    return pd.to_numeric(frame[col], errors="coerce")
-
-
-def _where(rows: pd.DataFrame) -> str:
-    """'scenarios a, b; dtypes fp16' for the cells a finding covers."""
-    parts = []
-    for col, label in (("scenario", "scenarios"), ("dtype", "dtypes")):
-        values = sorted(set(rows[col].astype(str)))
-        parts.append(f"{label} {', '.join(values)}")
-    return "; ".join(parts)
-
-
-def _per_variant(rows: pd.DataFrame, make: Callable[[str, pd.DataFrame], dict | None]) -> list[dict]:
-    out = []
-    for variant, group in rows.groupby("variant", sort=True):
-        found = make(str(variant), group)
-        if found:
-            out.append(found)
-    return out
 
 
 def check_nonfinite(frame: pd.DataFrame) -> list[dict]:
@@ -201,11 +163,6 @@ def check_lse_masked_rows(frame: pd.DataFrame) -> list[dict]:
                         f"{_where(g)}): a merge of partial results reads only -inf (or +inf, FlashAttention-2's) "
                         f"as an empty part, so such a row weighs its part's output in (or becomes NaN).", g["id"])
     return _per_variant(rows, make)
-
-
-def _rows_where(frame: pd.DataFrame, test: Callable[[dict], bool]) -> pd.Series:
-    """A bool per row: `test` (a core.defects rule) on the row as a record."""
-    return pd.Series([bool(test(r)) for r in frame.to_dict("records")], index=frame.index, dtype=bool)
 
 
 def check_masked_leakage(frame: pd.DataFrame) -> list[dict]:
@@ -455,9 +412,10 @@ def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
 
 RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
     check_nonfinite, check_error_budget, check_grad_error_budget, check_lse_error_budget, check_lse_grad_budget,
-    check_lse_masked_rows, check_masked_leakage, check_fully_masked_rows,
+    check_lse_masked_rows, check_masked_leakage, check_cross_document, check_paged_reads, check_fully_masked_rows,
     check_finfo_min_masks, check_fp16_range, check_saturation, check_compiled_rewrite, check_graph_breaks,
-    check_alignment, check_underflow, check_memory_leak, check_nondeterministic, check_deterministic_mode,
+    check_alignment, check_underflow, check_memory_leak, check_nondeterministic, check_invariance,
+    check_deterministic_mode,
     check_referee, check_failed_cells,
 )
 

@@ -8,6 +8,9 @@ from typing import Any, Mapping
 # The tensors the determinism check compares between runs (measure/repeats.py), in this order in
 # repeat_differs.
 REPEATED_TENSORS = ("out", "dq", "dk", "dv")
+# The checks whose findings are warnings (a property a user may accept, as nondeterminism) and yet a
+# defect: a negative control built to show one of them is caught by its warning.
+WARNING_DEFECTS = ("nondeterministic", "batch_invariance", "chunk_invariance")
 LEAK_OVER_NOISE = 10.0   # a leak changes the output by more than this × the variant's run-to-run difference
 
 
@@ -25,6 +28,17 @@ def leaks(rec: Mapping[str, Any]) -> bool:
     weights put probability on them."""
     return (_number(rec.get("leak_max_change")) > LEAK_OVER_NOISE * _number(rec.get("repeat_max_diff"))
             or _number(rec.get("leak_mass")) > 0)
+
+
+def crosses_documents(rec: Mapping[str, Any]) -> bool:
+    """Packed documents see each other: a document's output changes with the others' keys and
+    values by more than the variant's run-to-run difference."""
+    return _number(rec.get("cross_doc_max_change")) > LEAK_OVER_NOISE * _number(rec.get("repeat_max_diff"))
+
+
+def reads_unused_slots(rec: Mapping[str, Any]) -> bool:
+    """A paged kernel's output depends on slots of its cache it must not read."""
+    return _number(rec.get("paged_unread_max_change")) > LEAK_OVER_NOISE * _number(rec.get("repeat_max_diff"))
 
 
 def nonfinite(rec: Mapping[str, Any]) -> bool:

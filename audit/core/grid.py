@@ -16,12 +16,14 @@ DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 # Axes in the order they appear in ids, records and tables.
 AXES: tuple[str, ...] = (
-    "variant", "device", "dtype", "d_k", "seq_len", "batch", "heads", "kv_heads", "causal", "scenario",
+    "variant", "device", "dtype", "d_k", "d_v", "seq_len", "batch", "heads", "kv_heads", "causal", "scenario",
 )
-INT_AXES: tuple[str, ...] = ("d_k", "seq_len", "batch", "heads", "kv_heads")
+INT_AXES: tuple[str, ...] = ("d_k", "d_v", "seq_len", "batch", "heads", "kv_heads")
 # Axes a sub-grid or a command line may leave out, and what they then are: kv_heads
-# left out (None) equals heads, plain multi-head attention.
-OPTIONAL_AXES: dict[str, tuple] = {"kv_heads": (None,)}
+# left out (None) equals heads, plain multi-head attention; d_v left out equals d_k.
+OPTIONAL_AXES: dict[str, tuple] = {"d_v": (None,), "kv_heads": (None,)}
+# The optional axes' defaults: the axis a None follows (a Case normalises a value equal to it to None).
+FOLLOWS: dict[str, str] = {"d_v": "d_k", "kv_heads": "heads"}
 # Every axis but the variant: the cells sharing these share inputs and the float64 reference.
 INPUT_AXES: tuple[str, ...] = tuple(a for a in AXES if a != "variant")
 
@@ -43,8 +45,13 @@ class Case:
     # what kv_heads == heads becomes) is multi-head attention, so kv_heads follows heads when
     # heads changes. Last, with a default: a Case built positionally is the same cell as before.
     kv_heads: int | None = None
+    # The value head dimension when it differs from d_k (latent attention: DeepSeek's MLA has
+    # d_k 192 with d_v 128). None (also what d_v == d_k becomes) follows d_k.
+    d_v: int | None = None
 
     def __post_init__(self) -> None:
+        if self.d_v is not None and self.d_v == self.d_k:
+            object.__setattr__(self, "d_v", None)
         if self.kv_heads is None:
             return
         if self.kv_heads <= 0 or self.heads % self.kv_heads:
@@ -59,6 +66,16 @@ class Case:
         return self.heads if self.kv_heads is None else self.kv_heads
 
     @property
+    def effective_d_v(self) -> int:
+        """The value head dimension: d_v, or d_k when they are equal."""
+        return self.d_k if self.d_v is None else self.d_v
+
+    @property
+    def latent(self) -> bool:
+        """True when values have another head dimension than queries and keys (d_v != d_k)."""
+        return self.d_v is not None
+
+    @property
     def gqa(self) -> bool:
         """True when keys and values have fewer heads than queries (GQA or MQA)."""
         return self.kv_heads is not None
@@ -66,21 +83,29 @@ class Case:
     @property
     def id(self) -> str:
         """Stable, readable id, e.g. `sdpa-cpu-bf16-d64-T1024-B1-H8-causal-normal`; a GQA cell
-        adds its key/value heads after H (`-H16-KV4-`), so every multi-head id is unchanged."""
+        adds its key/value heads after H (`-H16-KV4-`), a cell with d_v != d_k its value head
+        dimension after d (`-d192v128-`), so every other id is unchanged."""
         mask = "causal" if self.causal else "full"
         kv = f"-KV{self.kv_heads}" if self.gqa else ""
-        return (f"{self.variant}-{self.device}-{self.dtype}-d{self.d_k}-T{self.seq_len}"
+        dv = f"v{self.d_v}" if self.latent else ""
+        return (f"{self.variant}-{self.device}-{self.dtype}-d{self.d_k}{dv}-T{self.seq_len}"
                 f"-B{self.batch}-H{self.heads}{kv}-{mask}-{self.scenario}")
 
     @property
     def input_key(self) -> tuple:
-        """Cells sharing this key share inputs and the float64 reference. kv_heads enters only
-        when it differs from heads, so multi-head cells keep the key (and seed) they always had."""
-        return tuple(getattr(self, a) for a in INPUT_AXES if a != "kv_heads" or self.gqa)
+        """Cells sharing this key share inputs and the float64 reference. An optional axis enters
+        only when it differs from the axis it follows, so the other cells keep the key (and seed)
+        they always had."""
+        return tuple(getattr(self, a) for a in INPUT_AXES if a not in OPTIONAL_AXES or getattr(self, a) is not None)
 
     def axes(self) -> dict[str, Any]:
-        """The axis values in AXES order (the record's axis columns; kv_heads always a number)."""
-        return {a: self.effective_kv_heads if a == "kv_heads" else getattr(self, a) for a in AXES}
+        """The axis values in AXES order (the record's axis columns; an optional axis always a number)."""
+        return {a: self.effective(a) for a in AXES}
+
+    def effective(self, axis: str) -> Any:
+        """An axis's value, an optional axis left at None read as the axis it follows."""
+        value = getattr(self, axis)
+        return getattr(self, FOLLOWS[axis]) if value is None and axis in FOLLOWS else value
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> "Case":

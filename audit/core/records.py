@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator
 from .referee import REFEREE_CHECKS, column as referee_column
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 # Every column a user can rely on, with its meaning. docs/output.md's column table is
@@ -23,11 +23,12 @@ STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 # that computes it, one entry here.
 COLUMNS: dict[str, str] = {
     "schema": "record schema version (integer)",
-    "id": "cell id: variant-device-dtype-d{d_k}-T{seq_len}-B{batch}-H{heads}-{causal|full}-{scenario}; a GQA/MQA cell adds -KV{kv_heads} after H",
+    "id": "cell id: variant-device-dtype-d{d_k}-T{seq_len}-B{batch}-H{heads}-{causal|full}-{scenario}; a GQA/MQA cell adds -KV{kv_heads} after H, a cell with d_v != d_k adds v{d_v} after d{d_k} (d192v128)",
     "variant": "attention implementation (`python -m audit list`), broken.* for negative controls, or the plug-in spec",
     "device": "cpu or cuda",
     "dtype": "input dtype: fp32, fp16 or bf16",
-    "d_k": "head dimension",
+    "d_k": "head dimension of queries and keys",
+    "d_v": "head dimension of values and of the output: d_k unless the cell is latent attention (DeepSeek's MLA: d_k 192, d_v 128); v is (B, kv_heads, T, d_v)",
     "seq_len": "key length T (also the query length, except in the decode and cross_causal scenarios)",
     "batch": "batch size B",
     "heads": "number of heads H (query heads)",
@@ -122,6 +123,17 @@ COLUMNS: dict[str, str] = {
     "underflow_frac": "fraction of probabilities that are exactly 0 where the golden is > 0 (variants exposing weights)",
     "leak_mass": "largest probability mass a row puts on masked or future keys (variants exposing weights)",
     "leak_max_change": "largest output change, on rows that must not see them, when masked-out keys and values change (0 = no leak; null when nothing is masked)",
+    "cross_doc_max_change": "packed cells: largest change of the even-numbered documents' output when the other documents' keys and values (and the padding's) change (0 = no cross-document attention; null outside packed cells)",
+    "page_size": "paged cells of a paged variant: slots per page of the cache it was given (the preset's, or the size the kernel declares)",
+    "paged_unread_max_change": "paged cells, paged variants: largest output change between two calls whose pools differ only in the slots a correct kernel must not read (finite values there instead of NaN; 0 = it reads none; null otherwise)",
+    "paged_diagnosis": "paged cells where paged_unread_max_change > 0: the paged mistake (docs/numerics.md) the output on the first pool matches in float64, or none",
+    "paged_diagnosis_err": "RMSE of that output against the matched paged mistake",
+    "batch_invariant": "true when batch row 0 computed alone (B = 1) equals, bit for bit, the same row in the full batch (cells with B >= 2 and no mask tensor; null elsewhere)",
+    "batch_max_diff": "largest |difference| between row 0 alone and in the batch",
+    "chunk_invariant": "true when the queries in two chunks (chunked prefill: the first half against the first half of the keys, the second against all keys, bottom-right aligned) equal the single-shot output bit for bit (the batch check's cells)",
+    "chunk_max_diff": "largest |difference| between the two-chunk and the single-shot output",
+    "chunk_within_budget": "the two-chunk output within the cell's error budget against the float64 golden",
+    "invariance_reason": "why a batch or chunk invariance column is null where the check applies (the variant's call on a batch row alone or on a chunk failed)",
     "masked_rows": "what the variant returns on fully masked rows: nan, zero, uniform, other or mixed (null when none)",
     "causal_alignment": "causal with q_len != seq_len: which alignment the output follows (top-left, bottom-right, neither)",
     "golden_alignment": "causal with q_len != seq_len: the alignment the golden, the error columns, the leak check and the masked-row check follow: the variant's declared one (top-left unless a plug-in declares bottom-right; docs/variants.md)",
@@ -336,8 +348,17 @@ def _v11_to_v12(record: dict[str, Any]) -> dict[str, Any]:
     return _with_columns(record, 12)
 
 
+def _v12_to_v13(record: dict[str, Any]) -> dict[str, Any]:
+    """v13 added d_v (latent heads) and the packed, paged and invariance columns; every earlier cell had
+    d_v = d_k, and the new columns read null."""
+    out = _with_columns(record, 13)
+    if out.get("d_v") is None:
+        out["d_v"] = record.get("d_k")
+    return out
+
+
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
-              8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12}
+              8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12, 12: _v12_to_v13}
 
 
 class NewerSchema(ValueError):

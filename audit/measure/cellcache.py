@@ -11,6 +11,7 @@ from ..core.grid import Case
 from ..workload.inputs import Inputs, make_inputs
 from ..workload.eager import eager_lse_attention, kv_for_queries, masked_scores, softmax_with_sinks
 from ..workload.variants import Variant, apply_sinks_by_lse
+from ..workload.varlen import document_owner
 from .lse import merge_partials, split_calls
 from .referee import shifted_values
 from .numerics import error_vs_reference
@@ -62,6 +63,24 @@ def leak_probes(inputs: Inputs, alignment: str = "top-left") -> list[tuple[Any, 
     return probes
 
 
+def document_probe(inputs: Inputs) -> tuple[Any, Any, Any] | None:
+    """(k', v', rows) of a packed cell: k and v with large random changes on every odd-numbered
+    document and on the padding past cu_seqlens[-1]; rows: the even-numbered documents' rows, whose
+    output must not move. None for a cell without documents."""
+    import torch
+    if inputs.cu_seqlens is None:
+        return None
+    B, tk = inputs.k.shape[0], inputs.k.shape[-2]
+    owner = document_owner(inputs.cu_seqlens, B, tk)                            # (B, Tk)
+    kept = (owner >= 0) & (owner % 2 == 0)                                      # (B, Tk)
+    gen = torch.Generator().manual_seed(4321)
+    noise_k = (3.0 + torch.randn(inputs.k.shape, generator=gen)).to(inputs.k.device, inputs.k.dtype)
+    noise_v = (3.0 + torch.randn(inputs.v.shape, generator=gen)).to(inputs.v.device, inputs.v.dtype)
+    changed = (~kept)[:, None, :, None]                                         # (B, 1, Tk, 1)
+    return (torch.where(changed, inputs.k + noise_k, inputs.k), torch.where(changed, inputs.v + noise_v, inputs.v),
+            kept[:, None, :])                                                   # rows: (B, 1, Tq)
+
+
 @dataclass
 class Reference:
     """Everything computed once per input set: float64 golden(s) and the same-dtype baseline.
@@ -91,6 +110,8 @@ class Reference:
     # the referee's decoy of this input set and its offset's signs (referee.Vault.plant), built by its
     # first cell and taken by the others: one per input set, like the golden it is made from
     decoy: tuple | None = None
+    # a packed cell's cross-document probe (document_probe), None elsewhere
+    document_probe: tuple | None = None
 
     def take(self, t: Any) -> Any:
         return take_slices(t, self.slices)
@@ -141,7 +162,7 @@ def build_reference(case: Case, inputs: Inputs, alignment: str = "top-left") -> 
     alignment = reference_alignment(inputs, alignment)
     tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]
     slices = golden_slices(case.batch, case.heads, tq, tk, case.d_k, case.causal, case.device,
-                           kv_heads=case.effective_kv_heads)
+                           kv_heads=case.effective_kv_heads, d_v=case.effective_d_v)
     q, grad_out = (take_slices(t, slices) for t in (inputs.q, inputs.grad_out))
     k, v = (take_slices(t, slices, heads=case.heads) for t in (inputs.k, inputs.v))
     visible = take_slices(inputs.visible, slices)
@@ -165,7 +186,8 @@ def build_reference(case: Case, inputs: Inputs, alignment: str = "top-left") -> 
     moved = golden_attention(q, k, shifted_values(v), causal=inputs.causal, visible=visible, score_mod=mod,
                              alignment=alignment, sinks=sinks)          # the referee's new values, forward only
     return Reference(golden, by_alignment, base_out, base_grads,
-                     leak_probes(inputs, alignment), slices, rows, case.heads, alignment, extra, moved)
+                     leak_probes(inputs, alignment), slices, rows, case.heads, alignment, extra, moved,
+                     document_probe=document_probe(inputs))
 
 
 def sinks_for_slices(sinks: Any, slices: list[tuple[int, int]] | None) -> Any:
@@ -305,7 +327,7 @@ class BuildCache:
         mask = inputs.mask
         mask_kind = None if mask is None else (str(mask.dtype), tuple(mask.shape))
         return (variant.name, str(inputs.q.device), str(inputs.q.dtype), tuple(inputs.q.shape),
-                tuple(inputs.k.shape), inputs.causal, mask_kind, str(inputs.score_mod), inputs.sinks is not None)
+                tuple(inputs.k.shape), tuple(inputs.v.shape), inputs.causal, mask_kind, str(inputs.score_mod), inputs.sinks is not None)
 
     def get(self, variant: Variant, inputs: Inputs) -> tuple[Callable[..., Any], Build]:
         if not variant.compiled:

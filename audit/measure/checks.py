@@ -28,7 +28,7 @@ from ..core.defects import grad_outside_budget, lse_outside_budget, numerics_def
 from ..core.errors import Unsupported
 from ..core.grid import Case
 from ..core.timesplit import CELL_PHASES
-from ..workload.inputs import TORCH_DTYPES, Inputs
+from ..workload.inputs import TORCH_DTYPES, Inputs, invariance_applies
 from ..workload.presets import Preset
 from ..workload.variants import Variant
 from .cellcache import Reference, lse_rmse, merged_output, sinks_for_slices
@@ -61,6 +61,7 @@ class CellState:
     merged: Any = None                     # (B, H, Tq, d) float64 its halves' merge (the lse_merge check)
     grads: tuple | None = None             # (dq, dk, dv[, dsinks]) of the numerics forward+backward
     columns: dict[str, Any] = field(default_factory=dict)   # the record's measured columns so far
+    paged_call: Any = None                 # workload.varlen.PagedCall of a paged variant in a paged cell, or None
 
     @property
     def golden(self) -> Golden:
@@ -166,6 +167,40 @@ def leak(cell: CellState) -> dict[str, Any]:
         return {"leak_max_change": None}
     call = forward_with(cell)
     return {"leak_max_change": max(changed_max(cell.out, call(k2, v2), rows) for k2, v2, rows in probes)}
+
+
+@check("cross_document", needs=("out", "golden", "variant"), phase="leak",
+       when=lambda cell: cell.ref.document_probe is not None)
+def cross_document(cell: CellState) -> dict[str, Any]:
+    """Packed cells: the largest change of a document's output when the other documents' keys and
+    values change (every other document kept, the rest and the padding perturbed)."""
+    k2, v2, rows = cell.ref.document_probe
+    return {"cross_doc_max_change": changed_max(cell.out, forward_with(cell)(k2, v2), rows)}
+
+
+@check("paged_reads", needs=("out", "golden", "variant"), phase="leak", when=lambda cell: cell.paged_call is not None)
+def paged_reads(cell: CellState) -> dict[str, Any]:
+    """Paged cells: the variant on two pools that differ only in the slots it must not read (finite
+    values there, not NaN): its output must not change. Where it does, which paged mistake
+    (workload/paged_mistakes.py) its output on the first pool matches, in float64."""
+    from .paged import paged_reads_columns
+    return paged_reads_columns(cell)
+
+
+@check("batch_invariance", needs=("out", "golden", "variant"), phase="invariance",
+       when=lambda cell: invariance_applies(cell.case)[0])
+def batch_invariance(cell: CellState) -> dict[str, Any]:
+    """Batch row 0 computed alone against the same row in the full batch (measure/invariance.py)."""
+    from .invariance import batch_columns
+    return batch_columns(cell)
+
+
+@check("chunk_invariance", needs=("out", "golden", "variant"), phase="invariance",
+       when=lambda cell: invariance_applies(cell.case)[1])
+def chunk_invariance(cell: CellState) -> dict[str, Any]:
+    """The queries in two chunks (chunked prefill) against the single-shot output (measure/invariance.py)."""
+    from .invariance import chunk_columns
+    return chunk_columns(cell)
 
 
 @check("causal_alignment", needs=("out", "golden"))
@@ -326,7 +361,8 @@ def _keys_only(cell: CellState) -> Any:
     return keys_only_lse(cell.lse, cell.inputs.sinks, cell.variant.lse_includes_sink)
 
 
-@check("lse_merge", needs=("out", "golden", "variant"), when=_returns_lse)
+@check("lse_merge", needs=("out", "golden", "variant"),
+       when=lambda cell: _returns_lse(cell) and "cu_seqlens" not in cell.kwargs)   # documents cannot be halved
 def lse_merge(cell: CellState) -> dict[str, Any]:
     """The variant on the keys split in two, the halves' (out, lse) merged as split-KV and ring
     attention merge them (sinks applied once, after), against the float64 golden: RMSE, ratio to

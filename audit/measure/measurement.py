@@ -176,6 +176,7 @@ def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset
     referee.pin_timers()                        # before the variant is built (imported, compiled)
     with phases("setup"):
         fn, build = (builds or BuildCache()).get(variant, inputs)
+        fn = _in_form(fn, variant, inputs, preset)
     counts_before = (compiled_graph_count() if variant.compiled else 0, graph_break_count(),
                      fused_attention_count() if variant.compiled else 0,
                      compile_cache.snapshot() if variant.compiled else None)
@@ -184,14 +185,17 @@ def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset
     # variant's); the sinks are a leaf of their own (their gradient is checked).
     q, k, v = (referee.own_copy(t, True) for t in (inputs.q, inputs.k, inputs.v))
     kwargs = {name: referee.own_copy(t, name == "sinks") if refereeing.is_tensor(t) else t
-              for name, t in inputs.call_kwargs().items()}
+              for name, t in inputs.call_kwargs(variant.forms).items()}
     vault = referee.Vault([ref.golden, *ref.by_alignment.values(), ref.values_moved], (*q.shape[:-1], v.shape[-1]),
                           ref.slices, refereeing.error_budget(ref, case.dtype))
     ref.decoy = vault.plant(ref.golden.out, ref.decoy)
     cell = _Cell(case, variant, inputs, ref, preset, vault.guard(fn), q, k, v, kwargs)
+    cell.paged_call = fn if "paged" in variant.forms else None
+    if cell.paged_call is not None:
+        cell.columns["page_size"] = fn.layout.page_size
     cell.grad_out = referee.own_copy(inputs.grad_out, False)
     cell.pristine = dict(q=inputs.q, k=inputs.k, v=inputs.v, grad_out=inputs.grad_out,
-                         **{name: t for name, t in inputs.call_kwargs().items() if refereeing.is_tensor(t)})
+                         **{name: t for name, t in inputs.call_kwargs(variant.forms).items() if refereeing.is_tensor(t)})
     cell.vault, cell.verdicts = vault, referee.Verdicts()
     cell.phases, cell.sync, cell.build, cell.counts_before = phases, sync_for(case.device), build, counts_before
     cell.n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
@@ -200,6 +204,20 @@ def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset
     cell.columns.update(q_len=q.shape[-2],
                         golden_subset=None if ref.slices is None else [list(p) for p in ref.slices])
     return cell
+
+
+def _in_form(fn: Callable[..., Any], variant: Variant, inputs: Inputs, preset: Preset) -> Callable[..., Any]:
+    """The variant's callable in the layout it declares for this cell: a "paged" variant behind
+    varlen.PagedCall in a paged cell, its pages of the size it declares or the preset's
+    (Unsupported in any other cell: it takes nothing but a cache)."""
+    from ..core.errors import Unsupported
+    from ..workload.varlen import PagedCall
+    if "paged" not in variant.forms:
+        return fn
+    if inputs.paged is None:
+        raise Unsupported(f"{variant.name} takes a paged KV cache (block table and pools): only the paged "
+                          "scenario has one")
+    return PagedCall(fn, inputs.paged.with_page_size(variant.page_size or preset.page_size))
 
 
 def _first_calls(cell: _Cell) -> None:
@@ -358,7 +376,9 @@ def _derived(cell: _Cell, ceilings: dict | None, meter: Any) -> None:
     if timed_on_device:
         m["host_bound"] = any(s.host_median_s > s.median_s for s in timed_on_device)
     tq, tk = cell.q.shape[-2], cell.k.shape[-2]
-    flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal)   # per query head
+    pairs = work_pairs(cell)
+    flops = attention_flops(case.batch, case.heads, tq, tk, case.d_k, case.causal, d_v=case.effective_d_v,
+                            pairs=pairs)   # per query head
     m["flops"] = flops
     m["gflops_per_s"] = flops / fwd.median_s / 1e9
     if fb is not None:
@@ -384,7 +404,7 @@ def _derived(cell: _Cell, ceilings: dict | None, meter: Any) -> None:
     for key in ("max_logit", "max_qk"):
         m[key] = golden.saturation[key]
     m["golden_onehot_frac"] = golden.saturation["onehot_frac"]
-    m.update(_roofline(case, tq, cell.inputs, fwd, fb, ceilings))
+    m.update(_roofline(case, tq, cell.inputs, fwd, fb, ceilings, pairs))
     with cell.phases("referee"):
         refereeing.physically_possible(cell, ceilings)
     with cell.phases("energy"), cell.vault.sealed_for():      # the goldens out of reach, as in the timed calls
@@ -474,13 +494,22 @@ def _timing_method(case: Case, preset: Preset, forward: Callable[[], Any],
         return forward, forward_backward, f"eager calls (CUDA-graph capture failed: {failure_reason(exc)})"
 
 
+def work_pairs(cell: "_Cell") -> int | None:
+    """The visible (query, key) pairs summed over batch and heads where the scenario's visibility is
+    the work (inputs.Scenario.work_is_visible: packed documents), else None (the causal or full count)."""
+    from ..workload.inputs import SCENARIOS
+    if not SCENARIOS[cell.case.scenario].work_is_visible:
+        return None
+    return referee.visible_pairs(cell.inputs, cell.ref.alignment)
+
+
 def _roofline(case: Case, tq: int, inputs: Inputs, fwd: Samples, fb: Samples | None,
-              ceilings: dict | None) -> dict[str, Any]:
+              ceilings: dict | None, pairs: int | None = None) -> dict[str, Any]:
     from .roofline import ROOFLINE_COLUMNS, cell_roofline
     if not ceilings:
         return {col: None for col in ROOFLINE_COLUMNS}
     mask = inputs.mask
-    case_like = dict(case.axes(), q_len=tq,
+    case_like = dict(case.axes(), q_len=tq, pairs=pairs,
                      mask_bytes=0 if mask is None else mask.numel() * mask.element_size())
     return cell_roofline(case_like, fwd.median_s, fb.median_s if fb else None, ceilings)
 

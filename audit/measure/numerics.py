@@ -238,18 +238,26 @@ class SaturationAccumulator:
                 "onehot_frac": onehot / rows}
 
 
-def attention_flops(batch: int, heads: int, tq: int, tk: int, d: int, causal: bool) -> int:
-    """Forward FLOPs, FlashAttention convention: 4·B·H·(visible pairs)·d.
+def attention_flops(batch: int, heads: int, tq: int, tk: int, d: int, causal: bool, *,
+                    d_v: int | None = None, pairs: int | None = None) -> int:
+    """Forward FLOPs, FlashAttention convention: 2·B·H·(visible pairs)·(d + d_v), which is
+    4·B·H·pairs·d when d_v = d (QKᵀ costs 2·d per pair, PV 2·d_v).
 
-    Causal (top-left) counts only the pairs a query can see.
+    Causal (top-left) counts only the pairs a query can see. `pairs`: the visible (query, key)
+    pairs summed over batch and heads, where the scenario's own visibility is the work
+    (Scenario.work_is_visible: packed documents, a paged cache's used lengths), instead of the
+    causal or full count of each slice.
     """
+    d_v = d if d_v is None else d_v
+    if pairs is not None:
+        return 2 * pairs * (d + d_v)
     if causal:
         # query i sees keys 0..min(i, tk-1): a triangle, then full rows past tk
         tri = min(tq, tk)
         pairs = tri * (tri + 1) // 2 + max(tq - tk, 0) * tk
     else:
         pairs = tq * tk
-    return 4 * batch * heads * pairs * d
+    return 2 * batch * heads * pairs * (d + d_v)
 
 
 BACKWARD_FLOP_FACTOR = 2.5  # backward = 2.5 x forward (FlashAttention convention)

@@ -213,7 +213,7 @@ def physically_possible(cell: Any, ceilings: dict | None) -> None:
             continue
         seconds = max(samples.median_s, (cell.fenced or {}).get(key) or 0.0)
         nbytes = attention_bytes(case.batch, case.heads, tq, tk, cell.q.shape[-1], case.dtype, mask_bytes=mask_bytes,
-                                 backward=backward, kv_heads=cell.k.shape[1])
+                                 backward=backward, kv_heads=cell.k.shape[1], d_v=d_v)
         spread = max(spreads.get(case.dtype) or 1.0, spreads.get("copy") or 1.0)
         ok, seen = referee.physical_verdict(f"the {label}", seconds, flops * factor, nbytes, peak_flops, peak_bw,
                                             spread, recheck=lambda: ceilings_now(case.device, case.dtype, ceilings))

@@ -129,7 +129,7 @@ def golden_attention(q: Any, k: Any, v: Any, *, grad_out: Any = None, causal: bo
     B, H, Tq, d = q64.shape
     Tk = k64.shape[-2]
     scale = d ** -0.5 if scale is None else scale
-    out = torch.empty_like(q64)                                                # (B, H, Tq, d)
+    out = q64.new_empty(B, H, Tq, v64.shape[-1])                               # (B, H, Tq, dv)
     lse = torch.empty(B, H, Tq, dtype=torch.float64, device=q.device)          # (B, H, Tq)
     dq, dk, dv = ((torch.zeros_like(t) if grad_out is not None else None) for t in (q64, k64, v64))
     with_lse_grads = grad_out is not None and grad_lse is not None
@@ -221,13 +221,13 @@ def row_visibility(tq: int, tk: int, *, causal: bool, device: Any, visible: Any 
     return vis.any(-1).expand(vis.shape[0], 1, tq)                            # (B|1, 1, Tq)
 
 
-def golden_flops(tq: int, tk: int, d: int, causal: bool) -> float:
+def golden_flops(tq: int, tk: int, d: int, causal: bool, d_v: int | None = None) -> float:
     """Float64 FLOPs of one (batch, head) slice's golden, forward and backward."""
-    return float(attention_flops(1, 1, tq, tk, d, causal)) * (1 + BACKWARD_FLOP_FACTOR)
+    return float(attention_flops(1, 1, tq, tk, d, causal, d_v=d_v)) * (1 + BACKWARD_FLOP_FACTOR)
 
 
 def golden_slices(batch: int, heads: int, tq: int, tk: int, d: int, causal: bool,
-                  device: str, kv_heads: int | None = None) -> list[tuple[int, int]] | None:
+                  device: str, kv_heads: int | None = None, d_v: int | None = None) -> list[tuple[int, int]] | None:
     """The (batch, query head) slices the golden covers: None for all of them, else k groups
     evenly spaced over b·Hkv + g (the first always included), k = budget // one group's FLOPs,
     >= 1, each group with all its H / Hkv query heads (so the kv heads' gradients are whole).
@@ -240,7 +240,7 @@ def golden_slices(batch: int, heads: int, tq: int, tk: int, d: int, causal: bool
     kv = heads if kv_heads is None else kv_heads
     group = heads // kv
     n = batch * kv
-    k = max(1, int(budget // max(1.0, group * golden_flops(tq, tk, d, causal))))
+    k = max(1, int(budget // max(1.0, group * golden_flops(tq, tk, d, causal, d_v))))
     if k >= n:
         return None
     picked = ((i * n // k) for i in range(k))

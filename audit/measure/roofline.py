@@ -313,23 +313,27 @@ def matmul_plausibility(ceilings: Mapping[str, Any], dtype: str) -> tuple[bool |
 
 
 def attention_bytes(batch: int, heads: int, q_len: int, kv_len: int, d: int, dtype: str, *,
-                    mask_bytes: int = 0, backward: bool = False, kv_heads: int | None = None) -> int:
+                    mask_bytes: int = 0, backward: bool = False, kv_heads: int | None = None,
+                    d_v: int | None = None) -> int:
     """Fewest bytes an attention call must move through memory (the roofline's byte count).
 
-    Forward: read Q (B·H·Tq·d), K and V (B·Hkv·Tk·d each, Hkv = kv_heads, default H) and
-    the mask, write O (B·H·Tq·d). With backward=True: the whole forward+backward, i.e. the forward
+    Forward: read Q (B·H·Tq·d), K (B·Hkv·Tk·d), V (B·Hkv·Tk·d_v; Hkv = kv_heads, default H,
+    d_v default d) and the mask, write O (B·H·Tq·d_v). With backward=True: the whole forward+backward, i.e. the forward
     plus a backward that reads Q, K, V, O, dO and the mask again and writes dQ,
     dK, dV. Intermediates (scores, probabilities, softmax statistics) are not
     counted: a fused kernel keeps them on chip, so this is a lower bound and the
     byte-bound time it gives is the best any implementation can reach.
     """
     size = DTYPE_BYTES[dtype]
+    d_v = d if d_v is None else d_v
     q = batch * heads * q_len * d * size
-    kv = batch * (heads if kv_heads is None else kv_heads) * kv_len * d * size
-    fwd = q + 2 * kv + mask_bytes + q                           # Q, K, V, mask in; O out
+    o = batch * heads * q_len * d_v * size                       # O, dO
+    kv_rows = batch * (heads if kv_heads is None else kv_heads) * kv_len * size
+    kv = kv_rows * (d + d_v)                                     # K and V
+    fwd = q + kv + mask_bytes + o                                # Q, K, V, mask in; O out
     if not backward:
         return fwd
-    bwd = (3 * q + 2 * kv + mask_bytes) + (q + 2 * kv)           # Q, O, dO, K, V, mask in; dQ, dK, dV out
+    bwd = (q + 2 * o + kv + mask_bytes) + (q + kv)               # Q, O, dO, K, V, mask in; dQ, dK, dV out
     return fwd + bwd
 
 
@@ -370,7 +374,8 @@ def cell_roofline(case_like: Mapping[str, Any], fwd_s: float | None, fwd_bwd_s: 
     """A cell's roofline columns (ROOFLINE_COLUMNS) from its measured times and the run's ceilings.
 
     `case_like` needs batch, heads, seq_len (key length), d_k, dtype, causal and
-    optionally kv_heads (defaults to heads), q_len (defaults to seq_len) and mask_bytes (bytes of an explicit
+    optionally kv_heads (defaults to heads), d_v (defaults to d_k), pairs (visible pairs per slice,
+    when the scenario counts them: packed documents), q_len (defaults to seq_len) and mask_bytes (bytes of an explicit
     mask tensor; 0 when the kernel builds the mask, as for causal). FLOPs follow
     numerics.attention_flops (causal counts visible pairs only); forward+backward
     is (1 + BACKWARD_FLOP_FACTOR) × forward. Times are seconds per call (medians);
@@ -381,13 +386,15 @@ def cell_roofline(case_like: Mapping[str, Any], fwd_s: float | None, fwd_bwd_s: 
     tk = int(case_like["seq_len"])
     tq = int(case_like.get("q_len") or tk)
     d, dtype, causal = int(case_like["d_k"]), str(case_like["dtype"]), bool(case_like["causal"])
+    d_v = int(case_like.get("d_v") or d)
+    pairs = case_like.get("pairs")
     mask_bytes = int(case_like.get("mask_bytes") or 0)
 
     peak_flops = compute_ceiling(ceilings, dtype)
     peak_bw = ceilings.get("copy_bytes_per_s")
-    flops = attention_flops(b, h, tq, tk, d, causal)
-    nbytes = attention_bytes(b, h, tq, tk, d, dtype, mask_bytes=mask_bytes, kv_heads=hkv)
-    fb_bytes = attention_bytes(b, h, tq, tk, d, dtype, mask_bytes=mask_bytes, backward=True, kv_heads=hkv)
+    flops = attention_flops(b, h, tq, tk, d, causal, d_v=d_v, pairs=pairs)
+    nbytes = attention_bytes(b, h, tq, tk, d, dtype, mask_bytes=mask_bytes, kv_heads=hkv, d_v=d_v)
+    fb_bytes = attention_bytes(b, h, tq, tk, d, dtype, mask_bytes=mask_bytes, backward=True, kv_heads=hkv, d_v=d_v)
     pct, bound = pct_of_limit(flops, nbytes, fwd_s or 0.0, peak_flops, peak_bw)
     fb_pct, fb_bound = pct_of_limit(flops * (1 + BACKWARD_FLOP_FACTOR), fb_bytes, fwd_bwd_s or 0.0,
                                     peak_flops, peak_bw)

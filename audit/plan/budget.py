@@ -151,8 +151,8 @@ def tiers(pred: Any) -> tuple[dict[str, int], list[str]]:
     rows = list(ok.to_dict("records"))
     own = {r["id"]: float(r["total_s"]) - float(r.get("shared_s") or 0.0) for r in rows}
     shares = {r["id"]: tuple(r.get("shares") or ()) for r in rows}
-    baseline = {tuple(r[a] for a in INPUT_AXES): r["id"] for r in rows if r["variant"] == VERDICT_BASELINE}
-    partner = {r["id"]: baseline.get(tuple(r[a] for a in INPUT_AXES)) for r in rows}
+    baseline = {tuple(r.get(a) for a in INPUT_AXES): r["id"] for r in rows if r["variant"] == VERDICT_BASELINE}
+    partner = {r["id"]: baseline.get(tuple(r.get(a) for a in INPUT_AXES)) for r in rows}
     bought: set = set()
     tier: dict[str, int] = {}
 
@@ -228,7 +228,7 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
         return Selection(skip, tier, [])
     room = budget_s - reserve_s
     costs = {row["id"]: cell_cost(row) for row in kept_rows if row["status"] == "ok"}
-    keys = {row["id"]: tuple(row[a] for a in INPUT_AXES) for row in rows}
+    keys = {row["id"]: tuple(row.get(a) for a in INPUT_AXES) for row in rows}
     candidates = [i for i in pred["id"] if i not in skip]
 
     def with_sets(measured: set[str]) -> list[str]:

@@ -93,7 +93,9 @@ class RunData:
 
 def _case_of(row: Any) -> Case:
     kv = row.get("kv_heads")
+    dv = row.get("d_v")
     return Case(variant=row["variant"], device=row["device"], dtype=row["dtype"], d_k=int(row["d_k"]),
+                d_v=int(dv) if isinstance(dv, (int, float)) and dv == dv else None,
                 seq_len=int(row["seq_len"]), batch=int(row["batch"]), heads=int(row["heads"]),
                 causal=bool(row["causal"]), scenario=row.get("scenario") or "normal",
                 kv_heads=int(kv) if isinstance(kv, (int, float)) and kv == kv else None)

@@ -44,20 +44,22 @@ from ..measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from ..measure.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, MIN_QUEUED_S as ENERGY_QUEUED_S
 from ..measure.roofline import DTYPE_BYTES
 from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
+from ..workload.inputs import invariance_applies
 from ..workload.presets import Preset
-from ..workload.variants import BROKEN_PREFIX
+from .cell_work import (device_type, invariance_compile_keys, leak_probe_count, masked_rows_checked,  # noqa: F401
+                        paged_call, predicted_unsupported)
+from ..workload.variants import BROKEN_PREFIX, builtin_variants
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
 PRIORS_FILE = Path(__file__).with_name("cost_priors.json")
 PROBS_VARIANTS_PREFIX = "broken."
 PROBS_VARIANTS = ("eager", "eager_fp32")
-COMPILED_VARIANTS = ("compiled", "compiled_unfused", "flex", "hf:flex_attention")
+# The variants whose code is compiled per shape: the built-ins declaring it (Variant.compiled), and
+# transformers' flex_attention (a plug-in's or an hf: name's compiling is not known before it runs).
+COMPILED_VARIANTS: tuple[str, ...] = tuple(n for n, v in builtin_variants().items() if v.compiled) + (
+    "hf:flex_attention",)
 NO_CPU_BACKWARD = ("flex", "hf:flex_attention")   # FlexAttention: forward only on the CPU
 ENERGY_EDGE_WAIT_S = 0.1     # waiting for two energy-counter updates (20-100 ms apart)
-
-
-def device_type(device: str) -> str:
-    return "cuda" if str(device).startswith("cuda") else "cpu"
 
 
 # --------------------------------------------------------------------------- settings
@@ -79,6 +81,7 @@ class Settings:
     warmup_fwd_bwd_calls: int = 1   # ... and forward+backward ones (schema 8 and before: 2)
     lse_checks: bool = True         # the lse checks of variants returning one (schema 10 and before: none)
     referee: bool = True            # the referee's calls and float64 forward (schema 11 and before: none)
+    invariance: bool = True         # the batch and chunk invariance calls (schema 12 and before: none)
     cpu_chunk_bytes: int = 32 * 2**20
     cuda_chunk_bytes: int = 256 * 2**20
 
@@ -99,6 +102,8 @@ class Settings:
         argv = list(run_info.get("argv") or [])
         if "--energy-window-s" in argv:
             base = replace(base, energy_window_s=float(argv[argv.index("--energy-window-s") + 1]))
+        if int(run_info.get("schema", 3)) <= 12:
+            base = replace(base, invariance=False)
         if int(run_info.get("schema", 3)) <= 11:
             base = replace(base, referee=False)
         if int(run_info.get("schema", 3)) <= 10:
@@ -141,7 +146,7 @@ def diagnosis_flops(shape: "CellShape") -> float:
     from ..measure.diagnosis import DIAGNOSIS_FLOP_BUDGET
     from ..workload.mistakes import MISTAKES
     case = shape.case
-    per_slice = attention_flops(1, 1, shape.q_len, case.seq_len, case.d_k, causal=False)
+    per_slice = attention_flops(1, 1, shape.q_len, case.seq_len, case.d_k, causal=False, d_v=case.effective_d_v)
     budget = DIAGNOSIS_FLOP_BUDGET[device_type(case.device)]
     slices = max(1, min(case.batch * case.heads, int(budget // max(1, per_slice))))
     return float(len(MISTAKES) * slices * per_slice)
@@ -220,7 +225,7 @@ class CellShape:
         from .memory_model import kv_copy_elements
         tq = q_len(case)
         return cls(case, tq, float(attention_flops(case.batch, case.heads, tq, case.seq_len, case.d_k,
-                                                   case.causal)),
+                                                   case.causal, d_v=case.effective_d_v)),
                    float(case.batch * case.heads * tq * case.seq_len + kv_copy_elements(case)),
                    mask_shape(case))
 
@@ -255,10 +260,10 @@ def golden_cost_inputs(shape: CellShape, settings: Settings) -> tuple[float, flo
     case = shape.case
     dev = device_type(case.device)
     slices = (golden_slices(case.batch, case.heads, shape.q_len, case.seq_len, case.d_k, case.causal, dev,
-                            kv_heads=case.effective_kv_heads)
+                            kv_heads=case.effective_kv_heads, d_v=case.effective_d_v)
               if settings.golden == "subset" else None)
     n = case.batch * case.heads if slices is None else len(slices)
-    flops = n * golden_flops(shape.q_len, case.seq_len, case.d_k, case.causal)
+    flops = n * golden_flops(shape.q_len, case.seq_len, case.d_k, case.causal, case.effective_d_v)
     chunk_bytes = settings.cuda_chunk_bytes if dev == "cuda" else settings.cpu_chunk_bytes
     rows = max(1, chunk_bytes // max(1, n * case.seq_len * 8))
     return float(n), flops, float(math.ceil(shape.q_len / rows))
@@ -269,7 +274,7 @@ def compile_key(shape: "CellShape", variant: str | None = None) -> tuple:
     one compile per key in a run."""
     case = shape.case
     return (variant or case.variant, case.device, case.dtype, shape.q_len, case.seq_len, case.batch,
-            case.heads, case.kv_heads, case.d_k, case.causal, shape.mask, score_mod_of(case))
+            case.heads, case.kv_heads, case.d_k, case.d_v, case.causal, shape.mask, score_mod_of(case))
 
 
 def kernel_key(shape: "CellShape") -> tuple:
@@ -300,14 +305,6 @@ def returns_lse(variant: str, device: str) -> bool:
     return spec is not None and spec.returns_lse(device)
 
 
-def masked_rows_checked(shape: CellShape) -> float:
-    """Fully masked query rows the masked-row check looks at: every 8th row × B × H."""
-    if not shape.case.scenario.startswith("fully_masked"):
-        return 0.0
-    from ..workload.inputs import fully_masked_rows
-    return float(len(fully_masked_rows(shape.q_len)) * shape.case.batch * shape.case.heads)
-
-
 CUDNN_VARIANTS = ("sdpa", "sdpa_cudnn")
 
 
@@ -317,16 +314,7 @@ def cudnn_config(shape: CellShape) -> tuple | None:
     case = shape.case
     if device_type(case.device) != "cuda" or case.variant not in CUDNN_VARIANTS or case.dtype == "fp32":
         return None
-    return case.dtype, case.d_k, case.causal, shape.mask
-
-
-def leak_probe_count(case: Case) -> int:
-    """Extra forwards of the leak check: one per kind of hidden key (masked or future keys,
-    fully masked rows)."""
-    from ..workload.inputs import SCENARIOS
-    mask = SCENARIOS[case.scenario].mask
-    n = int(case.causal or mask is not None)
-    return n + int(case.scenario.startswith("fully_masked"))
+    return case.dtype, case.d_k, case.d_v, case.causal, shape.mask
 
 
 def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call_s: float) -> float:
@@ -356,33 +344,6 @@ def energy_wall_s(t_fwd: float, settings: Settings) -> float:
 
 
 # --------------------------------------------------------------------------- prediction
-
-def predicted_unsupported(case: Case, shape: CellShape) -> str | None:
-    """Cells a forced SDPA backend refuses (design.md §5, §5b), and those a built-in variant
-    declares it cannot run (variants.Variant.refusal: soft-capping on SDPA, the GQA control on
-    multi-head cells): skipped in milliseconds."""
-    from ..workload.inputs import cell_needs
-    from ..workload.variants import builtin_variants
-    builtin = builtin_variants().get(case.variant)
-    refusal = builtin.refusal(cell_needs(case)) if builtin is not None else None
-    if refusal:
-        return refusal
-    v, dev = case.variant, device_type(case.device)
-    if dev == "cpu" and v in ("sdpa_efficient", "sdpa_cudnn", "efficient_op", "cudnn_op"):
-        return "no such backend on the CPU"
-    if dev == "cuda" and v in ("flash_op", "efficient_op", "cudnn_op") and (shape.mask is not None or case.gqa):
-        return "the raw op is called without a mask and takes no GQA"
-    if dev == "cuda" and v == "sdpa_flash":
-        if shape.mask is not None:
-            return "FLASH_ATTENTION takes no attn_mask"
-        if case.dtype == "fp32":
-            return "FLASH_ATTENTION needs fp16 or bf16"
-        if case.causal and shape.q_len != case.seq_len:
-            return "FLASH_ATTENTION: is_causal with q_len != kv_len"
-    if dev == "cuda" and v == "sdpa_cudnn" and case.dtype == "fp32":
-        return "CUDNN_ATTENTION needs fp16 or bf16"
-    return None
-
 
 def _amortize(rows: list[dict], memberships: list[list[tuple]], paid: dict[tuple, float]) -> None:
     """Each row's amortized_s (its own seconds plus its share of every shared cost it takes part
@@ -483,7 +444,8 @@ class CostModel:
                 rows.append(self._row(case, status, reason, phases, shared_s=shared + phases["golden"]))
                 continue
             t_f = self.call_s(shape, "fwd", ceil)
-            backward = not (case.variant in NO_CPU_BACKWARD and dev == "cpu")
+            backward = not (case.variant in NO_CPU_BACKWARD and dev == "cpu") and not paged_call(case)
+            invariance_s = 0.0
             t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
             if case.variant in COMPILED_VARIANTS:
                 key = compile_key(shape)
@@ -499,6 +461,12 @@ class CostModel:
                         phases["compile"] += paid.setdefault(groups[-2], self._by_cache(
                             "compile_start_s", dev, cache, 2.0))
                     shared += phases["compile"]
+                if settings.invariance:         # the invariance calls' shapes: compiled once each, in that check
+                    for extra in invariance_compile_keys(key, case):
+                        if extra not in compiled_keys:
+                            compiled_keys.add(extra)
+                            invariance_s += self._by_cache("compile_s", f"{dev}|{call_variant(shape)}",
+                                                                   "miss", 3.0)
             n_timed = settings.min_samples + 1
             limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s
             if t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s or (t_f + t_fb) * n_timed > limit_s:
@@ -517,6 +485,9 @@ class CostModel:
             phases["setup"] += shared - phases["compile"]
             phases["warmup"] = settings.warmup_fwd_calls * t_f + settings.warmup_fwd_bwd_calls * t_fb
             phases["numerics"] = self._numerics_s(shape, settings, t_f, t_fb)
+            if settings.invariance:             # counted with the numerics (the record's own phase: invariance)
+                batch, chunk = invariance_applies(case)
+                phases["numerics"] += invariance_s + (t_f / case.batch if batch else 0.0) + (t_f if chunk else 0.0)
             phases["timed"], phases["energy"] = self._timed_and_energy_s(case, settings, t_f, t_fb)
             rows.append(self._row(case, status, reason, phases, t_f, t_fb, shared_s=shared + phases["golden"]))
         columns = ["id", *AXES, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s",

@@ -43,16 +43,17 @@ def score_elements(case: Case, q_len: int) -> int:
 
 
 def kv_copy_elements(case: Case) -> int:
-    """Elements of k and v repeated per query head (2·B·H·Tk·d) for a GQA cell of a variant
+    """Elements of k and v repeated per query head (B·H·Tk·(d_k + d_v)) for a GQA cell of a variant
     that materializes them (KV_EXPANDING, the negative controls); 0 otherwise."""
     if not case.gqa or not (case.variant in KV_EXPANDING or case.variant.startswith("broken.")):
         return 0
-    return 2 * case.batch * case.heads * case.seq_len * case.d_k
+    return case.batch * case.heads * case.seq_len * (case.d_k + case.effective_d_v)
 
 
 def gradient_elements(case: Case, q_len: int) -> int:
-    """dq, dk and dv of one forward+backward: B·H·Tq·d + 2·B·kv_heads·Tk·d."""
-    return case.batch * case.d_k * (case.heads * q_len + 2 * case.effective_kv_heads * case.seq_len)
+    """dq, dk and dv of one forward+backward: B·H·Tq·d_k + B·kv_heads·Tk·(d_k + d_v)."""
+    return case.batch * (case.heads * q_len * case.d_k
+                         + case.effective_kv_heads * case.seq_len * (case.d_k + case.effective_d_v))
 
 
 def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
@@ -73,7 +74,7 @@ def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
         how += f", plus k and v repeated per query head ({copies:.3g} bytes)"
     grads = gradient_elements(case, q_len) * size
     if grads > n * per + copies:
-        return grads, (f"the gradients dq, dk, dv: B·d·(H·Tq + 2·kv_heads·Tk) = "
+        return grads, (f"the gradients dq, dk, dv: B·(H·Tq·d_k + kv_heads·Tk·(d_k + d_v)) = "
                        f"{gradient_elements(case, q_len):.3g} elements of {size} bytes (more than {how})")
     return n * per + copies, how
 
@@ -114,5 +115,5 @@ def too_big(case: Case, q_len: int, free: int | None) -> str | None:
 
 def held_copy_bytes(case: Case, q_len: int) -> int:
     """What the determinism check (measure/repeats.py) holds while the cell runs: the first run's
-    out (B·H·Tq·d) and gradients, in the input dtype: memory beside the peak, not in it."""
-    return (case.batch * case.heads * q_len * case.d_k + gradient_elements(case, q_len)) * DTYPE_BYTES[case.dtype]
+    out (B·H·Tq·d_v) and gradients, in the input dtype: memory beside the peak, not in it."""
+    return (case.batch * case.heads * q_len * case.effective_d_v + gradient_elements(case, q_len)) * DTYPE_BYTES[case.dtype]

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.findings import NEGATIVE_CONTROL_PREFIX
-from ..core.grid import INPUT_AXES
+from ..core.grid import FOLLOWS, INPUT_AXES
 
 BASELINE_VARIANT = "eager"
 SEVERITY_ORDER = ("error", "warning", "info")
@@ -58,11 +58,13 @@ def is_negative_control(variants: pd.Series) -> pd.Series:
 
 def prepare(frame: pd.DataFrame) -> pd.DataFrame:
     """Measurement columns as floats (null -> NaN) so pandas can aggregate them; a frame without
-    kv_heads (made before the axis) is multi-head."""
+    an optional axis (made before it) reads it as the axis it follows (core.grid.FOLLOWS: kv_heads
+    as heads, multi-head; d_v as d_k)."""
     as_float = {col: pd.to_numeric(frame[col], errors="coerce").astype(float)
                 for col in METRIC_COLUMNS if col in frame.columns}
-    if "kv_heads" not in frame.columns and "heads" in frame.columns:
-        as_float["kv_heads"] = frame["heads"]
+    for axis, follows in FOLLOWS.items():
+        if axis not in frame.columns and follows in frame.columns:
+            as_float[axis] = frame[follows]
     return frame.assign(**as_float)
 
 
@@ -154,6 +156,11 @@ def representative_slice(rows: pd.DataFrame,
             chosen, label = _fix_batch(chosen)
             labels.append(label)
             continue
+        if axis == "d_v" and "d_k" in chosen.columns:        # values of the keys' head dimension first
+            plain = chosen["d_v"] == chosen["d_k"]
+            if plain.any():
+                chosen = chosen[plain]
+                continue
         value = chosen[axis].mode().iloc[0]
         chosen = chosen[chosen[axis] == value]
         if axis != "kv_heads" or (chosen["kv_heads"] != chosen["heads"]).any():   # MHA: no KV label
@@ -181,8 +188,8 @@ def axis_label(axis: str, value: Any) -> str:
         return f"KV{value}"
     if axis == "causal":
         return "causal" if value else "full"
-    if axis == "d_k":
-        return f"d_k={value}"
+    if axis in ("d_k", "d_v"):
+        return f"{axis}={value}"
     if axis == "seq_len":
         return f"T={value}"
     return str(value)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..core.defects import WARNING_DEFECTS
 from ..core.runfolder import SEED_CLAIMS_FILE
 from .page import slugify
 from .data import ALIGNMENT_SCENARIOS, FP16_RANGE_SCENARIO, GOLDEN_SOURCE_PREFERENCE, MASK_FORMS, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, OUTLIERS_SCENARIO, SCALED_PREFIX, SEVERITY_ORDER, describe_values, dtype_order, flag_equals, is_negative_control, normal_rows, numeric, ok_rows, representative_slice, scenario_alpha, scenario_descriptions, scenario_order, sorted_values, speed_rows, speedup_vs_baseline, variant_order
@@ -98,7 +99,8 @@ def negative_control_check(frame: pd.DataFrame, findings: list[dict]) -> pd.Data
     """The audit's self-check: was every measured negative control caught?
 
     One row per negative control with at least one ok record (a control that never ran
-    cannot be caught). Columns control, flagged (some error-severity finding names it),
+    cannot be caught). Columns control, flagged (some error-severity finding names it, or a warning
+    of a check whose warnings are defects: core.defects.WARNING_DEFECTS),
     checks (the checks of those findings, comma-separated; "" when none), diagnosed (the
     known mistakes those findings' diagnoses name, most cells first; "" when none).
     """
@@ -109,7 +111,8 @@ def negative_control_check(frame: pd.DataFrame, findings: list[dict]) -> pd.Data
     controls = variant_order(ok.loc[is_negative_control(ok["variant"]), "variant"])
     rows = []
     for control in controls:
-        errors = [f for f in findings if f.get("variant") == control and f.get("severity") == "error"]
+        errors = [f for f in findings if f.get("variant") == control
+                  and (f.get("severity") == "error" or f.get("check") in WARNING_DEFECTS)]
         checks = sorted({str(f.get("check")) + (f": {f['referee_check']}" if f.get("referee_check") else "")
                          for f in errors})                     # a referee finding names its check
         named = sorted((f for f in errors if f.get("diagnosis") not in (None, "none")),

@@ -19,7 +19,7 @@ import pandas as pd
 from ..analysis.findings import FINFO_MIN_SCENARIO
 from ..core.defects import REPEATED_TENSORS
 from ..core.referee import refereed
-from ..workload.inputs import MASK_KIND_LABELS, mask_kind
+from ..workload.inputs import MASK_KIND_LABELS, PLAIN_MASK_KINDS, mask_kind
 from ..workload.variants import VERDICT_BASELINE
 from .data import (BASELINE_VARIANT, MATCH_AXES, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, SEVERITY_ORDER,
                    describe_values, dtype_order, is_negative_control,
@@ -52,11 +52,11 @@ def mask_kinds(frame: pd.DataFrame) -> pd.Series:
 
 def speed_cells_of_kind(frame: pd.DataFrame, kind: str) -> pd.Series:
     """The cells a mask kind is timed on: scenario normal with the causal flag for none and
-    causal (the other mask-free scenarios are stability checks), every key-padding scenario
-    for padding."""
+    causal (the other mask-free scenarios are stability checks), every scenario of the kind for
+    the others (key padding, packed, paged)."""
     kinds = mask_kinds(frame)
-    if kind == "padding":
-        return kinds == "padding"
+    if kind not in PLAIN_MASK_KINDS:
+        return kinds == kind
     scenario = frame["scenario"].where(frame["scenario"].notna(), NORMAL_SCENARIO).astype(str)
     return (kinds == kind) & (scenario == NORMAL_SCENARIO)
 

@@ -37,6 +37,7 @@ from ..measure.numerics import (BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, 
                                 classify_masked_rows, error_vs_reference, within_budget)
 from ..workload.inputs import draw_inputs, seed_for
 from ..workload.variants import fused_attention_count
+from ..workload.varlen import in_form
 
 CHILD_FLAG = "--child"
 CHILD_READY = "repro-child: inputs built, calling the variant"
@@ -487,8 +488,9 @@ def cell_failed_child(case: Any, inputs: Any, load_variant: Callable) -> int:
 
 def run_repro(title: str, axes: dict, seed: int, tq: int, draw: Callable, load_variant: Callable,
               verify: Callable, recorded: dict, env: dict, child: Callable | None = None,
-              score_mod: Any = None) -> int:
-    """Rebuild the cell's inputs, run the verifier, print the verdict; the exit status."""
+              score_mod: Any = None, forms: tuple = (), page_size: int | None = None) -> int:
+    """Rebuild the cell's inputs, run the verifier, print the verdict; the exit status. forms: the
+    layouts the variant declares (varlen, paged): it is called in them (workload.varlen.in_form)."""
     import torch
     case = Case(**axes)
     if seed_for(case) != seed:
@@ -500,6 +502,8 @@ def run_repro(title: str, axes: dict, seed: int, tq: int, draw: Callable, load_v
     if env.get("float32_matmul_precision"):
         torch.set_float32_matmul_precision(env["float32_matmul_precision"])
     inputs = draw_inputs(case, draw, tq, score_mod)
+    if forms:
+        load_variant = _in_forms(load_variant, forms, inputs, page_size)
     if child is not None and sys.argv[1:] == [CHILD_FLAG]:
         return child(case, inputs, load_variant)
     print(title)
@@ -522,6 +526,13 @@ def run_repro(title: str, axes: dict, seed: int, tq: int, draw: Callable, load_v
     print("REPRODUCED: the finding holds (exit 1)" if defect
           else "NOT REPRODUCED: the finding no longer holds (exit 0)")
     return EXIT_DEFECT if defect else EXIT_GONE
+
+
+def _in_forms(load_variant: Callable, forms: tuple, inputs: Any, page_size: int | None) -> Callable:
+    def load() -> tuple:
+        attention, probs = load_variant()
+        return in_form(attention, forms, inputs, page_size), probs
+    return load
 
 
 def time_limit_s(reason: str | None) -> float | None:

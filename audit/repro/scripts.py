@@ -67,6 +67,10 @@ WORST: dict[str, tuple[Callable[[dict], tuple], str]] = {
                         "largest error of the gradient through the lse relative to the baseline's"),
     "lse_masked_rows": (lambda r: (1.0 if r.get("lse_masked_rows") else 0.0,), "lse on empty rows recorded"),
     "referee": (lambda r: (float(len(failed_checks(r))),), "most referee checks failed"),
+    "cross_document": (lambda r: (_num(r, "cross_doc_max_change"),), "largest change across documents"),
+    "paged_reads": (lambda r: (_num(r, "paged_unread_max_change"),), "largest change with the unread slots"),
+    "batch_invariance": (lambda r: (_num(r, "batch_max_diff"),), "largest difference of a row alone"),
+    "chunk_invariance": (lambda r: (_num(r, "chunk_max_diff"),), "largest difference of the two chunks"),
 }
 
 # Checks whose finding lists cells that do not show the defect themselves (fp16_overflow lists
@@ -84,7 +88,9 @@ RECORDED_COLUMNS = ("out_nonfinite_visible", "grad_nan", "grad_inf", "rmse", "ma
                     "grad_diagnosis", "grad_diagnosis_err", "grad_diagnosis_golden_err",
                     "lse_err", "lse_within_budget", "lse_masked_rows", "merge_err", "merge_within_budget",
                     "lse_differentiable", "lse_grads_within_budget", "lse_diagnosis", "lse_grad_diagnosis",
-                    *REFEREE_COLUMNS, "referee_detail", "leaked_bytes", "status", "reason")
+                    *REFEREE_COLUMNS, "referee_detail", "leaked_bytes", "status", "reason", "cross_doc_max_change",
+                    "paged_unread_max_change", "paged_diagnosis", "paged_diagnosis_err", "batch_invariant", "batch_max_diff",
+                    "chunk_invariant", "chunk_max_diff", "chunk_within_budget")
 
 
 def ranked_cells(finding: dict, by_id: dict[str, dict]) -> list[dict]:
@@ -97,7 +103,7 @@ def ranked_cells(finding: dict, by_id: dict[str, dict]) -> list[dict]:
         return sorted(cells, key=lambda r: (str(r.get("variant")).startswith("broken."), r.get("variant") in COMPILED,
                                             *(-x for x in key(r))))
     named = finding.get("diagnosis")     # a diagnosed finding: shown on a cell of its diagnosis first
-    column = "grad_diagnosis" if finding["check"] == "grad_error_budget" else "diagnosis"
+    column = {"grad_error_budget": "grad_diagnosis", "paged_reads": "paged_diagnosis"}.get(finding["check"], "diagnosis")
     return sorted(cells, key=lambda r: (named not in (None, "none") and r.get(column) != named,
                                         *(-x for x in key(r))))
 
@@ -150,7 +156,7 @@ def load_variant():
 
 
 # The script's own constants (written below): copied audit code must not define these names.
-SCRIPT_CONSTANTS = ("TITLE", "CELL_AXES", "SEED", "TQ", "RECORDED", "ENV")
+SCRIPT_CONSTANTS = ("TITLE", "CELL_AXES", "SEED", "TQ", "RECORDED", "ENV", "FORMS", "CACHE_PAGE_SIZE")
 
 
 def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_note: str) -> str:
@@ -162,10 +168,11 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     from ..workload.variants import is_plugin_name, resolve
     from .checks import VERIFIERS, cell_failed_child, run_repro, time_limit_s
     from .embed import Embedder, NotSelfContained
+    from .layout_checks import LAYOUT_VERIFIERS
     from .lse_checks import LSE_VERIFIERS
     from .referee_checks import REFEREE_CHECK_VERIFIERS
 
-    verifiers = {**VERIFIERS, **LSE_VERIFIERS, **REFEREE_CHECK_VERIFIERS}
+    verifiers = {**VERIFIERS, **LSE_VERIFIERS, **REFEREE_CHECK_VERIFIERS, **LAYOUT_VERIFIERS}
     check = finding["check"]
     if check not in verifiers:
         raise NotSelfContained(f"no verifier checks {check} in a standalone script yet")
@@ -178,6 +185,9 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     emb.reserve(*SCRIPT_CONSTANTS)
     needs_variant = check != "input_saturation"
     plugin = needs_variant and is_plugin_name(case.variant)
+    declared = _declared(case.variant) if needs_variant else None
+    forms = declared.forms if declared is not None else ()
+    page_size = (declared.page_size if declared is not None else None) or cell.get("page_size")
     if needs_variant and not plugin:
         variant = resolve(case.variant)
         if check in ("saturation", "underflow") and variant.probs is None:
@@ -217,6 +227,7 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     axes = {k: getattr(case, k) for k in case.axes()}
     recorded = {c: cell.get(c) for c in RECORDED_COLUMNS if c in cell}
     recorded["time_limit_s"] = time_limit_s(cell.get("reason")) if cell.get("status") == "timeout" else None
+    recorded["variant_alignment"] = declared.causal_alignment if declared is not None else None
     env = {k: (cell.get("env") or run_info.get("env") or {}).get(k) for k in ("torch", "float32_matmul_precision")}
     title = (f"attn-audit finding: {check} ({finding['severity']}) of {finding['variant']}, "
              f"reproduced on cell {cell['id']}")
@@ -229,7 +240,9 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
         "\n".join(imports),
         f"TITLE = {title!r}\nCELL_AXES = {axes!r}\nSEED = {seed_for(case)}   # crc32 of repr(Case.input_key)\n"
         f"TQ = {q_len(case)}   # query length of scenario {case.scenario}\n"
-        f"RECORDED = {_py(recorded)}   # what the audit measured in this cell\nENV = {_py(env)}",
+        f"RECORDED = {_py(recorded)}   # what the audit measured in this cell\nENV = {_py(env)}\n"
+        f"FORMS = {forms!r}   # the layouts the variant is called in (packed: varlen, paged)\n"
+        f"CACHE_PAGE_SIZE = {page_size!r}   # slots per page of a paged cache",
         "# " + "-" * 70 + " the variant under test"
         + (f" ({case.variant})" if needs_variant else " (none: a property of the inputs)"),
         emb.section(0, variant_end),
@@ -239,11 +252,21 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
         "# " + "-" * 70 + f" the check: {check} (attn-audit's measuring code, copied verbatim)",
         emb.section(inputs_end),
         "if __name__ == \"__main__\":\n    sys.exit(run_repro(TITLE, CELL_AXES, SEED, TQ, scenario_draw, load_variant, "
-        f"verify, RECORDED, ENV, child={child}, score_mod={score_mod_name}))",
+        f"verify, RECORDED, ENV, child={child}, score_mod={score_mod_name}, forms=FORMS, page_size=CACHE_PAGE_SIZE))",
     ]
     text = "\n\n\n".join(p for p in parts if p) + "\n"
     compile(text, "<repro>", "exec")
     return text
+
+
+def _declared(variant: str) -> Any:
+    """The Variant a script calls (its layouts, page size and causal alignment): a plug-in that cannot be
+    imported here (the report is made elsewhere) has none, and its script calls it dense."""
+    from ..workload.variants import resolve
+    try:
+        return resolve(variant)
+    except Exception:  # noqa: BLE001 - a script is still written; the plug-in loader imports it there
+        return None
 
 
 def _py(obj: Any) -> str:

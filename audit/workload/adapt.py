@@ -12,6 +12,10 @@ causal case the kernel cannot take. Nothing is computed some other way.
                      causal_arg=("attn_bias", LowerTriangularFromBottomRightMask()),
                      masks=("additive",), mask_arg="attn_bias", scale_arg="scale")
 
+    varlen = adapt(flash_attn_varlen_func, layout="thd", causal="bottom-right", scale_arg="softmax_scale",
+                   softcap_arg="softcap", gqa=True, cu_seqlens_arg=("cu_seqlens_q", "cu_seqlens_k"),
+                   max_seqlen_arg=("max_seqlen_q", "max_seqlen_k"))
+
 The result is a plug-in like any other (docs/variants.md): `--variant mymodule:flash`.
 """
 from __future__ import annotations
@@ -21,8 +25,9 @@ from typing import Any, Callable, Iterable
 
 from ..core.errors import Unsupported, UsageError
 from .inputs import causal_keep
+from .varlen import batch_cu_seqlens, from_thd, to_thd
 
-LAYOUTS: tuple[str, ...] = ("bhtd", "bthd")
+LAYOUTS: tuple[str, ...] = ("bhtd", "bthd", "thd")
 CAUSAL_KINDS: tuple[str | None, ...] = ("top-left", "bottom-right", None)
 MASK_FORMS: tuple[str, ...] = ("none", "bool", "additive", "key_padding")
 RETURNS: tuple[str, ...] = ("out", "first", "out_lse")
@@ -41,10 +46,16 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
           scale_arg: str | None = "scale", softcap_arg: str | None = None, gqa: bool = False,
           returns: str = "out", lse_layout: str = "bht", lse_base: float | None = None,
           sink_arg: str | None = None, lse_includes_sink: bool = False, causal_with_mask: bool = True,
+          latent: bool = False, cu_seqlens_arg: str | tuple[str, str] | None = None,
+          max_seqlen_arg: str | tuple[str, str] | None = None, block_table_arg: str | None = None,
+          seqused_arg: str | None = None, page_size: int | None = None,
           name: str | None = None, **fixed: Any) -> Callable[..., Any]:
     """A plug-in calling `fn` the way it is declared to be called.
 
-    layout: "bhtd" (q (B, H, T, d), SDPA's) or "bthd" (q (B, T, H, d), flash-attn's and xFormers').
+    layout: "bhtd" (q (B, H, T, d), SDPA's), "bthd" (q (B, T, H, d), flash-attn's and xFormers') or
+      "thd" (q (total, H, d): the batch's sequences packed back to back, flash-attn's varlen layout;
+      needs cu_seqlens_arg). A thd kernel gets a packed cell's documents as cu_seqlens, and in any
+      other cell each batch row as one sequence.
     causal: the alignment the kernel's own causal masking follows when q_len != kv_len
       ("top-left", "bottom-right"), or None when it has none (causal cells then go to it as a
       mask, when it takes one; its golden follows the declared alignment).
@@ -65,17 +76,33 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
     causal_with_mask: False when the kernel refuses its causal flag together with a mask (SDPA's math
       rule: "Explicit attn_mask should not be set when is_causal=True"): such cells get causal folded
       into the mask, in the declared alignment.
+    latent: it takes v of another head dimension than q and k (d_v != d_k: MLA).
+    cu_seqlens_arg: the keyword(s) of the cumulative sequence offsets: one name, or (for q, for k).
+    max_seqlen_arg: the keyword(s) of the longest sequence: one name, or (for q, for k).
+    block_table_arg, seqused_arg, page_size: a paged KV cache: the keyword of the block table ((B,
+      width) int32 page indices), of the used keys per sequence ((B,) int32; None: a thd kernel gets
+      them as cu_seqlens for k instead, flash_attn_varlen_func's way), and the page size the kernel
+      needs (None: the preset's). k and v then arrive as pools (pages, page_size, Hkv, d).
     fixed: keyword arguments passed on every call (dropout_p=0.0, ...).
     """
     masks = _validated(layout=layout, causal=causal, causal_arg=causal_arg, masks=masks, returns=returns,
                        lse_layout=lse_layout, lse_base=lse_base, lse_includes_sink=lse_includes_sink)
+    cu_names, max_names = _packed_names(layout, cu_seqlens_arg, max_seqlen_arg)
+    _check_paged(block_table_arg, seqused_arg, page_size, layout)
     takes = frozenset(m for m in masks if m != "none")
     label = name or getattr(fn, "__qualname__", None) or type(fn).__name__
     declared = causal        # the kernel's alignment (the call's `causal` is the cell's flag)
 
-    def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None):
-        # q: (B, H, Tq, d); k, v: (B, Hkv, Tk, d): the audit's contract (variants.py)
+    def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None,
+                  cu_seqlens=None, max_seqlen=None, block_table=None, seqused=None):
+        # q: (B, H, Tq, d); k, v: (B, Hkv, Tk, d) (a paged call: pools (pages, page_size, Hkv, d)):
+        # the audit's contract (variants.py, varlen.py)
         kwargs = dict(fixed)
+        paged = block_table is not None
+        if paged:
+            kwargs[block_table_arg] = block_table
+            if seqused_arg is not None:
+                kwargs[seqused_arg] = seqused
         if sinks is not None:
             if sink_arg is None:
                 raise Unsupported(f"{label} declares no sinks argument (sink_arg)")
@@ -99,14 +126,28 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
             kwargs[causal_arg] = causal_flag
         elif causal_arg is not None and causal_flag:
             kwargs[causal_arg[0]] = causal_arg[1]
-        if layout == "bthd":
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))      # (B, T, H, d) views, last dim contiguous
+        batch = q.shape[0]
+        if layout == "thd":
+            kwargs.update(_packed_kwargs(q, k, cu_seqlens, max_seqlen, seqused if paged and seqused_arg is None
+                                         else None, cu_names, max_names, paged))
+            q = to_thd(q)                                                 # (B·Tq, H, d)
+            if not paged:
+                k, v = to_thd(k), to_thd(v)                               # (B·Tk, Hkv, d)
+        elif layout == "bthd":
+            q = q.transpose(1, 2)                                         # (B, T, H, d) views, last dim contiguous
+            if not paged:
+                k, v = k.transpose(1, 2), v.transpose(1, 2)
         result = fn(q, k, v, **kwargs)
         out = result[0] if returns in ("first", "out_lse") else result
-        out = out.transpose(1, 2) if layout == "bthd" else out  # (B, H, Tq, d)
+        if layout == "thd":
+            out = from_thd(out, batch)                                    # (B, H, Tq, d_v)
+        elif layout == "bthd":
+            out = out.transpose(1, 2)                                     # (B, H, Tq, d_v)
         if returns != "out_lse":
             return out
         lse = result[1]
+        if layout == "thd":
+            lse = lse.reshape(lse.shape[0], batch, -1).transpose(0, 1)             # (H, B·Tq) -> (B, H, Tq)
         lse = lse.transpose(1, 2) if lse_layout == "bth" else lse                  # (B, H, Tq)
         if lse_base is not None:
             lse = lse * math.log(lse_base)                                          # log_b(x) · ln b = ln x
@@ -116,14 +157,82 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
                          f"masks {', '.join(sorted(takes)) or 'none'}")
     attention.__name__ = attention.__qualname__ = f"adapted_{getattr(fn, '__name__', 'kernel')}"
     attention.audit_supports = tuple(f for f, ok in (("gqa", gqa), ("score_mod", softcap_arg is not None),
-                                                     ("sinks", sink_arg is not None)) if ok)
+                                                     ("sinks", sink_arg is not None), ("latent", latent),
+                                                     ("varlen", layout == "thd"),
+                                                     ("paged", block_table_arg is not None)) if ok)
+    attention.audit_page_size = page_size
     attention.audit_causal_alignment = causal or "top-left"
     attention.audit_returns = "out_lse" if returns == "out_lse" else "out"
     attention.audit_lse_includes_sink = lse_includes_sink
     attention.audit_declaration = dict(layout=layout, causal=causal, masks=sorted(takes), gqa=gqa,
                                        returns=returns, lse_layout=lse_layout, lse_base=lse_base, sink_arg=sink_arg,
-                                       lse_includes_sink=lse_includes_sink, causal_with_mask=causal_with_mask)
+                                       lse_includes_sink=lse_includes_sink, causal_with_mask=causal_with_mask,
+                                       latent=latent, cu_seqlens_arg=cu_seqlens_arg, max_seqlen_arg=max_seqlen_arg,
+                                       block_table_arg=block_table_arg, seqused_arg=seqused_arg, page_size=page_size)
     return attention
+
+
+def _packed_names(layout: str, cu_seqlens_arg: Any, max_seqlen_arg: Any) -> tuple[tuple, tuple]:
+    """((cu name for q, for k), (max name for q, for k)) of a thd kernel (one name: both the same)."""
+    if layout != "thd":
+        if cu_seqlens_arg is not None or max_seqlen_arg is not None:
+            raise UsageError("audit.adapt: cu_seqlens_arg and max_seqlen_arg describe packed sequences: give "
+                             "layout='thd'")
+        return (), ()
+    if cu_seqlens_arg is None:
+        raise UsageError("audit.adapt: layout='thd' needs cu_seqlens_arg: the argument(s) of the cumulative "
+                         "sequence offsets (one name, or (for q, for k))")
+
+    def pair(name: str, value: Any) -> tuple:
+        if value is None:
+            return (None, None)
+        if isinstance(value, str):
+            return (value, value)
+        if isinstance(value, tuple) and len(value) == 2 and all(isinstance(x, str) for x in value):
+            return value
+        raise UsageError(f"audit.adapt: {name}={value!r}; allowed: an argument name, (name for q, name for k) "
+                         "or None")
+    return pair("cu_seqlens_arg", cu_seqlens_arg), pair("max_seqlen_arg", max_seqlen_arg)
+
+
+def _check_paged(block_table_arg: Any, seqused_arg: Any, page_size: Any, layout: str) -> None:
+    if block_table_arg is None:
+        if seqused_arg is not None or page_size is not None:
+            raise UsageError("audit.adapt: seqused_arg and page_size describe a paged cache: give block_table_arg")
+        return
+    if not isinstance(block_table_arg, str):
+        raise UsageError(f"audit.adapt: block_table_arg={block_table_arg!r}; allowed: an argument name")
+    if seqused_arg is None and layout != "thd":
+        raise UsageError("audit.adapt: a paged kernel needs seqused_arg (the used keys per sequence), unless it "
+                         "takes them as cu_seqlens for k (layout='thd')")
+    if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
+        raise UsageError(f"audit.adapt: page_size={page_size!r}; allowed: a positive integer or None")
+
+
+def _packed_kwargs(q: Any, k: Any, cu_seqlens: Any, max_seqlen: Any, seqused: Any, cu_names: tuple,
+                   max_names: tuple, paged: bool) -> dict[str, Any]:
+    """cu_seqlens and max_seqlen for a thd kernel: the packed cell's documents, else each batch row
+    one sequence; a paged kernel without seqused_arg gets the used lengths as cu_seqlens for k."""
+    import torch
+    batch, tq = q.shape[0], q.shape[-2]
+    if cu_seqlens is not None:
+        cu_q = cu_k = cu_seqlens
+        max_q = max_k = max_seqlen
+    else:
+        cu_q, max_q = batch_cu_seqlens(batch, tq, q.device), tq
+        if paged:
+            cu_k = max_k = None                  # the used lengths stand for them (seqused_arg)
+        else:
+            cu_k, max_k = batch_cu_seqlens(batch, k.shape[-2], q.device), k.shape[-2]
+    if seqused is not None:
+        cu_k = torch.nn.functional.pad(seqused.cumsum(0), (1, 0)).to(torch.int32)
+        max_k = int(seqused.max())
+    out = {}
+    for names, values in ((cu_names, (cu_q, cu_k)), (max_names, (max_q, max_k))):
+        for name, value in zip(names, values):
+            if name is not None and value is not None:
+                out[name] = value
+    return out
 
 
 

@@ -317,6 +317,9 @@ def capabilities(name: str) -> dict[str, str]:
     limits = {} if takes_sinks(name) else {
         "sinks": "it takes no s_aux and reads no module.sinks: a model with sinks (gpt-oss) cannot use it"}
     _, name = split(name)
+    if name.startswith("flash_attention"):
+        limits["latent"] = ("flash-attn needs v of the head size of q and k (transformers' DeepSeek pads v "
+                            "to it before calling)")
     if name == "flex_attention":
         return limits
     why = {EAGER: "Llama's eager_attention_forward ignores softcap (Gemma 2's applies it)",

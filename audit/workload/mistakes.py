@@ -44,6 +44,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .inputs import causal_offset, torch_dtype
+from .packing import documents_mask, v_at_k_stride
+from .varlen import document_owner
 
 ROWS = ("seen", "all")
 PRECISIONS = ("float64", "cell")
@@ -118,6 +120,9 @@ class Attempt:
     observed_grads: Any = None    # {"dq", "dk", "dv"}: the variant's float64 gradients (for fits), or None
     sinks: Any = None             # (H,) float64 attention-sink logits of every query head (a sinks cell), or None
     grad_lse: Any = None          # (b, h, Tq) float64 upstream gradient on the lse (lse mistakes), or None
+    batches: tuple[int, ...] = ()  # the cell's index of each of q's b batches
+    n_batch: int = 0              # B, the cell's batch size
+    cu_seqlens: Any = None        # a packed cell's (documents + 1,) offsets into the B·T flattened tokens, or None
 
     def head_sinks(self, sinks: Any = _SAME) -> Any:
         """The sinks (H,) -> those of the selected query heads as a (1, h, 1, 1) column, or None."""
@@ -554,3 +559,42 @@ def sink_wrong_head(a: Attempt) -> Any:
     if not _has_sinks(a) or a.n_heads < 2 or bool((a.sinks == a.sinks[0]).all()):
         return None
     return a.attend(sinks=a.sinks.roll(-1))
+
+
+# --------------------------------------------------------------------------- layouts: packed documents, latent heads
+
+
+def _documents_keep(a: Attempt, cu_seqlens: Any) -> Any:
+    """(b, 1, T, T) bool: the documents of `cu_seqlens` in the attempt's batches (same document, owned)."""
+    import torch
+    return documents_mask(document_owner(cu_seqlens, a.n_batch, a.tk))[torch.tensor(a.batches, device=a.q.device)]
+
+
+@mistake("document_boundary_ignored", title="document boundaries ignored", specificity=2,
+         what="Packed documents attend each other: every key a document owns is visible (with causal "
+              "masking, the earlier documents'); only the padding past cu_seqlens[-1] is masked.",
+         where="a varlen fallback to dense attention that keeps only the total length, or ignores cu_seqlens.")
+def document_boundary_ignored(a: Attempt) -> Any:
+    if a.cu_seqlens is None or a.visible is None:
+        return None
+    return a.attend(keep=a.keep(visible=a.visible.any(-2, keepdim=True)))          # (b, 1, 1, Tk): owned keys
+
+
+@mistake("cu_seqlens_off_by_one", title="cu_seqlens off by one",
+         what="Each interior document boundary sits one token late: a document's first token is read as the "
+              "last token of the document before it.",
+         where="cu_seqlens built from lengths off by one (an inclusive end, a shifted cumsum), or <= for <.")
+def cu_seqlens_off_by_one(a: Attempt) -> Any:
+    if a.cu_seqlens is None or not a.batches:
+        return None
+    shifted = a.cu_seqlens.clone()
+    shifted[1:-1] += 1
+    return a.attend(keep=a.keep(visible=_documents_keep(a, shifted.to(a.q.device))))
+
+
+@mistake("v_read_at_k_stride", title="V read at K's row stride",
+         what="Where d_v != d_k, V's rows are stepped through with K's row length: row j is read from element "
+              "j·d_k of the head's values, so every row past the first is garbage (a mix of rows, or 0 past the end).",
+         where="a kernel for one head size indexing V with K's stride (ik_llama.cpp#2031: MLA decode).")
+def v_read_at_k_stride(a: Attempt) -> Any:
+    return None if a.v.shape[-1] == a.q.shape[-1] else a.attend(v=v_at_k_stride(a.v, a.q.shape[-1]))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ..core.errors import UsageError
-from ..core.grid import AXES, DTYPES, Case, expand, sub_grid_values, validate_axes
+from ..core.grid import AXES, DTYPES, OPTIONAL_AXES, Case, expand, sub_grid_values, validate_axes
 from .inputs import check_scenario
 
 
@@ -34,6 +34,7 @@ class Preset:
     cuda_graph: bool = False      # CUDA: time CUDA-graph replays of the call
     ceilings_s: float = 2.5       # seconds per device the run's ceilings (roofline limits) take to measure
     deterministic: bool = False   # measure under torch.use_deterministic_algorithms(True) (--deterministic)
+    page_size: int = 16           # slots per page of the paged scenario's cache (a kernel declaring its own keeps it)
 
     @property
     def axes(self) -> dict[str, tuple]:
@@ -46,11 +47,14 @@ def preset_cases(preset: Preset, overrides: Mapping[str, Iterable[Any]] | None =
     """Validated, de-duplicated cells of a preset; an override replaces that axis in every sub-grid,
     but for a sub-grid made for negative controls only (their own cells, e.g. the referee's): there
     a variant override keeps the controls it names, and none drops the sub-grid (`--variant eager`
-    gets no cell the preset does not give eager)."""
+    gets no cell the preset does not give eager). A d_k override without a d_v one makes d_v follow
+    it in every sub-grid (a latent sub-grid's d_v was chosen for its own d_k)."""
     from .variants import BROKEN_PREFIX
     cases: dict[str, Case] = {}
     for sub in preset.grids:
         axes = {a: (overrides or {}).get(a) or sub_grid_values(sub, a) for a in AXES}
+        if (overrides or {}).get("d_k") and not (overrides or {}).get("d_v"):
+            axes["d_v"] = OPTIONAL_AXES["d_v"]
         own = sub_grid_values(sub, "variant")
         if (overrides or {}).get("variant") and all(str(v).startswith(BROKEN_PREFIX) for v in own):
             axes["variant"] = tuple(v for v in axes["variant"] if v in own)
@@ -77,6 +81,9 @@ STABILITY_SCENARIOS: tuple[str, ...] = (
 REPORTED_SCENARIOS: tuple[str, ...] = ("left_padding", "low_lse", "shifted_bias")
 # Inputs on which a shortcut that holds only for N(0, 1) inputs is wrong (KernelBench#82).
 VALUE_SCENARIOS: tuple[str, ...] = ("uniform", "heavy_tailed", "constant_rows", "sparse")
+# compiled_unfused on the GPU (a compile per mask form, ~4 s each): one scenario of each kind of defect
+UNFUSED_GPU_SCENARIOS: tuple[str, ...] = ("normal", "scaled_x64", "fp16_range", "padding", "fully_masked_bool",
+                                          "cross_causal")
 GPU_STABILITY_SCENARIOS: tuple[str, ...] = (
     "normal", "scaled_x16", "scaled_x64", "outliers", "fp16_range", "padding",
     "fully_masked_bool", "fully_masked_neginf", "cross_causal", "left_padding", "low_lse", "shifted_bias",
@@ -85,6 +92,8 @@ GPU_STABILITY_SCENARIOS: tuple[str, ...] = (
 # speed: flash_op is sdpa_flash's kernel, flex_eager torch's dense fallback. Their own sub-grids.
 LSE_VARIANTS: tuple[str, ...] = ("flash_op", "flex_eager")
 CUDA_LSE_OPS: tuple[str, ...] = ("efficient_op", "cudnn_op")   # the same for the CUDA-only SDPA ops
+# Built-ins made for a layout (packed documents, paged caches): their own sub-grids (presets.layout_cells).
+LAYOUT_VARIANTS: tuple[str, ...] = ("packed_loop", "nested_sdpa", "varlen_attn", "paged_flex", "paged_gather")
 LSE_SCENARIOS: tuple[str, ...] = ("normal", "padding", "fully_masked_bool", "cross_causal", "sinks")
 # pytorch/pytorch#196678: cuDNN's masked kernels broke at T ≡ 64 (mod 128)
 GPU_ODD_SEQ_LEN = 1088
@@ -112,6 +121,7 @@ class _VariantSets:
     value_controls: tuple[str, ...] = ()   # the controls whose defect shows on value scenarios only
     value_reveals: tuple[str, ...] = ()    # those scenarios (their Variant.reveals)
     referee_controls: tuple[str, ...] = ()  # the referee's controls (right values, one trick each): their own cells
+    layout_controls: tuple[str, ...] = ()   # the packed, paged, latent and invariance controls: their own cells
 
     @property
     def every(self) -> tuple[str, ...]:
@@ -151,12 +161,39 @@ class _VariantSets:
         # no torch import at module level
         from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS, REFEREE_CONTROL_NAMES, builtin_variants
         # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
-        variants = tuple(v for v in BUILTIN_NAMES if v != "flex" and v not in LSE_VARIANTS + CUDA_LSE_OPS)
-        controls = tuple(c for c in NEGATIVE_CONTROLS if c not in GQA_CONTROLS + REFEREE_CONTROL_NAMES)
+        from .layout_controls import LAYOUT_CONTROLS
+        layout_controls = tuple("broken." + c for c in LAYOUT_CONTROLS)
+        variants = tuple(v for v in BUILTIN_NAMES
+                         if v != "flex" and v not in LSE_VARIANTS + CUDA_LSE_OPS + LAYOUT_VARIANTS)
+        controls = tuple(c for c in NEGATIVE_CONTROLS
+                         if c not in GQA_CONTROLS + REFEREE_CONTROL_NAMES + layout_controls)
         reveals = {c: builtin_variants()[c].reveals for c in controls}
         value_controls = tuple(c for c in controls if reveals[c] and set(reveals[c]) <= set(VALUE_SCENARIOS))
         value_reveals = tuple(dict.fromkeys(s for c in value_controls for s in reveals[c]))
-        return cls(variants, controls, GQA_CONTROLS, value_controls, value_reveals, REFEREE_CONTROL_NAMES)
+        return cls(variants, controls, GQA_CONTROLS, value_controls, value_reveals, REFEREE_CONTROL_NAMES,
+                   layout_controls)
+
+    def layout_cells(self, dtypes: tuple[str, ...], d_k: int, seq_len: int, base: tuple[str, ...],
+                     batch: int) -> tuple[dict, ...]:
+        """Packed documents and paged caches (the layout variants, `base` variants dense, the layouts'
+        controls on their own scenario), d_v != d_k (V read at K's stride), and the batch-dependent
+        control on the invariance checks' cells (B 2, normal inputs). The real variants at `batch`
+        (quick: 1, so an override of every other axis still gives one cell per variant); the
+        controls' own sub-grids at batch 2 (a wrong table row needs a second sequence)."""
+        one = dict(device=("cpu",), dtype=dtypes, d_k=(d_k,), seq_len=(seq_len,), batch=(batch,), heads=(2,),
+                   causal=(False, True))
+        documents = tuple(c for c in self.layout_controls if "document" in c or "cu_seqlens" in c)
+        pages = tuple(c for c in self.layout_controls if "paged" in c)
+        layouts = ("packed_loop", "nested_sdpa")
+        return (dict(one, variant=base + layouts, scenario=("packed",)),
+                dict(one, variant=layouts, scenario=("normal",)),
+                dict(one, variant=base + ("paged_gather",), scenario=("paged",)),
+                dict(one, variant=documents, batch=(2,), scenario=("packed",)),
+                dict(one, variant=pages, batch=(2,), scenario=("paged",)),
+                dict(one, variant=("eager", "sdpa"), d_v=(d_k // 2,), scenario=("normal",)),
+                dict(one, variant=("broken.v_read_at_k_stride",), d_v=(d_k // 2,), scenario=("normal",)),
+                dict(one, variant=("broken.batch_dependent_splits",), dtype=dtypes[:1], batch=(2,),
+                     scenario=("normal",)))
 
 
 def _quick(sets: _VariantSets) -> Preset:
@@ -191,6 +228,7 @@ def _quick(sets: _VariantSets) -> Preset:
                  causal=(False, True), scenario=REPORTED_SCENARIOS),
             sets.value_shortcuts(controls=False),     # the other controls: in the cpu preset's
             *sets.referee_cells(("fp32",)),
+            *sets.layout_cells(("fp32",), 32, 64, ("eager", "sdpa", "flex_eager"), batch=1),
         ),
         # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
         min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5,
@@ -228,6 +266,11 @@ def _cpu(sets: _VariantSets) -> Preset:
                  scenario=("normal",)),
             sets.value_shortcuts(),
             *sets.referee_cells(("fp32", "bf16", "fp16")),
+            *sets.layout_cells(("fp32", "bf16"), 64, 256, ("eager", "sdpa", "flex_eager"), batch=2),
+            dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,), batch=(2,),
+                 heads=(2,), causal=(False, True), scenario=("normal", "packed")),
+            dict(variant=("paged_flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,), batch=(2,),
+                 heads=(2,), causal=(False, True), scenario=("paged",)),
         ),
         min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0,
     )
@@ -242,10 +285,12 @@ def _gpu(sets: _VariantSets) -> Preset:
                     "bf16 at d_k 64-256, fp16/fp32 at d_k 128, plus scenarios at T=1024 and masked "
                     f"cells at T={GPU_ODD_SEQ_LEN} (≡ 64 mod 128)",
         grids=(
-            # the math backend (0.1 s a call at T 16384, its 16384² scores) up to T 8192, which shows the same
+            # the math backend (0.1 s a call at T 16384, its 16384² scores) up to T 8192, which shows the same;
+            # d_k 64 up to T 8192
             *(dict(variant=tuple(v for v in uncompiled if t < 16384 or v != "sdpa_math"), device=("cuda",),
-                   dtype=("bf16",), d_k=(64, 128, 256), seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,),
-                   causal=(False, True), scenario=("normal",)) for t in GPU_SEQ_LENS),
+                   dtype=("bf16",), d_k=(64, 128, 256) if t < 16384 else (128, 256), seq_len=(t,),
+                   batch=(GPU_TOKENS // t,), heads=(16,), causal=(False, True), scenario=("normal",))
+              for t in GPU_SEQ_LENS),
             *(dict(variant=tuple(v for v in uncompiled if t < 16384 or v != "sdpa_math"), device=("cuda",),
                    dtype=("fp16",), d_k=(128,), seq_len=(t,), batch=(GPU_TOKENS // t,), heads=(16,),
                    causal=(False, True), scenario=("normal",)) for t in GPU_SEQ_LENS),
@@ -278,11 +323,11 @@ def _gpu(sets: _VariantSets) -> Preset:
             # fp16 only (where fp16_range overflows), and the unfused compile of the hand-written
             # math non-causal only (causal changes its mask, not its arithmetic).
             dict(variant=("compiled", "flex"), device=("cuda",), dtype=("fp16",), d_k=(128,),
-                 seq_len=(1024,), batch=(2,), heads=(16,), causal=(False, True),
+                 seq_len=(1024,), batch=(2,), heads=(16,), causal=(True,),
                  scenario=GPU_STABILITY_SCENARIOS),
             dict(variant=("compiled_unfused",), device=("cuda",), dtype=("fp16",), d_k=(128,),
                  seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
-                 scenario=GPU_STABILITY_SCENARIOS),
+                 scenario=UNFUSED_GPU_SCENARIOS),
             # GQA/MQA (the H16 KV16 cells above are their multi-head baseline), the serving case
             # (one query against a KV cache of up to 128k), and flex on the new scenarios.
             dict(variant=gqa_gpu, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(8192,),
@@ -296,6 +341,27 @@ def _gpu(sets: _VariantSets) -> Preset:
             dict(variant=gqa_gpu + ("flex",) + gqa_controls,
                  device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
                  kv_heads=(16, 4), causal=(True,), scenario=("normal", "padding", "sliding_window", "softcap")),
+            # DeepSeek's latent attention (MLA): d_k 192 with d_v 128 in prefill, and its absorbed decode
+            # form, MQA with d_k 576 and d_v 512 (FLASH_ATTENTION needs d_v == d_k: skipped with the reason)
+            dict(variant=gqa_gpu + ("broken.v_read_at_k_stride",), device=("cuda",), dtype=("bf16",), d_k=(192,),
+                 d_v=(128,), seq_len=(4096,), batch=(GPU_TOKENS // 4096,), heads=(16,), causal=(False, True),
+                 scenario=("normal",)),
+            dict(variant=gqa_gpu, device=("cuda",), dtype=("bf16",), d_k=(576,), d_v=(512,),
+                 seq_len=(8192, 32768), batch=(4,), heads=(16,), kv_heads=(1,), causal=(False,),
+                 scenario=("decode",)),
+            # packed documents (varlen_attn: flash-attn's varlen kernel in torch) and paged decoding
+            dict(variant=("eager", "sdpa", "sdpa_efficient", "sdpa_cudnn", "packed_loop", "nested_sdpa",
+                          "varlen_attn", "broken.document_boundary_ignored", "broken.cu_seqlens_off_by_one"),
+                 device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(4,), heads=(16,),
+                 causal=(False, True), scenario=("packed",)),
+            dict(variant=("flex",), device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(4,),
+                 heads=(16,), causal=(True,), scenario=("packed",)),
+            dict(variant=("eager", "sdpa", "sdpa_efficient", "sdpa_cudnn", "paged_gather", "paged_flex",
+                          "broken.paged_extra_page", "broken.paged_wrong_sequence"),
+                 device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(8192,), batch=(4,), heads=(16,),
+                 kv_heads=(4,), causal=(False,), scenario=("paged",)),
+            dict(variant=("broken.batch_dependent_splits",), device=("cuda",), dtype=("bf16",), d_k=(128,),
+                 seq_len=(1024,), batch=(2,), heads=(16,), causal=(False, True), scenario=("normal",)),
         ),
         min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=480.0,
     )

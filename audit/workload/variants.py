@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from ..core.errors import BackwardUnsupported, Unsupported, UsageError
-from .compiling import configure_dynamo
+from .compiling import (_compiled_fn, _private_copy, compiled_graph_count, configure_dynamo,  # noqa: F401
+                        fused_attention_count, graph_break_count)
 from .controls import (BACKWARD_CONTROLS, LSE_CONTROLS, broken_lse_base2, broken_lse_no_grad, broken_sink_ignored,
                        broken_sink_ignored_probs,
                        broken_clamped_probs, broken_gqa_wrong_head_probs, broken_mask_after_softmax_probs,
@@ -42,7 +43,9 @@ from .controls import (BACKWARD_CONTROLS, LSE_CONTROLS, broken_lse_base2, broken
                        broken_backward_dq_scale_missing, broken_backward_rowsum_d_missing, kv_tiled)
 from .eager import (_from_probs, eager_attention, eager_fp32_attention, eager_fp32_lse_attention,  # noqa: F401
                     eager_fp32_probs, eager_lse_attention, eager_probs, kv_for_queries)
-from . import referee_controls
+from . import layout_controls, referee_controls, varlen
+from .layout_controls import LAYOUT_CONTROLS
+from .varlen import document_owner
 from .inputs import causal_keep
 from .referee_controls import REFEREE_CONTROLS
 from .lse_kernels import _cuda_lse_op, _flash_op, apply_sinks_by_lse  # noqa: F401  (apply_sinks_by_lse: measure uses it)
@@ -76,6 +79,15 @@ class Variant:
     # lse counts the sink in its sum (default: over the keys only, flex's convention).
     lse_on: tuple[str, ...] = ()
     lse_includes_sink: bool = False
+    # The layouts it is called in where a cell has them (CALL_FORMS): "varlen" (packed cells hand it
+    # cu_seqlens and max_seqlen for the document mask), "paged" (paged cells hand it the cache's pools
+    # and block table, varlen.PagedCall). A variant without one gets the same cell dense.
+    forms: tuple[str, ...] = ()
+    # The page size its paged cache must have (a kernel's constraint, e.g. flash-attn's multiples of
+    # 256); None: the preset's (Preset.page_size)
+    page_size: int | None = None
+    # False: it takes no mask tensor (a layout-only kernel: cu_seqlens or a cache's used lengths only)
+    masks: bool = True
 
     @property
     def negative_control(self) -> bool:
@@ -98,10 +110,15 @@ class Variant:
 # Capabilities a cell may need beyond plain multi-head attention (inputs.needs): "gqa" (k, v with
 # fewer heads than q, MQA included) and "score_mod" (inputs.ScoreMod). A plug-in declares those it
 # has; a cell's needs may also name "mqa" (one key/value head), which "gqa" covers.
-FEATURES: tuple[str, ...] = ("gqa", "score_mod", "sinks")
+FEATURES: tuple[str, ...] = ("gqa", "score_mod", "sinks", "latent")
+# Layouts a variant may be called in (Variant.forms): not needed by any cell, since a variant without
+# them gets the cell dense; a plug-in declares them in audit_supports beside the features.
+CALL_FORMS: tuple[str, ...] = ("varlen", "paged")
 FEATURE_NAMES = {"gqa": "GQA/MQA (kv_heads < heads)", "mqa": "MQA (kv_heads = 1)",
                  "score_mod": "a score modification (soft-capping)",
-                 "sinks": "attention sinks (one logit per head, gpt-oss)"}
+                 "sinks": "attention sinks (one logit per head, gpt-oss)",
+                 "latent": "values of another head dimension than keys (d_v != d_k, MLA)",
+                 "varlen": "packed sequences (cu_seqlens)", "paged": "a paged KV cache (block table)"}
 # What the returned (out, lse) may be: RETURNS of a plug-in's `audit_returns` and audit.adapt's returns.
 PLUGIN_RETURNS: tuple[str, ...] = ("out", "out_lse")
 LSE_DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -110,63 +127,8 @@ LSE_DEVICES: tuple[str, ...] = ("cpu", "cuda")
 # --------------------------------------------------------------------------- compiled
 
 
-def _private_copy(fn: AttentionFn) -> AttentionFn:
-    """The same function with its own code object.
-
-    Dynamo keeps compiled code per code object. When every build compiled the one
-    `eager_attention`, its entries piled up and each new compile got slower (on a 2-core
-    CPU: 1.0 s per compile after a dozen shapes, against 0.28 s with a private copy or a
-    Dynamo reset); a reset would throw away the code other builds still use.
-    """
-    import types
-    code = fn.__code__.replace()
-    copy = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    copy.__kwdefaults__ = fn.__kwdefaults__
-    copy.__doc__, copy.__qualname__, copy.__module__ = fn.__doc__, fn.__qualname__, fn.__module__
-    return copy
-
-
-def _compiled_fn(fn: AttentionFn, options: dict | None, *, fullgraph: bool = False) -> AttentionFn:
-    """torch.compile(fn) with static shapes, compiled for real, never silently eager.
-
-    One compiled callable serves every cell of one shape, dtype and mask kind (the
-    run's cellcache.BuildCache), so Dynamo is not reset per cell; each build compiles a private
-    copy of `fn` (_private_copy), so builds do not share Dynamo's per-function cache.
-    Hitting Dynamo's recompile limit is an error rather than a silent eager fallback.
-    dynamic=False keeps every graph specialized to its shapes, as a user's static-shape
-    compile would be (automatic dynamic shapes would also change what Inductor fuses).
-    fullgraph=True makes a graph break an error instead of running that frame eagerly.
-    """
-    import torch
-    configure_dynamo()
-    fn = _private_copy(fn)
-    extra = {"options": options} if options else {}
-    return torch.compile(fn, dynamic=False, fullgraph=fullgraph, **extra)
-
-
 def _compiled(options: dict | None) -> AttentionFn:
     return _compiled_fn(eager_attention, options)
-
-
-def fused_attention_count() -> int:
-    """How many times Inductor's pattern matcher rewrote attention into SDPA so far."""
-    from torch._dynamo.utils import counters
-    return int(counters["inductor"]["fuse_attention"])
-
-
-def graph_break_count() -> int:
-    """How many graph breaks Dynamo has met in this process so far (each one splits a compiled
-    function, and the code between the pieces runs eagerly). 0 while nothing has imported Dynamo:
-    importing it only to count costs every eager-only worker process a second or two."""
-    import sys
-    utils = sys.modules.get("torch._dynamo.utils")
-    return 0 if utils is None else int(sum(utils.counters["graph_break"].values()))
-
-
-def compiled_graph_count() -> int:
-    """How many graphs Dynamo has compiled in this process so far (a compile happened when it grows)."""
-    from torch._dynamo.utils import counters
-    return int(counters["stats"]["unique_graphs"])
 
 
 # --------------------------------------------------------------------------- SDPA
@@ -249,7 +211,8 @@ def _flex(compiled_flex: bool = True) -> AttentionFn:
     compiled = _compiled_fn(flex_attention, None, fullgraph=True) if compiled_flex else flex_attention
     block_mask_for: list = []     # [(mask tensor, causal, BlockMask)]: the last one built
 
-    def call(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None):
+    def call(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None, cu_seqlens=None,
+             max_seqlen=None):
         with_lse = not compiled_flex or q.device.type in FLEX_LSE_DEVICES
         if sinks is not None and not with_lse:
             raise Unsupported(FLEX_CPU_NO_LSE)
@@ -266,10 +229,14 @@ def _flex(compiled_flex: bool = True) -> AttentionFn:
             # reads out of bounds for a (1, 1, Tq, Tk) mask (heap corruption, SIGSEGV/SIGABRT).
             return m[b if m.shape[0] > 1 else 0, 0, qi if m.shape[-2] > 1 else 0, ki]
 
+        owner = None if cu_seqlens is None else document_owner(cu_seqlens, q.shape[0], tq)   # (B, T)
+
         def mask_mod(b, h, qi, ki):
             keep = (qi >= ki) if causal else (qi >= 0)
             if bool_mask is not None:
                 keep = keep & pick(bool_mask, b, qi, ki)
+            if owner is not None:                       # the document mask: same document, none for padding
+                keep = keep & (owner[b, qi] == owner[b, ki]) & (owner[b, qi] >= 0)
             return keep
 
         modify = score_mod
@@ -282,13 +249,15 @@ def _flex(compiled_flex: bool = True) -> AttentionFn:
             return score
 
         block_mask = None
-        if causal or bool_mask is not None:
+        if causal or bool_mask is not None or owner is not None:
             # One callable serves many cells (cellcache.BuildCache): the block mask is rebuilt when
             # the mask tensor itself changes (compared by identity while it is held, so a new
             # tensor at a recycled address is never mistaken for the old one).
-            if not (block_mask_for and block_mask_for[0][0] is bool_mask and block_mask_for[0][1] == causal):
+            shape_of = bool_mask if bool_mask is not None else cu_seqlens
+            if not (block_mask_for and block_mask_for[0][0] is shape_of and block_mask_for[0][1] == (causal, tq, tk)):
                 batch = bool_mask.shape[0] if bool_mask is not None and bool_mask.shape[0] > 1 else None
-                block_mask_for[:] = [(bool_mask, causal,
+                batch = q.shape[0] if owner is not None else batch
+                block_mask_for[:] = [(shape_of, (causal, tq, tk),
                                       create_block_mask(mask_mod, batch, None, tq, tk, device=q.device.type))]
             block_mask = block_mask_for[0][2]
         gqa = {"enable_gqa": True} if k.shape[-3] != q.shape[-3] else {}
@@ -345,11 +314,34 @@ def _builtins() -> dict[str, Variant]:
                 unsupported=sdpa_limits),
         Variant("flex", "torch.compile(flex_attention): causal/padding/window as block masks, float masks "
                 "and soft-capping as score_mod, GQA with enable_gqa; on CUDA its LSE, sinks through it",
-                _flex, compiled=True, family="compiled", lse_on=FLEX_LSE_DEVICES),
+                _flex, compiled=True, family="compiled", lse_on=FLEX_LSE_DEVICES, forms=("varlen",)),
         Variant("flex_eager", "flex_attention uncompiled (torch's dense fallback) with its LSE, sinks through it",
-                functools.partial(_flex, False), family="eager", lse_on=both),
+                functools.partial(_flex, False), family="eager", lse_on=both, forms=("varlen",)),
         Variant("flash_op", "SDPA's flash kernel as its op (aten._scaled_dot_product_flash_attention[_for_cpu]), "
                 "returning out and the LSE", _flash_op, family="sdpa", lse_on=both,
+                unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS,
+                             "latent": "the flash kernel needs q, k and v of one head size (torch: \"Q/K/V should "
+                                       "have the same head size\")"}),
+        Variant("packed_loop", "packed sequences' plain reference: SDPA's math on each document of cu_seqlens in a "
+                "Python loop (dense cells: each batch row one document)", lambda: varlen.packed_loop,
+                forms=("varlen",), masks=False, unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS}),
+        Variant("nested_sdpa", "SDPA on jagged nested tensors built from cu_seqlens (torch's packed sequences "
+                "without flash-attn)", lambda: varlen.nested_sdpa, family="sdpa", forms=("varlen",), masks=False,
+                unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS,
+                             "gqa": "nested-tensor SDPA takes no enable_gqa"}),
+        Variant("varlen_attn", "torch.nn.attention.varlen.varlen_attn on cu_seqlens (flash-attn's varlen kernel; "
+                "CUDA only)", lambda: varlen.varlen_attn, family="sdpa", forms=("varlen",), masks=False,
+                causal_alignment="bottom-right",
+                unsupported={"score_mod": "varlen_attn has no score modification argument", "sinks": SDPA_NO_SINKS}),
+        Variant("paged_flex", "torch's PagedAttention over compiled FlexAttention: the pools as its physical cache, "
+                "the block table as its page table, the used keys as a logical mask it converts to pages",
+                varlen.paged_flex, compiled=True, family="compiled", forms=("paged",), masks=False,
+                causal_alignment="bottom-right",
+                unsupported={"score_mod": "the paged call takes no score modification here", "sinks": SDPA_NO_SINKS}),
+        Variant("paged_gather", "paged decoding's plain reference: gather each sequence's pages by its block "
+                "table, mask past its used length, SDPA's math", lambda: varlen.paged_gather, forms=("paged",),
+                masks=False,
+                causal_alignment="bottom-right",
                 unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS}),
         *(Variant(f"{kind}_op", f"SDPA's {kind} kernel as its op (aten._scaled_dot_product_{kind}_attention, "
                   "compute_log_sumexp), returning out and the LSE; CUDA only, no mask", functools.partial(_cuda_lse_op, kind),
@@ -402,6 +394,21 @@ def _builtins() -> dict[str, Variant]:
                              (lambda a=attention: a), family="broken", probs=probs, lse_on=both,
                              unsupported={"score_mod": "its hand-written form takes no score modification"},
                              requires=needs_sinks, reveals=reveals))
+    no_extras = {"score_mod": "its hand-written form takes no score modification", **no_sinks}
+    for name, (forms, reveals, requires) in {
+            "document_boundary_ignored": (("varlen",), ("packed",), {}),
+            "cu_seqlens_off_by_one": (("varlen",), ("packed",), {}),
+            "paged_extra_page": (("paged",), ("paged",), {}),
+            "paged_wrong_sequence": (("paged",), ("paged",), {}),
+            "v_read_at_k_stride": ((), (), {"latent": "with d_v == d_k K's row stride is V's: nothing to detect"}),
+            "batch_dependent_splits": ((), ("normal",), {}),
+    }.items():
+        # one layout mistake each (packed documents, paged caches, latent heads): layout_controls.py
+        attention = getattr(layout_controls, f"broken_{name}")
+        specs.append(Variant(BROKEN_PREFIX + name, f"NEGATIVE CONTROL: {LAYOUT_CONTROLS[name]}",
+                             (lambda a=attention: a), family="broken", forms=forms, reveals=reveals,
+                             requires=requires, unsupported=no_extras,
+                             causal_alignment="bottom-right" if "paged" in forms else "top-left"))
     for name, (check, doc) in REFEREE_CONTROLS.items():
         # right values when checked once, one trick each: only the referee's `check` can flag them
         attention = getattr(referee_controls, f"broken_{name}")
@@ -417,13 +424,14 @@ VERDICT_BASELINE = "sdpa"      # what a PyTorch user gets by default: the verdic
 BUILTIN_NAMES: tuple[str, ...] = (
     "eager", "eager_fp32", "compiled", "compiled_unfused",
     "sdpa", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex", "flex_eager", "flash_op",
-    "efficient_op", "cudnn_op",
+    "packed_loop", "nested_sdpa", "varlen_attn", "paged_flex", "paged_gather", "efficient_op", "cudnn_op",
 )
 NEGATIVE_CONTROLS: tuple[str, ...] = (
     "broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
     "broken.no_max_subtraction", "broken.softmax_wrong_dim", "broken.zero_keys_as_padding",
     "broken.gqa_wrong_head", "broken.backward_rowsum_d_missing", "broken.backward_dq_scale_missing",
     "broken.sink_ignored", "broken.lse_base2", "broken.lse_no_grad",
+    *(BROKEN_PREFIX + name for name in LAYOUT_CONTROLS),
     *(BROKEN_PREFIX + name for name in REFEREE_CONTROLS),
 )
 REFEREE_CONTROL_NAMES: tuple[str, ...] = tuple(BROKEN_PREFIX + name for name in REFEREE_CONTROLS)
@@ -499,7 +507,12 @@ def load_plugin(spec: str) -> Variant:
         raise UsageError(f"--variant: {spec!r} is a {type(fn).__name__}, not a callable")
     doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
     description = doc[0] if doc else f"user plug-in {spec}"
-    return Variant(spec, description, lambda: fn, family="plugin", unsupported=_undeclared(spec, fn),
+    forms = tuple(f for f in _declared_supports(spec, fn) if f in CALL_FORMS)
+    page_size = getattr(fn, PAGE_SIZE_ATTRIBUTE, None)
+    if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
+        raise UsageError(f"--variant: {spec}.{PAGE_SIZE_ATTRIBUTE} is {page_size!r}; allowed: a positive integer")
+    return Variant(spec, description, lambda: fn, family="plugin", unsupported=_undeclared(spec, fn), forms=forms,
+                   page_size=page_size,
                    causal_alignment=_declared_alignment(spec, fn), **declared_returns(f"--variant: {spec}", fn))
 
 
@@ -507,6 +520,7 @@ SUPPORTS_ATTRIBUTE = "audit_supports"
 ALIGNMENT_ATTRIBUTE = "audit_causal_alignment"
 RETURNS_ATTRIBUTE = "audit_returns"
 LSE_SINK_ATTRIBUTE = "audit_lse_includes_sink"
+PAGE_SIZE_ATTRIBUTE = "audit_page_size"
 CAUSAL_ALIGNMENTS: tuple[str, ...] = ("top-left", "bottom-right")
 
 
@@ -531,6 +545,21 @@ def _declared_alignment(spec: str, fn: Any) -> str:
     return declared
 
 
+def _declared_supports(spec: str, fn: Any) -> tuple[str, ...]:
+    """A plug-in's `audit_supports`, checked: names from FEATURES and CALL_FORMS."""
+    declared = getattr(fn, SUPPORTS_ATTRIBUTE, ())
+    allowed = FEATURES + CALL_FORMS
+    if isinstance(declared, str) or not isinstance(declared, Iterable):
+        raise UsageError(f"--variant: {spec}.{SUPPORTS_ATTRIBUTE} is {declared!r}; expected a tuple of "
+                         f"feature names from: {', '.join(allowed)}")
+    declared = tuple(declared)
+    unknown = [f for f in declared if f not in allowed]
+    if unknown:
+        raise UsageError(f"--variant: {spec}.{SUPPORTS_ATTRIBUTE} names unknown feature(s) "
+                         f"{', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}")
+    return declared
+
+
 def _undeclared(spec: str, fn: Any) -> dict[str, str]:
     """A plug-in's unsupported features: those its `audit_supports` attribute does not name.
 
@@ -538,14 +567,7 @@ def _undeclared(spec: str, fn: Any) -> dict[str, str]:
     an MQA cell's single key/value head and look right by accident, or ignore a score_mod
     keyword it swallows with **kwargs, so the audit never guesses.
     """
-    declared = getattr(fn, SUPPORTS_ATTRIBUTE, ())
-    if isinstance(declared, str) or not isinstance(declared, Iterable):
-        raise UsageError(f"--variant: {spec}.{SUPPORTS_ATTRIBUTE} is {declared!r}; expected a tuple of "
-                         f"feature names from: {', '.join(FEATURES)}")
-    unknown = [f for f in declared if f not in FEATURES]
-    if unknown:
-        raise UsageError(f"--variant: {spec}.{SUPPORTS_ATTRIBUTE} names unknown feature(s) "
-                         f"{', '.join(map(repr, unknown))}; allowed: {', '.join(FEATURES)}")
+    declared = _declared_supports(spec, fn)
     return {f: f"the plug-in does not declare it (add {f!r} to {spec}.{SUPPORTS_ATTRIBUTE}; "
                "docs/variants.md)" for f in FEATURES if f not in declared}
 

@@ -1,9 +1,11 @@
-"""The README's declarations (README.md, "Audit a library's kernel"), on the stand-ins of the same
-signatures (standins.py): tests/test_adapt.py checks each `audit.adapt(...)` here is the README's."""
+"""The README's declarations (README.md, "Audit a library's kernel") and docs/variants.md's varlen and
+paged ones, on the stand-ins of the same signatures (standins.py): tests/test_adapt.py checks each
+`audit.adapt(...)` here is the documents' own, character for character."""
 from __future__ import annotations
 
 import audit
-from standins import LowerTriangularFromBottomRightMask, flash_attn_func, memory_efficient_attention
+from standins import (LowerTriangularFromBottomRightMask, flash_attn_func, flash_attn_varlen_func,
+                      flash_attn_varlen_func_one_sequence, memory_efficient_attention)
 
 flash = audit.adapt(flash_attn_func, layout="bthd", causal="bottom-right", causal_arg="causal",
                     scale_arg="softmax_scale", softcap_arg="softcap", gqa=True)
@@ -16,3 +18,17 @@ xformers = audit.adapt(memory_efficient_attention, layout="bthd", causal="bottom
 # (tests/test_adapt.py).
 flash_misdeclared = audit.adapt(flash_attn_func, layout="bthd", causal="top-left", causal_arg="causal",
                                 scale_arg="softmax_scale", softcap_arg="softcap", gqa=True)
+
+varlen = audit.adapt(flash_attn_varlen_func, layout="thd", causal="bottom-right", causal_arg="causal",
+                     scale_arg="softmax_scale", softcap_arg="softcap", gqa=True,
+                     cu_seqlens_arg=("cu_seqlens_q", "cu_seqlens_k"), max_seqlen_arg=("max_seqlen_q", "max_seqlen_k"))
+
+paged = audit.adapt(flash_attn_varlen_func, layout="thd", causal="bottom-right", causal_arg="causal",
+                    scale_arg="softmax_scale", gqa=True, cu_seqlens_arg=("cu_seqlens_q", "cu_seqlens_k"),
+                    max_seqlen_arg=("max_seqlen_q", "max_seqlen_k"), block_table_arg="block_table", page_size=256)
+
+# A varlen fallback that drops the document boundaries: the audit must catch it (tests/test_adapt.py).
+varlen_one_sequence = audit.adapt(flash_attn_varlen_func_one_sequence, layout="thd", causal="bottom-right",
+                                  causal_arg="causal", scale_arg="softmax_scale", gqa=True,
+                                  cu_seqlens_arg=("cu_seqlens_q", "cu_seqlens_k"),
+                                  max_seqlen_arg=("max_seqlen_q", "max_seqlen_k"))

@@ -191,3 +191,34 @@ def sink_shared(q, k, v, *, sinks=None, **kw):
 
 def sink_wrong_head(q, k, v, *, sinks=None, **kw):
     return attention(q, k, v, empty_rows_zero=True, sinks=sinks.roll(-1), **kw)
+
+
+def document_boundary_ignored(q, k, v, *, mask=None, **kw):
+    """Packed documents given as one sequence per row: only the keys no document owns are masked."""
+    owned = mask.any(dim=-2, keepdim=True)                                   # (B, 1, 1, Tk): some row sees it
+    return attention(q, k, v, mask=owned, empty_rows_zero=True, **kw)
+
+
+def cu_seqlens_off_by_one(q, k, v, *, mask=None, **kw):
+    """The documents' boundaries, read off the document mask, each interior one a token late."""
+    B, T = mask.shape[0], mask.shape[-1]
+    owned = mask[:, 0].any(-1)                                               # (B, T): rows a document owns
+    first = mask[:, 0].float().argmax(-1)                                    # (B, T): its document's first token
+    starts = sorted({b * T + int(first[b, i]) for b in range(B) for i in range(T) if owned[b, i]})
+    end = max(b * T + i for b in range(B) for i in range(T) if owned[b, i]) + 1
+    bounds = [0] + [s + 1 for s in starts[1:]] + [end]
+    owner = torch.full((B * T,), -1)
+    for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        owner[a:b] = n
+    owner = owner.reshape(B, T)
+    keep = (owner[:, :, None] == owner[:, None, :]) & (owner[:, :, None] >= 0)   # (B, T, T)
+    return attention(q, k, v, mask=keep[:, None], empty_rows_zero=True, **kw)
+
+
+def v_read_at_k_stride(q, k, v, **kw):
+    """Where V's head size differs from K's, row j of V read from element j·d_k of its flat values."""
+    B, H, T, dv = v.shape
+    d = q.shape[-1]
+    flat = torch.cat([v.reshape(B, H, T * dv), v.new_zeros(B, H, T * d + dv)], dim=-1)
+    rows = torch.stack([flat[..., j * d:j * d + dv] for j in range(T)], dim=2)   # (B, H, T, dv): 0 past the end
+    return attention(q, k, rows, empty_rows_zero=True, **kw)

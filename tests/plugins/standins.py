@@ -73,3 +73,45 @@ def memory_efficient_attention(query, key, value, attn_bias=None, p=0.0, scale=N
     elif attn_bias is not None:
         bias = attn_bias
     return _attention(query, key, value, scale, bias=bias, keep=keep).to(output_dtype or query.dtype)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """flash_attn.flash_attn_varlen_func's signature: q (total_q, H, d), k, v (total_k, Hkv, d) packed back
+    to back, sequence i at cu_seqlens_q[i]:cu_seqlens_q[i + 1] (int32); causal bottom-right within each
+    sequence; with block_table, k and v are caches (num_blocks, page_block_size, Hkv, d) and sequence i's
+    keys are its table row's first cu_seqlens_k[i + 1] - cu_seqlens_k[i] slots. Rows past
+    cu_seqlens_q[-1] are left 0."""
+    if q.stride(-1) != 1:
+        raise RuntimeError("Input tensor must have contiguous last dimension")
+    if cu_seqlens_q.dtype != torch.int32 or cu_seqlens_k.dtype != torch.int32:
+        raise RuntimeError("cu_seqlens_q must have dtype int32")
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(starts_q) - 1):
+        a, b, c, d = starts_q[i], starts_q[i + 1], starts_k[i], starts_k[i + 1]
+        if b == a:
+            continue
+        if block_table is None:
+            ks, vs = k[c:d], v[c:d]                                          # (n_k, Hkv, d)
+        else:
+            pages = block_table[i].long()
+            ks, vs = (t[pages].reshape(-1, t.shape[2], t.shape[3])[:d - c] for t in (k, v))
+        keep = _bottom_right(b - a, d - c, q.device) if causal else None
+        out[a:b] = _attention(q[None, a:b], ks[None], vs[None], scale, keep=keep, softcap=softcap)[0].to(q.dtype)
+    return (out, None, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func_one_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                        dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                                        softcap=0.0, alibi_slopes=None, deterministic=False,
+                                        return_attn_probs=False, block_table=None):
+    """The same signature, a fallback that keeps only cu_seqlens[-1]: every packed sequence one (the documents
+    attend each other). What the audit must catch."""
+    total_q, total_k = int(cu_seqlens_q[-1]), int(cu_seqlens_k[-1])
+    whole_q = torch.tensor([0, total_q], dtype=torch.int32, device=q.device)
+    whole_k = torch.tensor([0, total_k], dtype=torch.int32, device=q.device)
+    return flash_attn_varlen_func(q, k, v, whole_q, whole_k, total_q, total_k, dropout_p, softmax_scale, causal,
+                                  window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table)

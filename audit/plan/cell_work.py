@@ -1,0 +1,83 @@
+"""What a cell asks of the plan beyond its calls: whether a built-in variant refuses it (skipped in
+milliseconds), the extra forwards of its leak probes and masked rows, a paged call (forward only), and
+the invariance checks' compiles. Pure functions of the Case and its shape (costmodel.CellShape)."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.grid import Case
+from ..workload.inputs import SCENARIOS, invariance_applies
+
+
+def device_type(device: str) -> str:
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
+def predicted_unsupported(case: Case, shape: Any) -> str | None:
+    """Cells a forced SDPA backend refuses (design.md §5, §5b), and those a built-in variant
+    declares it cannot run (variants.Variant.refusal: soft-capping on SDPA, the GQA control on
+    multi-head cells): skipped in milliseconds."""
+    from ..workload.inputs import cell_needs
+    from ..workload.variants import builtin_variants
+    builtin = builtin_variants().get(case.variant)
+    refusal = builtin.refusal(cell_needs(case)) if builtin is not None else None
+    if refusal:
+        return refusal
+    v, dev = case.variant, device_type(case.device)
+    form = SCENARIOS[case.scenario].form            # the layout this cell hands a variant taking it
+    if builtin is not None and "paged" in builtin.forms and form != "paged":
+        return "it takes a paged KV cache: only the paged scenario has one"
+    if builtin is not None and not builtin.masks and shape.mask is not None and form not in builtin.forms:
+        return "it takes documents (cu_seqlens), not a mask tensor"
+    if v == "varlen_attn" and dev == "cpu":
+        return "varlen_attn runs on CUDA only"
+    if v == "nested_sdpa" and dev == "cpu" and (case.causal or case.latent):
+        return "nested-tensor SDPA on the CPU has no backend for is_causal"
+    if v in ("sdpa_flash", "flash_op") and case.latent:
+        return "the flash kernel needs d_v == d_k"
+    if dev == "cpu" and v in ("sdpa_efficient", "sdpa_cudnn", "efficient_op", "cudnn_op"):
+        return "no such backend on the CPU"
+    if dev == "cuda" and v in ("flash_op", "efficient_op", "cudnn_op") and (shape.mask is not None or case.gqa):
+        return "the raw op is called without a mask and takes no GQA"
+    if dev == "cuda" and v == "sdpa_flash":
+        if shape.mask is not None:
+            return "FLASH_ATTENTION takes no attn_mask"
+        if case.dtype == "fp32":
+            return "FLASH_ATTENTION needs fp16 or bf16"
+        if case.causal and shape.q_len != case.seq_len:
+            return "FLASH_ATTENTION: is_causal with q_len != kv_len"
+    if dev == "cuda" and v == "sdpa_cudnn" and case.dtype == "fp32":
+        return "CUDNN_ATTENTION needs fp16 or bf16"
+    return None
+
+
+def masked_rows_checked(shape: Any) -> float:
+    """Fully masked query rows the masked-row check looks at: every 8th row × B × H."""
+    if not shape.case.scenario.startswith("fully_masked"):
+        return 0.0
+    from ..workload.inputs import fully_masked_rows
+    return float(len(fully_masked_rows(shape.q_len)) * shape.case.batch * shape.case.heads)
+
+
+def invariance_compile_keys(key: tuple, case: Case) -> list[tuple]:
+    """The compile keys of the invariance checks' calls in a cell (workload.inputs.invariance_applies):
+    batch row 0 alone, the chunks of the queries (one shape: the compiled variants align causal masking
+    top-left, so both chunks take every key and a mask); a compiled variant builds code for each once."""
+    batch, chunk = invariance_applies(case)
+    return ([("batch row", key)] if batch else []) + ([("chunks", key)] if chunk else [])
+
+
+def paged_call(case: Case) -> bool:
+    """A built-in paged variant in a paged cell: forward only (varlen.PagedCall)."""
+    from ..workload.variants import builtin_variants
+    spec = builtin_variants().get(case.variant)
+    return spec is not None and "paged" in spec.forms and case.scenario == "paged"
+
+
+def leak_probe_count(case: Case) -> int:
+    """Extra forwards of the leak check: one per kind of hidden key (masked or future keys,
+    fully masked rows)."""
+    from ..workload.inputs import SCENARIOS
+    mask = SCENARIOS[case.scenario].mask
+    n = int(case.causal or mask is not None)
+    return n + int(case.scenario.startswith("fully_masked"))
