@@ -105,7 +105,7 @@ def nested_sdpa(q, k, v, *, mask=None, causal=False, scale=None, cu_seqlens=None
         raise Unsupported("nested-tensor SDPA takes no enable_gqa: k and v need as many heads as q")
     offsets = torch.tensor([0] + [b - a for a, b in spans], device=q.device).cumsum(0)
     used = slice(spans[0][0], spans[-1][1])          # documents are back to back: empty ones hold no tokens
-    qt, kt, vt = (to_thd(t)[used] for t in (q, k, v))                  # (total, H, d)
+    qt, kt, vt = (to_thd(t)[used].contiguous() for t in (q, k, v))     # (total, H, d): nested SDPA needs them dense
     nested = [torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2) for t in (qt, kt, vt)]
     try:
         out = F.scaled_dot_product_attention(*nested, is_causal=causal, scale=scale)   # (D, H, {T}, dv)
