@@ -142,7 +142,8 @@ def tiers(pred: Any) -> tuple[dict[str, int], list[str]]:
     Tier 0 is chosen greedily, the cheapest wants first: per coverage kind, a cell of it (of
     scenario normal for no mask and causal, where the grid has one: the cells the verdict times
     them on) together with the verdict's yardstick (VERDICT_BASELINE) on the same inputs, so the
-    verdict can compare it; per negative control, its self-check cells (_self_check_candidates).
+    verdict can compare it; per negative control, its self-check cells (_self_check_candidates); per
+    real variant and device, a cell where batch and chunk invariance are checked (_invariance_candidates).
     Each time the candidate whose own seconds plus the shared costs not yet bought (costmodel
     `shares`: its input set's golden, its compile, a backend's first use) are least."""
     from ..core.grid import INPUT_AXES
@@ -183,6 +184,7 @@ def tiers(pred: Any) -> tuple[dict[str, int], list[str]]:
             wanted[kind] = normal
     for control, reveals in controls.items():
         wanted.update(_self_check_candidates(rows, control, reveals))
+    wanted.update(_invariance_candidates(rows))
     chosen: list[str] = []
     while wanted:
         kind = min(wanted, key=lambda k: min(added(i) for i in wanted[k]))
@@ -192,6 +194,26 @@ def tiers(pred: Any) -> tuple[dict[str, int], list[str]]:
             bought.update(group for group, _ in shares[cell_id])
             tier[cell_id] = COVERAGE
     return tier, chosen
+
+
+def _invariance_candidates(rows: list[dict]) -> dict[str, list[str]]:
+    """Per real variant and device, its cells where the invariance checks apply
+    (workload.inputs.invariance_applies), those with both checks if it has any: tier 0 buys one, so
+    every variant's batch and chunk invariance is recorded however tight the budget."""
+    from ..core.grid import Case
+    from ..workload.inputs import invariance_applies
+    out: dict[str, list[str]] = {}
+    both: dict[str, list[str]] = {}
+    for r in rows:
+        if _reveals(str(r["variant"])) is not None:
+            continue
+        batch, chunk = invariance_applies(Case.from_mapping(r))
+        key = f"{r['variant']} {r['device']} invariance"
+        if batch:
+            out.setdefault(key, []).append(r["id"])
+        if batch and chunk:
+            both.setdefault(key, []).append(r["id"])
+    return {key: both.get(key) or ids for key, ids in out.items()}
 
 
 def run_order(ids: Sequence[str], tier: dict[str, int]) -> list[str]:

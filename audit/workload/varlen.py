@@ -88,6 +88,7 @@ def packed_loop(q, k, v, *, mask=None, causal=False, scale=None, cu_seqlens=None
 def nested_sdpa(q, k, v, *, mask=None, causal=False, scale=None, cu_seqlens=None, max_seqlen=None):
     """SDPA on jagged nested tensors: the documents as a (D, H, {T}, d) nested tensor (layout
     torch.jagged), as torch runs packed sequences without flash-attn; rows past cu_seqlens[-1] 0.
+    In a dense cell each batch row is one sequence (its queries and keys may differ in length).
     torch 2.13 on the CPU finds no backend with is_causal: causal cells are skipped there."""
     import torch
     import torch.nn.functional as F
@@ -96,29 +97,32 @@ def nested_sdpa(q, k, v, *, mask=None, causal=False, scale=None, cu_seqlens=None
     if causal and q.device.type == "cpu":
         raise Unsupported("nested-tensor SDPA on the CPU has no backend for is_causal (torch: \"No viable "
                           "backend for scaled_dot_product_attention was found\")")
-    if cu_seqlens is None:
-        if Tq != k.shape[-2]:
-            raise Unsupported("nested_sdpa packs queries and keys with one cu_seqlens: q_len must equal kv_len")
-        cu_seqlens = batch_cu_seqlens(B, Tq, q.device)
-    spans = [(a, b) for a, b in documents(cu_seqlens) if b > a]
     if k.shape[1] != H:
         raise Unsupported("nested-tensor SDPA takes no enable_gqa: k and v need as many heads as q")
-    offsets = torch.tensor([0] + [b - a for a, b in spans], device=q.device).cumsum(0)
-    used = slice(spans[0][0], spans[-1][1])          # documents are back to back: empty ones hold no tokens
-    qt, kt, vt = (to_thd(t)[used].contiguous() for t in (q, k, v))     # (total, H, d): nested SDPA needs them dense
-    nested = [torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2) for t in (qt, kt, vt)]
+    cu_q = batch_cu_seqlens(B, Tq, q.device) if cu_seqlens is None else cu_seqlens
+    cu_k = batch_cu_seqlens(B, k.shape[-2], q.device) if cu_seqlens is None else cu_seqlens
+    spans = [(a, b, c, e) for (a, b), (c, e) in zip(documents(cu_q), documents(cu_k)) if b > a]
+
+    def jagged(t, starts):                                             # (B·T, H, d) rows -> (D, H, {T}, d)
+        lengths = torch.tensor([0] + [e - s for s, e in starts], device=q.device).cumsum(0)
+        rows = torch.cat([t[s:e] for s, e in starts]).contiguous()     # documents back to back, dense
+        return torch.nested.nested_tensor_from_jagged(rows, lengths).transpose(1, 2)
+    nested_q = jagged(to_thd(q), [(a, b) for a, b, _, _ in spans])
+    nested_k, nested_v = (jagged(to_thd(t), [(c, e) for _, _, c, e in spans]) for t in (k, v))
     try:
-        out = F.scaled_dot_product_attention(*nested, is_causal=causal, scale=scale)   # (D, H, {T}, dv)
+        out = F.scaled_dot_product_attention(nested_q, nested_k, nested_v, is_causal=causal, scale=scale)
     except RuntimeError as exc:
         if "No viable backend" not in str(exc) and "No available kernel" not in str(exc):
             raise
         raise Unsupported(f"nested-tensor SDPA finds no backend for this cell on {q.device.type} (d_k {d}, "
                           f"d_v {v.shape[-1]}): {str(exc).splitlines()[0]}") from None
-    flat = out.transpose(1, 2).values()                                # (total, H, dv)
-    rows = to_thd(q).shape[0]
-    full = torch.cat([flat.new_zeros(spans[0][0], H, v.shape[-1]), flat,
-                      flat.new_zeros(rows - spans[-1][1], H, v.shape[-1])])
-    return from_thd(full, B)
+    flat = out.transpose(1, 2).values()                                # (total_q, H, dv): documents in order
+    full = flat.new_zeros(B * Tq, H, v.shape[-1])
+    at = 0
+    for a, b, _, _ in spans:                                           # each document's rows where it sits
+        full[a:b] = flat[at:at + b - a]
+        at += b - a
+    return from_thd(full, B)                                           # (B, H, Tq, dv); past cu_seqlens[-1]: 0
 
 
 def varlen_attn(q, k, v, *, mask=None, causal=False, scale=None, cu_seqlens=None, max_seqlen=None):
