@@ -445,7 +445,6 @@ class CostModel:
                 continue
             t_f = self.call_s(shape, "fwd", ceil)
             backward = not (case.variant in NO_CPU_BACKWARD and dev == "cpu") and not paged_call(case)
-            invariance_s = 0.0
             t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
             if case.variant in COMPILED_VARIANTS:
                 key = compile_key(shape)
@@ -465,8 +464,11 @@ class CostModel:
                     for extra in invariance_compile_keys(key, case):
                         if extra not in compiled_keys:
                             compiled_keys.add(extra)
-                            invariance_s += self._by_cache("compile_s", f"{dev}|{call_variant(shape)}",
-                                                                   "miss", 3.0)
+                            groups.append(("compile", extra))
+                            extra_s = paid.setdefault(groups[-1], self._by_cache(
+                                "compile_s", f"{dev}|{call_variant(shape)}", "miss", 3.0))
+                            phases["compile"] += extra_s
+                            shared += extra_s
             n_timed = settings.min_samples + 1
             limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s
             if t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s or (t_f + t_fb) * n_timed > limit_s:
@@ -487,7 +489,7 @@ class CostModel:
             phases["numerics"] = self._numerics_s(shape, settings, t_f, t_fb)
             if settings.invariance:             # counted with the numerics (the record's own phase: invariance)
                 batch, chunk = invariance_applies(case)
-                phases["numerics"] += invariance_s + (t_f / case.batch if batch else 0.0) + (t_f if chunk else 0.0)
+                phases["numerics"] += (t_f / case.batch if batch else 0.0) + (t_f if chunk else 0.0)
             phases["timed"], phases["energy"] = self._timed_and_energy_s(case, settings, t_f, t_fb)
             rows.append(self._row(case, status, reason, phases, t_f, t_fb, shared_s=shared + phases["golden"]))
         columns = ["id", *AXES, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s",
