@@ -7,6 +7,7 @@ The mistakes they make are in mistakes.py (documents, K and V strides) and paged
 """
 from __future__ import annotations
 
+from ..core.errors import Unsupported
 from .eager import eager_attention, kv_for_queries
 from .inputs import causal_keep
 from .packing import documents_mask, v_at_k_stride
@@ -72,10 +73,14 @@ def broken_paged_extra_page(q, k_pages, v_pages, *, block_table, seqused, mask=N
 
 
 def broken_paged_wrong_sequence(q, k_pages, v_pages, *, block_table, seqused, mask=None, causal=False, scale=None):
-    """Sequence b reads the pages of table row b + 1 (mod B), its own used length."""
+    """Sequence b reads the pages of table row b + 1 (mod B), its own used length (the slots past it
+    zeroed before any arithmetic: its one mistake is the row). One sequence has no other row to read."""
     used = [int(n) for n in seqused.tolist()]
     B = block_table.shape[0]
+    if B == 1:
+        raise Unsupported("broken.paged_wrong_sequence needs a second sequence: with one, row b + 1 is its own")
     k, v, keep = _paged_dense(q, k_pages, v_pages, block_table, seqused, lambda b: used[b], lambda b: (b + 1) % B)
+    k, v = (t.masked_fill(~keep[:, :, 0, :, None], 0.0) for t in (k, v))               # (B, Hkv, width, d)
     return eager_attention(q, k, v, mask=keep, scale=scale)
 
 
