@@ -191,16 +191,16 @@ def paged_reads(cell: CellState) -> dict[str, Any]:
        when=lambda cell: invariance_applies(cell.case)[0])
 def batch_invariance(cell: CellState) -> dict[str, Any]:
     """Batch row 0 computed alone against the same row in the full batch (measure/invariance.py)."""
-    from .invariance import batch_columns
-    return batch_columns(cell)
+    from .invariance import columns
+    return columns("batch", cell, failure_reason)
 
 
 @check("chunk_invariance", needs=("out", "golden", "variant"), phase="invariance",
        when=lambda cell: invariance_applies(cell.case)[1])
 def chunk_invariance(cell: CellState) -> dict[str, Any]:
     """The queries in two chunks (chunked prefill) against the single-shot output (measure/invariance.py)."""
-    from .invariance import chunk_columns
-    return chunk_columns(cell)
+    from .invariance import columns
+    return columns("chunk", cell, failure_reason)
 
 
 @check("causal_alignment", needs=("out", "golden"))

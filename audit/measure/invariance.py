@@ -2,7 +2,7 @@
 
 Reinforcement-learning pipelines need the trainer and the server to agree bit for bit
 (Dao-AILab/flash-attention#1897: split-KV counts that depend on the batch). Two checks, on the
-cells where they apply (applies()):
+cells where they apply (workload.inputs.invariance_applies):
 
 - batch: batch row 0 computed alone (B = 1) against the same row in the full batch;
 - chunk: the queries in two chunks against the single-shot output. Causal cells as chunked prefill
@@ -20,16 +20,26 @@ A call that fails leaves the columns null with the failure in invariance_reason.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
-from ..workload.inputs import causal_keep, invariance_applies
+from ..workload.inputs import causal_keep
 from ..workload.varlen import PagedCall
 from .numerics import error_vs_reference, within_budget
 
+# Each check's columns when its call fails, and the words its failure is named with in invariance_reason
+UNMEASURED = {"batch": ({"batch_invariant": None, "batch_max_diff": None}, "batch row alone"),
+              "chunk": ({"chunk_invariant": None, "chunk_max_diff": None, "chunk_within_budget": None}, "chunked")}
 
-def applies(cell: Any) -> tuple[bool, bool]:
-    """(batch, chunk): where each check runs (workload.inputs.invariance_applies, one definition)."""
-    return invariance_applies(cell.case)
+
+def columns(check: str, cell: Any, reason_of: Callable[[BaseException], str]) -> dict[str, Any]:
+    """The columns of `check` ("batch" or "chunk"); a call of the variant that fails (a kernel that
+    takes no mask, or no row alone) leaves them null with the failure, reason_of(exc), in
+    invariance_reason: the variant's limit, not the cell's failure."""
+    try:
+        return (batch_columns if check == "batch" else chunk_columns)(cell)
+    except Exception as exc:  # noqa: BLE001 - recorded with its reason, as documented
+        null, label = UNMEASURED[check]
+        return {**null, "invariance_reason": f"{label}: {reason_of(exc)}"}
 
 
 def _call(cell: Any, q: Any, k: Any, v: Any, **overrides: Any) -> Any:
@@ -41,12 +51,6 @@ def _call(cell: Any, q: Any, k: Any, v: Any, **overrides: Any) -> Any:
     out = result[0] if isinstance(result, tuple) else result
     cell.settle_if_incomplete()
     return out.detach()
-
-
-def failure_reason(exc: BaseException) -> str:
-    """'Type: first line of the message' of a call's failure."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _difference(a: Any, b: Any) -> tuple[bool, float]:
@@ -79,17 +83,13 @@ def first_row_kwargs(cell: Any) -> dict[str, Any]:
 def batch_columns(cell: Any) -> dict[str, Any]:
     """batch_invariant, batch_max_diff: row 0 alone against row 0 of the cell's numerics output."""
     import torch
-    try:
-        if cell.paged_call is not None:          # the first sequence's pages alone, in the same pool layout
-            row = PagedCall(cell.paged_call.fn, cell.paged_call.layout.rows(1))
-            with torch.no_grad():
-                alone = row(cell.q[:1].detach(), cell.k[:1].detach(), cell.v[:1].detach(), **dict(cell.kwargs))
-            alone = (alone[0] if isinstance(alone, tuple) else alone).detach()
-        else:
-            alone = _call(cell, cell.q[:1], cell.k[:1], cell.v[:1], **first_row_kwargs(cell))   # (1, H, Tq, dv)
-    except Exception as exc:  # noqa: BLE001 - the variant's failure on a smaller batch: recorded, not the cell's
-        return {"batch_invariant": None, "batch_max_diff": None,
-                "invariance_reason": f"batch row alone: {failure_reason(exc)}"}
+    if cell.paged_call is not None:              # the first sequence's pages alone, in the same pool layout
+        row = PagedCall(cell.paged_call.fn, cell.paged_call.layout.rows(1))
+        with torch.no_grad():
+            alone = row(cell.q[:1].detach(), cell.k[:1].detach(), cell.v[:1].detach(), **dict(cell.kwargs))
+        alone = (alone[0] if isinstance(alone, tuple) else alone).detach()
+    else:
+        alone = _call(cell, cell.q[:1], cell.k[:1], cell.v[:1], **first_row_kwargs(cell))   # (1, H, Tq, dv)
     equal, largest = _difference(alone, cell.out[:1])
     return {"batch_invariant": equal, "batch_max_diff": largest}
 
@@ -100,20 +100,16 @@ def chunk_columns(cell: Any) -> dict[str, Any]:
     tq = cell.q.shape[-2]
     half = tq // 2
     causal = bool(cell.kwargs.get("causal"))
-    try:
-        if not causal:
-            first = _call(cell, cell.q[:, :, :half], cell.k, cell.v)
-            second = _call(cell, cell.q[:, :, half:], cell.k, cell.v)
-        elif cell.variant.causal_alignment == "bottom-right":      # its own flag, as a KV cache calls it
-            first = _call(cell, cell.q[:, :, :half], cell.k[:, :, :half], cell.v[:, :, :half])
-            second = _call(cell, cell.q[:, :, half:], cell.k, cell.v)
-        else:                     # top-left: both chunks against every key, bottom-right causal as a bool mask
-            keep = causal_keep(tq, tq, cell.q.device)[None, None]                       # (1, 1, Tq, Tk)
-            first = _call(cell, cell.q[:, :, :half], cell.k, cell.v, mask=keep[..., :half, :], causal=False)
-            second = _call(cell, cell.q[:, :, half:], cell.k, cell.v, mask=keep[..., half:, :], causal=False)
-    except Exception as exc:  # noqa: BLE001 - the variant's failure on a chunk: recorded, not the cell's
-        return {"chunk_invariant": None, "chunk_max_diff": None, "chunk_within_budget": None,
-                "invariance_reason": f"chunked: {failure_reason(exc)}"}
+    if not causal:
+        first = _call(cell, cell.q[:, :, :half], cell.k, cell.v)
+        second = _call(cell, cell.q[:, :, half:], cell.k, cell.v)
+    elif cell.variant.causal_alignment == "bottom-right":          # its own flag, as a KV cache calls it
+        first = _call(cell, cell.q[:, :, :half], cell.k[:, :, :half], cell.v[:, :, :half])
+        second = _call(cell, cell.q[:, :, half:], cell.k, cell.v)
+    else:                         # top-left: both chunks against every key, bottom-right causal as a bool mask
+        keep = causal_keep(tq, tq, cell.q.device)[None, None]                           # (1, 1, Tq, Tk)
+        first = _call(cell, cell.q[:, :, :half], cell.k, cell.v, mask=keep[..., :half, :], causal=False)
+        second = _call(cell, cell.q[:, :, half:], cell.k, cell.v, mask=keep[..., half:, :], causal=False)
     chunked = torch.cat([first, second], dim=-2)                                         # (B, H, Tq, dv)
     equal, largest = _difference(chunked, cell.out)
     err = error_vs_reference(cell.ref.take(chunked), cell.golden.out, cell.golden.row_visible)

@@ -447,28 +447,9 @@ class CostModel:
             backward = not (case.variant in NO_CPU_BACKWARD and dev == "cpu") and not paged_call(case)
             t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
             if case.variant in COMPILED_VARIANTS:
-                key = compile_key(shape)
-                groups += [("compiler", dev), ("compile", key)]
-                if key not in compiled_keys:
-                    compiled_keys.add(key)
-                    cache = "hit" if kernel_key(shape) in kernels else "miss"
-                    kernels.add(kernel_key(shape))
-                    phases["compile"] = paid.setdefault(groups[-1], self._by_cache(
-                        "compile_s", f"{dev}|{call_variant(shape)}", cache, 3.0))
-                    if dev not in compiling_started:      # the run's first compile also starts the compiler
-                        compiling_started.add(dev)
-                        phases["compile"] += paid.setdefault(groups[-2], self._by_cache(
-                            "compile_start_s", dev, cache, 2.0))
-                    shared += phases["compile"]
-                if settings.invariance:         # the invariance calls' shapes: compiled once each, in that check
-                    for extra in invariance_compile_keys(key, case):
-                        if extra not in compiled_keys:
-                            compiled_keys.add(extra)
-                            groups.append(("compile", extra))
-                            extra_s = paid.setdefault(groups[-1], self._by_cache(
-                                "compile_s", f"{dev}|{call_variant(shape)}", "miss", 3.0))
-                            phases["compile"] += extra_s
-                            shared += extra_s
+                phases["compile"] = self._compiles(shape, settings, groups, compiled_keys, kernels,
+                                                   compiling_started, paid)
+                shared += phases["compile"]
             n_timed = settings.min_samples + 1
             limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s
             if t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s or (t_f + t_fb) * n_timed > limit_s:
@@ -496,6 +477,32 @@ class CostModel:
                    "shared_s", "amortized_s", "shares"]
         _amortize(rows, memberships, paid)
         return pd.DataFrame(rows, columns=columns)
+
+    def _compiles(self, shape: CellShape, settings: Settings, groups: list[tuple], compiled_keys: set[tuple],
+                  kernels: set[tuple], compiling_started: set[str], paid: dict[tuple, float]) -> float:
+        """A compiled variant's cell: the seconds of the compiles it is the first to need (its shape's,
+        the run's first compile starting the compiler, the invariance checks' shapes), each a shared
+        cost of its group; the groups it shares go into `groups`, the run's compiles into the sets."""
+        case, dev = shape.case, device_type(shape.case.device)
+        key = compile_key(shape)
+        groups += [("compiler", dev), ("compile", key)]
+        seconds = 0.0
+        if key not in compiled_keys:
+            compiled_keys.add(key)
+            cache = "hit" if kernel_key(shape) in kernels else "miss"
+            kernels.add(kernel_key(shape))
+            seconds = paid.setdefault(groups[-1], self._by_cache("compile_s", f"{dev}|{call_variant(shape)}", cache,
+                                                                 3.0))
+            if dev not in compiling_started:              # the run's first compile also starts the compiler
+                compiling_started.add(dev)
+                seconds += paid.setdefault(groups[-2], self._by_cache("compile_start_s", dev, cache, 2.0))
+        for extra in invariance_compile_keys(key, case) if settings.invariance else ():
+            if extra not in compiled_keys:                # the invariance calls' shapes: compiled once each
+                compiled_keys.add(extra)
+                groups.append(("compile", extra))
+                seconds += paid.setdefault(groups[-1], self._by_cache("compile_s", f"{dev}|{call_variant(shape)}",
+                                                                      "miss", 3.0))
+        return seconds
 
     def _timed_and_energy_s(self, case: Case, settings: Settings, t_f: float, t_fb: float) -> tuple[float, float]:
         """The timed samples of both passes (CUDA events or the host clock, with the host's own cost

@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from ..core.defects import LEAK_OVER_NOISE
 from ..measure.cellcache import build_reference, document_probe
-from ..measure.invariance import batch_columns, chunk_columns
+from ..measure.checks import failure_reason
+from ..measure.invariance import columns
 from ..measure.numerics import changed_max
 from ..measure.paged import paged_reads_columns
 from .checks import _rerun_change, call_variant, output_of
@@ -75,7 +76,7 @@ def verify_paged_reads(case: Any, inputs: Any, load_variant: Callable, recorded:
 def _invariance(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple[Any, dict]:
     attention, ref, q, k, v, out, alignment = _called(case, inputs, load_variant, recorded)
     cell = _cell_like(case, inputs, attention, ref, q, k, v, out, alignment)
-    return cell, {**batch_columns(cell), **chunk_columns(cell)}
+    return cell, {**columns("batch", cell, failure_reason), **columns("chunk", cell, failure_reason)}
 
 
 def verify_batch_invariance(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:

@@ -103,19 +103,7 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
             kwargs[block_table_arg] = block_table
             if seqused_arg is not None:
                 kwargs[seqused_arg] = seqused
-        if sinks is not None:
-            if sink_arg is None:
-                raise Unsupported(f"{label} declares no sinks argument (sink_arg)")
-            kwargs[sink_arg] = sinks
-        if score_mod is not None:
-            if softcap_arg is None or getattr(score_mod, "kind", None) != "softcap":
-                raise Unsupported(f"{label} declares no {score_mod.kind} argument (softcap_arg)")
-            kwargs[softcap_arg] = score_mod.cap
-        if scale is not None:
-            if scale_arg is None:
-                raise Unsupported(f"{label} declares no scale argument (scale_arg) and this cell's scale "
-                                  f"is not 1/sqrt(d)")
-            kwargs[scale_arg] = scale
+        kwargs.update(_value_kwargs(label, sinks, score_mod, scale, sink_arg, softcap_arg, scale_arg))
         tensor_mask, key_padding, causal_flag = _convert_mask(
             label, takes, q, k, mask, causal, declared, causal_arg, mask_arg, causal_with_mask)
         if tensor_mask is not None:
@@ -130,46 +118,83 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
         if layout == "thd":
             kwargs.update(_packed_kwargs(q, k, cu_seqlens, max_seqlen, seqused if paged and seqused_arg is None
                                          else None, cu_names, max_names, paged))
-            q = to_thd(q)                                                 # (B·Tq, H, d)
-            if not paged:
-                k, v = to_thd(k), to_thd(v)                               # (B·Tk, Hkv, d)
-        elif layout == "bthd":
-            q = q.transpose(1, 2)                                         # (B, T, H, d) views, last dim contiguous
-            if not paged:
-                k, v = k.transpose(1, 2), v.transpose(1, 2)
-        result = fn(q, k, v, **kwargs)
-        out = result[0] if returns in ("first", "out_lse") else result
-        if layout == "thd":
-            out = from_thd(out, batch)                                    # (B, H, Tq, d_v)
-        elif layout == "bthd":
-            out = out.transpose(1, 2)                                     # (B, H, Tq, d_v)
+        result = fn(*_to_layout(layout, q, k, v, paged), **kwargs)
+        out = _from_layout(layout, result[0] if returns in ("first", "out_lse") else result, batch)
         if returns != "out_lse":
             return out
-        lse = result[1]
-        if layout == "thd":
-            lse = lse.reshape(lse.shape[0], batch, -1).transpose(0, 1)             # (H, B·Tq) -> (B, H, Tq)
-        lse = lse.transpose(1, 2) if lse_layout == "bth" else lse                  # (B, H, Tq)
-        if lse_base is not None:
-            lse = lse * math.log(lse_base)                                          # log_b(x) · ln b = ln x
-        return out, lse
+        return out, _lse_of(result[1], layout, lse_layout, lse_base, batch)
 
     attention.__doc__ = (f"{label} by declaration (audit.adapt): layout {layout}, causal {causal or 'none'}, "
                          f"masks {', '.join(sorted(takes)) or 'none'}")
     attention.__name__ = attention.__qualname__ = f"adapted_{getattr(fn, '__name__', 'kernel')}"
-    attention.audit_supports = tuple(f for f, ok in (("gqa", gqa), ("score_mod", softcap_arg is not None),
-                                                     ("sinks", sink_arg is not None), ("latent", latent),
-                                                     ("varlen", layout == "thd"),
-                                                     ("paged", block_table_arg is not None)) if ok)
-    attention.audit_page_size = page_size
-    attention.audit_causal_alignment = causal or "top-left"
-    attention.audit_returns = "out_lse" if returns == "out_lse" else "out"
-    attention.audit_lse_includes_sink = lse_includes_sink
-    attention.audit_declaration = dict(layout=layout, causal=causal, masks=sorted(takes), gqa=gqa,
-                                       returns=returns, lse_layout=lse_layout, lse_base=lse_base, sink_arg=sink_arg,
-                                       lse_includes_sink=lse_includes_sink, causal_with_mask=causal_with_mask,
-                                       latent=latent, cu_seqlens_arg=cu_seqlens_arg, max_seqlen_arg=max_seqlen_arg,
-                                       block_table_arg=block_table_arg, seqused_arg=seqused_arg, page_size=page_size)
+    return _declare(attention, dict(layout=layout, causal=causal, masks=sorted(takes), gqa=gqa,
+                                    returns=returns, lse_layout=lse_layout, lse_base=lse_base, sink_arg=sink_arg,
+                                    softcap_arg=softcap_arg, lse_includes_sink=lse_includes_sink,
+                                    causal_with_mask=causal_with_mask, latent=latent, cu_seqlens_arg=cu_seqlens_arg,
+                                    max_seqlen_arg=max_seqlen_arg, block_table_arg=block_table_arg,
+                                    seqused_arg=seqused_arg, page_size=page_size))
+
+
+def _declare(attention: Callable[..., Any], declaration: dict[str, Any]) -> Callable[..., Any]:
+    """The plug-in attributes (docs/variants.md) of an adapted kernel, from its declaration: the
+    features and layouts it takes, its page size, causal alignment and what it returns."""
+    d = declaration
+    attention.audit_supports = tuple(f for f, ok in (
+        ("gqa", d["gqa"]), ("score_mod", d["softcap_arg"] is not None), ("sinks", d["sink_arg"] is not None),
+        ("latent", d["latent"]), ("varlen", d["layout"] == "thd"), ("paged", d["block_table_arg"] is not None)) if ok)
+    attention.audit_page_size = d["page_size"]
+    attention.audit_causal_alignment = d["causal"] or "top-left"
+    attention.audit_returns = "out_lse" if d["returns"] == "out_lse" else "out"
+    attention.audit_lse_includes_sink = d["lse_includes_sink"]
+    attention.audit_declaration = d
     return attention
+
+
+def _value_kwargs(label: str, sinks: Any, score_mod: Any, scale: float | None, sink_arg: str | None,
+                  softcap_arg: str | None, scale_arg: str | None) -> dict[str, Any]:
+    """The sinks, soft-capping and scale of a cell under the kernel's names; Unsupported where it
+    declares no argument for one the cell has."""
+    kwargs: dict[str, Any] = {}
+    if sinks is not None:
+        if sink_arg is None:
+            raise Unsupported(f"{label} declares no sinks argument (sink_arg)")
+        kwargs[sink_arg] = sinks
+    if score_mod is not None:
+        if softcap_arg is None or getattr(score_mod, "kind", None) != "softcap":
+            raise Unsupported(f"{label} declares no {score_mod.kind} argument (softcap_arg)")
+        kwargs[softcap_arg] = score_mod.cap
+    if scale is not None:
+        if scale_arg is None:
+            raise Unsupported(f"{label} declares no scale argument (scale_arg) and this cell's scale "
+                              f"is not 1/sqrt(d)")
+        kwargs[scale_arg] = scale
+    return kwargs
+
+
+def _to_layout(layout: str, q: Any, k: Any, v: Any, paged: bool) -> tuple[Any, Any, Any]:
+    """(B, H, T, d) q, k, v -> the kernel's layout; a paged call's k and v are pools, left as they are."""
+    if layout == "thd":
+        q = to_thd(q)                                                     # (B·Tq, H, d)
+        return (q, k, v) if paged else (q, to_thd(k), to_thd(v))          # (B·Tk, Hkv, d)
+    if layout == "bthd":                                                  # (B, T, H, d) views, last dim contiguous
+        q = q.transpose(1, 2)
+        return (q, k, v) if paged else (q, k.transpose(1, 2), v.transpose(1, 2))
+    return q, k, v
+
+
+def _from_layout(layout: str, out: Any, batch: int) -> Any:
+    """The kernel's output -> (B, H, Tq, d_v)."""
+    if layout == "thd":
+        return from_thd(out, batch)
+    return out.transpose(1, 2) if layout == "bthd" else out
+
+
+def _lse_of(lse: Any, layout: str, lse_layout: str, lse_base: float | None, batch: int) -> Any:
+    """The kernel's lse -> (B, H, Tq), natural log."""
+    if layout == "thd":
+        lse = lse.reshape(lse.shape[0], batch, -1).transpose(0, 1)        # (H, B·Tq) -> (B, H, Tq)
+    lse = lse.transpose(1, 2) if lse_layout == "bth" else lse             # (B, H, Tq)
+    return lse if lse_base is None else lse * math.log(lse_base)          # log_b(x) · ln b = ln x
 
 
 def _packed_names(layout: str, cu_seqlens_arg: Any, max_seqlen_arg: Any) -> tuple[tuple, tuple]:

@@ -84,6 +84,18 @@ def broken_paged_wrong_sequence(q, k_pages, v_pages, *, block_table, seqused, ma
     return eager_attention(q, k, v, mask=keep, scale=scale)
 
 
+# Each control's call form (variants.CALL_FORMS), the scenarios whose every cell shows its mistake
+# (Variant.reveals) and what a cell must have for it to show at all (Variant.requires)
+LAYOUT_CONTROL_CELLS: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]] = {
+    "document_boundary_ignored": (("varlen",), ("packed",), {}),
+    "cu_seqlens_off_by_one": (("varlen",), ("packed",), {}),
+    "paged_extra_page": (("paged",), ("paged",), {}),
+    "paged_wrong_sequence": (("paged",), ("paged",), {}),
+    "v_read_at_k_stride": ((), (), {"latent": "with d_v == d_k K's row stride is V's: nothing to detect"}),
+    "batch_dependent_splits": ((), ("normal",), {}),
+}
+
+
 def split_count(batch: int, q_len: int) -> int:
     """broken.batch_dependent_splits' number of key splits: 2 to 4, from B·Tq (as a split-KV heuristic
     picks it from the work's size)."""

@@ -1,29 +1,18 @@
 """Attention implementations under audit: built-ins, compiled forms, SDPA backends, plug-ins.
 
-Every variant is a callable with the SDPA-like signature
+Every variant is a callable fn(q, k, v, *, mask=None, causal=False, scale=None) -> out with
+q (B, H, Tq, d), k (B, Hkv, Tk, d), v (B, Hkv, Tk, d_v), out (B, H, Tq, d_v) in q's dtype. Fewer
+kv heads (GQA, MQA at 1) pair query head h with kv head h // (H / Hkv) (repeat_interleave).
+mask: None, bool (True = may attend) or additive float, broadcastable to (B, H, Tq, Tk); causal:
+top-left (query i sees keys j <= i), as SDPA's is_causal; scale None: 1/sqrt(d). Only in cells
+that have them: score_mod (inputs.ScoreMod, on the scaled scores before masking), sinks ((H,)
+logits, gpt-oss's extra softmax column), and in the layouts a variant declares (Variant.forms)
+cu_seqlens / a paged cache (varlen.py).
 
-    fn(q, k, v, *, mask=None, causal=False, scale=None[, score_mod]) -> out
-
-q: (B, H, Tq, d); k, v: (B, Hkv, Tk, d); out: (B, H, Tq, d), same dtype as q.
-Hkv = H is multi-head attention; fewer (GQA, MQA at 1) pairs query head h with
-key/value head h // (H / Hkv), as `repeat_interleave` of k and v over the head dim.
-mask: None, a bool tensor (True = may attend) or an additive float tensor,
-broadcastable to (B, H, Tq, Tk). causal: top-left aligned (query i sees keys
-j <= i), as `scaled_dot_product_attention(is_causal=True)`. scale: None means
-1/sqrt(d). score_mod (only passed in cells that have one, inputs.ScoreMod): an
-elementwise function of the scaled scores, applied before masking.
-
-sinks (only passed in cells that have them, the sinks scenario): (H,) attention-sink logits,
-gpt-oss's, one more softmax column per query head with no value.
-
-A variant that returns the log-sum-exp (Variant.lse_on names the devices where it does)
-returns (out, lse) instead: lse (B, H, Tq), natural log of the sum over the keys of
-exp(masked, scaled scores), any float dtype; in sinks cells over the keys only unless it
-declares lse_includes_sink. The audit checks it (measure.checks: LSE error, merge, LSE gradients).
-
-A variant that cannot take Hkv < H, a score_mod or sinks says so in `Variant.unsupported`
-(a plug-in: by declaring what it supports); such cells are skipped with that reason
-rather than computed some other way.
+A variant returning the log-sum-exp (Variant.lse_on) returns (out, lse), lse (B, H, Tq), natural
+log over the keys (with the sink where it declares lse_includes_sink): measure.checks checks it.
+What a variant cannot take (Hkv < H, d_v != d_k, a score_mod, sinks) is in Variant.unsupported
+(a plug-in: what it does not declare); such cells are skipped with the reason, never run wrong.
 """
 from __future__ import annotations
 
@@ -44,7 +33,7 @@ from .controls import (BACKWARD_CONTROLS, LSE_CONTROLS, broken_lse_base2, broken
 from .eager import (_from_probs, eager_attention, eager_fp32_attention, eager_fp32_lse_attention,  # noqa: F401
                     eager_fp32_probs, eager_lse_attention, eager_probs, kv_for_queries)
 from . import layout_controls, referee_controls, varlen
-from .layout_controls import LAYOUT_CONTROLS
+from .layout_controls import LAYOUT_CONTROL_CELLS, LAYOUT_CONTROLS
 from .varlen import document_owner
 from .inputs import causal_keep
 from .referee_controls import REFEREE_CONTROLS
@@ -286,9 +275,15 @@ SDPA_NO_SINKS = "scaled_dot_product_attention has no sink argument"
 
 
 def _builtins() -> dict[str, Variant]:
+    """Every built-in variant by name: the implementations, then the negative controls."""
+    return {v.name: v for v in _implementations() + _negative_controls()}
+
+
+def _implementations() -> list[Variant]:
+    """The attention implementations the audit ships (BUILTIN_NAMES, in that order)."""
     sdpa_limits = {"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS}
     both = LSE_DEVICES
-    specs = [
+    return [
         Variant("eager", "hand-written softmax(QKᵀ·scale)V, every step in the input dtype; returns its logsumexp",
                 lambda: eager_lse_attention, probs=eager_probs, lse_on=both),
         Variant("eager_fp32", "hand-written; scores, softmax and logsumexp upcast to fp32, cast back for P·V",
@@ -348,6 +343,12 @@ def _builtins() -> dict[str, Variant]:
                   family="sdpa", lse_on=("cuda",), unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS})
           for kind in ("efficient", "cudnn")),
     ]
+
+
+def _negative_controls() -> list[Variant]:
+    """The negative controls (NEGATIVE_CONTROLS, in order): numerics, backward, lse, layouts, referee."""
+    both = LSE_DEVICES
+    specs: list[Variant] = []
     no_sinks = {"sinks": "a negative control of another defect: its weights function takes no sinks"}
     # Each control with the scenarios whose cells show its defect (every cell, in each dtype,
     # causal or not: tests/test_variants.py), the first the one its fp32 cells are also diagnosed
@@ -394,21 +395,25 @@ def _builtins() -> dict[str, Variant]:
                              (lambda a=attention: a), family="broken", probs=probs, lse_on=both,
                              unsupported={"score_mod": "its hand-written form takes no score modification"},
                              requires=needs_sinks, reveals=reveals))
+    return specs + _layout_controls(no_sinks) + _referee_controls()
+
+
+def _layout_controls(no_sinks: Mapping[str, str]) -> list[Variant]:
+    """One layout mistake each (packed, paged, latent, the work's cut): layout_controls.py."""
     no_extras = {"score_mod": "its hand-written form takes no score modification", **no_sinks}
-    for name, (forms, reveals, requires) in {
-            "document_boundary_ignored": (("varlen",), ("packed",), {}),
-            "cu_seqlens_off_by_one": (("varlen",), ("packed",), {}),
-            "paged_extra_page": (("paged",), ("paged",), {}),
-            "paged_wrong_sequence": (("paged",), ("paged",), {}),
-            "v_read_at_k_stride": ((), (), {"latent": "with d_v == d_k K's row stride is V's: nothing to detect"}),
-            "batch_dependent_splits": ((), ("normal",), {}),
-    }.items():
-        # one layout mistake each (packed documents, paged caches, latent heads): layout_controls.py
+    specs = []
+    for name, (forms, reveals, requires) in LAYOUT_CONTROL_CELLS.items():
         attention = getattr(layout_controls, f"broken_{name}")
         specs.append(Variant(BROKEN_PREFIX + name, f"NEGATIVE CONTROL: {LAYOUT_CONTROLS[name]}",
                              (lambda a=attention: a), family="broken", forms=forms, reveals=reveals,
                              requires=requires, unsupported=no_extras,
                              causal_alignment="bottom-right" if "paged" in forms else "top-left"))
+    return specs
+
+
+def _referee_controls() -> list[Variant]:
+    """The referee's controls: right values when checked once, one trick each (REFEREE_CONTROLS)."""
+    specs = []
     for name, (check, doc) in REFEREE_CONTROLS.items():
         # right values when checked once, one trick each: only the referee's `check` can flag them
         attention = getattr(referee_controls, f"broken_{name}")
@@ -417,7 +422,7 @@ def _builtins() -> dict[str, Variant]:
                              unsupported={"score_mod": "it games its benchmark with SDPA, which has no score "
                                                        "modification", "sinks": SDPA_NO_SINKS},
                              reveals=("normal",)))
-    return {v.name: v for v in specs}
+    return specs
 
 
 VERDICT_BASELINE = "sdpa"      # what a PyTorch user gets by default: the verdict's yardstick
