@@ -56,7 +56,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 
 def pytest_configure(config):
     """Hermetic tests: the runs they make, the cost model's history, the ceilings cache and
-    Inductor's kernel cache all live in a folder of the session's own (ATTN_AUDIT_TEST_HOME,
+    Inductor's kernel cache all live in a folder of the session's own (the golden store is off) (ATTN_AUDIT_TEST_HOME,
     made here unless given, e.g. by `make test` for both of its pytest calls), so what the
     tests check never depends on `reports/` or caches earlier runs left on the machine. A test
     about history makes its own folder."""
@@ -69,6 +69,10 @@ def pytest_configure(config):
     os.environ[REPORTS_ENV] = os.path.join(home, "reports")
     os.environ[CACHE_ENV] = os.path.join(home, "cache")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(home, "inductor")
+    # The golden store off: a reference one test's run stores would change what another test's plan
+    # predicts (the workers share the folder). Its own tests turn it on in a folder of their own.
+    from audit.measure.golden_store import STORE_ENV
+    os.environ[STORE_ENV] = "0"
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         # pytest-xdist workers share the cores: an OpenMP team each, as wide as its share (two

@@ -87,9 +87,9 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_13_with_migrations_from_1_to_12():
-    assert SCHEMA_VERSION == 13
-    assert set(MIGRATIONS) == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+def test_schema_is_14_with_migrations_from_1_to_13():
+    assert SCHEMA_VERSION == 14
+    assert set(MIGRATIONS) == set(range(1, 14))
 
 
 @pytest.mark.parametrize("schema, added", [
@@ -114,6 +114,8 @@ def test_schema_is_13_with_migrations_from_1_to_12():
     # schema 12 had no packed, paged or invariance checks: null (not checked), not 0 or True
     (12, ("cross_doc_max_change", "paged_unread_max_change", "paged_diagnosis", "batch_invariant",
           "chunk_invariant", "chunk_within_budget", "invariance_reason", "page_size")),
+    # schema 13 did not say how a cell got its golden: null (not recorded), not "built"
+    (13, ("golden_source",)),
 ])
 def test_an_older_record_reads_with_the_columns_it_did_not_measure_null(tmp_path, schema, added):
     old = full_record()

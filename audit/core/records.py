@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator
 from .referee import REFEREE_CHECKS, column as referee_column
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 # Every column a user can rely on, with its meaning. docs/output.md's column table is
@@ -71,6 +71,7 @@ COLUMNS: dict[str, str] = {
     "out_nonfinite_visible": "NaN+inf count in output rows that see at least one key (the float64 golden is finite there)",
     "grad_nan": "NaN count in the gradients of q, k and v together",
     "grad_inf": "inf count in the gradients of q, k and v together",
+    "golden_source": "how the cell got its input set's float64 reference: built, or read from the golden store (a reference an earlier cell or run built, kept on disk: docs/planning.md, The golden store); null where an earlier cell of the same set had it in memory",
     "golden_subset": "null when the float64 golden covers every (batch, head) slice; else the [b, h] slices it covers (evenly spaced, fixed by the shapes: docs/numerics.md, Golden reference). Error, gradient-error and saturation columns are over these slices; NaN/inf counts, masked_rows and leak_max_change over the whole output",
     "max_abs_err": "max |out - golden| against the float64 reference, over rows that see a key",
     "rmse": "root-mean-square of out - golden over rows that see a key",
@@ -357,8 +358,15 @@ def _v12_to_v13(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _v13_to_v14(record: dict[str, Any]) -> dict[str, Any]:
+    """v14 added golden_source (whether a cell's float64 reference was built or read back from the
+    golden store; not recorded before: null)."""
+    return _with_columns(record, 14)
+
+
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
-              8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12, 12: _v12_to_v13}
+              8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12, 12: _v12_to_v13,
+              13: _v13_to_v14}
 
 
 class NewerSchema(ValueError):

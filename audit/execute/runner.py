@@ -72,7 +72,10 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
                 raise Unsupported(refusal)
             _check_memory(case)
         with phases("golden"):
+            calls, reads = cache.golden_calls, cache.golden_reads
             inputs, ref = cache.get(case, variant.causal_alignment)
+            if cache.golden_calls > calls:
+                rec["golden_source"] = "read" if cache.golden_reads > reads else "built"
         with deterministic_algorithms(preset.deterministic):
             rec.update(measure_cell(case, variant, inputs, ref, preset, ceilings=(ceilings or {}).get(case.device),
                                     meter=meter, builds=builds, phases=phases))
@@ -102,10 +105,11 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
         _release_device_memory(case.device)
     rec["elapsed_s"] = time.perf_counter() - start
     if rec["status"] != "ok":
-        # A failed cell carries no measurements, not partial ones (where its time went is not one).
+        # A failed cell carries no measurements, not partial ones (where its time went, and how it got its
+        # golden, are not ones).
         for col in records.COLUMNS:
             if col not in case.axes() and col not in ("schema", "id", "status", "reason", "env",
-                                                       "started_at", "elapsed_s"):
+                                                       "started_at", "elapsed_s", "golden_source"):
                 rec[col] = None
     rec["phase_s"] = phases.record()
     rec["deterministic_refused"] = True if refused else (False if preset.deterministic else None)

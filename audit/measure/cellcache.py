@@ -4,7 +4,8 @@ callables (BuildCache, one per shapes, dtype, causal flag and mask kind).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from ..core.grid import Case
@@ -12,7 +13,9 @@ from ..workload.inputs import Inputs, make_inputs
 from ..workload.eager import eager_lse_attention, kv_for_queries, masked_scores, softmax_with_sinks
 from ..workload.variants import Variant, apply_sinks_by_lse
 from ..workload.varlen import document_owner
+from . import golden_store
 from .lse import merge_partials, split_calls
+from .mistake_memo import MistakeMemo
 from .referee import shifted_values
 from .numerics import error_vs_reference
 from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices, visibility
@@ -112,6 +115,8 @@ class Reference:
     decoy: tuple | None = None
     # a packed cell's cross-document probe (document_probe), None elsewhere
     document_probe: tuple | None = None
+    # the known mistakes' outputs on this input set, for every variant diagnosed on it (not stored)
+    memo: MistakeMemo = field(default_factory=MistakeMemo)
 
     def take(self, t: Any) -> Any:
         return take_slices(t, self.slices)
@@ -128,14 +133,17 @@ def reference_alignment(inputs: Inputs, declared: str) -> str:
 
 
 class InputCache:
-    """Inputs, float64 golden(s) and baseline of the current input set, rebuilt when the set
-    changes; a golden per causal alignment the variants of the set declare."""
+    """Inputs, float64 golden(s) and baseline of the current input set, made again when the set
+    changes; a golden per causal alignment the variants of the set declare. A reference worth it
+    is kept on disk (golden_store) and read back when a run comes back to its set, or a later run
+    meets it: golden_calls counts the references built or read, golden_reads those read."""
 
     def __init__(self) -> None:
         self.key: tuple | None = None
         self.inputs: Inputs | None = None
         self.refs: dict[str, Reference] = {}
         self.golden_calls = 0
+        self.golden_reads = 0
 
     def clear(self) -> None:
         """Drop the current input set (after an out-of-memory, so its memory can be freed)."""
@@ -150,9 +158,65 @@ class InputCache:
             self.key = case.input_key
         alignment = reference_alignment(self.inputs, alignment)
         if alignment not in self.refs:
-            self.refs[alignment] = build_reference(case, self.inputs, alignment)
+            self.refs[alignment], read = stored_reference(case, self.inputs, alignment)
             self.golden_calls += 1
+            self.golden_reads += read
         return self.inputs, self.refs[alignment]
+
+
+def stored_reference(case: Case, inputs: Inputs, alignment: str) -> tuple[Reference, bool]:
+    """(the input set's Reference of `alignment`, whether it was read from golden_store rather than
+    built): read back where stored, else built, and stored where that was worth it."""
+    key = golden_store.entry_key(case.input_key, alignment, case.device)
+    payload = golden_store.load(key, str(inputs.q.device))
+    if payload is not None:
+        try:
+            return reference_from_payload(payload, inputs), True
+        except (KeyError, TypeError, ValueError):        # another layout of the payload: build again
+            pass
+    started = time.perf_counter()
+    ref = build_reference(case, inputs, alignment)
+    built_s = time.perf_counter() - started
+    payload = reference_payload(ref)
+    if golden_store.worth_storing(built_s, golden_store.tensor_bytes(payload)):
+        golden_store.save(key, payload)
+    return ref, False
+
+
+_GOLDEN_FIELDS = tuple(f.name for f in fields(Golden))
+
+
+def _golden_payload(golden: Golden | None) -> dict | None:
+    return None if golden is None else {name: getattr(golden, name) for name in _GOLDEN_FIELDS}
+
+
+def _golden_of(payload: dict | None) -> Golden | None:
+    return None if payload is None else Golden(**{name: payload[name] for name in _GOLDEN_FIELDS})
+
+
+def reference_payload(ref: Reference) -> dict[str, Any]:
+    """A Reference as plain dicts, tensors and numbers (golden_store's file): what is costly to
+    build. The leak and document probes are drawn again from the inputs when it is read (cheap);
+    the referee's decoy is drawn per run."""
+    others = {a: _golden_payload(g) for a, g in ref.by_alignment.items() if g is not ref.golden}
+    return {"golden": _golden_payload(ref.golden), "by_alignment": others,
+            "baseline_rmse": ref.baseline_rmse, "baseline_grad_rmse": ref.baseline_grad_rmse,
+            "slices": None if ref.slices is None else [list(s) for s in ref.slices],
+            "row_visible": ref.row_visible, "heads": ref.heads, "alignment": ref.alignment,
+            "baseline_extra": dict(ref.baseline_extra), "values_moved": _golden_payload(ref.values_moved)}
+
+
+def reference_from_payload(payload: dict[str, Any], inputs: Inputs) -> Reference:
+    """The Reference reference_payload stored, with the probes of `inputs` drawn again."""
+    golden = _golden_of(payload["golden"])
+    alignment = payload["alignment"]
+    others = {a: _golden_of(g) for a, g in payload["by_alignment"].items()}
+    by_alignment = {alignment: golden, **others} if others else {}
+    slices = payload["slices"]
+    return Reference(golden, by_alignment, payload["baseline_rmse"], payload["baseline_grad_rmse"],
+                     leak_probes(inputs, alignment), None if slices is None else [tuple(s) for s in slices],
+                     payload["row_visible"], payload["heads"], alignment, dict(payload["baseline_extra"]),
+                     _golden_of(payload["values_moved"]), document_probe=document_probe(inputs))
 
 
 def build_reference(case: Case, inputs: Inputs, alignment: str = "top-left") -> Reference:

@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping
 from ..workload.backward_mistakes import BACKWARD_MISTAKES, backward_of, full_groups
 from ..workload.inputs import Inputs, torch_dtype
 from ..workload.mistakes import MISTAKES, Attempt, Mistake, sq_diff
+from .mistake_memo import MistakeMemo, run as memo_run
 from .numerics import BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, attention_flops, error_vs_reference
 
 # Float64 FLOPs one mistake may spend (one forward over the diagnosis slices); like
@@ -90,7 +91,7 @@ def tolerance(baseline_rmse: float | None, dtype: str, golden_out: Any = None, r
 
 def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
              mistakes: Mapping[str, Mistake] | None = None, own_error: bool = True,
-             within: Any = None) -> Diagnosis:
+             within: Any = None, memo: MistakeMemo | None = None, tag: tuple = ()) -> Diagnosis:
     """Match `observed` (b, h, Tq, d) against every mistake on `attempt` (golden_out: the correct
     (b, h, Tq, d) float64 output, 0 on rows that see no key); see the module docstring.
     within: (b|1, 1, Tq) bool, the only rows compared (a leak probe's, where the golden is the
@@ -104,6 +105,8 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
     judged at needs distance > tol + b, so a correct output (within tol of the golden) never
     matches, whatever b.
     A mistake of precision "cell" is evaluated in the cell's dtype only (its tolerance is tol).
+    memo: the input set's mistake_memo.MistakeMemo (each mistake's output computed once for every
+    variant diagnosed there), with `tag` naming this attempt in it (the cell's slices, a probe).
     """
     import torch
     observed, golden_out = observed.double(), golden_out.double()
@@ -119,7 +122,8 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
     matches = []
     for order, m in enumerate((MISTAKES if mistakes is None else mistakes).values()):
         try:
-            out = m.fn(twin if m.precision == "cell" else attempt)
+            in_dtype = m.precision == "cell"
+            out = memo_run(memo, tag + (m.name, in_dtype), m.fn, twin if in_dtype else attempt)
         except Exception as exc:  # noqa: BLE001 - a broken (plug-in) mistake must not lose the cell
             result.failed[m.name] = f"{type(exc).__name__}: {exc}"
             continue
@@ -136,7 +140,7 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
         tol_m = tol
         if own_error and m.precision != "cell" and tol < err < dist - tol:  # only where it can decide
             try:
-                own = _rmse(m.fn(twin).double(), out, rows)
+                own = _rmse(memo_run(memo, tag + (m.name, True), m.fn, twin).double(), out, rows)
             except Exception as exc:  # noqa: BLE001
                 result.failed[m.name] = f"{type(exc).__name__}: {exc}"
                 continue
@@ -239,9 +243,10 @@ def diagnose_cell(out: Any, inputs: Inputs, ref: Any, dtype: str, baseline_rmse:
         golden = _golden_for(ref, batches, heads).double()                  # (b, h, Tq, d)
         seen = attempt.seen().expand(golden.shape[:-1])
         tol = tolerance(baseline_rmse, dtype, golden, seen)
-        found = diagnose(attempt.observed, attempt, golden, tol)
+        memo, tag = getattr(ref, "memo", None), ("out", dtype, tuple(batches), tuple(heads))
+        found = diagnose(attempt.observed, attempt, golden, tol, memo=memo, tag=tag)
     if found.name == "none" and call is not None:
-        found = diagnose_probes(call, inputs, ref, attempt, golden, tol, batches) or found
+        found = diagnose_probes(call, inputs, ref, attempt, golden, tol, batches, memo=memo, tag=tag) or found
     return {"diagnosis": found.name, "diagnosis_err": found.err,
             "diagnosis_golden_err": found.golden_err,
             "diagnosis_slices": [[b, h] for b in batches for h in heads]}
@@ -274,7 +279,8 @@ def probe_gain(attempt: Attempt, k2: Any, rows: Any) -> float:
 
 
 def diagnose_probes(call: Callable[[Any, Any], Any], inputs: Inputs, ref: Any, attempt: Attempt,
-                    golden: Any, tol: float, batches: list[int]) -> Diagnosis | None:
+                    golden: Any, tol: float, batches: list[int], memo: MistakeMemo | None = None,
+                    tag: tuple = ()) -> Diagnosis | None:
     """The first leak probe (ref.leak_probes: k', v' changed on keys its rows must not see) on
     which a mistake matches the variant's output, compared on the probe's rows only; None when
     none does.
@@ -291,7 +297,7 @@ def diagnose_probes(call: Callable[[Any, Any], Any], inputs: Inputs, ref: Any, a
     """
     import torch
     b_index = torch.tensor(batches, device=inputs.k.device)
-    for k2, v2, rows in ref.leak_probes:
+    for probe_index, (k2, v2, rows) in enumerate(ref.leak_probes):
         with torch.no_grad():
             rows = rows if rows.shape[0] == 1 else rows.index_select(0, b_index)          # (b|1, 1, Tq)
             k = inputs.k.detach()
@@ -310,7 +316,8 @@ def diagnose_probes(call: Callable[[Any, Any], Any], inputs: Inputs, ref: Any, a
             probe = replace(attempt, k=k3.index_select(0, b_index).double(),
                             v=v2.detach().index_select(0, b_index).double(),
                             observed=out.detach().index_select(0, b_index).index_select(1, h_index).double())
-            found = diagnose(probe.observed, probe, golden, tol, within=rows)
+            found = diagnose(probe.observed, probe, golden, tol, within=rows, memo=memo,
+                             tag=tag + ("probe", probe_index))
         if found.name != "none":
             return found
     return None
@@ -337,7 +344,8 @@ def _grad_rmse(x: Any, y: Any) -> float:
 
 
 def diagnose_grads(attempt: Attempt, golden: dict[str, Any], observed: dict[str, Any], tol: dict[str, float],
-                   mistakes: Mapping[str, Mistake] | None = None) -> GradDiagnosis:
+                   mistakes: Mapping[str, Mistake] | None = None, memo: MistakeMemo | None = None,
+                   tag: tuple = ()) -> GradDiagnosis:
     """Match the variant's gradients `observed` against every backward mistake on `attempt`
     (golden: its right float64 gradients, backward_mistakes.backward_of). dq is compared
     everywhere, dk and dv on the key/value heads whose whole group the attempt holds. A mistake
@@ -363,7 +371,7 @@ def diagnose_grads(attempt: Attempt, golden: dict[str, Any], observed: dict[str,
     matches = []
     for order, m in enumerate((BACKWARD_MISTAKES if mistakes is None else mistakes).values()):
         try:
-            grads = m.fn(attempt)
+            grads = memo_run(memo, tag + (m.name,), m.fn, attempt)
         except Exception as exc:  # noqa: BLE001 - a broken (plug-in) mistake must not lose the cell
             result.failed[m.name] = f"{type(exc).__name__}: {exc}"
             continue
@@ -411,9 +419,10 @@ def diagnose_grads_cell(grads: tuple, inputs: Inputs, ref: Any, dtype: str) -> d
                     "dk": dk.detach().index_select(0, b_index).double(),
                     "dv": dv.detach().index_select(0, b_index).double()}
         attempt.observed_grads = observed
-        golden = backward_of(attempt)
+        memo, tag = getattr(ref, "memo", None), ("grads", dtype, tuple(batches), tuple(heads))
+        golden = memo_run(memo, tag + ("right",), backward_of, attempt)
         base = ref.baseline_grad_rmse or {}
         tol = {g: tolerance(base.get(g), dtype, golden[g], factor=GRAD_BUDGET_FACTOR[g]) for g in golden}
-        found = diagnose_grads(attempt, golden, observed, tol)
+        found = diagnose_grads(attempt, golden, observed, tol, memo=memo, tag=tag)
     return {"grad_diagnosis": found.name, "grad_diagnosis_err": found.err,
             "grad_diagnosis_golden_err": found.golden_err}

@@ -28,6 +28,7 @@ from ..workload.mistakes import Attempt, sq_diff
 from ..workload.variants import apply_sinks_by_lse
 from .diagnosis import attempt_for, diagnosis_slices, tolerance
 from .lse import keys_only_lse, merge_partials, split_point
+from .mistake_memo import run as memo_run
 from .numerics import GRAD_BUDGET_FACTOR
 
 
@@ -102,15 +103,20 @@ def diagnose_lse_cell(cell: Any) -> dict[str, Any]:
         seen = a.seen().expand(len(batches), len(heads), Tq)                          # (b, h, Tq)
         comparisons: dict[str, tuple[Any, Any, Any, float]] = {}   # name -> (observed, right, rows, tol)
         if cols.get("lse_within_budget") is False:
-            right = lse_of(a)
+            right = memo_run(getattr(ref, "memo", None), ("lse", dtype, tuple(batches), tuple(heads), "right"),
+                             lse_of, a)
             observed = keys_only_lse(cell.lse, inputs.sinks, cell.variant.lse_includes_sink)   # (B, H, Tq)
             comparisons["lse"] = (observed.index_select(0, b_index).index_select(1, h_index), right, seen,
                                   tolerance(base.get("lse"), dtype, right[..., None], seen))
         if cols.get("merge_within_budget") is False and getattr(cell, "merged", None) is not None and Tk > 1:
-            right = _merged(a, None)
+            right = memo_run(getattr(ref, "memo", None), ("lse", dtype, tuple(batches), tuple(heads), "merged"),
+                             lambda x: _merged(x, None), a)
             comparisons["merge"] = (pick(cell.merged), right, seen, tolerance(base.get("merge"), dtype, right, seen))
-        found = _best(comparisons, LSE_MISTAKES, lambda m: {"lse": (lambda: m.fn(a)),
-                                                             "merge": (lambda: _merged(a, m.fn))})
+        memo, tag = getattr(ref, "memo", None), ("lse", dtype, tuple(batches), tuple(heads))
+        found = _best(comparisons, LSE_MISTAKES,
+                      lambda m: {"lse": (lambda: memo_run(memo, tag + ("lse", m.name), m.fn, a)),
+                                 "merge": (lambda: memo_run(memo, tag + ("merge", m.name),
+                                                            lambda x: _merged(x, m.fn), a))})
     name, err, golden_err = found if found is not None else ("none", None, _golden_err(comparisons))
     return {"lse_diagnosis": name, "lse_diagnosis_err": err, "lse_diagnosis_golden_err": golden_err}
 
@@ -124,7 +130,7 @@ def diagnose_lse_grads_cell(cell: Any) -> dict[str, Any]:
     batches, heads, b_index, _, pick = _slices(cell)
     with torch.no_grad():
         a = attempt_for(inputs, batches, heads, alignment=ref.alignment, dtype=cell.case.dtype)
-        found = _grad_match(cell, a, b_index, pick)
+        found = _grad_match(cell, a, b_index, pick, ("lse_grad", cell.case.dtype, tuple(batches), tuple(heads)))
     if found is None:
         return {"lse_grad_diagnosis": "none", "lse_grad_diagnosis_err": None, "lse_grad_diagnosis_golden_err": None}
     name, err, golden_err = found
@@ -163,15 +169,16 @@ def _best(comparisons: dict, mistakes: dict, evaluate: Any) -> tuple[str, float,
     return best[3], best[4], best[5]
 
 
-def _grad_match(cell: Any, a: Attempt, b_index: Any, pick: Any) -> tuple[str, float, float] | None:
+def _grad_match(cell: Any, a: Attempt, b_index: Any, pick: Any, tag: tuple = ()) -> tuple[str, float, float] | None:
     """The LSE gradient mistake the variant's gradient through its lse (dq, dk of <lse, grad_lse>)
     matches, or None. dq is compared everywhere, dk on the kv heads whose whole group the attempt
-    holds."""
+    holds. tag: this attempt's name in the input set's mistake memo."""
+    memo = getattr(cell.ref, "memo", None)
     a = replace(a, grad_lse=pick(cell.inputs.grad_lse))
     kv = full_groups(a)
     dq, dk = cell.lse_loss_grads
     observed = {"dq": pick(dq), "dk": dk.detach().index_select(0, b_index).double()}   # (b, h|Hkv, T, d)
-    right = lse_grads_of(a)
+    right = memo_run(memo, tag + ("right",), lse_grads_of, a)
     names = ["dq"] + (["dk"] if kv else [])
 
     def sel(grads: dict, g: str) -> Any:
@@ -182,7 +189,7 @@ def _grad_match(cell: Any, a: Attempt, b_index: Any, pick: Any) -> tuple[str, fl
     matches = []
     for order, m in enumerate(LSE_GRAD_MISTAKES.values()):
         try:
-            mine = m.fn(a)
+            mine = memo_run(memo, tag + (m.name,), m.fn, a)
         except Exception:  # noqa: BLE001 - a broken (plug-in) mistake must not lose the cell
             continue
         if mine is None:

@@ -434,11 +434,11 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     before, after = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
                                ceilings_s=preset.ceilings_s, host=host)
     by_id = {c.id: c for c in cases}
-    model = CostModel(forecast.params)
+    model = CostModel(forecast.params, host=forecast.host)
 
     def repredict(ids: list[str]) -> Any:
         return model.predict([by_id[i] for i in ids], Settings.of_preset(preset), forecast.ceilings,
-                             forecast.free, forecast.warm_compiles)
+                             forecast.free, forecast.warm_compiles, forecast.stored_goldens)
 
     # The report grows with the cells kept: plan against the report of every cell, then once more
     # against the report of the cells that first plan kept (a little more room, never less).

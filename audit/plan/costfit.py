@@ -161,16 +161,25 @@ def _fit_calls(runs: list[RunData], out: Params) -> None:
         out.call[key] = [float(c) for c in _nnls(X, y, y ** -CALL_WEIGHT_POWER)]
 
 
+def run_host(run: RunData) -> float:
+    """The host factor a run was made at (plan.overhead.host_factor of its ceilings; 1 without a
+    probe): its host-bound seconds divided by it are the reference host's (costmodel.HOST_BOUND)."""
+    from .overhead import host_factor
+    return host_factor(run.ceilings)
+
+
 def _median_per_variant(runs: list[RunData], column: str, scale: float = 1.0) -> dict[str, float]:
-    """{"device|variant": median of a record column over the runs' cells that have it}."""
+    """{"device|variant": median of a record column over the runs' cells that have it}, each run's
+    values in the reference host's seconds (divided by its host factor)."""
     values: dict[str, list[float]] = {}
     for run in runs:
         frame = run.frame
         if column not in frame.columns:
             continue
+        host = run_host(run)
         for _, row in frame[frame[column].notna()].iterrows():
             values.setdefault(f"{device_type(row['device'])}|{row['variant']}", []).append(
-                float(row[column]) * scale)
+                float(row[column]) * scale / host)
     return {k: float(np.median(v)) for k, v in values.items()}
 
 
@@ -191,13 +200,14 @@ def _compile_medians(runs: list[RunData]) -> dict[str, float]:
         if "compile_s" not in frame.columns:
             continue
         first = _first_compiled(frame)
+        host = run_host(run)
         for label, row in frame[frame["compile_s"].notna()].iterrows():
             if label == first:
                 continue
             base = f"{device_type(row['device'])}|{call_variant(CellShape.of(_case_of(row)))}"
             cache = row.get("compile_cache")
             for key in (base, f"{base}|{cache}") if isinstance(cache, str) else (base,):
-                values.setdefault(key, []).append(float(row["compile_s"]))
+                values.setdefault(key, []).append(float(row["compile_s"]) / host)
     return {k: float(np.median(v)) for k, v in values.items()}
 
 
@@ -205,8 +215,9 @@ def _fit_host(runs: list[RunData], out: Params) -> None:
     out.host_call_s.update(_median_per_variant(runs, "fwd_host_ms", 1e-3))
 
 
-def _explained(row: Any, shape: CellShape, settings: Settings) -> float:
-    """The part of a record's elapsed_s its own measurements account for."""
+def _explained(row: Any, shape: CellShape, settings: Settings, host: float = 1.0) -> float:
+    """The part of a record's elapsed_s its own measurements account for (host: the run's host
+    factor, for the referee's default seconds)."""
     t_f = row.get("fwd_ms")
     t_f = t_f / 1e3 if isinstance(t_f, (int, float)) and t_f == t_f else 0.0
     t_fb = row.get("fwd_bwd_ms")
@@ -217,12 +228,20 @@ def _explained(row: Any, shape: CellShape, settings: Settings) -> float:
     energy = energy * 1.03 if isinstance(energy, (int, float)) and energy == energy else 0.0
     lse = settings.lse_checks and returns_lse(shape.case.variant, shape.case.device)   # halves, lse gradient
     referee = REFEREE_CALLS if settings.referee else 0                                 # values_follow's forwards
-    referee_s = REFEREE_DEFAULT_S[device_type(shape.case.device)] if settings.referee else 0.0
+    referee_s = REFEREE_DEFAULT_S[device_type(shape.case.device)] * host if settings.referee else 0.0
     return ((1 + settings.warmup_fwd_calls + lse + referee) * t_f + (1 + settings.warmup_fwd_bwd_calls + lse) * t_fb
             + referee_s
             + leak_probe_count(shape.case) * t_f
             + compile_s + energy
             + _samples_wall(row, "fwd") + _samples_wall(row, "fwd_bwd"))
+
+
+def golden_read_s(shape: CellShape, slices: float) -> float:
+    """Predicted seconds to read a cell's reference back from the golden store (its size over the
+    store's read rate), before the fitted golden_read_s."""
+    from ..measure.golden_store import read_s, reference_bytes
+    case = shape.case
+    return read_s(reference_bytes(slices, shape.q_len, case.seq_len, case.d_k, case.effective_d_v))
 
 
 def _fit_constants(runs: list[RunData], out: Params) -> None:
@@ -235,12 +254,18 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
         seen: set[str] = set()
         configs: set[tuple] = set()
         first = _first_compiled(run.frame)
+        host = run_host(run)
+        says_source = "golden_source" in run.frame.columns and run.settings.golden_store
         for i, (label, row) in enumerate(run.frame.iterrows()):
             case = _case_of(row)
             dev = device_type(case.device)
             shape = CellShape.of(case)
             first_of_set = case.input_key != previous
             previous = case.input_key
+            read = False
+            if says_source:                   # schema 14: the record says whether it built or read its golden
+                read = row.get("golden_source") == "read"
+                first_of_set = row.get("golden_source") == "built"
             first_use = case.variant not in seen
             seen.add(case.variant)
             first_compiled = label == first
@@ -250,21 +275,25 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
             if config is not None:
                 configs.add(config)
             if row["status"] == "skipped" and "too slow" not in str(row.get("reason")):
-                by_dev.setdefault(dev + "|skip", []).append((np.zeros(1), float(row["elapsed_s"] or 0), {}))
+                by_dev.setdefault(dev + "|skip", []).append((np.zeros(1), float(row["elapsed_s"] or 0) / host, {}))
                 continue
             if row["status"] != "ok" or not isinstance(row.get("elapsed_s"), (int, float)):
                 continue
-            resid = float(row["elapsed_s"]) - _explained(row, shape, run.settings)
+            _n, gflops, gchunks = golden_cost_inputs(shape, run.settings)
+            read_s = golden_read_s(shape, _n) if read else 0.0
+            resid = float(row["elapsed_s"]) - _explained(row, shape, run.settings, host) - read_s * host
             if first_compiled and isinstance(row.get("compile_s"), float) and row["compile_s"] == row["compile_s"]:
                 # what this compile took beyond a compile of its kind is the compiler's start-up
                 typical = f"{dev}|{call_variant(shape)}"
-                resid += row["compile_s"] - compile_s.get(f"{typical}|{cache}", compile_s.get(typical, row["compile_s"]))
-            _n, gflops, gchunks = golden_cost_inputs(shape, run.settings)
+                resid += row["compile_s"] - host * compile_s.get(f"{typical}|{cache}",
+                                                                 compile_s.get(typical, row["compile_s"] / host))
+            resid /= host                                    # in the reference host's seconds
             weights = exposes_weights(case.variant)
             diagnosed = isinstance(row.get("diagnosis"), str)
             x = np.array([1.0, gchunks * first_of_set, gflops * first_of_set,
                           gchunks * weights, gflops / BACKWARD_FLOP_FACTOR * weights, float(new_config),
-                          masked_rows_checked(shape) * run.settings.masked_rows_loop, float(diagnosed)])
+                          masked_rows_checked(shape) * run.settings.masked_rows_loop, float(diagnosed),
+                          float(read)])
             by_dev.setdefault(dev, []).append((x, resid, {"first_use": first_use, "first": i == 0,
                                                            "first_compiled": first_compiled,
                                                            "cache": cache if isinstance(cache, str) else None,
@@ -289,6 +318,8 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
         out.masked_row_s[dev] = float(coef[6])
         if any(x[7] for x, _ in regular):
             out.diagnosis_s[dev] = float(coef[7])
+        if any(x[8] for x, _ in regular):
+            out.golden_read_s[dev] = float(coef[8])
         first_use: dict[str, list[float]] = {}
         starts: list[float] = []
         compile_starts: dict[str, list[float]] = {}
@@ -315,7 +346,11 @@ def compare(run: RunData, model: CostModel) -> Any:
     """Predicted against recorded elapsed_s for every cell of a run folder (its own settings,
     ceilings and order). Columns: id, status, recorded_s, predicted_s, ratio (predicted / recorded)."""
     cases = [_case_of(row) for _, row in run.frame.iterrows()]
-    pred = model.predict(cases, run.settings, run.ceilings, warm_compiles=run.compiled_keys(["hit"]))
+    model = CostModel(model.params, host=run_host(run))     # the host the run was made on
+    stored = {c.input_key for c, (_, row) in zip(cases, run.frame.iterrows()) if row.get("golden_source") == "read"} \
+        if "golden_source" in run.frame.columns else set()
+    pred = model.predict(cases, run.settings, run.ceilings, warm_compiles=run.compiled_keys(["hit"]),
+                         stored_goldens=stored)
     out = pred[["id", "variant"]].copy()
     out["status"] = list(run.frame["status"])
     out["recorded_s"] = list(run.frame["elapsed_s"].astype(float))

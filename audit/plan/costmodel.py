@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
@@ -46,6 +46,7 @@ from ..measure.roofline import DTYPE_BYTES
 from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
 from ..workload.inputs import invariance_applies
 from ..workload.presets import Preset
+from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
 from .cell_work import (device_type, invariance_compile_keys, leak_probe_count, masked_rows_checked,  # noqa: F401
                         paged_call, predicted_unsupported)
 from ..workload.variants import BROKEN_PREFIX, builtin_variants
@@ -60,60 +61,6 @@ COMPILED_VARIANTS: tuple[str, ...] = tuple(n for n, v in builtin_variants().item
     "hf:flex_attention",)
 NO_CPU_BACKWARD = ("flex", "hf:flex_attention")   # FlexAttention: forward only on the CPU
 ENERGY_EDGE_WAIT_S = 0.1     # waiting for two energy-counter updates (20-100 ms apart)
-
-
-# --------------------------------------------------------------------------- settings
-
-@dataclass(frozen=True)
-class Settings:
-    """What decides a run's cost besides its cells: the preset's sampling rules and the
-    measuring methods of the code that made (or will make) the records."""
-
-    min_samples: int = 5
-    min_time_s: float = 0.2
-    max_cell_s: float | None = 30.0   # None: no per-cell limit (--budget none)
-    energy_window_s: float = 0.1
-    timing: str = "device"        # CUDA: "device" (events behind a spin) or "host" (schema 2)
-    energy: str = "edges"         # "edges": between counter updates; "window": schema 2's fixed window
-    golden: str = "subset"        # "subset": budgeted slices; "full": schema 2
-    masked_rows_loop: bool = False  # schema 2 classified fully masked rows one by one (a sync each)
-    warmup_fwd_calls: int = 1       # forward warm-up calls besides the numerics call (schema 8 and before: 2) ...
-    warmup_fwd_bwd_calls: int = 1   # ... and forward+backward ones (schema 8 and before: 2)
-    lse_checks: bool = True         # the lse checks of variants returning one (schema 10 and before: none)
-    referee: bool = True            # the referee's calls and float64 forward (schema 11 and before: none)
-    invariance: bool = True         # the batch and chunk invariance calls (schema 12 and before: none)
-    cpu_chunk_bytes: int = 32 * 2**20
-    cuda_chunk_bytes: int = 256 * 2**20
-
-    @classmethod
-    def of_preset(cls, preset: Preset) -> "Settings":
-        return cls(min_samples=preset.min_samples, min_time_s=preset.min_time_s,
-                   max_cell_s=preset.max_cell_s, energy_window_s=preset.energy_window_s)
-
-    @classmethod
-    def of_run(cls, run_info: Mapping[str, Any]) -> "Settings":
-        """The settings a run folder's records were made with (run.json)."""
-        timing = run_info.get("timing") or {}
-        max_cell_s = timing.get("max_cell_s", 30.0)
-        base = cls(min_samples=int(timing.get("min_samples", 5)),
-                   min_time_s=float(timing.get("min_time_s", 0.2)),
-                   max_cell_s=None if max_cell_s is None else float(max_cell_s),
-                   energy_window_s=float(timing.get("energy_window_s", 0.1)))
-        argv = list(run_info.get("argv") or [])
-        if "--energy-window-s" in argv:
-            base = replace(base, energy_window_s=float(argv[argv.index("--energy-window-s") + 1]))
-        if int(run_info.get("schema", 3)) <= 12:
-            base = replace(base, invariance=False)
-        if int(run_info.get("schema", 3)) <= 11:
-            base = replace(base, referee=False)
-        if int(run_info.get("schema", 3)) <= 10:
-            base = replace(base, lse_checks=False)
-        if int(run_info.get("schema", 3)) <= 8:
-            base = replace(base, warmup_fwd_calls=2, warmup_fwd_bwd_calls=2)
-        if int(run_info.get("schema", 3)) <= 2:
-            base = replace(base, timing="host", energy="window", golden="full",
-                           cuda_chunk_bytes=32 * 2**20, masked_rows_loop=True)
-        return base
 
 
 # --------------------------------------------------------------------------- parameters
@@ -173,6 +120,7 @@ class Params:
     golden_chunk_s: dict[str, float] = field(default_factory=dict)
     golden_flops_per_s: dict[str, float] = field(default_factory=dict)
     weights_chunk_s: dict[str, float] = field(default_factory=dict)
+    golden_read_s: dict[str, float] = field(default_factory=dict)   # "cpu" -> s per reference read back, beyond read_s
     diagnosis_s: dict[str, float] = field(default_factory=dict)   # "cpu" -> s per diagnosed cell (schema 7)
     # s per compile: "cpu|flex|hit" / "cpu|flex|miss" by Inductor's cache, "cpu|flex" outcome unknown
     compile_s: dict[str, float] = field(default_factory=dict)
@@ -359,11 +307,26 @@ def _amortize(rows: list[dict], memberships: list[list[tuple]], paid: dict[tuple
         row["shares"] = tuple((g, paid[g]) for g in groups if paid.get(g))
 
 
-class CostModel:
-    """Per-call times and per-phase constants; predict() walks a grid in run order."""
+# The constants that are the host's own work (Python, the C++ compiler, bookkeeping, float64 goldens
+# on the host), fitted in the reference host's seconds (costfit divides each run's by its host factor,
+# plan.overhead.host_factor) and predicted times this host's factor: a machine whose first plan has
+# no history of its own is predicted from its host probe, not from the machines the priors were fitted
+# on. Per-call times scale with the measured ceilings instead. Rates (a table of "per second") divide.
+HOST_BOUND: tuple[str, ...] = ("cell_s", "golden_chunk_s", "weights_chunk_s", "diagnosis_s", "compile_s",
+                               "compile_start_s", "init_s", "run_start_s", "skip_s", "masked_row_s",
+                               "host_call_s", "golden_read_s")
+HOST_BOUND_RATES: tuple[str, ...] = ("golden_flops_per_s",)
 
-    def __init__(self, params: Params | None = None) -> None:
+
+class CostModel:
+    """Per-call times and per-phase constants; predict() walks a grid in run order.
+
+    host: this host's factor (plan.overhead.host_factor: how many times slower than the reference
+    host it does the audit's own work): the HOST_BOUND constants are multiplied by it."""
+
+    def __init__(self, params: Params | None = None, host: float = 1.0) -> None:
         self.params = params or load_priors()
+        self.host = host
 
     def _call_factors(self, dev: str, variant: str, dtype: str, pass_: str) -> np.ndarray:
         """Fitted for this dtype, else for the variant's other dtypes, else the family default."""
@@ -379,29 +342,43 @@ class CostModel:
         factors = self._call_factors(dev, call_variant(shape), shape.case.dtype, pass_)
         return float(max(1e-6, factors @ call_features(shape, ceilings)))
 
+    def _scaled(self, table: str, value: float) -> float:
+        """A constant of `table` in this host's seconds (HOST_BOUND: times its factor; a rate: divided)."""
+        if table in HOST_BOUND:
+            return value * self.host
+        if table in HOST_BOUND_RATES:
+            return value / self.host
+        return value
+
     def _const(self, table: str, key: str, default: float) -> float:
-        return float(getattr(self.params, table).get(key, default))
+        """The fitted constant (else `default`, in the reference host's units) on this host."""
+        return self._scaled(table, float(getattr(self.params, table).get(key, default)))
 
     def _by_cache(self, table: str, key: str, cache: str, default: float) -> float:
         """A compile constant fitted for this cache outcome ("key|hit", "key|miss"), else for
         compiles of unknown outcome (records before schema 5), else the default."""
-        return self._const(table, f"{key}|{cache}", self._const(table, key, default))
+        fitted = getattr(self.params, table)
+        return self._scaled(table, float(fitted.get(f"{key}|{cache}", fitted.get(key, default))))
 
     def predict(self, cases: Sequence[Case], settings: Settings,
                 ceilings: Mapping[str, Any] | None = None,
                 free_bytes: Mapping[str, int | None] | None = None,
-                warm_compiles: Collection[tuple] = ()) -> "Any":
+                warm_compiles: Collection[tuple] = (), stored_goldens: Collection[tuple] = ()) -> "Any":
         """One row per cell, in the given (run) order: predicted status and seconds per phase.
 
         ceilings: {device: measure_ceilings(...)} (run.json), used for per-call times;
         free_bytes: {device: bytes free}, for the cells memory_model predicts cannot fit;
         warm_compiles: kernel_key()s whose kernels Inductor's on-disk cache holds (a compile
-        there is a cache hit, much cheaper than building them: audit.measure.compile_cache).
+        there is a cache hit, much cheaper than building them: audit.measure.compile_cache);
+        stored_goldens: the input keys (Case.input_key) whose reference the golden store holds
+        (audit.measure.golden_store: read back, not built).
         """
         import pandas as pd
 
         from .memory_model import too_big
 
+        stored = set(stored_goldens)
+        built: set[tuple] = set()       # input sets this walk built a reference for (stored if worth it)
         rows = []
         previous_key = None
         seen_variants: set[tuple[str, str]] = set()
@@ -435,7 +412,7 @@ class CostModel:
                 shared += paid.setdefault(groups[1], self._const("init_s", f"{dev}|{case.variant}", 0.0))
             if case.input_key != previous_key:
                 previous_key = case.input_key
-                phases["golden"] += self._golden_s(shape, settings)
+                phases["golden"] += self._golden_or_read_s(shape, settings, stored, built)
                 paid[groups[2]] = paid.get(groups[2], 0.0) + phases["golden"]
             unsupported = predicted_unsupported(case, shape)
             if unsupported:
@@ -524,17 +501,32 @@ class CostModel:
         if settings.lse_checks and returns_lse(case.variant, dev):   # the merge's halves, the lse's gradient
             seconds += t_f + t_fb
         if settings.referee:             # its forwards and the rest (its float64 forward: _golden_s)
-            seconds += REFEREE_CALLS * t_f + REFEREE_DEFAULT_S[dev]
+            seconds += REFEREE_CALLS * t_f + REFEREE_DEFAULT_S[dev] * self.host
         if settings.masked_rows_loop:
             seconds += masked_rows_checked(shape) * self._const("masked_row_s", dev, 0.0)
         if case.variant.startswith(BROKEN_PREFIX):     # made to fail: its cells get a diagnosis
             seconds += (self._const("diagnosis_s", dev, DIAGNOSIS_DEFAULT_S[dev])
-                        + diagnosis_flops(shape) / DIAGNOSIS_FLOPS_PER_S[dev])
+                        + diagnosis_flops(shape) / DIAGNOSIS_FLOPS_PER_S[dev] * self.host)
         if exposes_weights(case.variant):
             _n, flops, chunks = golden_cost_inputs(shape, settings)
             seconds += (chunks * self._const("weights_chunk_s", dev, 1e-3)
                         + flops / BACKWARD_FLOP_FACTOR / self._const("golden_flops_per_s", dev, 1e10))
         return seconds
+
+    def _golden_or_read_s(self, shape: CellShape, settings: Settings, stored: set[tuple], built: set[tuple]) -> float:
+        """An input set's reference: read back from the golden store where it holds it (an earlier run
+        stored it, or this run did when it first built it and it was worth keeping), else built."""
+        case = shape.case
+        build = self._golden_s(shape, settings)
+        if settings.golden_store:
+            from ..measure.golden_store import read_s, reference_bytes, worth_storing
+            n, _flops, _chunks = golden_cost_inputs(shape, settings)
+            nbytes = reference_bytes(n, shape.q_len, case.seq_len, case.d_k, case.effective_d_v)
+            if case.input_key in stored or (case.input_key in built and worth_storing(build, nbytes)):
+                return self._scaled("golden_read_s", self.params.golden_read_s.get(device_type(case.device), 0.0)) \
+                    + read_s(nbytes) * self.host
+        built.add(case.input_key)
+        return build
 
     def _golden_s(self, shape: CellShape, settings: Settings) -> float:
         """An input set's float64 golden (with gradients), and with the referee the forward of its

@@ -18,6 +18,7 @@ from ..measure.roofline import CEILINGS_BUDGET_S, CEILINGS_METHOD, matmul_plausi
 from ..workload.presets import Preset
 from .costfit import RunData, fit
 from .costmodel import CostModel, Params, Settings, device_type, load_priors
+from .overhead import host_factor
 
 
 def this_machine(device_type: str) -> str | None:
@@ -130,6 +131,8 @@ class Forecast:
     free: dict[str, int | None]
     ceilings_measured: bool        # a run of these cells would still measure ceilings
     warm_compiles: set[tuple]      # compiles predicted to hit Inductor's cache (warm_compiles)
+    stored_goldens: set[tuple] = frozenset()   # input keys whose reference the golden store holds
+    host: float = 1.0              # this host's factor (plan.overhead.host_factor): host-bound constants scale
 
 
 def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
@@ -187,5 +190,32 @@ def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
     warm = warm_compiles(runs, cases)
     if warm:
         notes.append(f"{len(warm)} compiled shapes predicted from Inductor's cache (compiled there by earlier runs)")
-    pred = CostModel(params).predict(cases, Settings.of_preset(preset), ceilings, free, warm)
-    return Forecast(pred, notes, params, ceilings, free, not info.get("ceilings"), warm)
+    stored = stored_goldens(cases, [d for d in devices if available.get(d)])
+    if stored:
+        notes.append(f"{len(stored)} input sets' float64 references predicted read from the golden store")
+    host = host_factor(ceilings)
+    if host != 1.0:
+        notes.append(f"this host does the audit's own work at {host:.2f}x the reference host's time (host probe)")
+    pred = CostModel(params, host=host).predict(cases, Settings.of_preset(preset), ceilings, free, warm, stored)
+    return Forecast(pred, notes, params, ceilings, free, not info.get("ceilings"), warm, stored, host)
+
+
+def stored_goldens(cases: Sequence[Case], devices: Sequence[str]) -> set[tuple]:
+    """The input keys of `cases` on this machine's `devices` whose float64 reference the golden store
+    holds (measure.golden_store), in the alignment their cells' golden follows."""
+    from ..measure import golden_store
+    from ..workload.inputs import q_len
+    from ..workload.variants import builtin_variants
+    if golden_store.max_bytes() <= 0 or not golden_store.folder().is_dir():
+        return set()
+    builtins = builtin_variants()
+    found: set[tuple] = set()
+    for case in cases:
+        if case.device not in devices or case.input_key in found:
+            continue
+        alignment = "top-left"
+        if case.causal and q_len(case) != case.seq_len:
+            alignment = getattr(builtins.get(case.variant), "causal_alignment", "top-left")
+        if golden_store.has(golden_store.entry_key(case.input_key, alignment, case.device)):
+            found.add(case.input_key)
+    return found
