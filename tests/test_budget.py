@@ -468,3 +468,46 @@ def test_fitted_overheads_are_kept_in_the_reference_hosts_seconds():
     assert slow["cpu|ceilings_factor"] == fast["cpu|ceilings_factor"] == pytest.approx(1.1)  # time-boxed
     fitted = SimpleNamespace(overhead=slow)
     assert constant(fitted, "cpu", "between_cell_s", host=2.0) == pytest.approx(0.04 / 4)   # its own again
+
+
+def _priority_pred():
+    """Four real variants and a control in two dtypes, each variant's cells cheaper than sdpa's and
+    eager's: a greedy cheapest-first tier 0 would buy them and the control first."""
+    rows = []
+    costs = {"sdpa": 3.0, "eager": 3.0, "flash_op": 1.0, "sdpa_math": 1.0, "broken.unscaled": 0.5}
+    for variant, cost in costs.items():
+        for dtype in ("fp32", "bf16"):
+            for causal in (False, True):
+                rows.append({"id": f"{variant}-{dtype}-{causal}", "variant": variant, "device": "cpu", "dtype": dtype,
+                             "d_k": 8, "seq_len": 64, "batch": 1, "heads": 2, "kv_heads": 2, "causal": causal,
+                             "scenario": "normal", "status": "ok", "total_s": cost, "shared_s": 0.0})
+    return pd.DataFrame(rows)
+
+
+def test_a_budget_too_small_for_coverage_buys_sdpa_and_eager_in_every_dtype_first():
+    pred = _priority_pred()
+    chosen = choose(pred, budget_s=12.2, reserve_s=0.0, max_cell_s=100.0)
+    kept = set(pred["id"]) - set(chosen.skip)
+    assert {(i.split("-")[0], i.split("-")[1]) for i in kept} == {(v, d) for v in ("sdpa", "eager")
+                                                                  for d in ("fp32", "bf16")}
+    assert chosen.smallest_s == pytest.approx(12.0) and set(chosen.smallest) == kept
+    # more room: every real variant per dtype next, the control's self-check after them
+    wider = choose(pred, budget_s=16.2, reserve_s=0.0, max_cell_s=100.0)
+    kept = set(pred["id"]) - set(wider.skip)
+    assert {i.split("-")[0] for i in kept} == {"sdpa", "eager", "flash_op", "sdpa_math"}
+    assert not any(i.startswith("broken.") for i in kept)
+    assert chosen.coverage_s == wider.coverage_s > 16.2
+    # what the prefix leaves is filled with the later cells that fit (a control's self-check here)
+    filled = choose(pred, budget_s=12.6, reserve_s=0.0, max_cell_s=100.0)
+    assert set(pred["id"]) - set(filled.skip) - set(chosen.smallest) == {"broken.unscaled-fp32-False"}
+
+
+def test_nothing_fitting_says_what_budget_would_and_the_smallest_plan_is_printed():
+    from audit.plan.budget import budget_arg, smallest_plan_line
+    plan = Plan(budget_s=5.0, deadline_unix=None, reserve_s=8.0, skip={"a": "over the budget"}, measured=0,
+                smallest_s=9.2, coverage_s=130.0)
+    line = budget_describe(plan, 1)
+    assert line.startswith("plan: nothing fits the 5.0 s budget") and "--budget 10s measures that" in line
+    assert "--budget 3m" in line
+    assert "smallest useful plan (sdpa and eager, a cell per dtype): 9.2 s (--budget 10s)" in smallest_plan_line(plan)
+    assert budget_arg(119.2) == "120s" and budget_arg(121) == "3m" and budget_arg(None) == "none"

@@ -333,7 +333,7 @@ def _differs(frame: pd.DataFrame) -> list[tuple | None]:
 
 def _differing(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows where some tensor differed between runs."""
-    return frame[[bool(d) for d in _differs(frame)]]
+    return frame[pd.Series([bool(d) for d in _differs(frame)], index=frame.index, dtype=bool)]
 
 
 def check_nondeterministic(frame: pd.DataFrame) -> list[dict]:

@@ -189,7 +189,15 @@ def _preset(args: argparse.Namespace) -> Any:
         overrides["budget_s"] = parse_duration(args.budget)
         if overrides["budget_s"] is None and args.max_cell_s is None:
             overrides["max_cell_s"] = None     # --budget none measures every cell asked for
+    budget = overrides.get("budget_s", preset.budget_s)
+    if budget is not None:
+        # a small budget measures the ceilings in less time (a share of it), keeping the rest for cells
+        overrides["ceilings_s"] = min(preset.ceilings_s, max(MIN_CEILINGS_S, CEILINGS_SHARE * budget))
     return dataclasses.replace(preset, **overrides)
+
+
+CEILINGS_SHARE = 0.04      # of a budget, at most, for measuring the ceilings (the preset's ceilings_s, at most)
+MIN_CEILINGS_S = 0.5       # ... and at least (the quick preset's)
 
 
 def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
@@ -383,19 +391,22 @@ def _prepare(cases: list, preset: Any, axes: dict, argv: list[str], extra: dict,
 def _plan(cases: list, preset: Any, run_dir: Path, started: float, ceilings_measured: bool) -> None:
     """Predict the cells not yet recorded, choose what fits the budget, write DIR/plan.json:
     the plan a dry-run shows (budget.plan_run)."""
-    from ..plan.budget import describe, plan_run
+    from ..plan.budget import describe, plan_run, smallest_plan_line
 
     todo = _not_recorded(cases, run_dir)
     plan, _pred, _notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started,
                                    measure=False, ceilings_measured=ceilings_measured)
     plan.write(run_dir)
+    smallest = smallest_plan_line(plan)
+    if smallest and (plan.uncovered or plan.measured == 0):
+        print(f"attn-audit: {smallest}", file=sys.stderr)
     print(f"attn-audit: {describe(plan, len(todo))}", file=sys.stderr)
 
 
 def _dry_run(cases: list, preset: Any, run_dir: Path | None, started: float) -> int:
     """Every cell with its predicted status and seconds, then the totals per phase and variant,
     and what the budget would skip."""
-    from ..plan.budget import describe, plan_run
+    from ..plan.budget import describe, plan_run, smallest_plan_line
     from ..plan.costmodel import summary
 
     todo = _not_recorded(cases, run_dir)
@@ -411,5 +422,8 @@ def _dry_run(cases: list, preset: Any, run_dir: Path | None, started: float) -> 
     for note in notes:
         print(f"cost model: {note}")
     print(summary(pred[~pred["id"].isin(plan.skip)], plan.reserve_s))
+    smallest = smallest_plan_line(plan)
+    if smallest:
+        print(smallest)
     print(describe(plan, len(todo)))
     return 0

@@ -234,7 +234,8 @@ def build_reference(case: Case, inputs: Inputs, alignment: str = "top-left") -> 
     sinks = sinks_for_slices(inputs.sinks, slices)
     grad_lse = take_slices(inputs.grad_lse, slices)
     golden = golden_attention(q, k, v, grad_out=grad_out, causal=inputs.causal, visible=visible,
-                              score_mod=mod, alignment=alignment, sinks=sinks, grad_lse=grad_lse)
+                              score_mod=mod, alignment=alignment, sinks=sinks, grad_lse=grad_lse,
+                              moved_values=shifted_values(v))       # the referee's new values: their output too
     by_alignment = {}
     if inputs.causal and tq != tk:
         other = "bottom-right" if alignment == "top-left" else "top-left"
@@ -247,8 +248,9 @@ def build_reference(case: Case, inputs: Inputs, alignment: str = "top-left") -> 
     base_out, base_grads, extra = _baseline_errors(q, k, v, mask, inputs.causal, golden, mod, alignment, grad_out,
                                                    sinks, grad_lse)
     extra["merge"] = _baseline_merge(q, k, v, mask, inputs.causal, golden, alignment, sinks)
-    moved = golden_attention(q, k, shifted_values(v), causal=inputs.causal, visible=visible, score_mod=mod,
-                             alignment=alignment, sinks=sinks)          # the referee's new values, forward only
+    moved = Golden(out=golden.moved_out, dq=None, dk=None, dv=None, row_visible=golden.row_visible,
+                   saturation=golden.saturation, alignment=alignment, lse=golden.lse)   # the referee's new values
+    golden.moved_out = None
     return Reference(golden, by_alignment, base_out, base_grads,
                      leak_probes(inputs, alignment), slices, rows, case.heads, alignment, extra, moved,
                      document_probe=document_probe(inputs))

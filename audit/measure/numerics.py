@@ -204,8 +204,7 @@ class SaturationAccumulator:
                      else visible.sum(-1).to(probs.dtype))                     # (...,)
         valid = n_visible > 1  # a row seeing one key is one-hot by construction, not saturated
         pmax = probs.amax(-1)                                                  # (...,)
-        plogp = torch.where(probs > 0, probs * probs.log(), torch.zeros_like(probs))
-        entropy = -plogp.sum(-1)                                               # (...,)
+        entropy = -torch.special.xlogy(probs, probs).sum(-1)                   # (...,): 0 log 0 = 0
         log_n = n_visible.clamp(min=1).log()
         norm_entropy = torch.where(log_n > 0, entropy / log_n.clamp(min=1e-300), torch.zeros_like(entropy))
         zero = torch.zeros_like(pmax)

@@ -46,6 +46,8 @@ class Golden:
     # convention), and the gradient through it; None elsewhere
     lse_sink: Any = None
     lse_sink_grads: dict[str, Any] | None = None
+    # with moved_values: the output had v been moved_values (same probabilities: P @ moved_values), or None
+    moved_out: Any = None
 
 
 def visibility(tq: int, tk: int, r0: int, r1: int, *, causal: bool, device: Any,
@@ -117,15 +119,23 @@ def golden_prob_chunks(q: Any, k: Any, *, causal: bool, visible: Any = None, sca
 def golden_attention(q: Any, k: Any, v: Any, *, grad_out: Any = None, causal: bool = False,
                      visible: Any = None, scale: float | None = None,
                      alignment: str = "top-left", score_mod: Any = None, sinks: Any = None,
-                     grad_lse: Any = None) -> Golden:
+                     grad_lse: Any = None, moved_values: Any = None) -> Golden:
     """Attention, its logsumexp and (when grad_out is given) its gradients in float64 on the
     rounded inputs. sinks: (H,) logits, one more softmax column per query head with no value (a
     row that sees no key then gives the sink all its weight: out 0); with gradients their dsinks.
     grad_lse (B, H, Tq): also dq and dk of <lse, grad_lse>, the gradient through the lse alone
-    (Golden.lse_grads; the lse does not depend on v)."""
+    (Golden.lse_grads; the lse does not depend on v). moved_values (B, Hkv, Tk, dv): also the
+    output with them in place of v (Golden.moved_out; the referee's shifted values): the same
+    probabilities times the features they change, added to the output, not a second golden."""
     import torch
 
     q64, k64, v64 = (t.detach().double() for t in (q, k, v))
+    moved_cols = delta = moved_part = None
+    if moved_values is not None:
+        delta = moved_values.detach().double() - v64                             # (B, Hkv, Tk, dv)
+        moved_cols = delta.ne(0).reshape(-1, delta.shape[-1]).any(0).nonzero().flatten()   # features it moves
+        delta = delta[..., moved_cols]                                            # (B, Hkv, Tk, c)
+        moved_part = q64.new_zeros(q64.shape[0], q64.shape[1], q64.shape[2], len(moved_cols))
     B, H, Tq, d = q64.shape
     Tk = k64.shape[-2]
     scale = d ** -0.5 if scale is None else scale
@@ -188,6 +198,8 @@ def golden_attention(q: Any, k: Any, v: Any, *, grad_out: Any = None, causal: bo
         lse[:, :, r0:r1] = lse_c.detach()
         row_visible[:, :, r0:r1] = any_vis
         p = probs.detach()
+        if moved_part is not None:
+            moved_part[:, :, r0:r1] = grouped_matmul(p, delta)                    # (B, H, rows, c)
         sat.add(p, None if vis is None else vis.expand_as(p))
         seen = raw.detach() if vis is None else raw.detach().masked_fill(~vis, 0.0)
         if seen.numel():
@@ -197,9 +209,13 @@ def golden_attention(q: Any, k: Any, v: Any, *, grad_out: Any = None, causal: bo
     saturation["max_qk"] = float(max_qk)
     saturation["max_logit"] = float(max_qk) * scale
     lse_sink = None if sl is None else torch.logaddexp(lse, sl.detach().view(1, -1, 1))     # (B, H, Tq)
+    moved_out = None
+    if moved_part is not None:
+        moved_out = out.clone()                                                  # (B, H, Tq, dv)
+        moved_out[..., moved_cols] += moved_part
     return Golden(out=out, dq=dq, dk=dk, dv=dv, row_visible=row_visible, saturation=saturation,
                   alignment=alignment, lse=lse, dsinks=dsinks, lse_grads=lse_grads, lse_sink=lse_sink,
-                  lse_sink_grads=lse_sink_grads)
+                  lse_sink_grads=lse_sink_grads, moved_out=moved_out)
 
 
 def row_visibility(tq: int, tk: int, *, causal: bool, device: Any, visible: Any = None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,13 @@ COVERAGE, REAL, CONTROL_EXTRA = 0, 1, 2     # the tiers: what the budget buys fi
 CONTROL_EXTRA_SHARE = 0.05
 TIER_NAMES = {COVERAGE: "coverage and self-check", REAL: "real variants' other cells",
               CONTROL_EXTRA: "negative controls' other cells"}
+# Within tier 0, what a budget too small for all of it buys first: a cell of each ESSENTIAL variant in
+# every device × dtype (the verdict's yardstick, sdpa, and the hand-written reference: the smallest
+# useful plan), then a cell of every other real variant per device × dtype, then the rest (a cell per
+# mask kind, the controls' self-checks, the invariance cells). Cheapest first within each.
+ESSENTIAL_VARIANTS: tuple[str, ...] = ("sdpa", "eager")
+PRIORITY_NAMES = ("sdpa and eager, a cell per dtype", "every real variant, a cell per dtype",
+                  "a cell per mask kind, the controls' self-checks, the invariance cells")
 
 
 @dataclass
@@ -56,6 +64,9 @@ class Plan:
     uncovered: list[str] = field(default_factory=list)   # "variant device dtype mask kind" with no cell
     started_unix: float | None = None      # when the run started (the progress bar's elapsed time)
     report_s: float = 0.0                  # predicted seconds after the last cell (the report)
+    smallest_s: float | None = None        # the smallest useful plan (PRIORITY_NAMES[0]), reserve included
+    coverage_s: float | None = None        # the whole of tier 0, reserve included
+    measured: int | None = None            # cells predicted to be measured (ok, not skipped)
 
     def write(self, run_dir: Path) -> None:
         (Path(run_dir) / PLAN_FILE).write_text(json.dumps(self.__dict__, indent=1) + "\n")
@@ -111,12 +122,16 @@ def _reveals(variant: str) -> tuple[str, ...] | None:
 
 @dataclass
 class Selection:
-    """choose()'s answer: the cells to skip with why, every other cell's tier, and the coverage
-    kinds left without a cell."""
+    """choose()'s answer: the cells to skip with why, every other cell's tier, the coverage kinds
+    left without a cell, and the cells' seconds of the smallest useful plan and of tier 0."""
 
     skip: dict[str, str]
     tier: dict[str, int]
     uncovered: list[str]
+    smallest_s: float | None = None        # the cells' seconds of the smallest useful plan ...
+    coverage_s: float | None = None        # ... and of tier 0
+    smallest: tuple[str, ...] = ()         # their cells
+    coverage: tuple[str, ...] = ()
 
 
 def _self_check_candidates(rows: list[dict], control: str, reveals: tuple[str, ...]) -> dict[str, list[str]]:
@@ -138,6 +153,13 @@ def _self_check_candidates(rows: list[dict], control: str, reveals: tuple[str, .
 
 def tiers(pred: Any) -> tuple[dict[str, int], list[str]]:
     """({id: tier} of the cells predicted to run, [ids of tier 0 in the order they are bought]).
+    (prioritized_tiers: the same, with each tier-0 cell's priority level.)"""
+    tier, chosen, _level = prioritized_tiers(pred)
+    return tier, chosen
+
+
+def prioritized_tiers(pred: Any) -> tuple[dict[str, int], list[str], dict[str, int]]:
+    """({id: tier}, [tier-0 ids in the order bought], {tier-0 id: priority level, PRIORITY_NAMES}).
 
     Tier 0 is chosen greedily, the cheapest wants first: per coverage kind, a cell of it (of
     scenario normal for no mask and causal, where the grid has one: the cells the verdict times
@@ -145,7 +167,12 @@ def tiers(pred: Any) -> tuple[dict[str, int], list[str]]:
     verdict can compare it; per negative control, its self-check cells (_self_check_candidates); per
     real variant and device, a cell where batch and chunk invariance are checked (_invariance_candidates).
     Each time the candidate whose own seconds plus the shared costs not yet bought (costmodel
-    `shares`: its input set's golden, its compile, a backend's first use) are least."""
+    `shares`: its input set's golden, its compile, a backend's first use) are least, priority level
+    by level (PRIORITY_NAMES): first a cell of each ESSENTIAL variant per device × dtype (normal
+    inputs where there are any), then a cell of every other real variant per device × dtype, then
+    the rest; a want a cell bought already meets costs nothing more. A budget too small for tier 0
+    keeps its first cells (choose), so it covers the essential variants before the others and the
+    real variants before the controls."""
     from ..core.grid import INPUT_AXES
     from ..workload.variants import VERDICT_BASELINE
     ok = pred[pred["status"] == "ok"]
@@ -185,15 +212,35 @@ def tiers(pred: Any) -> tuple[dict[str, int], list[str]]:
     for control, reveals in controls.items():
         wanted.update(_self_check_candidates(rows, control, reveals))
     wanted.update(_invariance_candidates(rows))
+    levels = [_per_dtype_candidates(rows, lambda v: v in ESSENTIAL_VARIANTS),
+              _per_dtype_candidates(rows, lambda v: v not in ESSENTIAL_VARIANTS and _reveals(v) is None),
+              wanted]
     chosen: list[str] = []
-    while wanted:
-        kind = min(wanted, key=lambda k: min(added(i) for i in wanted[k]))
-        best = min(wanted.pop(kind), key=added)
-        for cell_id in bundle(best):
-            chosen.append(cell_id)
-            bought.update(group for group, _ in shares[cell_id])
-            tier[cell_id] = COVERAGE
-    return tier, chosen
+    level_of: dict[str, int] = {}
+    for level, wants in enumerate(levels):
+        while wants:
+            wants = {k: ids for k, ids in wants.items() if not any(tier.get(i) == COVERAGE for i in ids)}
+            if not wants:
+                break
+            kind = min(wants, key=lambda k: min(added(i) for i in wants[k]))
+            best = min(wants.pop(kind), key=added)
+            for cell_id in bundle(best):
+                chosen.append(cell_id)
+                level_of[cell_id] = level
+                bought.update(group for group, _ in shares[cell_id])
+                tier[cell_id] = COVERAGE
+    return tier, chosen, level_of
+
+
+def _per_dtype_candidates(rows: list[dict], which: Callable[[str], bool]) -> dict[str, list[str]]:
+    """Per variant `which` takes, device and dtype: its cells there, those of scenario normal where it
+    has any (the verdict's speed cells)."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        if which(str(r["variant"])):
+            out.setdefault(f"{r['variant']} {r['device']} {r['dtype']}", []).append(r)
+    return {key: [r["id"] for r in cells if r["scenario"] == "normal"] or [r["id"] for r in cells]
+            for key, cells in out.items()}
 
 
 def _invariance_candidates(rows: list[dict]) -> dict[str, list[str]]:
@@ -243,12 +290,10 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
             skip[row["id"]] = (f"predicted {own_cost(row):.1f} s for this cell, over the per-cell limit "
                                f"{max_cell_s:g} s (--max-cell-s)")
     kept_pred = pred[~pred["id"].isin(list(skip))]
-    tier, coverage = tiers(kept_pred)
+    tier, coverage, level_of = prioritized_tiers(kept_pred)
     kept_rows = [r for r in rows if r["id"] not in skip]
     kinds = {row["id"]: coverage_kind(row) or f"{row['variant']} (self-check)" for row in kept_rows}
-    if budget_s is None:
-        return Selection(skip, tier, [])
-    room = budget_s - reserve_s
+    room = (budget_s if budget_s is not None else math.inf) - reserve_s
     costs = {row["id"]: cell_cost(row) for row in kept_rows if row["status"] == "ok"}
     keys = {row["id"]: tuple(row.get(a) for a in INPUT_AXES) for row in rows}
     candidates = [i for i in pred["id"] if i not in skip]
@@ -258,12 +303,20 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
         sets = {keys[i] for i in measured}
         return [i for i in candidates if i in measured or (i not in costs and keys[i] in sets)]
 
-    def fits(measured: set[str]) -> bool:
+    def seconds(measured: set[str]) -> float:
         ids = run_order(with_sets(measured), tier)
         if not ids:
-            return True
+            return 0.0
         frame = repredict(ids) if repredict is not None else pred[pred["id"].isin(ids)]
-        return float(frame["total_s"].sum()) <= room
+        return float(frame["total_s"].sum())
+
+    def fits(measured: set[str]) -> bool:
+        return seconds(measured) <= room
+
+    essential = {i for i in coverage if level_of.get(i) == 0}
+    smallest_s, coverage_s = seconds(essential), seconds(set(coverage))
+    if budget_s is None:
+        return Selection(skip, tier, [], smallest_s, coverage_s, tuple(essential), tuple(coverage))
 
     def largest(n_max: int, keep: Callable[[int], set[str]]) -> int:
         """The largest n in 0..n_max with fits(keep(n)); keep(0) fits, and fits is monotone in n."""
@@ -275,11 +328,11 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
             lo, hi = (mid, hi) if fits(keep(mid)) else (lo, mid)
         return lo
 
-    n = largest(len(coverage), lambda k: set(coverage[:k]))
-    kept = set(coverage[:n])
-    why = {i: _over(budget_s, room, costs[i], COVERAGE) for i in coverage[n:]}
+    n = largest(len(coverage), lambda k: set(coverage[:k])) if coverage_s > room else len(coverage)
+    kept = set(coverage[:n]) | _fill(coverage[n:], set(coverage[:n]), room, seconds, costs)
+    why = {i: _over(budget_s, room, costs[i], COVERAGE) for i in coverage if i not in kept}
     later = [i for i in costs if tier.get(i) != COVERAGE]
-    if n == len(coverage):
+    if len(kept) == len(coverage):
         for level in (REAL, CONTROL_EXTRA):
             members = sorted((i for i in costs if tier.get(i) == level), key=lambda i: costs[i])
             if level == CONTROL_EXTRA:          # proving the audit works: a small share of the time, at most
@@ -305,9 +358,27 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
             continue                  # a cell predicted not to run, alone in its set: its own reason
         skip[i] = why[i] if i in costs else "over the budget: every cell of its input set that would be measured was cut"
     covered = {kinds[i] for i in kept}
-    uncovered = list(dict.fromkeys(kinds[i] for i in coverage[n:]
-                                   if kinds[i] not in covered and not kinds[i].endswith("(self-check)")))
-    return Selection(skip, {i: t for i, t in tier.items() if i not in skip}, uncovered)
+    uncovered = list(dict.fromkeys(kinds[i] for i in coverage if i not in kept
+                                   and kinds[i] not in covered and not kinds[i].endswith("(self-check)")))
+    return Selection(skip, {i: t for i, t in tier.items() if i not in skip}, uncovered, smallest_s, coverage_s,
+                     tuple(essential), tuple(coverage))
+
+
+def _fill(rest: Sequence[str], kept: set[str], room: float, seconds: Callable[[set[str]], float],
+          costs: dict[str, float]) -> set[str]:
+    """Tier-0 cells after the longest prefix that fits (rest, in the order bought) that fit in what
+    the prefix leaves, each weighed by its own amortized seconds, in that order; checked once by
+    predicting again (nothing, where that does not fit): a compile that does not fit must not keep
+    the cheap cells after it out."""
+    left = room - seconds(kept)
+    extra: set[str] = set()
+    for cell_id in rest:
+        if costs[cell_id] <= left:
+            extra.add(cell_id)
+            left -= costs[cell_id]
+    while extra and seconds(kept | extra) > room:      # shares moved: drop the latest until it fits
+        extra.discard(next(i for i in reversed(list(rest)) if i in extra))
+    return extra
 
 
 def _over(budget_s: float, room: float, cost: float, level: int) -> str:
@@ -444,13 +515,25 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     # against the report of the cells that first plan kept (a little more room, never less).
     chosen = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after, max_cell_s=preset.max_cell_s,
                     repredict=repredict)
+    kept_n = len(forecast.pred) - len(chosen.skip)
+    before_kept, _ = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
+                                ceilings_s=preset.ceilings_s, host=host, kept=kept_n)
     _, after_kept = overhead_s(forecast.pred[~forecast.pred["id"].isin(chosen.skip)], forecast.params, host=host)
-    if budget_s is not None and after_kept < after:
+    if budget_s is not None and before_kept + after_kept < before + after:
+        before = before_kept
         chosen = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after_kept,
                         max_cell_s=preset.max_cell_s, repredict=repredict)
     skip = chosen.skip
-    _, after = overhead_s(forecast.pred[~forecast.pred["id"].isin(skip)], forecast.params,
-                          host=host)                  # the report of what is kept
+
+    def reserve(kept_ids: Any) -> tuple[float, float]:
+        """(before, after) the cells of a run keeping `kept_ids` (a skip's record for the others)."""
+        kept_rows = forecast.pred[forecast.pred["id"].isin(list(kept_ids))]
+        first, _ = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
+                              ceilings_s=preset.ceilings_s, host=host, kept=len(kept_rows))
+        return first, overhead_s(kept_rows, forecast.params, host=host)[1]
+
+    kept_ids = set(forecast.pred["id"]) - set(skip)
+    before, after = reserve(kept_ids) if budget_s is not None else (before, after)   # the report of what is kept
     predicted = dict(zip(forecast.pred["id"], forecast.pred["total_s"].astype(float)))
     kept = run_order([i for i in predicted if i not in skip], chosen.tier)
     if kept:                # in the order they run, without the cut ones (shared costs move)
@@ -460,7 +543,10 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
                 deadline_unix=None if budget_s is None else
                 started_unix + budget_s - after - max(2.0, SAFETY_FRACTION * budget_s),
                 reserve_s=before + after, predicted=predicted, skip=skip, tier=chosen.tier,
-                uncovered=chosen.uncovered, started_unix=started_unix, report_s=after)
+                uncovered=chosen.uncovered, started_unix=started_unix, report_s=after,
+                smallest_s=None if chosen.smallest_s is None else chosen.smallest_s + sum(reserve(chosen.smallest)),
+                coverage_s=None if chosen.coverage_s is None else chosen.coverage_s + sum(reserve(chosen.coverage)),
+                measured=int(((forecast.pred["status"] == "ok") & ~forecast.pred["id"].isin(skip)).sum()))
     return plan, forecast.pred, forecast.notes
 
 
@@ -478,9 +564,33 @@ def describe(plan: Plan, n_cells: int) -> str:
     if skipped:
         line += (f"; {skipped} cells skipped (predicted {format_duration(skipped_s)}): "
                  "listed in the report under Time budget")
+    if plan.measured == 0 and plan.budget_s is not None and plan.smallest_s:
+        return (f"plan: nothing fits the {format_duration(plan.budget_s)} budget (--budget): "
+                f"{format_duration(plan.reserve_s)} of it goes to start-up, ceilings and report, and the smallest "
+                f"useful plan ({PRIORITY_NAMES[0]}) needs {format_duration(plan.smallest_s)}: "
+                f"--budget {budget_arg(plan.smallest_s)} measures that, --budget {budget_arg(plan.coverage_s)} "
+                "a cell of every variant per dtype and mask kind; every cell is recorded as skipped with its reason")
     if plan.uncovered:
         shown = ", ".join(plan.uncovered[:UNCOVERED_SHOWN])
         more = len(plan.uncovered) - UNCOVERED_SHOWN
         line += (f"; too small a budget to give every variant one cell per dtype and mask kind: no cell for "
                  f"{shown}" + (f" and {more} more" if more > 0 else ""))
+        if plan.coverage_s:
+            line += f" (--budget {budget_arg(plan.coverage_s)} gives each one)"
     return line
+
+
+def smallest_plan_line(plan: Plan) -> str | None:
+    """The smallest useful plan and full coverage, for --dry-run (None without them)."""
+    if not plan.smallest_s or not plan.coverage_s:
+        return None
+    return (f"smallest useful plan ({PRIORITY_NAMES[0]}): {format_duration(plan.smallest_s)} "
+            f"(--budget {budget_arg(plan.smallest_s)}); a cell of every variant per dtype and mask kind, and the "
+            f"controls' self-checks: {format_duration(plan.coverage_s)} (--budget {budget_arg(plan.coverage_s)})")
+
+
+def budget_arg(seconds: float | None) -> str:
+    """A --budget value at least `seconds`: whole seconds under two minutes, else whole minutes."""
+    if seconds is None or not math.isfinite(seconds):
+        return "none"
+    return f"{math.ceil(seconds)}s" if seconds < 120 else f"{math.ceil(seconds / 60)}m"

@@ -24,14 +24,15 @@ from ..measure.roofline import CEILINGS_BUDGET_S
 # HOST_SCALED are these times its host factor (host_factor); the ceilings take the time given.
 DEFAULTS: dict[str, float] = {
     "start_s": 1.9,              # the run's and its first measuring process's start, less the plan
-    "plan_per_cell_s": 0.0015,   # the cost model and the budget, per cell of the grid
+    "plan_per_cell_s": 0.0009,   # the cost model and the budget, per cell of the grid (cpu: 2.5 s for 3271)
     "ceilings_factor": 1.1,      # the ceilings' seconds per second the preset gives them
-    "between_cell_s": 0.0013,    # a record written, the budget's keeper, the progress bar
+    "between_cell_s": 0.0013,    # a measured cell's record written, the budget's keeper, the progress bar
+    "skip_record_s": 0.00012,    # a cell the plan skips: its record written (cpu, --budget 30s: 0.4 s for 3244)
     "report_s": 4.1,             # the seed's claims, findings, reproduction scripts, figures, the page ...
     "report_per_cell_s": 0.0017,  # ... growing with the measured cells
 }
 FITTED = ("start_s", "ceilings_factor", "between_cell_s", "report_s")
-HOST_SCALED = ("start_s", "plan_per_cell_s", "between_cell_s", "report_s", "report_per_cell_s")
+HOST_SCALED = ("start_s", "plan_per_cell_s", "between_cell_s", "skip_record_s", "report_s", "report_per_cell_s")
 # measure.roofline.host_probe_s on the reference host (30 probes: 5.05-5.44 ms, median 5.24), and
 # the range a host factor is kept in (a probe disturbed for a moment must not plan a run 100x off)
 REFERENCE_HOST_PROBE_S = 0.0052
@@ -66,15 +67,17 @@ def constant(params: Any, device: str, name: str, host: float = 1.0) -> float:
 
 
 def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
-               ceilings_s: float = CEILINGS_BUDGET_S, host: float = 1.0) -> tuple[float, float]:
+               ceilings_s: float = CEILINGS_BUDGET_S, host: float = 1.0, kept: int | None = None) -> tuple[float, float]:
     """(seconds before the first cell, seconds after the last) of a run of these cells (a
     costmodel prediction: its cells' devices and statuses); ceilings_s: the seconds the preset
-    gives each device's ceilings; host: this host's host_factor."""
+    gives each device's ceilings; host: this host's host_factor; kept: how many of them the
+    budget keeps (default all): the others cost a skip's record only."""
     n = len(pred)
     devices = {str(d).split(":")[0] for d in pred["device"]} if n else set()
     kind = device_kind(devices)
     c = lambda name: constant(params, kind, name, host)    # noqa: E731 - a short local reader
-    before = c("start_s") + c("plan_per_cell_s") * n + c("between_cell_s") * n
+    kept = n if kept is None else min(n, kept)
+    before = c("start_s") + c("plan_per_cell_s") * n + c("between_cell_s") * kept + c("skip_record_s") * (n - kept)
     if ceilings_measured:
         before += c("ceilings_factor") * ceilings_s * len(devices)
     measured = int((pred["status"] == "ok").sum()) if n else 0
@@ -96,13 +99,15 @@ def fit_overheads(runs: Iterable[Any]) -> dict[str, float]:
         kind = device_kind(frame["device"])
         n = len(frame)
         ok = int((frame["status"] == "ok").sum())
+        skipped = int(frame["reason"].astype(str).str.startswith("over the budget").sum()) \
+            if "reason" in frame.columns else 0          # the plan's skips: a record each, no measuring
         host = host_factor(getattr(run, "ceilings", None))
         get = lambda name: float(parts.get(name, 0.0))    # noqa: E731
         scaled = lambda name: get(name) / host            # noqa: E731 - in the reference host's seconds
         found = {
             "start_s": (scaled("start-up") + scaled("worker start-up") + scaled("plan")
                         - DEFAULTS["plan_per_cell_s"] * n),
-            "between_cell_s": scaled("between cells") / n,
+            "between_cell_s": scaled("between cells") / max(1, n - skipped),
             "report_s": scaled("report") + scaled("seed claims") - DEFAULTS["report_per_cell_s"] * ok,
         }
         ceilings_s = getattr(run, "ceilings_s", None)
