@@ -13,6 +13,16 @@ def device_type(device: str) -> str:
     return "cuda" if str(device).startswith("cuda") else "cpu"
 
 
+def declared_refusal(case: Case) -> str | None:
+    """Why a built-in variant declares it cannot run this cell (variants.Variant.refusal), or None:
+    the runner skips such a cell before drawing its inputs (no golden); the other refusals of
+    predicted_unsupported come from the variant's call, after them."""
+    from ..workload.inputs import cell_needs
+    from ..workload.variants import builtin_variants
+    builtin = builtin_variants().get(case.variant)
+    return builtin.refusal(cell_needs(case)) if builtin is not None else None
+
+
 def predicted_unsupported(case: Case, shape: Any) -> str | None:
     """Cells a forced SDPA backend refuses (design.md §5, §5b), and those a built-in variant
     declares it cannot run (variants.Variant.refusal: soft-capping on SDPA, the GQA control on
@@ -81,3 +91,35 @@ def leak_probe_count(case: Case) -> int:
     mask = SCENARIOS[case.scenario].mask
     n = int(case.causal or mask is not None)
     return n + int(case.scenario.startswith("fully_masked"))
+
+
+REFEREE_CALLS = 2        # the values_follow check's forwards (new values in place; old values in new tensors)
+
+
+def returns_lse(variant: str, device: str) -> bool:
+    """Whether a built-in variant's cells on `device` return the log-sum-exp (its lse checks cost a
+    forward on the two halves of the keys and a forward+backward through the lse); a plug-in's or
+    an hf: variant's declaration is not read here (it would import the user's module)."""
+    from ..workload.variants import builtin_variants
+    spec = builtin_variants().get(variant)
+    return spec is not None and spec.returns_lse(device)
+
+
+def checks_calls(case: Case, settings: Any, shape: Any = None) -> tuple[float, float]:
+    """(forwards, forward+backwards) a cell's checks make beyond its warm-up and timed calls: the
+    numerics call of each pass, the leak probes, a returned lse's halves and gradient, the referee's
+    values_follow calls, the batch and chunk invariance calls (a batch row: 1/B of a forward)."""
+    dev = device_type(case.device)
+    lse = 1.0 if settings.lse_checks and returns_lse(case.variant, dev) else 0.0
+    n_f = 1.0 + leak_probe_count(case) + lse + (REFEREE_CALLS if settings.referee else 0)
+    if settings.invariance:
+        batch, chunk = invariance_applies(case)
+        n_f += (1.0 / case.batch if batch else 0.0) + (1.0 if chunk else 0.0)
+    return n_f, 1.0 + lse
+
+
+def tensor_elems(shape: Any) -> float:
+    """Elements of a cell's q, k, v and output (what its comparisons, copies and bitwise checks read)."""
+    case = shape.case
+    d, dv = case.d_k, case.effective_d_v
+    return float(case.batch * (case.heads * shape.q_len * (d + dv) + case.effective_kv_heads * case.seq_len * (d + dv)))

@@ -9,49 +9,21 @@ Pure Python + numpy + pandas: nothing here imports torch.
 """
 from __future__ import annotations
 
-import itertools
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..core.grid import Case
 from ..core.runfolder import RUN_FILE
 from ..measure.numerics import BACKWARD_FLOP_FACTOR
+from .fitbase import case_of as _case_of, golden_read_s, mean_of_most as _mean_of_most, nnls as _nnls, run_host
 from .costmodel import (CALL_WEIGHT_POWER, COMPILED_VARIANTS, REFEREE_CALLS, REFEREE_DEFAULT_S, CellShape,
                         CostModel, Params, Settings, call_features, call_variant, cudnn_config, device_type, exposes_weights,
                         golden_cost_inputs, kernel_key, leak_probe_count, masked_rows_checked, returns_lse)
 
 
-def _nnls(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Non-negative least squares by trying every support (few features): weighted rows.
-
-    The columns are solved at unit scale (each divided by its weighted norm) and the
-    coefficients scaled back: the features span many orders of magnitude (1 beside float64
-    FLOPs of 1e12), and unscaled, the SVD's cut-off and rounding move a fitted constant by
-    ~1e-6 from one BLAS build or CPU to the next; scaled, by ~1e-15 (tests/test_costmodel.py)."""
-    weighted = X * w[:, None]
-    scale = np.linalg.norm(weighted, axis=0)
-    scale[scale == 0] = 1.0
-    unit = weighted / scale
-    best, best_err = np.zeros(X.shape[1]), math.inf
-    for support in itertools.product((0, 1), repeat=X.shape[1]):
-        idx = [i for i, on in enumerate(support) if on]
-        if not idx:
-            continue
-        coef, *_ = np.linalg.lstsq(unit[:, idx], y * w, rcond=None)
-        coef = coef / scale[idx]
-        if (coef < 0).any():
-            continue
-        full = np.zeros(X.shape[1])
-        full[idx] = coef
-        err = float(np.sum(((X @ full - y) * w) ** 2))
-        if err < best_err - 1e-15:
-            best, best_err = full, err
-    return best
 
 
 @dataclass
@@ -91,14 +63,6 @@ class RunData:
         return {kernel_key(CellShape.of(_case_of(row))) for _, row in frame[compiled].iterrows()}
 
 
-def _case_of(row: Any) -> Case:
-    kv = row.get("kv_heads")
-    dv = row.get("d_v")
-    return Case(variant=row["variant"], device=row["device"], dtype=row["dtype"], d_k=int(row["d_k"]),
-                d_v=int(dv) if isinstance(dv, (int, float)) and dv == dv else None,
-                seq_len=int(row["seq_len"]), batch=int(row["batch"]), heads=int(row["heads"]),
-                causal=bool(row["causal"]), scenario=row.get("scenario") or "normal",
-                kv_heads=int(kv) if isinstance(kv, (int, float)) and kv == kv else None)
 
 
 def _samples_wall(row: Any, prefix: str) -> float:
@@ -129,10 +93,12 @@ def fit(runs: Iterable[RunData], priors: Params | None = None) -> Params:
     """Constants fitted on the runs' records (on top of `priors` for what they do not show)."""
     runs = list(runs)
     from .overhead import fit_overheads
+    from .phasefit import fit_phases
     fitted = Params(fitted_on=[r.name for r in runs])
     _fit_calls(runs, fitted)
     _fit_host(runs, fitted)
     _fit_constants(runs, fitted)
+    fit_phases(runs, fitted)                  # records with phase_s: each part of a cell on its own seconds
     fitted.overhead.update(fit_overheads(runs))
     return (priors or Params()).merged(fitted)
 
@@ -161,11 +127,6 @@ def _fit_calls(runs: list[RunData], out: Params) -> None:
         out.call[key] = [float(c) for c in _nnls(X, y, y ** -CALL_WEIGHT_POWER)]
 
 
-def run_host(run: RunData) -> float:
-    """The host factor a run was made at (plan.overhead.host_factor of its ceilings; 1 without a
-    probe): its host-bound seconds divided by it are the reference host's (costmodel.HOST_BOUND)."""
-    from .overhead import host_factor
-    return host_factor(run.ceilings)
 
 
 def _median_per_variant(runs: list[RunData], column: str, scale: float = 1.0) -> dict[str, float]:
@@ -191,7 +152,7 @@ def _first_compiled(frame: Any) -> Any:
 
 
 def _compile_medians(runs: list[RunData]) -> dict[str, float]:
-    """Median compile_s per "device|variant" (call_variant: compiled[fused] apart) and, where
+    """Mean compile_s (_mean_of_most) per "device|variant" (call_variant: compiled[fused] apart) and, where
     records say, per "device|variant|hit" and "|miss" (compile_cache), leaving out each run's
     first compiled cell (compile_start_s)."""
     values: dict[str, list[float]] = {}
@@ -208,7 +169,9 @@ def _compile_medians(runs: list[RunData]) -> dict[str, float]:
             cache = row.get("compile_cache")
             for key in (base, f"{base}|{cache}") if isinstance(cache, str) else (base,):
                 values.setdefault(key, []).append(float(row["compile_s"]) / host)
-    return {k: float(np.median(v)) for k, v in values.items()}
+    return {k: _mean_of_most(v) for k, v in values.items()}
+
+
 
 
 def _fit_host(runs: list[RunData], out: Params) -> None:
@@ -236,12 +199,6 @@ def _explained(row: Any, shape: CellShape, settings: Settings, host: float = 1.0
             + _samples_wall(row, "fwd") + _samples_wall(row, "fwd_bwd"))
 
 
-def golden_read_s(shape: CellShape, slices: float) -> float:
-    """Predicted seconds to read a cell's reference back from the golden store (its size over the
-    store's read rate), before the fitted golden_read_s."""
-    from ..measure.golden_store import read_s, reference_bytes
-    case = shape.case
-    return read_s(reference_bytes(slices, shape.q_len, case.seq_len, case.d_k, case.effective_d_v))
 
 
 def _fit_constants(runs: list[RunData], out: Params) -> None:

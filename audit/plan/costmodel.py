@@ -47,8 +47,9 @@ from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SA
 from ..workload.inputs import invariance_applies
 from ..workload.presets import Preset
 from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
-from .cell_work import (device_type, invariance_compile_keys, leak_probe_count, masked_rows_checked,  # noqa: F401
-                        paged_call, predicted_unsupported)
+from .cell_work import (REFEREE_CALLS, checks_calls, declared_refusal, device_type,  # noqa: F401
+                        invariance_compile_keys, leak_probe_count, masked_rows_checked, paged_call,
+                        predicted_unsupported, returns_lse, tensor_elems)
 from ..workload.variants import BROKEN_PREFIX, builtin_variants
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
@@ -83,7 +84,6 @@ DIAGNOSIS_DEFAULT_S = {"cpu": 0.005, "cuda": 0.002}   # cuda: ~10 launches per m
 # The referee's own time in a cell besides its calls (the wait for work a call left running, copies,
 # bitwise comparisons, sealing): 6.6 ms a cell on quick's CPU cells (2-core Intel Xeon); not fitted.
 REFEREE_DEFAULT_S = {"cpu": 0.007, "cuda": 0.002}
-REFEREE_CALLS = 2        # the values_follow check's forwards (new values in place; old values in new tensors)
 DIAGNOSIS_FLOPS_PER_S = {"cpu": 3e10, "cuda": 2e13}   # cuda: an H200 at a third of its float64 peak, unmeasured
 
 
@@ -121,6 +121,14 @@ class Params:
     golden_flops_per_s: dict[str, float] = field(default_factory=dict)
     weights_chunk_s: dict[str, float] = field(default_factory=dict)
     golden_read_s: dict[str, float] = field(default_factory=dict)   # "cpu" -> s per reference read back, beyond read_s
+    # phasefit (records with phase_s): "cpu" -> [constant, factor on the warm-up calls' seconds] ...
+    warmup_call: dict[str, list[float]] = field(default_factory=dict)
+    # ... [constant, factor on the checks' forwards, on their forward+backwards, s per tensor element,
+    # per exposed-weights chunk, per its float64 FLOP, per leak probe] (checks_calls, tensor_elems)
+    checks_call: dict[str, list[float]] = field(default_factory=dict)
+    real_diagnosis_s: dict[str, float] = field(default_factory=dict)   # "cpu" -> mean s a real variant's cell diagnoses
+    golden_set_s: dict[str, float] = field(default_factory=dict)     # phasefit: s per golden built, and ...
+    golden_score_s: dict[str, float] = field(default_factory=dict)   # ... per float64 score element (slices·Tq·Tk)
     diagnosis_s: dict[str, float] = field(default_factory=dict)   # "cpu" -> s per diagnosed cell (schema 7)
     # s per compile: "cpu|flex|hit" / "cpu|flex|miss" by Inductor's cache, "cpu|flex" outcome unknown
     compile_s: dict[str, float] = field(default_factory=dict)
@@ -244,15 +252,6 @@ def exposes_weights(variant: str) -> bool:
     return variant in PROBS_VARIANTS or variant.startswith(PROBS_VARIANTS_PREFIX)
 
 
-def returns_lse(variant: str, device: str) -> bool:
-    """Whether a built-in variant's cells on `device` return the log-sum-exp (its lse checks cost a
-    forward on the two halves of the keys and a forward+backward through the lse); a plug-in's or
-    an hf: variant's declaration is not read here (it would import the user's module)."""
-    from ..workload.variants import builtin_variants
-    spec = builtin_variants().get(variant)
-    return spec is not None and spec.returns_lse(device)
-
-
 CUDNN_VARIANTS = ("sdpa", "sdpa_cudnn")
 
 
@@ -314,7 +313,7 @@ def _amortize(rows: list[dict], memberships: list[list[tuple]], paid: dict[tuple
 # on. Per-call times scale with the measured ceilings instead. Rates (a table of "per second") divide.
 HOST_BOUND: tuple[str, ...] = ("cell_s", "golden_chunk_s", "weights_chunk_s", "diagnosis_s", "compile_s",
                                "compile_start_s", "init_s", "run_start_s", "skip_s", "masked_row_s",
-                               "host_call_s", "golden_read_s")
+                               "host_call_s", "golden_read_s", "real_diagnosis_s", "golden_set_s", "golden_score_s")
 HOST_BOUND_RATES: tuple[str, ...] = ("golden_flops_per_s",)
 
 
@@ -410,7 +409,7 @@ class CostModel:
             if (dev, case.variant) not in seen_variants:
                 seen_variants.add((dev, case.variant))
                 shared += paid.setdefault(groups[1], self._const("init_s", f"{dev}|{case.variant}", 0.0))
-            if case.input_key != previous_key:
+            if case.input_key != previous_key and not declared_refusal(case):   # (refused first: no inputs drawn)
                 previous_key = case.input_key
                 phases["golden"] += self._golden_or_read_s(shape, settings, stored, built)
                 paid[groups[2]] = paid.get(groups[2], 0.0) + phases["golden"]
@@ -443,9 +442,9 @@ class CostModel:
                 cudnn_configs.add(config)
                 shared += paid.setdefault(groups[-1], self._const("cudnn_config_s", dev, 0.0))
             phases["setup"] += shared - phases["compile"]
-            phases["warmup"] = settings.warmup_fwd_calls * t_f + settings.warmup_fwd_bwd_calls * t_fb
+            phases["warmup"] = self._warmup_s(dev, settings, t_f, t_fb)
             phases["numerics"] = self._numerics_s(shape, settings, t_f, t_fb)
-            if settings.invariance:             # counted with the numerics (the record's own phase: invariance)
+            if settings.invariance and not self.params.checks_call.get(dev):   # (fitted: in checks_calls)
                 batch, chunk = invariance_applies(case)
                 phases["numerics"] += (t_f / case.batch if batch else 0.0) + (t_f if chunk else 0.0)
             phases["timed"], phases["energy"] = self._timed_and_energy_s(case, settings, t_f, t_fb)
@@ -492,11 +491,31 @@ class CostModel:
         energy = energy_wall_s(t_f, settings) if dev == "cuda" and case.scenario == "normal" else 0.0
         return timed, energy
 
+    def _warmup_s(self, dev: str, settings: Settings, t_f: float, t_fb: float) -> float:
+        """The warm-up calls: their steady-state seconds, times a fitted factor and plus a constant
+        where records with phase_s were fitted (phasefit: a first call allocates and plans)."""
+        calls = settings.warmup_fwd_calls * t_f + settings.warmup_fwd_bwd_calls * t_fb
+        fitted = self.params.warmup_call.get(dev)
+        return calls if not fitted else fitted[0] * self.host + fitted[1] * calls
+
     def _numerics_s(self, shape: CellShape, settings: Settings, t_f: float, t_fb: float) -> float:
         """The numerics phase: one call of each pass, the leak probes' forwards, the lse checks of a
         variant returning one, the masked-row loop (schema 2), a control's diagnosis and the
-        float64 probabilities a variant's exposed weights are checked against."""
+        float64 probabilities a variant's exposed weights are checked against. Where records with
+        phase_s were fitted (phasefit), their constants, call factors and per-element seconds."""
         case, dev = shape.case, device_type(shape.case.device)
+        fitted = self.params.checks_call.get(dev)
+        if fitted:
+            n_f, n_fb = checks_calls(case, settings, shape)
+            _n, wflops, wchunks = golden_cost_inputs(shape, settings)
+            weights = exposes_weights(case.variant)
+            c0, c_f, c_fb, c_e, c_wc, c_wf, c_leak = (list(fitted) + [0.0] * 7)[:7]
+            seconds = (c0 * self.host + c_f * n_f * t_f + c_fb * n_fb * t_fb + c_e * tensor_elems(shape) * self.host
+                       + (c_wc * wchunks + c_wf * wflops) * weights * self.host + c_leak * leak_probe_count(case) * self.host)
+            if case.variant.startswith(BROKEN_PREFIX):
+                return seconds + self._const("diagnosis_s", dev, DIAGNOSIS_DEFAULT_S[dev])
+            return seconds + self._const("real_diagnosis_s", f"{dev}|{case.scenario}",
+                                         self.params.real_diagnosis_s.get(dev, 0.0))
         seconds = t_f * (1 + leak_probe_count(case)) + t_fb
         if settings.lse_checks and returns_lse(case.variant, dev):   # the merge's halves, the lse's gradient
             seconds += t_f + t_fb
@@ -532,10 +551,11 @@ class CostModel:
         """An input set's float64 golden (with gradients), and with the referee the forward of its
         shifted values (once per set, shared by its variants)."""
         dev = device_type(shape.case.device)
-        _n, flops, chunks = golden_cost_inputs(shape, settings)
-        if settings.referee:
+        n, flops, chunks = golden_cost_inputs(shape, settings)
+        if settings.referee and settings.referee_golden_forward:
             flops *= 1 + 1 / (1 + BACKWARD_FLOP_FACTOR)
-        return (chunks * self._const("golden_chunk_s", dev, 5e-3)
+        return (self._const("golden_set_s", dev, 0.0) + chunks * self._const("golden_chunk_s", dev, 5e-3)
+                + n * shape.q_len * shape.case.seq_len * self._const("golden_score_s", dev, 0.0)
                 + flops / self._const("golden_flops_per_s", dev, 1e10))
 
     @staticmethod
