@@ -1,0 +1,58 @@
+"""The checks caught what they caught before they were made cheaper (issue 41): the shared quick run
+(every cell, no budget) against the findings the same preset gave at commit abdae60, stored in
+tests/data/quick-findings-abdae60/ (its `about` says how they were made).
+
+Compared exactly: every negative control's findings (check, severity, cells) and its cells'
+diagnoses and failed referee checks; every finding about real code whose outcome is structural
+(NaN and inf, fully masked rows, alignment, rewriting, saturation, overflow, underflow), cells
+included; and the mistakes named on real variants' cells. Left out: real variants' error-budget
+findings and the cells diagnosed "none" behind them (whether sdpa's fp16 gradients fall inside
+their budget follows the last bits of this CPU's kernels, not the audit's checks)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BEFORE = Path(__file__).resolve().parent / "data" / "quick-findings-abdae60" / "findings.json"
+BUDGET_CHECKS = {"error_budget", "grad_error_budget", "lse_error_budget", "lse_grad_budget"}
+DIAGNOSES = ("diagnosis", "grad_diagnosis", "lse_diagnosis", "lse_grad_diagnosis", "paged_diagnosis")
+
+
+def _compared(finding: dict) -> bool:
+    control = finding["variant"].startswith("broken.")
+    return control or finding["check"] not in BUDGET_CHECKS
+
+
+def _findings(items: list[dict]) -> dict[tuple, list[str]]:
+    return {(f["check"], f["severity"], f["variant"]): sorted(f["cells"]) for f in items if _compared(f)}
+
+
+def _cell_verdicts(records: list[dict]) -> dict[str, dict]:
+    """Per ok cell: its diagnoses (a real variant's only where one names a mistake) and failed referee checks."""
+    out = {}
+    for r in records:
+        if r.get("status") != "ok":
+            continue
+        control = r["variant"].startswith("broken.")
+        keep = {c: r[c] for c in DIAGNOSES if r.get(c) is not None and (control or r[c] != "none")}
+        keep.update({k: v for k, v in r.items() if k.startswith("referee_") and k != "referee_detail"
+                     and v is not None and v is not True})
+        if keep:
+            out[r["id"]] = keep
+    return out
+
+
+def test_the_quick_preset_finds_and_diagnoses_what_it_did_before(quick_run):
+    before = json.loads(BEFORE.read_text())
+    now_findings = json.loads((quick_run / "findings.json").read_text())
+    want, got = _findings(before["findings"]), _findings(now_findings)
+    assert sorted(set(want) - set(got)) == [], "findings lost"
+    assert sorted(set(got) - set(want)) == [], "findings new"
+    assert {k: v for k, v in got.items() if v != want[k]} == {}, "the same findings in other cells"
+    stored = {i: {c: v for c, v in cell.items() if i.startswith("broken.") or v != "none"}
+              for i, cell in before["cells"].items()}
+    stored = {i: cell for i, cell in stored.items() if cell}
+    records = [json.loads(line) for line in (quick_run / "records.jsonl").read_text().splitlines() if line.strip()]
+    now = _cell_verdicts(records)
+    assert {i: (stored.get(i), now.get(i)) for i in set(stored) | set(now) if stored.get(i) != now.get(i)} == {}
+    assert sum(1 for f in before["findings"] if f["variant"].startswith("broken.")) >= 60   # the data is the real one
