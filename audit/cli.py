@@ -2,7 +2,8 @@
 
 Each command's work is a function in audit/commands/ (the same functions audit.run,
 audit.report, ... call). Usage errors print one line naming the bad value and what is
-allowed, and exit with code 2 (no traceback).
+allowed, and exit with code 2; an internal error prints one line and exits with 3 (no traceback
+either way; core.errors holds every exit code).
 """
 from __future__ import annotations
 
@@ -16,10 +17,8 @@ from typing import NoReturn, Sequence
 
 from .commands import compare, deps, fit_costs, gpu_check, listing, merge, report, run, verdict
 from .commands.common import UsageArgumentParser
-from .core.errors import UsageError
+from .core.errors import DEBUG_ENV, EXIT_INTERNAL, EXIT_USAGE, UsageError
 from .core.records import NewerSchema
-
-EXIT_USAGE = 2
 # The subcommands, in --help's order: each module has HELP, DESCRIPTION, add_arguments, main.
 COMMANDS: dict[str, ModuleType] = {
     "list": listing, "run": run, "report": report, "verdict": verdict, "compare": compare, "merge": merge,
@@ -47,6 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = str(exc).strip().splitlines() or [""]
         print(f"attn-audit: error: {lines[0]}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - a bug of the audit's: one line, never a traceback
+        if os.environ.get(DEBUG_ENV):
+            raise
+        lines = str(exc).strip().splitlines() or [""]
+        print(f"attn-audit: internal error: {type(exc).__name__}: {lines[0][:300]} (a bug of attn-audit: "
+              f"{DEBUG_ENV}=1 shows where; please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 def exit_process(code: int | None) -> NoReturn:

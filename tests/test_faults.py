@@ -213,3 +213,59 @@ def test_a_signal_ends_a_run_stuck_in_a_hung_cell(tmp_path, how):
             os.killpg(proc.pid, signal.SIGKILL)                          # nothing outlives a failed test
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
+
+
+def test_a_failure_keeps_its_cause_its_text_and_what_ran_before_it(tmp_path):
+    """A variant that fails only on a recompile (tests/plugins/faults.py: fails_on_recompile): the
+    reason names the compiler's error line, the whole failure is in failures/, the record says what
+    ran before, the finding says so, and the reproduction script, which runs the cell alone without
+    the failure, replays what ran before and reproduces it: fails on a recompile."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "run"
+    done = audit("run", "--preset", "quick", "--variant", "faults:fails_on_recompile", "--dtype", "fp32",
+                 "--d-k", "32", "--seq-len", "64", "128", "--causal", "false", "--batch", "1", "--heads", "2",
+                 "--kv-heads", "2", "--scenario", "normal", "--budget", "none", "--out", str(out))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    recs = {r["seq_len"]: r for r in records.read_records(out)}
+    first, failed = recs[64], recs[128]
+    assert first["status"] == "ok" and failed["status"] == "error"
+    assert failed["reason"].startswith("RuntimeError: backend compiler failed; cause: cabc.main.cpp:65:51: error: "
+                                       "operands to '?:' have different types"), failed["reason"]
+    assert failed["failed_after"] == [first["id"]]
+    text = (out / failed["failure_file"]).read_text()
+    assert "CompileFailed" in text and "VecMask<float, 1>" in text and "Traceback" not in text
+    finding = next(f for f in json.loads((out / "findings.json").read_text()) if f["check"] == "cell_failed")
+    assert failed["failure_file"] in finding["message"] and "same measuring process" in finding["message"]
+    script = out / finding["repro"]
+    ran = subprocess.run([sys.executable, str(script)], cwd=out, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "alone in a fresh process: the variant runs this cell" in ran.stdout
+    assert f"fails on a recompile: after {first['id']}" in ran.stdout and "REPRODUCED" in ran.stdout
+    assert not [p for p in out.rglob("*") if p.is_file() and b"Traceback" in p.read_bytes()]
+
+
+def test_a_failure_reason_follows_raise_from_to_the_compiler_line_and_not_a_handled_exception():
+    from audit.measure.failures import failure_reason
+    try:
+        try:
+            raise KeyError("missing")
+        except KeyError:
+            raise ValueError("while handling") from None
+    except ValueError as exc:
+        assert failure_reason(exc).startswith("ValueError: while handling (at")
+    try:
+        try:
+            raise OSError("disk")
+        except OSError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as exc:
+        assert failure_reason(exc).startswith("RuntimeError: wrapped; cause: OSError: disk (at")
+    try:
+        try:
+            raise KeyError("refused")
+        except KeyError:
+            raise ValueError("a retry failed")        # implicit context: not its cause
+    except ValueError as exc:
+        assert failure_reason(exc).startswith("ValueError: a retry failed (at")

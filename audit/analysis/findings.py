@@ -83,8 +83,9 @@ def check_grad_error_budget(frame: pd.DataFrame) -> list[dict]:
                 continue
             ratio = _num(outside, f"{grad}_err_ratio")
             worst = outside.loc[ratio.idxmax()] if ratio.notna().any() else outside.iloc[0]
+            err = pd.to_numeric(pd.Series([worst.get(f"{grad}_err")]), errors="coerce").iloc[0]
             parts.append(f"{grad} in {len(outside)} cell(s), worst {_num(outside, f'{grad}_err_ratio').max():.3g}× "
-                         f"the baseline's error (relative error {float(worst[f'{grad}_err']):.3g}) at {worst['id']}")
+                         f"the baseline's error (relative error {err:.3g}) at {worst['id']}")
         return _finding("grad_error_budget", "error", variant,
                         f"{variant}'s gradients are outside their error budget (RMSE vs the float64 golden's "
                         f"above 2× that of hand-written attention's in the same dtype, plus atol): "
@@ -401,12 +402,32 @@ def check_referee(frame: pd.DataFrame) -> list[dict]:
 
 
 def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
+    """Cells that failed (error, oom, timeout): the reasons (with the line naming the cause: a
+    compiler's error line, a chain's root), where the whole failure is kept (failure_file), and
+    whether the failures came after other cells of the variant in the same measuring process (a
+    compile that fails only as a recompile: the reproduction script replays those first)."""
     rows = frame[frame["status"].isin(["error", "oom", "timeout"])]
 
     def make(variant: str, g: pd.DataFrame) -> dict:
-        reasons = "; ".join(sorted(set(str(r)[:160] for r in g["reason"])))[:400]
-        return _finding("cell_failed", "warning", variant,
-                        f"{variant} failed in {len(g)} cell(s): {reasons}", g["id"])
+        reasons = "; ".join(sorted(set(str(r)[:240] for r in g["reason"])))[:480]
+        files = [f for f in g.get("failure_file", pd.Series(dtype=object)) if isinstance(f, str)]
+        after = [a for a in g.get("failed_after", pd.Series(dtype=object)) if isinstance(a, list) and a]
+        text = f"{variant} failed in {len(g)} cell(s): {reasons}."
+        if files:
+            text += f" The whole failure of each is in the run folder ({files[0]}{' and more' if len(files) > 1 else ''})."
+        if after:
+            first = min(after, key=len)
+            ran_ok = set(frame.loc[(frame["variant"] == variant) & (frame["status"] == "ok"), "id"])
+            before = [c for c in first if c in ran_ok]
+            text += (f" {len(after)} of them failed after other cells of {variant} in the same measuring process "
+                     f"(the first after {len(first)}: {first[0]}" + (", which ran ok" if first[0] in ran_ok else "")
+                     + "): a compiled variant can fail only on a recompile, so its reproduction script replays "
+                     f"them first when the cell alone does not fail" + (f" ({len(before)} of them ran ok)" if before else "")
+                     + ".")
+        found = _finding("cell_failed", "warning", variant, text, g["id"])
+        if files:
+            found["failure_file"] = files[0]
+        return found
     return _per_variant(rows, make)
 
 
@@ -493,11 +514,31 @@ def compute_findings(frame: pd.DataFrame) -> list[dict]:
     """Every rule over the frame, most severe first; numerics errors with their diagnosis."""
     if frame.empty:
         return []
-    found = [f for rule in RULES for f in rule(frame)]
+    found = [f for rule in RULES for f in _guarded(rule, frame)]
     for finding in found:
         if finding["check"] in DIAGNOSED_CHECKS:
-            _add_diagnosis(finding, frame)
+            try:
+                _add_diagnosis(finding, frame)
+            except Exception as exc:  # noqa: BLE001 - the finding stands without its diagnosis, said so
+                finding["diagnosis_error"] = f"{type(exc).__name__}: {exc}"
     return sorted(found, key=lambda f: (SEVERITY_ORDER[f["severity"]], f["check"], f["variant"]))
+
+
+RULE_FAILED = "audit_rule_failed"     # a rule that raised on these records: the audit's bug, said in a finding
+
+
+def _guarded(rule: Callable[[pd.DataFrame], list[dict]], frame: pd.DataFrame) -> list[dict]:
+    """A rule's findings; a rule that raises on these records (a bug of the audit's, or records
+    edited by hand) gives one warning naming it and why, and the other rules still judge: a report
+    is never lost to one rule, and no traceback is printed."""
+    try:
+        return rule(frame)
+    except Exception as exc:  # noqa: BLE001 - reported as a finding, as documented
+        text = str(exc).strip().splitlines()
+        return [_finding(RULE_FAILED, "warning", "*",
+                         f"attn-audit's rule {rule.__name__} could not judge these records ({type(exc).__name__}: "
+                         f"{text[0] if text else ''}): what it checks is not reported for this run. This is a bug "
+                         "of attn-audit (or records edited by hand): please report it with the run folder.", [])]
 
 
 def write_findings(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -141,7 +141,7 @@ def _pip_install(table: dict[str, str], test: bool) -> int:
         if torch_req:
             code = _call_pip(torch_req)
             if code != 0:
-                return code
+                return 1
             # numpy hidden: it may be half-written by the install beside (torch runs without it)
             warming.append(_compile_what_is_imported(WARM_TORCH_IMPORTS, hide=("numpy",)))
         if rest:
@@ -151,7 +151,7 @@ def _pip_install(table: dict[str, str], test: bool) -> int:
             if code != 0:
                 code = _call_pip(rest)
                 if code != 0:
-                    return code
+                    return 1
         still = missing(table)
         if still:
             print(f"attn-audit: still missing after install: {' '.join(still)}", file=sys.stderr)

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..core.argv import to_argv
-from ..core.errors import RunFailed, UsageError
+from ..core.errors import EXIT_INTERRUPTED, RunFailed, UsageError
 from ..core.grid import AXES
 from ..core.runfolder import RECORDS_FILE
 from ..workload.inputs import SCENARIOS
 from .common import UsageArgumentParser, point_latest, quarantine, resolve_out, write_report
 
-EXIT_INTERRUPTED = 130
 HELP = "measure every cell of a grid and write records plus a report"
 DESCRIPTION = ("Measure every cell of the grid: one JSON record per cell is appended to DIR/records.jsonl "
                "as soon as it is measured; rerunning with the same --out finishes the remaining cells. "

@@ -14,14 +14,13 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..core.errors import UsageError
+from ..core.errors import EXIT_FAILED, UsageError
 from ..core.runfolder import RECORDS_FILE
 
 HELP = "pass or fail per variant of a run, with the reasons (exit 0 all pass, 1 one fails): a gate"
 DESCRIPTION = (HELP + ". A variant fails on any error finding (numerics, gradients, log-sum-exp, the referee's checks "
                "that every call did the work) or, with --min-speedup, when it is slower than that against the "
                "baseline. docs/generated-kernels.md.")
-EXIT_FAILED = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,18 @@
-"""Errors every layer may raise: a user's bad value (exit 2, one line, no traceback)."""
+"""Errors every layer may raise: a user's bad value (exit 2, one line, no traceback); and the exit
+codes of every command, defined once (docs/command-line.md, Exit codes)."""
 from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1          # a gate failed (verdict, compare --fail-on, gpu-check), an install failed, or a run
+                         # stopped before its cells were done (its measuring process died outside a cell)
+EXIT_USAGE = 2           # a bad value on the command line, or a run folder that cannot be used: one line
+EXIT_INTERNAL = 3        # a bug of attn-audit: one line naming it, no traceback (ATTN_AUDIT_DEBUG=1 shows it)
+EXIT_INTERRUPTED = 130   # Ctrl-C or SIGTERM: what was measured is kept, the same --out resumes
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "done", EXIT_FAILED: "a gate failed, an install failed, or a run stopped early",
+    EXIT_USAGE: "a usage error", EXIT_INTERNAL: "an internal error of attn-audit", EXIT_INTERRUPTED: "interrupted",
+}
+DEBUG_ENV = "ATTN_AUDIT_DEBUG"    # set: an internal error raises (its traceback printed) instead of one line
 
 
 class UsageError(ValueError):

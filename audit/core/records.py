@@ -71,6 +71,8 @@ COLUMNS: dict[str, str] = {
     "out_nonfinite_visible": "NaN+inf count in output rows that see at least one key (the float64 golden is finite there)",
     "grad_nan": "NaN count in the gradients of q, k and v together",
     "grad_inf": "inf count in the gradients of q, k and v together",
+    "failure_file": "an error or oom cell: the run folder's file holding its whole failure (failures/<id>.txt: the exception chain with its stacks and full messages, a compiler's output included); null otherwise",
+    "failed_after": "an error or oom cell: the cells of the same variant its measuring process ran before it, in order (a compile failure that shows only on a recompile needs them: its reproduction script replays them); null when it was the variant's first",
     "golden_source": "how the cell got its input set's float64 reference: built, or read from the golden store (a reference an earlier cell or run built, kept on disk: docs/planning.md, The golden store); null where an earlier cell of the same set had it in memory",
     "golden_subset": "null when the float64 golden covers every (batch, head) slice; else the [b, h] slices it covers (evenly spaced, fixed by the shapes: docs/numerics.md, Golden reference). Error, gradient-error and saturation columns are over these slices; NaN/inf counts, masked_rows and leak_max_change over the whole output",
     "max_abs_err": "max |out - golden| against the float64 reference, over rows that see a key",
@@ -360,7 +362,7 @@ def _v12_to_v13(record: dict[str, Any]) -> dict[str, Any]:
 
 def _v13_to_v14(record: dict[str, Any]) -> dict[str, Any]:
     """v14 added golden_source (whether a cell's float64 reference was built or read back from the
-    golden store; not recorded before: null)."""
+    golden store), and a failed cell's failure_file and failed_after; not recorded before: null."""
     return _with_columns(record, 14)
 
 
@@ -476,11 +478,17 @@ def to_frame(records: Iterable[dict[str, Any]]):
         for key in ENV_COLUMNS:
             row[f"env_{key}"] = env.get(key)
         rows.append(row)
+    every = [c for c in COLUMNS if c != "env"] + [f"env_{k}" for k in ENV_COLUMNS]
     if not rows:
-        return pd.DataFrame(columns=[c for c in COLUMNS if c != "env"]
-                            + [f"env_{k}" for k in ENV_COLUMNS])
-    # The last record of an id wins (a cell measured twice keeps the newer one).
-    return pd.DataFrame(rows).drop_duplicates(subset="id", keep="last").reset_index(drop=True)
+        return pd.DataFrame(columns=every)
+    # The last record of an id wins (a cell measured twice keeps the newer one). Every column is
+    # there (null where no record has it: a hand-edited file, a plug-in's extra keys aside), so a
+    # rule, table or figure never meets a frame without one.
+    frame = pd.DataFrame(rows).drop_duplicates(subset="id", keep="last").reset_index(drop=True)
+    missing = [c for c in every if c not in frame.columns]
+    if missing:
+        frame = pd.concat([frame, pd.DataFrame({c: [None] * len(frame) for c in missing}, index=frame.index)], axis=1)
+    return frame
 
 
 def load(run_dir: Path | str):

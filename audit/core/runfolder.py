@@ -14,6 +14,7 @@ INFLIGHT_FILE = "inflight"                     # the cell being measured now, an
 WORKERS_FILE = "workers.jsonl"                 # each measuring process's start-up (for the time split)
 LOCK_FILE = ".lock"                            # held by the process writing the folder
 SHARD_LOG_FILE = "console.log"                 # a Ray shard's console
+FAILURES_DIR = "failures"                      # a failed cell's whole failure, one file a cell
 # ... and by the report (from the records alone)
 FINDINGS_FILE = "findings.json"
 SEED_CLAIMS_FILE = "seed_claims.csv"           # the seed tutorial's printed claims, measured again
@@ -25,3 +26,10 @@ LATEST_LINK = "latest"                         # reports/latest -> the newest ru
 # A compare folder (`compare A B --out DIR`): index.md, index.html and
 COMPARE_FIGURE_FILE = "latency_ratios.png"
 COMPARE_CELLS_FILE = "cells.csv"
+
+
+def failure_file_name(cell_id: str) -> str:
+    """A failed cell's file in FAILURES_DIR: its id with every character a file name may not hold
+    (a plug-in's "module:fn", a path) replaced by "_"."""
+    import re
+    return re.sub(r"[^A-Za-z0-9._-]", "_", cell_id) + ".txt"

@@ -18,9 +18,10 @@ from ..core import records
 from ..core.errors import Unsupported
 from ..core.grid import Case
 from ..core.timesplit import PhaseClock
-from ..core.runfolder import INFLIGHT_FILE, RUN_FILE, WORKERS_FILE
+from ..core.runfolder import FAILURES_DIR, INFLIGHT_FILE, RUN_FILE, WORKERS_FILE, failure_file_name
 from ..measure import compile_cache
 from ..measure.cellcache import BuildCache, InputCache
+from ..measure.checks import failure_text
 from ..measure.measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason, measure_cell
 from ..measure.repeats import deterministic_algorithms, refuses_determinism
 from ..measure.memory import pin_malloc_threshold
@@ -91,6 +92,7 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
             rec["status"], rec["reason"] = "skipped", declined(exc)
         else:
             rec["status"], rec["reason"] = "error", failure_reason(exc)
+            rec[FAILURE_TEXT] = failure_text(exc)
     except BaseException as exc:  # noqa: BLE001 - one cell's failure must not stop the run
         oom = _is_oom(exc)
         if preset.deterministic and refuses_determinism(exc):
@@ -99,6 +101,7 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
             refused = True
         else:
             rec["status"], rec["reason"] = ("oom" if oom else "error"), failure_reason(exc)
+        rec[FAILURE_TEXT] = failure_text(exc)          # run_grid writes it to DIR/failures/, one file a cell
     if oom:
         # Outside the except block: the traceback (and the tensors its frames hold) is gone.
         cache.clear()
@@ -109,11 +112,33 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
         # golden, are not ones).
         for col in records.COLUMNS:
             if col not in case.axes() and col not in ("schema", "id", "status", "reason", "env",
-                                                       "started_at", "elapsed_s", "golden_source"):
+                                                       "started_at", "elapsed_s", "golden_source", "failure_file"):
                 rec[col] = None
     rec["phase_s"] = phases.record()
     rec["deterministic_refused"] = True if refused else (False if preset.deterministic else None)
     return rec
+
+
+FAILURE_TEXT = "_failure_text"      # a failed cell's whole failure, until run_grid writes it out
+
+
+def write_failure(run_dir: Path, rec: dict[str, Any], after: list[str]) -> None:
+    """A failed cell's whole failure (checks.failure_text: the exception chain, stacks and the
+    compiler's output) in DIR/failures/<id>.txt, its path in the record (failure_file); and in
+    failed_after the cells of the same variant this measuring process ran before it, in order
+    (a compile failure that only a recompile shows: its reproduction replays them)."""
+    text = rec.pop(FAILURE_TEXT, None)
+    if text is None:
+        return
+    name = failure_file_name(rec["id"])
+    folder = Path(run_dir) / FAILURES_DIR
+    try:
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_text(f"{rec['id']}: {rec.get('status')}: {rec.get('reason')}\n\n{text}", encoding="utf-8")
+        rec["failure_file"] = f"{FAILURES_DIR}/{name}"
+    except OSError:
+        pass
+    rec["failed_after"] = list(after) or None
 
 
 def declined(exc: NotImplementedError) -> str:
@@ -237,6 +262,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     counts = {"resumed": len(cases) - len(todo)}
     cache = InputCache()
     builds = BuildCache()
+    variant_cells: dict[str, list[str]] = {}       # per variant, the cells this process measured (in order)
     keeper = Keeper(plan, [c.id for c in todo])
     bar = None
     if progress:
@@ -257,6 +283,9 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
                     _mark_inflight(run_dir, case.id)
                     rec = run_cell(case, cache, preset, env, ceilings=ceilings, meter=meter, builds=builds)
                     keeper.done(case.id, rec["elapsed_s"])
+                    write_failure(run_dir, rec, after=variant_cells.get(case.variant, []))
+                    if rec["status"] in ("ok", "error"):
+                        variant_cells.setdefault(case.variant, []).append(case.id)
                 rec["predicted_s"] = keeper.predicted.get(case.id)
                 writer.write(rec, durable=skip is None)        # a lost skip is planned again by a rerun
                 _mark_inflight(run_dir, None)

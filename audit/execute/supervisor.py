@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..core import records
+from ..core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
 from ..core.runfolder import RECORDS_FILE, RUN_FILE
 from ..plan.budget import Plan
 from . import runner
 
-EXIT_INTERRUPTED = 130
 EXIT_RESTART = 75               # the worker asks for a fresh process (a cell leaked memory)
 MAX_CRASHES = 100
 CELL_TIMEOUT_FLOOR_S = 30.0     # a cell's time limit is at least this ...
@@ -135,6 +135,8 @@ def supervise(cases: Sequence[Any], run_dir: Path, argv: list[str], cell_timeout
             return EXIT_INTERRUPTED
         cell = runner.read_inflight(run_dir)
         if cell is None or cell not in by_id or cell in records.completed_ids(run_dir):
+            if code == EXIT_INTERNAL:                  # it said what, in one line
+                return EXIT_INTERNAL
             print(f"attn-audit: the measuring process exited with {describe_exit(code)} outside any cell; "
                   f"rerun with --out {run_dir} to resume", file=sys.stderr)
             return 1

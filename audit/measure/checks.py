@@ -19,9 +19,7 @@ to core.records.COLUMNS and a rule that reads them (analysis.findings).
 from __future__ import annotations
 
 import math
-import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from ..core.defects import grad_outside_budget, lse_outside_budget, numerics_defect
@@ -35,6 +33,7 @@ from .cellcache import Reference, lse_rmse, merged_output, sinks_for_slices
 from .numerics import (GRAD_BUDGET_FACTOR, GRADIENTS, SaturationAccumulator, changed_max, classify_masked_rows,
                        error_vs_reference, nonfinite_counts, relative_error, small_sample_factor, within_budget)
 from .lse import classify_lse_rows, keys_only_lse
+from .failures import ContractError, FAILURE_HEADER, failure_reason, failure_text  # noqa: F401  (one definition)
 from .reference import Golden, golden_prob_chunks
 
 NEEDS: tuple[str, ...] = ("out", "grads", "golden", "variant", "record")
@@ -512,10 +511,6 @@ def diagnosis(cell: CellState) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- the contract, and failures
 
-class ContractError(Exception):
-    """A variant returned something other than attention's output (docs/variants.md)."""
-
-
 def check_output(out: Any, q: Any, v: Any) -> None:
     """The variant contract: a tensor of shape (B, H, Tq, d_v), q's dtype, on q's device."""
     import torch
@@ -540,13 +535,4 @@ def _dtype_name(dtype: Any) -> str:
     return next((short for short, long in TORCH_DTYPES.items() if long == name), name)
 
 
-def failure_reason(exc: BaseException) -> str:
-    """`Type: first line of message (at file:line in function)`, short enough for a table.
-    A broken variant contract is the variant's fault, not a place in the audit: no location."""
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    if isinstance(exc, ContractError):
-        return first[:400]
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
-    return f"{type(exc).__name__}: {first}"[:400] + where
+

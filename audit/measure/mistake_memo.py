@@ -26,23 +26,26 @@ class ReadsVariant(Exception):
     """A mistake read the variant's results: its output is the variant's, not the input set's."""
 
 
+def _reads_variant(*args: Any, **kwargs: Any) -> Any:
+    raise ReadsVariant("the mistake reads the variant's output")
+
+
 class _Unread:
     """Stands in for the variant's results in a mistake's first run: any use raises ReadsVariant."""
 
-    def _raise(self, *args: Any, **kwargs: Any) -> Any:
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):               # introspection (copy, pickle, a script's embedder): none here
+            raise AttributeError(name)
         raise ReadsVariant("the mistake reads the variant's output")
 
-    __getattr__ = __getitem__ = __bool__ = __len__ = __iter__ = __array__ = _raise
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _raise
-    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __neg__ = __abs__ = __pow__ = __matmul__ = _raise
+    __getitem__ = __bool__ = __len__ = __iter__ = __array__ = _reads_variant
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _reads_variant
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __neg__ = __abs__ = __pow__ = __matmul__ = _reads_variant
     __hash__ = None    # type: ignore[assignment]
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         raise ReadsVariant("the mistake reads the variant's output")
-
-
-UNREAD = _Unread()
 
 
 class MistakeMemo:
@@ -75,7 +78,8 @@ def _blind(attempt: Any) -> Any:
     """The attempt with the variant results it holds (VARIANT_FIELDS not None) replaced by the raising
     stand-in (a field that is None is None for every cell of the stage: nothing to read there)."""
     names = {f.name for f in fields(attempt)}
-    held = {name: UNREAD for name in VARIANT_FIELDS if name in names and getattr(attempt, name) is not None}
+    stand_in = _Unread()            # made here, not a module global: a reproduction script copies this code
+    held = {name: stand_in for name in VARIANT_FIELDS if name in names and getattr(attempt, name) is not None}
     return replace(attempt, **held) if held else attempt
 
 

@@ -45,7 +45,6 @@ from ..measure.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, MIN_QUEUED_S as EN
 from ..measure.roofline import DTYPE_BYTES
 from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
 from ..workload.inputs import invariance_applies
-from ..workload.presets import Preset
 from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
 from .cell_work import (REFEREE_CALLS, checks_calls, declared_refusal, device_type,  # noqa: F401
                         invariance_compile_keys, leak_probe_count, masked_rows_checked, paged_call,

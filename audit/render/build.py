@@ -5,16 +5,17 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.records import read_records, to_frame
-from ..core.runfolder import FINDINGS_FILE, RUN_FILE
+from ..core.runfolder import FINDINGS_FILE, PLAN_FILE, RUN_FILE
 from .data import prepare
 from .figures import draw_figures
-from .page import Block, Contents, write_page
+from .nothing_measured import nothing_measured_section
+from .page import Block, Contents, Heading, para, write_page
 from .sections import (compile_section, environment_section, findings_section, grid_section, memory_section,
                        numerics_section, overview_section, read_json, speed_section, title_section)
 from .stability_sections import (budget_section, figures_section, fp16_section, leakage_section, lse_section,
                                  masked_rows_section, saturation_section, scenarios_section, seed_section)
 from .time_budget import time_budget_section
-from .verdict import verdict_section
+from .verdict import VERDICT_HEADING, verdict_section
 
 PAGE_TITLE = "attn-audit report"
 
@@ -37,28 +38,44 @@ def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = N
         before_page()
     run_info = read_json(run_dir / RUN_FILE)
 
-    blocks: list[Block] = [
-        *title_section(run_dir, run_info, frame),
-        *overview_section(findings, frame),
-        *verdict_section(frame, findings),
-        Contents(),
-        *findings_section(findings, frame),
-        *environment_section(run_info, records),
-        *grid_section(run_info, frame),
-        *time_budget_section(run_info, frame),
-        *scenarios_section(frame),
-        *speed_section(frame),
-        *memory_section(frame),
-        *compile_section(frame),
-        *numerics_section(frame),
-        *budget_section(frame),
-        *lse_section(frame),
-        *fp16_section(frame),
-        *masked_rows_section(frame),
-        *leakage_section(frame),
-        *saturation_section(frame),
-        *seed_section(run_dir),
-        *figures_section(figures),
+    plan = read_json(run_dir / PLAN_FILE)
+    sections: list[tuple[str, Callable[[], list[Block]]]] = [
+        ("Title", lambda: title_section(run_dir, run_info, frame)),
+        ("Overview", lambda: overview_section(findings, frame)),
+        (VERDICT_HEADING, lambda: verdict_section(frame, findings)),
+        ("Nothing measured", lambda: nothing_measured_section(frame, plan)),
+        ("Contents", lambda: [Contents()]),
+        ("Findings", lambda: findings_section(findings, frame)),
+        ("Environment", lambda: environment_section(run_info, records)),
+        ("Grid", lambda: grid_section(run_info, frame)),
+        ("Time budget", lambda: time_budget_section(run_info, frame)),
+        ("Input scenarios", lambda: scenarios_section(frame)),
+        ("Speed", lambda: speed_section(frame)),
+        ("Memory", lambda: memory_section(frame)),
+        ("Compiled variants", lambda: compile_section(frame)),
+        ("Numerics", lambda: numerics_section(frame)),
+        ("Error budget", lambda: budget_section(frame)),
+        ("Log-sum-exp", lambda: lse_section(frame)),
+        ("fp16", lambda: fp16_section(frame)),
+        ("Masked rows", lambda: masked_rows_section(frame)),
+        ("Leakage", lambda: leakage_section(frame)),
+        ("Saturation", lambda: saturation_section(frame)),
+        ("The seed's claims", lambda: seed_section(run_dir)),
+        ("Figures", lambda: figures_section(figures)),
     ]
+    blocks: list[Block] = [block for title, make in sections for block in _guarded(title, make)]
     pages = write_page(run_dir, blocks, PAGE_TITLE)
     return {**pages, "figures": [run_dir / f.filename for f in figures]}
+
+
+def _guarded(title: str, make: Callable[[], list[Block]]) -> list[Block]:
+    """A section's blocks; a section that raises on these records (a bug of the audit's, or records
+    edited by hand) says so in its place, in one line, and the rest of the page is still written."""
+    try:
+        return list(make())
+    except Exception as exc:  # noqa: BLE001 - the page is never lost to one section, and shows no traceback
+        text = str(exc).strip().splitlines()
+        return [Heading(2, title),
+                para(f"This section could not be built from these records ({type(exc).__name__}: "
+                     f"{text[0] if text else ''}): a bug of attn-audit, or records edited by hand. "
+                     "Please report it with the run folder.")]

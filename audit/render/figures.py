@@ -236,7 +236,12 @@ def _draw_one(index: int) -> tuple[str, str, str] | None:
 
     matplotlib.use("Agg")
     filename, title, draw = FIGURES[index]
-    drawn = draw(_FORKED["frame"], _FORKED["colors"])
+    try:
+        drawn = draw(_FORKED["frame"], _FORKED["colors"])
+    except Exception:  # noqa: BLE001 - a figure that cannot be drawn from these records is left out, the page kept
+        import matplotlib.pyplot as plt
+        plt.close("all")
+        return None
     if drawn is None:
         return None
     fig, caption = drawn

@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -29,7 +27,7 @@ from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..measure.cellcache import build_reference
 from ..measure.diagnosis import diagnose_cell, diagnose_grads_cell
-from ..measure.checks import alignment_of, check_output, grad_rmse, variant_weight_metrics
+from ..measure.checks import alignment_of, grad_rmse, variant_weight_metrics
 from ..measure.measurement import LEAK_REPORT_BYTES, input_grads
 from ..measure.memory import held_bytes, pin_malloc_threshold
 from ..measure.repeats import Repeats
@@ -438,59 +436,16 @@ def verify_nondeterministic(case: Any, inputs: Any, load_variant: Callable, reco
     return bool(differs), lines, {"repeat_differs": differs, "repeat_max_diff": measured["repeat_max_diff"]}
 
 
-def verify_cell_failed(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
-    """The cell failed (error, oom, timeout): run the call in a child process, as the audit's
-    worker did, and report how it ends. The variant is imported in the child only."""
-    limit = recorded.get("time_limit_s") or 600.0
-    lines = [f"the audit recorded: {recorded.get('status')}: {recorded.get('reason')}"]
-    try:
-        done = subprocess.run([sys.executable, sys.argv[0], CHILD_FLAG], capture_output=True, text=True,
-                              timeout=limit)
-    except subprocess.TimeoutExpired:
-        lines.append(f"now: the call did not finish within {limit:g} s (the cell's time limit)")
-        return True, lines, {"status": "timeout"}
-    text = (done.stdout + done.stderr).strip()
-    if CHILD_READY not in text:
-        raise RuntimeError(f"the child process failed before calling the variant:\n{text[-2000:]}")
-    if CHILD_OK in text and done.returncode == 0:
-        lines.append("now: the variant runs this cell (forward and backward) and returns a valid output")
-        return False, lines, {"status": "ok"}
-    if done.returncode < 0:
-        how = f"died with signal {signal.Signals(-done.returncode).name}"
-    else:
-        tail = [line for line in text.splitlines() if line.strip() and not line.startswith("repro-child:")]
-        how = f"exit code {done.returncode}" + (f": {tail[-1].strip()}" if tail else "")
-    who = "attn-audit's measuring code (not the variant)" if CHILD_AUDIT_FAILED in text else "the call"
-    lines.append(f"now: {who}: {how}")
-    lines += ["  " + line for line in text.splitlines()[-12:] if not line.startswith("repro-child:")]
-    return True, lines, {"status": "error"}
-
-
-def cell_failed_child(case: Any, inputs: Any, load_variant: Callable) -> int:
-    """The child of verify_cell_failed: the audit's reference for the cell (a cell can fail
-    there too), then the variant's forward, its output contract, backward."""
-    attention, _ = load_variant()
-    print(CHILD_READY, flush=True)
-    try:
-        build_reference(case, inputs)
-    except Exception:
-        print(CHILD_AUDIT_FAILED, flush=True)
-        raise
-    q, k, v, out = call_variant(attention, inputs)
-    check_output(out, q, v)
-    if q.requires_grad:
-        input_grads(out, (q, k, v), inputs.grad_out)
-    print(CHILD_OK, flush=True)
-    return 0
-
-
 # --------------------------------------------------------------------------- the script's main
 
 def run_repro(title: str, axes: dict, seed: int, tq: int, draw: Callable, load_variant: Callable,
               verify: Callable, recorded: dict, env: dict, child: Callable | None = None,
-              score_mod: Any = None, forms: tuple = (), page_size: int | None = None) -> int:
+              score_mod: Any = None, forms: tuple = (), page_size: int | None = None,
+              replay: list | None = None, replay_draws: dict | None = None) -> int:
     """Rebuild the cell's inputs, run the verifier, print the verdict; the exit status. forms: the
-    layouts the variant declares (varlen, paged): it is called in them (workload.varlen.in_form)."""
+    layouts the variant declares (varlen, paged): it is called in them (workload.varlen.in_form).
+    replay: [(axes, tq, scenario)] of the cells the audit ran the variant on before this one (a child
+    given REPLAY_FLAG calls it on them first: replay_calls), their scenarios' (draw, score_mod)."""
     import torch
     case = Case(**axes)
     if seed_for(case) != seed:
@@ -504,8 +459,8 @@ def run_repro(title: str, axes: dict, seed: int, tq: int, draw: Callable, load_v
     inputs = draw_inputs(case, draw, tq, score_mod)
     if forms:
         load_variant = _in_forms(load_variant, forms, inputs, page_size)
-    if child is not None and sys.argv[1:] == [CHILD_FLAG]:
-        return child(case, inputs, load_variant)
+    if child is not None and sys.argv[1:2] == [CHILD_FLAG]:         # (failure_checks: a replay flag may follow)
+        return child(case, inputs, load_variant, replay=replay or [], replay_draws=replay_draws or {})
     print(title)
     print(f"inputs: scenario {case.scenario}, seed {seed}: q {tuple(inputs.q.shape)}, k/v {tuple(inputs.k.shape)}, "
           f"{case.dtype} on {case.device}, causal={case.causal}, mask "
@@ -547,6 +502,6 @@ VERIFIERS: dict[str, Callable[..., tuple]] = {
     "finfo_min_mask": verify_finfo_min_mask, "fp16_overflow": verify_fp16_overflow,
     "saturation": verify_saturation, "input_saturation": verify_input_saturation,
     "compiled_rewritten": verify_compiled_rewritten, "causal_alignment": verify_causal_alignment,
-    "underflow": verify_underflow, "memory_leak": verify_memory_leak, "cell_failed": verify_cell_failed,
+    "underflow": verify_underflow, "memory_leak": verify_memory_leak,
     "nondeterministic": verify_nondeterministic,
 }

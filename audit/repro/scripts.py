@@ -156,23 +156,30 @@ def load_variant():
 
 
 # The script's own constants (written below): copied audit code must not define these names.
-SCRIPT_CONSTANTS = ("TITLE", "CELL_AXES", "SEED", "TQ", "RECORDED", "ENV", "FORMS", "CACHE_PAGE_SIZE")
+SCRIPT_CONSTANTS = ("TITLE", "CELL_AXES", "SEED", "TQ", "RECORDED", "ENV", "FORMS", "CACHE_PAGE_SIZE", "REPLAY")
 
 
-def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_note: str) -> str:
+REPLAY_MAX = 24     # earlier cells a cell_failed script replays at most (the latest ones)
+
+
+def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_note: str,
+                 earlier: list[dict] | None = None) -> str:
     """The source of one reproduction script. Raises embed.NotSelfContained when some piece
-    cannot be copied into a standalone script."""
+    cannot be copied into a standalone script. earlier: the records of the cells the audit's
+    measuring process ran the variant on before this one (a cell_failed script replays them when
+    the cell alone does not fail)."""
     from ..core.errors import Unsupported
     from ..core.grid import Case
     from ..workload.inputs import SCENARIOS, draw_inputs, q_len, seed_for
     from ..workload.variants import is_plugin_name, resolve
-    from .checks import VERIFIERS, cell_failed_child, run_repro, time_limit_s
+    from .checks import VERIFIERS, run_repro, time_limit_s
+    from .failure_checks import FAILURE_VERIFIERS, cell_failed_child
     from .embed import Embedder, NotSelfContained
     from .layout_checks import LAYOUT_VERIFIERS
     from .lse_checks import LSE_VERIFIERS
     from .referee_checks import REFEREE_CHECK_VERIFIERS
 
-    verifiers = {**VERIFIERS, **LSE_VERIFIERS, **REFEREE_CHECK_VERIFIERS, **LAYOUT_VERIFIERS}
+    verifiers = {**VERIFIERS, **FAILURE_VERIFIERS, **LSE_VERIFIERS, **REFEREE_CHECK_VERIFIERS, **LAYOUT_VERIFIERS}
     check = finding["check"]
     if check not in verifiers:
         raise NotSelfContained(f"no verifier checks {check} in a standalone script yet")
@@ -210,6 +217,18 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     score_mod = SCENARIOS[case.scenario].score_mod
     score_mod_name = emb.bind("scenario_score_mod", score_mod) if score_mod is not None else "None"
     emb.bind("draw_inputs", draw_inputs)
+    replay, replay_draws = [], {}
+    if check == "cell_failed":
+        for record in (earlier or [])[-REPLAY_MAX:]:
+            before = Case.from_mapping(record)
+            if before.scenario not in SCENARIOS:
+                continue
+            replay.append(({k: getattr(before, k) for k in before.axes()}, q_len(before), before.scenario))
+            if before.scenario not in replay_draws:
+                scenario = SCENARIOS[before.scenario]
+                mod = emb.bind(f"replay_score_mod_{before.scenario}", scenario.score_mod) \
+                    if scenario.score_mod is not None else "None"
+                replay_draws[before.scenario] = f"({emb.bind(f'replay_draw_{before.scenario}', scenario.draw)}, {mod})"
     inputs_end = emb.mark()
     emb.bind("verify", verifiers[check])
     emb.bind("run_repro", run_repro)
@@ -228,6 +247,8 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     recorded = {c: cell.get(c) for c in RECORDED_COLUMNS if c in cell}
     recorded["time_limit_s"] = time_limit_s(cell.get("reason")) if cell.get("status") == "timeout" else None
     recorded["variant_alignment"] = declared.causal_alignment if declared is not None else None
+    if replay:
+        recorded["replay_ids"] = [Case(**axes).id for axes, _, _ in replay]
     env = {k: (cell.get("env") or run_info.get("env") or {}).get(k) for k in ("torch", "float32_matmul_precision")}
     title = (f"attn-audit finding: {check} ({finding['severity']}) of {finding['variant']}, "
              f"reproduced on cell {cell['id']}")
@@ -242,7 +263,8 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
         f"TQ = {q_len(case)}   # query length of scenario {case.scenario}\n"
         f"RECORDED = {_py(recorded)}   # what the audit measured in this cell\nENV = {_py(env)}\n"
         f"FORMS = {forms!r}   # the layouts the variant is called in (packed: varlen, paged)\n"
-        f"CACHE_PAGE_SIZE = {page_size!r}   # slots per page of a paged cache",
+        f"CACHE_PAGE_SIZE = {page_size!r}   # slots per page of a paged cache\n"
+        f"REPLAY = {replay!r}   # (axes, query length, scenario) of the cells the variant ran on before this one",
         "# " + "-" * 70 + " the variant under test"
         + (f" ({case.variant})" if needs_variant else " (none: a property of the inputs)"),
         emb.section(0, variant_end),
@@ -252,7 +274,8 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
         "# " + "-" * 70 + f" the check: {check} (attn-audit's measuring code, copied verbatim)",
         emb.section(inputs_end),
         "if __name__ == \"__main__\":\n    sys.exit(run_repro(TITLE, CELL_AXES, SEED, TQ, scenario_draw, load_variant, "
-        f"verify, RECORDED, ENV, child={child}, score_mod={score_mod_name}, forms=FORMS, page_size=CACHE_PAGE_SIZE))",
+        f"verify, RECORDED, ENV, child={child}, score_mod={score_mod_name}, forms=FORMS, page_size=CACHE_PAGE_SIZE, "
+        f"replay=REPLAY, replay_draws={{{', '.join(f'{k!r}: {v}' for k, v in replay_draws.items())}}}))",
     ]
     text = "\n\n\n".join(p for p in parts if p) + "\n"
     compile(text, "<repro>", "exec")
@@ -326,8 +349,9 @@ def write_repro_scripts(run_dir: str | Path, findings: list[dict]) -> list[dict]
             note = f"the cell with the {WORST[finding['check']][1]}"
             if rank:
                 note = f"the worst cell whose pieces can be copied ({'; '.join(dict.fromkeys(tried))})"
+            earlier = [by_id[i] for i in (cell.get("failed_after") or []) if i in by_id]
             try:
-                text = build_script(finding, cell, run_info, len(cells), note)
+                text = build_script(finding, cell, run_info, len(cells), note, earlier)
             except NotSelfContained as exc:
                 tried.append(f"{cell['variant']}: {exc}")
                 continue

@@ -90,3 +90,25 @@ def leaks(q, k, v, *, mask=None, causal=False, scale=None):
     """Keeps a 2 MiB tensor from every call in a module-level list."""
     LEAKED.append(torch.ones(512 * 1024, dtype=torch.float32, device=q.device))     # 2 MiB
     return _sdpa(q, k, v, mask, causal, scale)
+
+
+class CompileFailed(RuntimeError):
+    """Stands in for Inductor's CppCompileError: the compiler's output is in its message."""
+
+
+_SHAPES: list = []        # fails_on_recompile: the shapes it has "compiled" in this process
+
+
+def fails_on_recompile(q, k, v, *, mask=None, causal=False, scale=None):
+    """Right on the first shape it sees in a process; on any other shape after it, fails as a
+    recompile of a compiled function can (hf:flex_attention on the CPU, docs/variants.md): an
+    error whose first line says little, raised from one whose message holds the compiler's line."""
+    shape = tuple(q.shape)
+    if _SHAPES and shape not in _SHAPES:
+        try:
+            raise CompileFailed("C++ compile error\n\nOutput:\n/tmp/inductor/cabc.main.cpp:65:51: error: operands to "
+                                "'?:' have different types 'VecMask<int, 1>' and 'VecMask<float, 1>'\n   65 | ...")
+        except CompileFailed as exc:
+            raise RuntimeError("backend compiler failed") from exc
+    _SHAPES.append(shape)
+    return _sdpa(q, k, v, mask, causal, scale)
