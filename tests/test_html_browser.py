@@ -1,6 +1,7 @@
-"""The HTML report in a real browser at 1400 px: no sideways page scrolling, a working table of
-contents, the findings' severity badges drawn, and the verdict (its table and what to use) above
-the fold of a 1400 × 1000 window.
+"""The HTML report in a real browser at 1400 px: no sideways page scrolling, the verdict table whole
+in its frame with its referee column in the window, a working table of contents, the findings'
+severity badges drawn, and the verdict (its table and what to use) above the fold of a 1400 × 1000
+window.
 
 Headless Chromium opens a copy of a built report folder with a probe script appended, which
 writes what it measured (the page's scrollWidth and clientWidth, the contents' links and their
@@ -41,9 +42,19 @@ PROBE = """<script>window.addEventListener('load', function () {
       if (el.classList.contains('table-wrap')) return el.getBoundingClientRect().bottom + window.scrollY;
     }
     return null;}
+  function wrapAfter(id) {   // the first table wrapper under heading #id
+    for (var el = document.getElementById(id); el && (el = el.nextElementSibling);) {
+      if (/^H[1-3]$/.test(el.tagName)) break;
+      if (el.classList.contains('table-wrap')) return el;
+    }
+    return null;}
+  var verdict = wrapAfter('verdict'), heads = verdict ? verdict.querySelectorAll('th') : [];
+  var referee = Array.prototype.filter.call(heads, function (h) { return h.textContent === 'referee'; })[0];
   var probe = document.createElement('pre'); probe.id = 'probe';
   probe.textContent = JSON.stringify({scroll: doc.scrollWidth, client: doc.clientWidth,
     fold: window.innerHeight, verdict_bottom: tableBottomAfter('verdict'),
+    verdict_scroll: verdict ? verdict.scrollWidth : null, verdict_client: verdict ? verdict.clientWidth : null,
+    referee_right: referee ? referee.getBoundingClientRect().right : null,
     recommendations_bottom: tableBottomAfter('what-to-use'),
     toc: links.length, toc_width: document.querySelector('nav.toc') ?
       document.querySelector('nav.toc').getBoundingClientRect().width : 0,
@@ -99,6 +110,8 @@ def check_page(report_dir: Path, tmp_path: Path) -> dict:
     seen = probe_page(report_dir, tmp_path / "browser")
     assert seen["client"] > 1000
     assert seen["scroll"] <= seen["client"], f"page is {seen['scroll']} px wide in a {seen['client']} px window"
+    verdict_md = (report_dir / "index.md").read_text().split("## Verdict", 1)[-1].split("\n## ", 1)[0]
+    assert_verdict_fits(seen, referee="| referee |" in verdict_md)
     sections = len(re.findall(r"^## ", (report_dir / "index.md").read_text(), re.M))
     assert seen["toc"] >= sections > 3 and seen["toc_dangling"] == 0        # a link per section, each lands
     assert 0 < seen["toc_width"] <= seen["client"]
@@ -123,6 +136,21 @@ def test_the_probe_sees_a_page_that_scrolls_sideways_and_a_verdict_pushed_down(t
     assert seen["scroll"] > seen["client"] > 1000
     with pytest.raises(AssertionError, match="below the"):
         assert_above_the_fold(seen)
+    narrow = probe_page(report, tmp_path / "browser2", '<style>body { max-width: 700px; }</style>')
+    with pytest.raises(AssertionError, match="the verdict table is"):
+        assert_verdict_fits(narrow)
+
+
+def assert_verdict_fits(seen: dict, referee: bool = True) -> None:
+    """The verdict table scrolls not sideways in its frame, and its referee column (whether a
+    variant's numbers can be trusted at all; records from before the referee have none) is within
+    the window."""
+    if seen["verdict_scroll"] is None:             # a run with no real variant's ok cell: no table
+        return
+    assert seen["verdict_scroll"] <= seen["verdict_client"], (
+        f"the verdict table is {seen['verdict_scroll']} px wide in its {seen['verdict_client']} px frame")
+    if referee:
+        assert seen["referee_right"] is not None and seen["referee_right"] <= seen["client"], seen["referee_right"]
 
 
 FOLD_PX = int(WINDOW.split(",")[1])      # the first viewport height of a 1400 × 1000 window

@@ -39,6 +39,7 @@ TEST_REQUIREMENTS: dict[str, str] = {
     "ray": "ray>=2.9",
     "transformers": "transformers>=5.0,<6",
     "xdist": "pytest-xdist>=3.5",   # `make test` runs the tests that time nothing on every core
+    "hypothesis": "hypothesis>=6.100",   # the command line's property-based tests (tests/test_cli_properties.py)
 }
 
 # pip installs without byte-compiling (torch alone has 15k .py files: 31 s with, 10.5 s without,
@@ -54,7 +55,7 @@ WARM_IMPORTS: tuple[str, ...] = WARM_TORCH_IMPORTS + (
     "numpy", "pandas", "matplotlib.pyplot", "pytest", "pytest_benchmark.plugin", "pynvml", "tqdm.auto",
 )
 WARM_TEST_IMPORTS: tuple[str, ...] = ("xdist.plugin", "ray", "transformers.modeling_utils",
-                                      "transformers.masking_utils")
+                                      "transformers.masking_utils", "hypothesis")
 
 # The browsers tests/test_html_browser.py drives, by command name; Debian's package otherwise.
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
