@@ -241,7 +241,7 @@ def test_a_failure_keeps_its_cause_its_text_and_what_ran_before_it(tmp_path):
     script = out / finding["repro"]
     ran = subprocess.run([sys.executable, str(script)], cwd=out, capture_output=True, text=True, timeout=600)
     assert ran.returncode == 1, ran.stdout + ran.stderr
-    assert "alone in a fresh process: the variant runs this cell" in ran.stdout
+    assert "now: the variant runs this cell (forward and backward) and returns a valid output alone" in ran.stdout
     assert f"fails on a recompile: after {first['id']}" in ran.stdout and "REPRODUCED" in ran.stdout
     assert not [p for p in out.rglob("*") if p.is_file() and b"Traceback" in p.read_bytes()]
 

@@ -15,7 +15,8 @@ class ContractError(Exception):
 REASON_CHARS = 400          # a reason's length at most, before its location
 # A line of a compiler's (or a tool's) own output that names what failed: gcc and clang's
 # "file:line:col: error: ...", nvcc's and ptxas's "error : ...", a linker's "undefined reference".
-_CAUSE_LINE = re.compile(r"(?:^|\s|:)(?:fatal )?error\s?:\s*\S|undefined reference to", re.IGNORECASE)
+# (a pattern string, not a compiled one: reproduction scripts copy this code, and copy strings only)
+_CAUSE_LINE = r"(?:^|\s|:)(?:fatal )?error\s?:\s*\S|undefined reference to"
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:
@@ -37,7 +38,7 @@ def cause_line(exc: BaseException) -> str | None:
     chain = exception_chain(exc)
     for e in chain:
         for line in str(e).splitlines()[1:] + str(e).splitlines()[:1]:
-            if _CAUSE_LINE.search(line):
+            if re.search(_CAUSE_LINE, line, re.IGNORECASE):
                 return _short_paths(line.strip())
     root = chain[-1]
     if root is not exc:

@@ -35,8 +35,8 @@ def verify_cell_failed(case: Any, inputs: Any, load_variant: Callable, recorded:
         lines.append(f"now: the call did not finish within {limit:g} s (the cell's time limit)")
         return True, lines, {"status": "timeout"}
     if not defect:
-        lines.append("now, alone in a fresh process: the variant runs this cell (forward and backward) and returns "
-                     "a valid output")
+        lines.append("now: the variant runs this cell (forward and backward) and returns a valid output"
+                     + (" alone in a fresh process" if replay else ""))
         if not replay:
             return False, lines, {"status": "ok"}
         defect, after = _child_outcome([CHILD_FLAG, REPLAY_FLAG], limit * (1 + len(replay)))
