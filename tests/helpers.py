@@ -1,6 +1,8 @@
 """Shared test inputs."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 
@@ -16,6 +18,7 @@ DATA = __import__("pathlib").Path(__file__).resolve().parent / "data"
 H200_RUNS = DATA / "h200-2026-11-30"
 CPU_RUNS = DATA / "cpu-2026-11-30"
 CPU_COMPILE_RUNS = DATA / "cpu-2026-12-01"      # the quick preset with Inductor's cache cold, then warm
+CPU_PHASE_RUNS = DATA / "cpu-2026-12-04"        # schema 14: the cpu and quick presets with phase_s, golden_source
 
 
 def unpack_run(src, dest):
@@ -39,7 +42,10 @@ def h200_run(name: str, dest):
 
 
 def cpu_run(name: str, dest):
-    """Unpack the stored CPU run folder `name` (cpu, quick; quick-cold, quick-warm) under `dest`; its path."""
+    """Unpack the stored CPU run folder `name` (cpu, quick; quick-cold, quick-warm; and of 2026-12-04,
+    "2026-12-04/cpu", "2026-12-04/quick-cold", "2026-12-04/quick-warm") under `dest`; its path."""
+    if name.startswith("2026-12-04/"):
+        return unpack_run(CPU_PHASE_RUNS / name.split("/", 1)[1], Path(dest) / "2026-12-04")
     return unpack_run((CPU_COMPILE_RUNS if name.startswith("quick-") else CPU_RUNS) / name, dest)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -401,6 +402,11 @@ def check_referee(frame: pd.DataFrame) -> list[dict]:
     return found
 
 
+# A failed cell's reason that is torch.compile's failure (Inductor's C++ or Triton compile, its
+# generated code's own checks, Dynamo's backend), not the variant's arithmetic nor the audit's.
+TORCH_COMPILE_FAILURE = r"InductorError|CppCompileError|BackendCompilerFailed|torch\._inductor|cpp_builder|\.main\.cpp:\d+"
+
+
 def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
     """Cells that failed (error, oom, timeout): the reasons (with the line naming the cause: a
     compiler's error line, a chain's root), where the whole failure is kept (failure_file), and
@@ -413,6 +419,11 @@ def check_failed_cells(frame: pd.DataFrame) -> list[dict]:
         files = [f for f in g.get("failure_file", pd.Series(dtype=object)) if isinstance(f, str)]
         after = [a for a in g.get("failed_after", pd.Series(dtype=object)) if isinstance(a, list) and a]
         text = f"{variant} failed in {len(g)} cell(s): {reasons}."
+        compiled = [r for r in g["reason"].astype(str) if re.search(TORCH_COMPILE_FAILURE, r)]
+        if compiled:
+            text += (f" {len(compiled)} of them are torch.compile failing on the variant's code (torch's Inductor or "
+                     "Dynamo, the compiler's own line quoted: a failure of torch's, not of attn-audit's; report it "
+                     "upstream with the reproduction script, which needs torch alone).")
         if files:
             text += f" The whole failure of each is in the run folder ({files[0]}{' and more' if len(files) > 1 else ''})."
         if after:

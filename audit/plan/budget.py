@@ -329,7 +329,9 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
         return lo
 
     n = largest(len(coverage), lambda k: set(coverage[:k])) if coverage_s > room else len(coverage)
-    kept = set(coverage[:n]) | _fill(coverage[n:], set(coverage[:n]), room, seconds, costs)
+    own = {r["id"]: own_cost(r) for r in kept_rows if r["status"] == "ok"}
+    shares = {r["id"]: tuple(r.get("shares") or ()) for r in kept_rows if r["status"] == "ok"}
+    kept = set(coverage[:n]) | _fill(coverage[n:], set(coverage[:n]), room, seconds, own, shares, level_of)
     why = {i: _over(budget_s, room, costs[i], COVERAGE) for i in coverage if i not in kept}
     later = [i for i in costs if tier.get(i) != COVERAGE]
     if len(kept) == len(coverage):
@@ -365,20 +367,33 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
 
 
 def _fill(rest: Sequence[str], kept: set[str], room: float, seconds: Callable[[set[str]], float],
-          costs: dict[str, float]) -> set[str]:
-    """Tier-0 cells after the longest prefix that fits (rest, in the order bought) that fit in what
-    the prefix leaves, each weighed by its own amortized seconds, in that order; checked once by
-    predicting again (nothing, where that does not fit): a compile that does not fit must not keep
-    the cheap cells after it out."""
+          own: dict[str, float], shares: dict[str, tuple], level_of: dict[str, int]) -> set[str]:
+    """The tier-0 cells after the longest prefix that fits (rest) that fit in what the prefix
+    leaves: priority level by level, the cheapest first, each weighed as tier 0 buys it (its own
+    seconds plus the shared costs, a compile, a golden, a first use, that no cell kept so far pays),
+    so the most wants are met (a compile that does not fit, or that fits alone, must not keep
+    the cheap cells out); checked once by predicting again (the latest dropped until it fits)."""
     left = room - seconds(kept)
-    extra: set[str] = set()
-    for cell_id in rest:
-        if costs[cell_id] <= left:
-            extra.add(cell_id)
-            left -= costs[cell_id]
-    while extra and seconds(kept | extra) > room:      # shares moved: drop the latest until it fits
-        extra.discard(next(i for i in reversed(list(rest)) if i in extra))
-    return extra
+    bought = {group for i in kept for group, _ in shares.get(i, ())}
+    extra: list[str] = []
+
+    def added(cell_id: str) -> float:
+        return own.get(cell_id, 0.0) + sum(c for g, c in shares.get(cell_id, ()) if g not in bought)
+
+    for level in sorted({level_of.get(i, 2) for i in rest}):
+        candidates = [i for i in rest if level_of.get(i, 2) == level]
+        while candidates:
+            best = min(candidates, key=added)
+            cost = added(best)
+            if cost > left:
+                break
+            candidates.remove(best)
+            extra.append(best)
+            bought.update(g for g, _ in shares.get(best, ()))
+            left -= cost
+    while extra and seconds(kept | set(extra)) > room:     # shares moved: drop the latest until it fits
+        extra.pop()
+    return set(extra)
 
 
 def _over(budget_s: float, room: float, cost: float, level: int) -> str:

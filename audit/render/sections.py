@@ -63,6 +63,8 @@ def _findings_display(table: pd.DataFrame, anchors: list[str]) -> pd.DataFrame:
     if "repro" in shown.columns:
         shown["repro"] = [Link(Path(p).name, p) if isinstance(p, str) and p.endswith(".py") else p
                           for p in shown["repro"]]
+    if "failure" in shown.columns:
+        shown["failure"] = [Link(Path(p).name, p) if isinstance(p, str) else None for p in shown["failure"]]
     return shown
 
 

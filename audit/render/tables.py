@@ -34,7 +34,8 @@ def scenario_table(frame: pd.DataFrame) -> pd.DataFrame:
 def findings_table(findings: list[dict]) -> pd.DataFrame:
     """Columns severity, check, variant, message (in full), cells (count), and repro (the
     path of its reproduction script relative to the run folder, else why there is none:
-    `repro_reason`) when any finding has one; most severe first."""
+    `repro_reason`) when any finding has one, and failure (a failed cell's failures/ file) when any
+    has one; most severe first."""
     table = pd.DataFrame({
         "severity": [f.get("severity") for f in findings],
         "check": [f.get("check") for f in findings],
@@ -44,6 +45,8 @@ def findings_table(findings: list[dict]) -> pd.DataFrame:
     })
     if any(f.get("repro") or f.get("repro_reason") for f in findings):
         table["repro"] = [f.get("repro") or f.get("repro_reason") or None for f in findings]
+    if any(f.get("failure_file") for f in findings):          # a failed cell's whole failure (failures/)
+        table["failure"] = [f.get("failure_file") for f in findings]
     rank = (table["severity"].map({s: i for i, s in enumerate(SEVERITY_ORDER)})
             .fillna(len(SEVERITY_ORDER)))
     return (table.assign(rank=rank).sort_values("rank", kind="stable").drop(columns="rank")
