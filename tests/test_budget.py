@@ -511,3 +511,20 @@ def test_nothing_fitting_says_what_budget_would_and_the_smallest_plan_is_printed
     assert "--budget 3m" in line
     assert "smallest useful plan (sdpa and eager, a cell per dtype): 9.2 s (--budget 10s)" in smallest_plan_line(plan)
     assert budget_arg(119.2) == "120s" and budget_arg(121) == "3m" and budget_arg(None) == "none"
+
+
+def test_a_cell_predicted_too_slow_is_not_started_and_cells_alone_in_a_set_count_against_the_budget():
+    """A cell the cost model predicts the runner will find too slow (its warm-up over --max-cell-s)
+    would still draw its inputs, build its golden and run its warm-up: a budget does not start it.
+    A cell predicted not to run alone in its input set is recorded with its own reason, and what it
+    costs counts against the budget."""
+    from audit.plan.costmodel import TOO_SLOW
+    pred = _pred([("fast", 1, "ok", 2.0, 0.0), ("slow", 2, "skipped", 9.0, 4.0), ("refused", 3, "skipped", 3.0, 3.0)])
+    pred.loc[pred["id"] == "slow", "reason"] = TOO_SLOW
+    pred.loc[pred["id"] == "refused", "reason"] = "no such backend on the CPU"
+    chosen = choose(pred, budget_s=6.0, reserve_s=0.0, max_cell_s=6.0)
+    assert "slow" in chosen.skip and "not started" in chosen.skip["slow"]
+    assert "fast" not in chosen.skip and "refused" not in chosen.skip        # 2 + 3 fit in 6
+    tight = choose(pred, budget_s=4.0, reserve_s=0.0, max_cell_s=6.0)
+    assert "fast" in tight.skip and "refused" not in tight.skip             # 2 + 3 do not fit in 4
+    assert "slow" not in choose(pred, budget_s=None, reserve_s=0.0, max_cell_s=6.0).skip

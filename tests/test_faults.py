@@ -246,26 +246,25 @@ def test_a_failure_keeps_its_cause_its_text_and_what_ran_before_it(tmp_path):
     assert not [p for p in out.rglob("*") if p.is_file() and b"Traceback" in p.read_bytes()]
 
 
-def test_a_failure_reason_follows_raise_from_to_the_compiler_line_and_not_a_handled_exception():
+def _raise_chained(how: str) -> BaseException:
+    """An exception raised while handling a KeyError: `from None`, `from` it, or plainly (context)."""
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as inner:
+            if how == "from none":
+                raise ValueError("outer") from None
+            if how == "from":
+                raise ValueError("outer") from inner
+            raise ValueError("outer")               # implicit context: not its cause
+    except ValueError as exc:
+        return exc
+    raise AssertionError("nothing raised")
+
+
+@pytest.mark.parametrize("how, reason", [("from none", "ValueError: outer (at"),
+                                         ("from", "ValueError: outer; cause: KeyError: 'inner' (at"),
+                                         ("context", "ValueError: outer (at")])
+def test_a_failure_reason_follows_raise_from_to_the_root_and_not_a_handled_exception(how, reason):
     from audit.measure.failures import failure_reason
-    try:
-        try:
-            raise KeyError("missing")
-        except KeyError:
-            raise ValueError("while handling") from None
-    except ValueError as exc:
-        assert failure_reason(exc).startswith("ValueError: while handling (at")
-    try:
-        try:
-            raise OSError("disk")
-        except OSError as inner:
-            raise RuntimeError("wrapped") from inner
-    except RuntimeError as exc:
-        assert failure_reason(exc).startswith("RuntimeError: wrapped; cause: OSError: disk (at")
-    try:
-        try:
-            raise KeyError("refused")
-        except KeyError:
-            raise ValueError("a retry failed")        # implicit context: not its cause
-    except ValueError as exc:
-        assert failure_reason(exc).startswith("ValueError: a retry failed (at")
+    assert failure_reason(_raise_chained(how)).startswith(reason)

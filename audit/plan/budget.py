@@ -283,12 +283,18 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     in its input set that would not be measured anyway (a backend that cannot run it) is skipped
     with them, since it would still pay for the set's inputs and golden.
     """
+    from .costmodel import TOO_SLOW
     skip: dict[str, str] = {}
     rows = pred.to_dict("records")          # plain dicts: a Series per row cost seconds on 2000 cells
-    for row in (r for r in rows if r["status"] == "ok"):
-        if max_cell_s is not None and own_cost(row) > max_cell_s:
+    for row in rows:
+        if row["status"] == "ok" and max_cell_s is not None and own_cost(row) > max_cell_s:
             skip[row["id"]] = (f"predicted {own_cost(row):.1f} s for this cell, over the per-cell limit "
                                f"{max_cell_s:g} s (--max-cell-s)")
+        elif row["status"] == "skipped" and row.get("reason") == TOO_SLOW and budget_s is not None:
+            # the runner would draw its inputs, build its golden and warm it up, only to skip it
+            # (on an AVX2-only CPU, 47 hand-written bf16 cells cost 200 s of a 10-minute plan that way)
+            skip[row["id"]] = (f"predicted too slow for this device: its warm-up forecasts more than the per-cell "
+                               f"limit {max_cell_s:g} s (--max-cell-s), so it is not started")
     kept_pred = pred[~pred["id"].isin(list(skip))]
     tier, coverage, level_of = prioritized_tiers(kept_pred)
     kept_rows = [r for r in rows if r["id"] not in skip]
@@ -298,10 +304,14 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     keys = {row["id"]: tuple(row.get(a) for a in INPUT_AXES) for row in rows}
     candidates = [i for i in pred["id"] if i not in skip]
 
+    measurable = {keys[i] for i in candidates if i in costs}      # input sets with a cell predicted to run
+
     def with_sets(measured: set[str]) -> list[str]:
-        """The measured cells, and the cells predicted not to run of the input sets they keep."""
+        """The measured cells, the cells predicted not to run of the input sets they keep, and those
+        alone in a set where none runs (each recorded with its own reason, in milliseconds)."""
         sets = {keys[i] for i in measured}
-        return [i for i in candidates if i in measured or (i not in costs and keys[i] in sets)]
+        return [i for i in candidates if i in measured
+                or (i not in costs and (keys[i] in sets or keys[i] not in measurable))]
 
     def seconds(measured: set[str]) -> float:
         ids = run_order(with_sets(measured), tier)

@@ -61,6 +61,7 @@ COMPILED_VARIANTS: tuple[str, ...] = tuple(n for n, v in builtin_variants().item
     "hf:flex_attention",)
 NO_CPU_BACKWARD = ("flex", "hf:flex_attention")   # FlexAttention: forward only on the CPU
 ENERGY_EDGE_WAIT_S = 0.1     # waiting for two energy-counter updates (20-100 ms apart)
+TOO_SLOW = "too slow for this device (--max-cell-s)"   # a predicted status's reason: the runner's rule, predicted
 
 
 # --------------------------------------------------------------------------- parameters
@@ -428,7 +429,7 @@ class CostModel:
             n_timed = settings.min_samples + 1
             limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s
             if t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s or (t_f + t_fb) * n_timed > limit_s:
-                status, reason = "skipped", "too slow for this device (--max-cell-s)"
+                status, reason = "skipped", TOO_SLOW
                 phases["warmup"] = 2 * t_f + (2 * t_fb if t_f * 3.5 * n_timed <= limit_s else 0)
                 phases["setup"] += shared - phases["compile"]
                 rows.append(self._row(case, status, reason, phases, t_f, t_fb,
