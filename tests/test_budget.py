@@ -9,7 +9,8 @@ from audit.core.grid import Case
 from audit.core.records import read_records
 from audit.core.units import parse_duration
 from audit.execute import runner
-from audit.plan.budget import Keeper, Plan, choose, describe as budget_describe
+from audit.plan.budget import Keeper, Plan, choose
+from audit.plan.plan_text import describe as budget_describe
 from audit.workload import presets
 
 
@@ -503,7 +504,7 @@ def test_a_budget_too_small_for_coverage_buys_sdpa_and_eager_in_every_dtype_firs
 
 
 def test_nothing_fitting_says_what_budget_would_and_the_smallest_plan_is_printed():
-    from audit.plan.budget import budget_arg, smallest_plan_line
+    from audit.plan.plan_text import budget_arg, smallest_plan_line
     plan = Plan(budget_s=5.0, deadline_unix=None, reserve_s=8.0, skip={"a": "over the budget"}, measured=0,
                 smallest_s=9.2, coverage_s=130.0)
     line = budget_describe(plan, 1)

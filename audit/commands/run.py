@@ -390,7 +390,8 @@ def _prepare(cases: list, preset: Any, axes: dict, argv: list[str], extra: dict,
 def _plan(cases: list, preset: Any, run_dir: Path, started: float, ceilings_measured: bool) -> None:
     """Predict the cells not yet recorded, choose what fits the budget, write DIR/plan.json:
     the plan a dry-run shows (budget.plan_run)."""
-    from ..plan.budget import describe, plan_run, smallest_plan_line
+    from ..plan.budget import plan_run
+    from ..plan.plan_text import describe, smallest_plan_line
 
     todo = _not_recorded(cases, run_dir)
     plan, _pred, _notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started,
@@ -405,7 +406,8 @@ def _plan(cases: list, preset: Any, run_dir: Path, started: float, ceilings_meas
 def _dry_run(cases: list, preset: Any, run_dir: Path | None, started: float) -> int:
     """Every cell with its predicted status and seconds, then the totals per phase and variant,
     and what the budget would skip."""
-    from ..plan.budget import describe, plan_run, smallest_plan_line
+    from ..plan.budget import plan_run
+    from ..plan.plan_text import describe, smallest_plan_line
     from ..plan.costmodel import summary
 
     todo = _not_recorded(cases, run_dir)

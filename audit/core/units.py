@@ -38,3 +38,13 @@ def format_clock(seconds: float) -> str:
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_budget(seconds: float | None) -> str | None:
+    """A --budget value of at least `seconds`: whole seconds under two minutes ("13s"), else whole
+    minutes ("3m"); None without a finite positive number (what a plan that measures nothing, or
+    the report of one, tells a user to give)."""
+    import math
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return f"{math.ceil(seconds)}s" if seconds < 120 else f"{math.ceil(seconds / 60)}m"

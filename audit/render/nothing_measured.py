@@ -2,22 +2,12 @@
 when no cell of a real variant is ok (records and plan.json alone, never measures)."""
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import pandas as pd
 
-from ..core.units import format_duration
+from ..core.units import format_budget, format_duration
 from .page import Block, Mono, para
 
 SHOWN = 6           # variants named per cause, then a count
-
-
-def _budget_arg(seconds: Any) -> str | None:
-    """A --budget value at least `seconds` (plan.budget's rounding), None without a number."""
-    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
-        return None
-    return f"{math.ceil(seconds)}s" if seconds < 120 else f"{math.ceil(seconds / 60)}m"
 
 
 def _first_reasons(rows: pd.DataFrame) -> str:
@@ -51,11 +41,11 @@ def nothing_measured_section(frame: pd.DataFrame, plan: dict | None) -> list[Blo
         text = (f"the budget left {int(budget.sum())} of {len(frame)} cells for later (skipped over the budget, "
                 "each recorded with its predicted seconds)")
         smallest, coverage = (plan or {}).get("smallest_s"), (plan or {}).get("coverage_s")
-        if _budget_arg(smallest):
+        if format_budget(smallest):
             text += (f": the smallest useful plan (sdpa and eager, a cell per dtype) needs {format_duration(smallest)}"
-                     f" with start-up and report, so --budget {_budget_arg(smallest)} measures it")
-            if _budget_arg(coverage):
-                text += (f", and --budget {_budget_arg(coverage)} gives every variant a cell per dtype and mask kind "
+                     f" with start-up and report, so --budget {format_budget(smallest)} measures it")
+            if format_budget(coverage):
+                text += (f", and --budget {format_budget(coverage)} gives every variant a cell per dtype and mask kind "
                          "and every negative control its self-check")
         parts.append(text)
     if refused.any():

@@ -1,0 +1,49 @@
+"""The plan in words, for the console and --dry-run: what it measures and skips, the variant ×
+dtype × mask kinds left without a cell, the smallest useful plan and the --budget each needs."""
+from __future__ import annotations
+
+from ..core.units import format_budget, format_duration
+from .budget import PRIORITY_NAMES, Plan
+
+UNCOVERED_SHOWN = 8      # the plan line names this many uncovered kinds, then counts the rest
+
+
+def describe(plan: Plan, n_cells: int) -> str:
+    """One line for the console: what the plan measures and what it skips, and which variant ×
+    dtype × mask kinds the budget left without a cell."""
+    skipped = len(plan.skip)
+    skipped_s = sum(plan.predicted.get(i, 0.0) for i in plan.skip)
+    budget = "no budget" if plan.budget_s is None else f"budget {format_duration(plan.budget_s)}"
+    line = (f"plan: {n_cells - skipped} cells predicted {format_duration(plan.predicted_total())} "
+            f"(+ {format_duration(plan.reserve_s)} start-up, ceilings and report), {budget}")
+    if skipped:
+        line += (f"; {skipped} cells skipped (predicted {format_duration(skipped_s)}): "
+                 "listed in the report under Time budget")
+    if plan.measured == 0 and plan.budget_s is not None and plan.smallest_s:
+        return (f"plan: nothing fits the {format_duration(plan.budget_s)} budget (--budget): "
+                f"{format_duration(plan.reserve_s)} of it goes to start-up, ceilings and report, and the smallest "
+                f"useful plan ({PRIORITY_NAMES[0]}) needs {format_duration(plan.smallest_s)}: "
+                f"--budget {budget_arg(plan.smallest_s)} measures that, --budget {budget_arg(plan.coverage_s)} "
+                "a cell of every variant per dtype and mask kind; every cell is recorded as skipped with its reason")
+    if plan.uncovered:
+        shown = ", ".join(plan.uncovered[:UNCOVERED_SHOWN])
+        more = len(plan.uncovered) - UNCOVERED_SHOWN
+        line += (f"; too small a budget to give every variant one cell per dtype and mask kind: no cell for "
+                 f"{shown}" + (f" and {more} more" if more > 0 else ""))
+        if plan.coverage_s:
+            line += f" (--budget {budget_arg(plan.coverage_s)} gives each one)"
+    return line
+
+
+def smallest_plan_line(plan: Plan) -> str | None:
+    """The smallest useful plan and full coverage, for --dry-run (None without them)."""
+    if not plan.smallest_s or not plan.coverage_s:
+        return None
+    return (f"smallest useful plan ({PRIORITY_NAMES[0]}): {format_duration(plan.smallest_s)} "
+            f"(--budget {budget_arg(plan.smallest_s)}); a cell of every variant per dtype and mask kind, and the "
+            f"controls' self-checks: {format_duration(plan.coverage_s)} (--budget {budget_arg(plan.coverage_s)})")
+
+
+def budget_arg(seconds: float | None) -> str:
+    """A --budget value at least `seconds` (core.units.format_budget), "none" without a number."""
+    return format_budget(seconds) or "none"
