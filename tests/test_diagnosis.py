@@ -58,11 +58,15 @@ CELLS: dict[str, dict] = {
     "sink_wrong_head": dict(scenario="sinks", heads=4, causal=True),
     "document_boundary_ignored": dict(scenario="packed"),
     "cu_seqlens_off_by_one": dict(scenario="packed"),
+    **{name: dict(scenario="packed") for name in ("cu_seqlens_one_early", "document_keys_end_inclusive",
+                                                  "document_keys_end_short", "document_keys_start_early",
+                                                  "document_keys_start_exclusive", "document_queries_late",
+                                                  "document_queries_early")},
     "v_read_at_k_stride": dict(d_v=8),
 }
 BASE = dict(variant="x", device="cpu", dtype="fp32", d_k=16, seq_len=32, batch=2, heads=2, causal=False,
             scenario="normal")
-BUILTIN = [name for name, m in MISTAKES.items() if m.fn.__module__ == library.__name__]
+BUILTIN = [name for name, m in MISTAKES.items() if getattr(m.fn, "func", m.fn).__module__ == library.__name__]
 
 
 def cell(**fields) -> tuple[Case, object, object]:

@@ -152,3 +152,47 @@ def test_a_control_with_a_wrong_backward_is_flagged_by_the_gradient_budget_alone
     errors = [f for f in compute_findings(to_frame(recs)) if f["severity"] == "error"]
     assert [f["check"] for f in errors] == ["grad_error_budget"], errors
     assert errors[0]["diagnosis"] == mistake and sorted(errors[0]["cells"]) == sorted(c.id for c in cases)
+
+
+# --------------------------------------------------------------------------- gradients of a forward mistake
+
+def _grads_of(fn, inputs):
+    """(out, (dq, dk, dv)) of fn on the cell's inputs under its upstream gradient."""
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
+    out = fn(q, k, v, **inputs.call_kwargs())
+    return out.detach(), torch.autograd.grad(out, (q, k, v), inputs.grad_out)
+
+
+@pytest.mark.parametrize("mistake, causal", [("document_keys_end_inclusive", False), ("document_keys_end_inclusive", True),
+                                             ("causal_next_key", True), ("scale_missing", False)])
+def test_gradients_that_are_the_forward_mistakes_own_are_named_by_it(mistake, causal):
+    """A kernel whose forward makes a mistake and whose backward differentiates what it computed: no
+    backward mistake explains its gradients, the forward's does. Gradients of another making
+    (the forward's mistake, the right attention's gradients doubled) are not named by it."""
+    from audit.measure.diagnosis import diagnose_grads_as_forward, diagnose_grads_cell
+    sys.path.insert(0, str(PLUGINS))
+    try:
+        import mistaken
+    finally:
+        sys.path.remove(str(PLUGINS))
+    scenario = "packed" if mistake.startswith("document") else "normal"
+    case = Case("x", "cpu", "fp32", 16, 32, 2, 2, causal, scenario)
+    inputs = make_inputs(case)
+    ref = cellcache.build_reference(case, inputs)
+    made = getattr(mistaken, mistake)
+    out, grads = _grads_of(made, inputs)
+    columns, evidence = diagnose_grads_cell(grads, inputs, ref, "fp32")
+    assert columns["grad_diagnosis"] == "none"
+    if mistake == "document_keys_end_inclusive" and causal:      # causal hides the extra key: nothing wrong
+        assert diagnose_grads_as_forward(evidence, inputs, ref, "fp32", mistake, out) is None
+        return
+    named = diagnose_grads_as_forward(evidence, inputs, ref, "fp32", mistake, out)
+    assert named is not None and named["grad_diagnosis"] == mistake
+    assert named["grad_diagnosis_err"] < named["grad_diagnosis_golden_err"]
+
+    def other(q, k, v, **kw):         # the mistake's output, the right attention's gradients doubled
+        right = mistaken.correct(q, k, v, **kw)
+        return made(q, k, v, **kw).detach() + 2.0 * (right - right.detach())
+    out2, grads2 = _grads_of(other, inputs)
+    _, evidence2 = diagnose_grads_cell(grads2, inputs, ref, "fp32")
+    assert diagnose_grads_as_forward(evidence2, inputs, ref, "fp32", mistake, out2) is None

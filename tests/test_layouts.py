@@ -262,13 +262,14 @@ def declared():
         cases = [_cell(f"declared:{n}", s, causal, heads=4, kv=2) for n in ("varlen", "paged")
                  for s in ("normal", "packed", "paged", "cross_causal") for causal in (False, True)]
         cases += [_cell("declared:varlen_one_sequence", "packed", causal, batch=1) for causal in (False, True)]
+        cases += [_cell("declared:varlen_inclusive_end", "packed", causal, heads=4, kv=2) for causal in (False, True)]
         yield _run(cases)
     finally:
         sys.path.remove(str(PLUGINS))
 
 
 def test_the_declared_varlen_kernel_is_right_and_gets_no_finding(declared):
-    ok = [r for r in declared.values() if r["variant"] != "declared:varlen_one_sequence"]
+    ok = [r for r in declared.values() if r["variant"] in ("declared:varlen", "declared:paged")]
     assert {r["status"] for r in ok} <= {"ok", "skipped"}, [(r["id"], r["reason"]) for r in ok]
     ran = [r for r in ok if r["status"] == "ok"]
     assert {(r["variant"], r["scenario"]) for r in ran} >= {("declared:varlen", "packed"), ("declared:varlen", "normal"),
@@ -284,6 +285,22 @@ def test_a_declared_varlen_kernel_that_drops_the_documents_is_caught_and_diagnos
     bad = [r for r in declared.values() if r["variant"] == "declared:varlen_one_sequence"]
     assert all(r["cross_doc_max_change"] > 1.0 for r in bad)
     assert {r["diagnosis"] for r in bad} == {"document_boundary_ignored"}
+
+
+def test_a_varlen_kernel_reading_one_key_past_each_document_is_named_as_that_family_member(declared):
+    """flash_attn_varlen_func's signature with an inclusive key bound: the diagnosis names the member of
+    the document-range family, and the finding says what it does; causal hides the extra key."""
+    from audit.workload.mistakes import MISTAKES
+    rows = {r["causal"]: r for r in declared.values() if r["variant"] == "declared:varlen_inclusive_end"}
+    assert rows[False]["status"] == "ok" and rows[False]["cross_doc_max_change"] > 0.1
+    assert rows[False]["diagnosis"] == "document_keys_end_inclusive"
+    assert MISTAKES["document_keys_end_inclusive"].family == "document_ranges"
+    assert rows[True]["status"] == "ok" and rows[True]["within_budget"] and rows[True]["cross_doc_max_change"] == 0.0
+    found = [f for f in _findings({rows[False]["id"]: rows[False]}) if f.get("diagnosis")]
+    assert found and all(f["diagnosis"] == "document_keys_end_inclusive" for f in found)
+    assert any("one key past its end" in f["message"] for f in found), found
+    grads = [f for f in found if f["check"] == "grad_error_budget"]
+    assert grads and "its gradients are those of the forward's mistake" in grads[0]["message"], grads
 
 
 @pytest.mark.parametrize("kwargs, message", [

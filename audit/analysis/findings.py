@@ -469,7 +469,9 @@ def _add_diagnosis(finding: dict, frame: pd.DataFrame) -> None:
     from ..workload.mistakes import MISTAKES
 
     column = DIAGNOSED_CHECKS[finding["check"]]
-    library = {"grad_diagnosis": BACKWARD_MISTAKES, "lse_diagnosis": all_lse_mistakes(),
+    # gradients are named by a backward mistake, or by the forward's mistake where they are its
+    # gradients (measure/diagnosis.py: diagnose_grads_as_forward)
+    library = {"grad_diagnosis": {**MISTAKES, **BACKWARD_MISTAKES}, "lse_diagnosis": all_lse_mistakes(),
                "lse_grad_diagnosis": all_lse_mistakes()}.get(column, MISTAKES)
     if column not in frame:
         return
@@ -493,6 +495,8 @@ def _add_diagnosis(finding: dict, frame: pd.DataFrame) -> None:
     example = best.loc[golden_err.idxmax()] if golden_err.notna().any() else best.iloc[0]
     known = library.get(name)
     title = known.title if known else name
+    if column == "grad_diagnosis" and name in MISTAKES and name not in BACKWARD_MISTAKES:
+        what = "its gradients are those of the forward's mistake, differentiated: they match"
     finding.update(diagnosis=name, diagnosis_title=title, diagnosis_cells=int(len(best)),
                    diagnosis_err=_float(example.get(f"{column}_err")),
                    diagnosis_golden_err=_float(example.get(f"{column}_golden_err")))

@@ -61,6 +61,7 @@ class CellState:
     grads: tuple | None = None             # (dq, dk, dv[, dsinks]) of the numerics forward+backward
     columns: dict[str, Any] = field(default_factory=dict)   # the record's measured columns so far
     paged_call: Any = None                 # workload.varlen.PagedCall of a paged variant in a paged cell, or None
+    grad_evidence: Any = None              # diagnosis.GradEvidence of gradients no backward mistake matched, or None
 
     @property
     def golden(self) -> Golden:
@@ -273,9 +274,12 @@ def grad_diagnosis(cell: CellState) -> dict[str, Any]:
     gradients are outside their budget; a failing diagnosis keeps the cell, with a reason."""
     from .diagnosis import diagnose_grads_cell
     try:
-        return diagnose_grads_cell(cell.grads[:3], cell.inputs, cell.ref, cell.case.dtype)
+        columns, evidence = diagnose_grads_cell(cell.grads[:3], cell.inputs, cell.ref, cell.case.dtype)
     except Exception as exc:  # noqa: BLE001
         return {"reason": _joined(cell, f"gradient diagnosis failed: {failure_reason(exc)}")}
+    if columns["grad_diagnosis"] == "none":
+        cell.grad_evidence = evidence       # the forward's mistake is tried once it is known (grad_forward_diagnosis)
+    return columns
 
 
 @check("sink_grad", needs=("grads", "golden"), when=lambda cell: len(cell.grads) > 3)
@@ -507,6 +511,22 @@ def diagnosis(cell: CellState) -> dict[str, Any]:
                              call=forward_with(cell))
     except Exception as exc:  # noqa: BLE001
         return {"reason": _joined(cell, f"diagnosis failed: {failure_reason(exc)}")}
+
+
+@check("grad_forward_diagnosis", needs=("out", "golden", "record"), phase="diagnosis",
+       when=lambda cell: cell.grad_evidence is not None and cell.columns.get("diagnosis") not in (None, "none"))
+def grad_forward_diagnosis(cell: CellState) -> dict[str, Any]:
+    """Gradients no backward mistake explains, of a cell whose output is diagnosed: where they match
+    the gradients of the forward's mistake itself (a kernel differentiating what it wrongly
+    computed), the gradient diagnosis names that mistake too (measure.diagnosis.diagnose_grads_as_forward)."""
+    from .diagnosis import diagnose_grads_as_forward
+    evidence, cell.grad_evidence = cell.grad_evidence, None
+    try:
+        found = diagnose_grads_as_forward(evidence, cell.inputs, cell.ref, cell.case.dtype,
+                                          cell.columns["diagnosis"], cell.out)
+    except Exception as exc:  # noqa: BLE001
+        return {"reason": _joined(cell, f"gradient diagnosis by the forward's mistake failed: {failure_reason(exc)}")}
+    return found or {}
 
 
 # --------------------------------------------------------------------------- the contract, and failures

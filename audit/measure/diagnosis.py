@@ -215,10 +215,14 @@ def attempt_for(inputs: Inputs, batches: list[int], heads: list[int], *, alignme
         bias = bias.index_select(0, b_index)                                 # (b, 1, Tq|1, Tk)
     if observed is not None:
         observed = observed.detach().index_select(0, b_index).index_select(1, h_index).double()
+    flat_kv = None
+    if inputs.cu_seqlens is not None:          # a packed cell: every token, as a kernel on (total, H, d) sees them
+        flat_kv = tuple(t.detach().transpose(1, 2).reshape(-1, *t.shape[1:2], t.shape[-1]).double()
+                        for t in (inputs.k, inputs.v))                       # (B·Tk, Hkv, d)
     return Attempt(q=q, k=k, v=v, heads=tuple(heads), n_heads=inputs.q.shape[1], causal=inputs.causal,
                    alignment=alignment, visible=vis, bias=bias, score_mod=inputs.score_mod, observed=observed,
                    dtype=dtype, sinks=None if inputs.sinks is None else inputs.sinks.detach().double(),
-                   batches=tuple(batches), n_batch=inputs.q.shape[0], cu_seqlens=inputs.cu_seqlens)
+                   batches=tuple(batches), n_batch=inputs.q.shape[0], cu_seqlens=inputs.cu_seqlens, flat_kv=flat_kv)
 
 
 def diagnose_cell(out: Any, inputs: Inputs, ref: Any, dtype: str, baseline_rmse: float | None,
@@ -399,12 +403,21 @@ def diagnose_grads(attempt: Attempt, golden: dict[str, Any], observed: dict[str,
     return result
 
 
-def diagnose_grads_cell(grads: tuple, inputs: Inputs, ref: Any, dtype: str) -> dict[str, Any]:
-    """The backward diagnosis columns of one cell: `grad_diagnosis` (a backward mistake's name,
-    "none" when none matched), `grad_diagnosis_err`, `grad_diagnosis_golden_err`.
+@dataclass
+class GradEvidence:
+    """A cell's gradients on its diagnosis slices, kept (float64, small) past its gradients phase
+    for the record stage, where the forward's diagnosis is known: grad_forward_diagnosis."""
 
-    grads: the variant's (dq (B, H, Tq, d), dk (B, Hkv, Tk, d), dv) in the cell dtype; ref: the
-    cell's cellcache.Reference (its baseline's gradient RMSEs set the tolerances)."""
+    batches: list[int]
+    heads: list[int]
+    observed: dict[str, Any]               # {"dq": (b, h, Tq, d), "dk", "dv": (b, Hkv, Tk, d)} float64
+    grad_out: Any                          # (b, h, Tq, d) float64
+    golden: dict[str, Any]                 # the right float64 gradients (backward_of)
+    tol: dict[str, float]                  # each gradient's budget
+
+
+def _grad_evidence(grads: tuple, inputs: Inputs, ref: Any, dtype: str) -> tuple[GradEvidence, Attempt, Any, tuple]:
+    """(evidence, its attempt, the memo, the memo's tag) of a cell's gradients (dq, dk, dv)."""
     import torch
     dq, dk, dv = grads
     B, H, Tq, d = dq.shape
@@ -423,6 +436,72 @@ def diagnose_grads_cell(grads: tuple, inputs: Inputs, ref: Any, dtype: str) -> d
         golden = memo_run(memo, tag + ("right",), backward_of, attempt)
         base = ref.baseline_grad_rmse or {}
         tol = {g: tolerance(base.get(g), dtype, golden[g], factor=GRAD_BUDGET_FACTOR[g]) for g in golden}
-        found = diagnose_grads(attempt, golden, observed, tol, memo=memo, tag=tag)
-    return {"grad_diagnosis": found.name, "grad_diagnosis_err": found.err,
-            "grad_diagnosis_golden_err": found.golden_err}
+    return GradEvidence(batches, heads, observed, attempt.grad_out, golden, tol), attempt, memo, tag
+
+
+def diagnose_grads_cell(grads: tuple, inputs: Inputs, ref: Any, dtype: str) -> tuple[dict[str, Any], GradEvidence]:
+    """The backward diagnosis columns of one cell: `grad_diagnosis` (a backward mistake's name,
+    "none" when none matched), `grad_diagnosis_err`, `grad_diagnosis_golden_err`; and the evidence,
+    for the forward's mistake to be tried on the gradients once the forward is diagnosed
+    (diagnose_grads_as_forward).
+
+    grads: the variant's (dq (B, H, Tq, d), dk (B, Hkv, Tk, d), dv) in the cell dtype; ref: the
+    cell's cellcache.Reference (its baseline's gradient RMSEs set the tolerances)."""
+    import torch
+    evidence, attempt, memo, tag = _grad_evidence(grads, inputs, ref, dtype)
+    with torch.no_grad():
+        found = diagnose_grads(attempt, evidence.golden, evidence.observed, evidence.tol, memo=memo, tag=tag)
+    return ({"grad_diagnosis": found.name, "grad_diagnosis_err": found.err,
+             "grad_diagnosis_golden_err": found.golden_err}, evidence)
+
+
+def forward_mistake_grads(a: Attempt, name: str) -> dict[str, Any] | None:
+    """The float64 gradients (dq (b, h, Tq, d), dk, dv (b, Hkv, Tk, d)) of the forward mistake `name`'s
+    output under the attempt's upstream gradient: what a kernel making that mistake in its forward,
+    and differentiating what it computed, gives. A row the mistake leaves no key gets 0 (not NaN),
+    so its gradients stay finite; keys a packed cell's mistake reads from another batch row
+    (Attempt.flat_kv) add to that row's. None where the mistake cannot differ here, or lives in the
+    cell dtype's range (precision "cell": its float64 gradients say nothing)."""
+    import torch
+    mistake = MISTAKES.get(name)
+    if mistake is None or mistake.precision != "float64":
+        return None
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (a.q, a.k, a.v))
+    flat = None if a.flat_kv is None else tuple(t.detach().clone().requires_grad_(True) for t in a.flat_kv)
+    attempt = replace(a, q=q, k=k, v=v, flat_kv=flat, empty_rows_zero=True)
+    with torch.enable_grad():
+        out = mistake.fn(attempt)                                            # (b, h, Tq, d)
+        if out is None:
+            return None
+        finite = torch.isfinite(out).all(-1, keepdim=True)                   # (b, h, Tq, 1)
+        loss = (torch.where(finite, out, torch.zeros_like(out)) * a.grad_out).sum()
+        leaves = (q, k, v) + (flat if flat is not None else ())
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)]
+    dq, dk, dv = grads[:3]
+    if flat is not None:                                    # (B·T, Hkv, d) -> the attempt's batches' (b, Hkv, T, d)
+        rows = torch.tensor(a.batches, device=dk.device)
+        dk, dv = (d + g.reshape(a.n_batch, -1, *g.shape[1:]).permute(0, 2, 1, 3).index_select(0, rows)
+                  for d, g in ((dk, grads[3]), (dv, grads[4])))
+    return {"dq": dq, "dk": dk, "dv": dv}
+
+
+def diagnose_grads_as_forward(evidence: GradEvidence, inputs: Inputs, ref: Any, dtype: str, forward: str,
+                              out: Any) -> dict[str, Any] | None:
+    """The gradient diagnosis columns naming the forward's mistake `forward`, where the cell's
+    gradients (evidence) match that mistake's own gradients (forward_mistake_grads) by
+    diagnose_grads' rule and budgets; None where they do not. out: the variant's (B, H, Tq, d)
+    output (a mistake fitted to it, e.g. the form of a document-range mistake, is fitted again)."""
+    import torch
+    mistake = MISTAKES.get(forward)
+    if mistake is None:
+        return None
+    with torch.no_grad():
+        attempt = attempt_for(inputs, evidence.batches, evidence.heads, alignment=ref.alignment, dtype=dtype,
+                              observed=out)
+        attempt.grad_out = evidence.grad_out
+    entry = replace(mistake, fn=lambda a: forward_mistake_grads(a, forward))
+    found = diagnose_grads(attempt, evidence.golden, evidence.observed, evidence.tol, mistakes={forward: entry})
+    if found.name != forward:
+        return None
+    return {"grad_diagnosis": forward, "grad_diagnosis_err": found.err, "grad_diagnosis_golden_err": found.golden_err}

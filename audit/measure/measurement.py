@@ -141,7 +141,7 @@ class _Cell(CellState):
         if self.vault is not None:
             self.vault.release()
         self.out = self.lse = self.grads = self.merged = self.first_result = self.last_lse = None
-        self.lse_loss_grads = None
+        self.lse_loss_grads = self.grad_evidence = None
 
 
 def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,

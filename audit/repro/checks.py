@@ -26,7 +26,7 @@ from ..core.defects import LEAK_OVER_NOISE
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..measure.cellcache import build_reference
-from ..measure.diagnosis import diagnose_cell, diagnose_grads_cell
+from ..measure.diagnosis import diagnose_cell, diagnose_grads_as_forward, diagnose_grads_cell
 from ..measure.checks import alignment_of, grad_rmse, variant_weight_metrics
 from ..measure.measurement import LEAK_REPORT_BYTES, input_grads
 from ..measure.memory import held_bytes, pin_malloc_threshold
@@ -237,7 +237,9 @@ def verify_grad_error_budget(case: Any, inputs: Any, load_variant: Callable, rec
     defect = any(measured[f"{g}_within_budget"] is False for g in GRADIENTS)
     if recorded.get("grad_diagnosis") is None:
         return defect, lines, measured
-    found = diagnose_grads_cell(grads, inputs, ref, case.dtype)
+    found, evidence = diagnose_grads_cell(grads, inputs, ref, case.dtype)
+    if found["grad_diagnosis"] == "none" and recorded.get("diagnosis") not in (None, "none"):
+        found = diagnose_grads_as_forward(evidence, inputs, ref, case.dtype, recorded["diagnosis"], out) or found
     return _rediagnosed(defect, lines, measured, recorded, found, "grad_diagnosis", "the gradients")
 
 

@@ -44,8 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .inputs import causal_offset, torch_dtype
-from .packing import documents_mask, v_at_k_stride
-from .varlen import document_owner
+from .packing import v_at_k_stride
 
 ROWS = ("seen", "all")
 PRECISIONS = ("float64", "cell")
@@ -66,6 +65,7 @@ class Mistake:
     rows: str = "seen"            # ROWS: which rows the comparison covers (module docstring)
     specificity: int = 1          # ties go to the higher: 0 a fit, 2 a special case of another
     precision: str = "float64"    # PRECISIONS: "cell" evaluates it in the cell's dtype (module docstring)
+    family: str = ""              # the parameterised mistake it is a member of (mistake_family), or ""
 
 
 MISTAKES: dict[str, Mistake] = {}
@@ -75,10 +75,16 @@ def register(registry: dict[str, Mistake], entry: Mistake) -> None:
     """Add `entry` to `registry` (MISTAKES, or backward_mistakes.BACKWARD_MISTAKES). The same name
     twice is an error unless it is the same function again (a module reload)."""
     old = registry.get(entry.name)
-    if old is not None and (old.fn.__module__, old.fn.__qualname__) != (entry.fn.__module__, entry.fn.__qualname__):
-        raise ValueError(f"mistake {entry.name!r} is already registered by {old.fn.__module__}."
-                         f"{old.fn.__qualname__}")
+    if old is not None and _origin(old.fn) != _origin(entry.fn):
+        raise ValueError(f"mistake {entry.name!r} is already registered by {'.'.join(map(str, _origin(old.fn)[:2]))}")
     registry[entry.name] = entry
+
+
+def _origin(fn: Callable) -> tuple:
+    """(module, qualified name, member parameters) of a mistake's function: a family member is a
+    functools.partial of the family's function (a reproduction script copies it as one)."""
+    inner = getattr(fn, "func", fn)
+    return (inner.__module__, inner.__qualname__, tuple(sorted(getattr(fn, "keywords", {}).items())))
 
 
 def mistake(name: str, *, title: str, what: str, where: str, rows: str = "seen",
@@ -93,6 +99,43 @@ def mistake(name: str, *, title: str, what: str, where: str, rows: str = "seen",
         register(MISTAKES, Mistake(name, title, what, where, fn, rows, specificity, precision))
         return fn
     return add
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of a mistake family: its registered name, its texts and the keyword arguments the
+    family's function takes for it."""
+
+    name: str
+    title: str
+    what: str
+    params: tuple[tuple[str, Any], ...]    # ((keyword, value), ...)
+
+
+def mistake_family(family: str, members: "tuple[Member, ...]", *, where: str, rows: str = "seen",
+                   specificity: int = 1, precision: str = "float64") -> Callable[[Callable], Callable]:
+    """Register a parameterised mistake: fn(attempt, **params) -> the mistaken float64 output or
+    None, once per member. Each member is a Mistake of its own (its name and texts, the family's
+    function with its parameters, Mistake.family the family's name), so the diagnosis searches the
+    whole family as it searches any mistake and names the member that matches: "each document sees
+    one key past its end", not only "a document boundary is wrong"."""
+    import functools
+    if rows not in ROWS:
+        raise ValueError(f"mistake family {family!r}: rows must be one of {ROWS}, not {rows!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"mistake family {family!r}: precision must be one of {PRECISIONS}, not {precision!r}")
+
+    def add(fn: Callable) -> Callable:
+        for m in members:
+            register(MISTAKES, Mistake(m.name, m.title, m.what, where, functools.partial(fn, **dict(m.params)),
+                                       rows, specificity, precision, family))
+        return fn
+    return add
+
+
+def family_members(family: str) -> list[str]:
+    """The registered members of a mistake family, in registration order."""
+    return [name for name, m in MISTAKES.items() if m.family == family]
 
 
 @dataclass
@@ -123,6 +166,8 @@ class Attempt:
     batches: tuple[int, ...] = ()  # the cell's index of each of q's b batches
     n_batch: int = 0              # B, the cell's batch size
     cu_seqlens: Any = None        # a packed cell's (documents + 1,) offsets into the B·T flattened tokens, or None
+    flat_kv: Any = None           # a packed cell's (k, v) of every token, (B·Tk, Hkv, d) float64 flattened row by row
+    empty_rows_zero: bool = False  # softmax gives a row with no key 0 weights (not NaN): its gradients stay finite
 
     def head_sinks(self, sinks: Any = _SAME) -> Any:
         """The sinks (H,) -> those of the selected query heads as a (1, h, 1, 1) column, or None."""
@@ -141,7 +186,8 @@ class Attempt:
         dt = torch_dtype(self.dtype)
         cast = {n: getattr(self, n).to(dt) for n in ("q", "k", "v")}
         bias = None if self.bias is None else self.bias.to(dt)
-        return replace(self, **cast, bias=bias)
+        flat = None if self.flat_kv is None else tuple(t.to(dt) for t in self.flat_kv)
+        return replace(self, **cast, bias=bias, flat_kv=flat)
 
     @property
     def tq(self) -> int:
@@ -207,15 +253,20 @@ class Attempt:
             return torch.ones(1, 1, self.tq, dtype=torch.bool, device=self.q.device)
         return keep.expand(*keep.shape[:2], self.tq, self.tk).any(-1)      # (b|1, 1, Tq)
 
-    @staticmethod
-    def softmax(scores: Any, keep: Any, dim: int = -1, sinks: Any = None) -> Any:
-        """Hidden scores to -inf, softmax over `dim`: an empty row (or column) becomes NaN. sinks
+    def softmax(self, scores: Any, keep: Any, dim: int = -1, sinks: Any = None) -> Any:
+        """Hidden scores to -inf, softmax over `dim`: an empty row (or column) becomes NaN (0 where
+        the attempt has empty_rows_zero: the gradients of a mistake's output, measure.diagnosis). sinks
         (1, h, 1, 1) or None: one more column over the keys (dim -1), dropped after the softmax."""
         import torch
+        has_key = None
         if keep is not None:
             scores = scores.masked_fill(~keep, float("-inf"))
+            if self.empty_rows_zero and sinks is None:
+                has_key = keep.any(dim, keepdim=True)                               # (…, 1) along dim
+                scores = scores.masked_fill(~has_key, 0.0)
         if sinks is None or dim != -1:
-            return torch.softmax(scores, dim=dim)
+            probs = torch.softmax(scores, dim=dim)
+            return probs if has_key is None else probs * has_key
         column = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)            # (b, h, rows, 1)
         return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
 
@@ -564,12 +615,6 @@ def sink_wrong_head(a: Attempt) -> Any:
 # --------------------------------------------------------------------------- layouts: packed documents, latent heads
 
 
-def _documents_keep(a: Attempt, cu_seqlens: Any) -> Any:
-    """(b, 1, T, T) bool: the documents of `cu_seqlens` in the attempt's batches (same document, owned)."""
-    import torch
-    return documents_mask(document_owner(cu_seqlens, a.n_batch, a.tk))[torch.tensor(a.batches, device=a.q.device)]
-
-
 @mistake("document_boundary_ignored", title="document boundaries ignored", specificity=2,
          what="Packed documents attend each other: every key a document owns is visible (with causal "
               "masking, the earlier documents'); only the padding past cu_seqlens[-1] is masked.",
@@ -580,16 +625,95 @@ def document_boundary_ignored(a: Attempt) -> Any:
     return a.attend(keep=a.keep(visible=a.visible.any(-2, keepdim=True)))          # (b, 1, 1, Tk): owned keys
 
 
-@mistake("cu_seqlens_off_by_one", title="cu_seqlens off by one",
-         what="Each interior document boundary sits one token late: a document's first token is read as the "
-              "last token of the document before it.",
-         where="cu_seqlens built from lengths off by one (an inclusive end, a shifted cumsum), or <= for <.")
-def cu_seqlens_off_by_one(a: Attempt) -> Any:
+def _shifted(cu: list[int], shift: int) -> list[int]:
+    """cu_seqlens with every interior boundary moved by `shift` tokens (the first and last kept)."""
+    return cu[:1] + [c + shift for c in cu[1:-1]] + cu[-1:]
+
+
+def _document_ranges(a: Attempt, *, key_start: int, key_end: int, query_shift: int, key_shift: int,
+                     flattened: bool) -> Any:
+    """Attention over packed documents with the document ranges mistaken: query p (of the document
+    d that the queries' boundaries, shifted by query_shift, give it) sees the keys j with
+    start_d + key_start <= j < end_d + key_end, (start_d, end_d) from the keys' boundaries shifted
+    by key_shift; causal: j <= p as well. Queries past cu_seqlens[-1] see nothing.
+
+    flattened: the keys range over the B·T tokens flattened row by row, as a kernel on packed
+    (total, H, d) tensors reads them (a document ending at its row's end sees the next row's first
+    token one key past it); else within the query's batch row only, as a dense kernel reading the
+    documents off a (B, 1, T, T) mask does. -> (b, h, T, d)."""
+    import torch
+    B, T = a.n_batch, a.tk
+    cu = [int(c) for c in a.cu_seqlens.tolist()]
+    q_bounds, k_bounds = _shifted(cu, query_shift), _shifted(cu, key_shift)
+    dev = a.q.device
+    rows = torch.tensor(a.batches, device=dev)[:, None]                                # (b, 1)
+    p = rows * T + torch.arange(T, device=dev)[None, :]                                 # (b, T) query positions
+    reach = 1 if flattened else 0                                                       # keys beyond the row
+    j = rows * T + torch.arange(-reach, T + reach, device=dev)[None, :]                 # (b, T + 2·reach)
+    q_doc = torch.searchsorted(torch.tensor(q_bounds, device=dev), p, right=True) - 1   # (b, T)
+    owned = p < cu[-1]
+    starts = torch.tensor(k_bounds[:-1] + [cu[-1]], device=dev)[q_doc.clamp(0, len(cu) - 1)] + key_start
+    ends = torch.tensor(k_bounds[1:] + [cu[-1]], device=dev)[q_doc.clamp(0, len(cu) - 2)] + key_end
+    keep = ((j[:, None, :] >= starts[..., None]) & (j[:, None, :] < ends[..., None])
+            & (j[:, None, :] >= 0) & (j[:, None, :] < B * T) & owned[..., None])       # (b, T, Tk')
+    if a.causal:
+        keep &= j[:, None, :] <= p[..., None]
+    if not flattened:
+        return a.attend(keep=keep[:, None])
+    flat_k, flat_v = a.flat_kv                                                          # (B·T, Hkv, d)
+    index = j.clamp(0, B * T - 1)                                                       # (b, T + 2)
+    k, v = (t[index].permute(0, 2, 1, 3) for t in (flat_k, flat_v))                    # (b, Hkv, T + 2, d)
+    return a.attend(keep=keep[:, None], k=k, v=v)
+
+
+DOCUMENT_RANGES = (
+    Member("cu_seqlens_off_by_one", "cu_seqlens off by one",
+           "Each interior document boundary sits one token late, for queries and keys: a document's first "
+           "token is read as the last token of the document before it.",
+           (("query_shift", 1), ("key_shift", 1))),
+    Member("cu_seqlens_one_early", "cu_seqlens one early",
+           "Each interior document boundary sits one token early, for queries and keys: a document's last "
+           "token is read as the first token of the next.", (("query_shift", -1), ("key_shift", -1))),
+    Member("document_keys_end_inclusive", "one key past each document's end",
+           "Each document sees one key past its end (the next document's first): an inclusive end on the keys.",
+           (("key_end", 1),)),
+    Member("document_keys_end_short", "last key of each document dropped",
+           "Each document misses its own last key: the end on the keys one short.", (("key_end", -1),)),
+    Member("document_keys_start_early", "one key before each document's start",
+           "Each document sees one key before its start (the previous document's last): the start on the keys "
+           "one early.", (("key_start", -1),)),
+    Member("document_keys_start_exclusive", "first key of each document dropped",
+           "Each document misses its own first key: an exclusive start on the keys.", (("key_start", 1),)),
+    Member("document_queries_late", "queries' boundaries one token late",
+           "The queries' document boundaries sit one token late (the keys' are right): each document's first "
+           "query attends as the previous document's.", (("query_shift", 1),)),
+    Member("document_queries_early", "queries' boundaries one token early",
+           "The queries' document boundaries sit one token early (the keys' are right): each document's last "
+           "query attends as the next document's.", (("query_shift", -1),)),
+)
+
+
+@mistake_family("document_ranges", DOCUMENT_RANGES,
+                where="cu_seqlens built from lengths off by one (an inclusive end, a shifted cumsum), a <= for < "
+                      "in a kernel's key loop bound, or the queries' offsets and the keys' read from different arrays")
+def document_ranges(a: Attempt, *, key_start: int = 0, key_end: int = 0, query_shift: int = 0,
+                    key_shift: int = 0) -> Any:
+    """A member of the document-range family: the documents' key ranges or query boundaries off by
+    one (_document_ranges); of its two forms (keys within the row, or over the flattened tokens),
+    the one nearer the variant's output when there is one to compare with."""
+    import torch
     if a.cu_seqlens is None or not a.batches:
         return None
-    shifted = a.cu_seqlens.clone()
-    shifted[1:-1] += 1
-    return a.attend(keep=a.keep(visible=_documents_keep(a, shifted.to(a.q.device))))
+    forms = [_document_ranges(a, key_start=key_start, key_end=key_end, query_shift=query_shift,
+                              key_shift=key_shift, flattened=flat)
+             for flat in ((False, True) if a.flat_kv is not None else (False,))]
+    if a.observed is None or len(forms) == 1:
+        return forms[0]
+    # compared where every form has a key (a row one form empties is NaN there, and not compared
+    # by the diagnosis): the forms differ only where a document's range crosses its row's end
+    rows = torch.stack([torch.isfinite(f).all(-1) for f in forms]).all(0)               # (b, h, T)
+    rows &= torch.isfinite(a.observed).all(-1)
+    return min(forms, key=lambda f: float(sq_diff(f.detach(), a.observed)[rows].sum()))
 
 
 @mistake("v_read_at_k_stride", title="V read at K's row stride",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import audit
 from standins import (LowerTriangularFromBottomRightMask, flash_attn_func, flash_attn_varlen_func,
-                      flash_attn_varlen_func_one_sequence, memory_efficient_attention)
+                      flash_attn_varlen_func_inclusive_end, flash_attn_varlen_func_one_sequence,
+                      memory_efficient_attention)
 
 flash = audit.adapt(flash_attn_func, layout="bthd", causal="bottom-right", causal_arg="causal",
                     scale_arg="softmax_scale", softcap_arg="softcap", gqa=True)
@@ -32,3 +33,10 @@ varlen_one_sequence = audit.adapt(flash_attn_varlen_func_one_sequence, layout="t
                                   causal_arg="causal", scale_arg="softmax_scale", gqa=True,
                                   cu_seqlens_arg=("cu_seqlens_q", "cu_seqlens_k"),
                                   max_seqlen_arg=("max_seqlen_q", "max_seqlen_k"))
+
+# A varlen kernel whose key loop bound is inclusive, declared as docs/variants.md declares `varlen`: the
+# diagnosis must name the member of the document-range family (tests/test_layouts.py).
+varlen_inclusive_end = audit.adapt(flash_attn_varlen_func_inclusive_end, layout="thd", causal="bottom-right",
+                                   causal_arg="causal", scale_arg="softmax_scale", softcap_arg="softcap", gqa=True,
+                                   cu_seqlens_arg=("cu_seqlens_q", "cu_seqlens_k"),
+                                   max_seqlen_arg=("max_seqlen_q", "max_seqlen_k"))

@@ -222,3 +222,56 @@ def v_read_at_k_stride(q, k, v, **kw):
     flat = torch.cat([v.reshape(B, H, T * dv), v.new_zeros(B, H, T * d + dv)], dim=-1)
     rows = torch.stack([flat[..., j * d:j * d + dv] for j in range(T)], dim=2)   # (B, H, T, dv): 0 past the end
     return attention(q, k, rows, empty_rows_zero=True, **kw)
+
+
+def _document_ranges(q, k, v, *, mask=None, key_start=0, key_end=0, query_shift=0, key_shift=0, **kw):
+    """Packed documents read off the document mask, their ranges mistaken: query p of document d (by
+    the queries' boundaries, each interior one moved by query_shift) sees the keys of its batch row
+    from start + key_start to end + key_end (the keys' boundaries moved by key_shift)."""
+    B, T = mask.shape[0], mask.shape[-1]
+    owned = mask[:, 0].any(-1)                                               # (B, T): rows a document owns
+    first = mask[:, 0].float().argmax(-1)                                    # (B, T): its document's first token
+    starts = sorted({b * T + int(first[b, i]) for b in range(B) for i in range(T) if owned[b, i]})
+    end = max(b * T + i for b in range(B) for i in range(T) if owned[b, i]) + 1
+    bounds = [0] + starts[1:] + [end]
+    q_bounds = torch.tensor(bounds[:1] + [s + query_shift for s in bounds[1:-1]] + bounds[-1:])
+    k_bounds = bounds[:1] + [s + key_shift for s in bounds[1:-1]] + bounds[-1:]
+    keep = torch.zeros(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            p = b * T + i
+            if p >= end:
+                continue
+            doc = int(torch.searchsorted(q_bounds, torch.tensor(p), right=True)) - 1
+            lo, hi = k_bounds[doc] + key_start, k_bounds[doc + 1] + key_end
+            for j in range(T):
+                keep[b, i, j] = lo <= b * T + j < hi
+    return attention(q, k, v, mask=keep[:, None], empty_rows_zero=True, **kw)
+
+
+def cu_seqlens_one_early(q, k, v, **kw):
+    return _document_ranges(q, k, v, query_shift=-1, key_shift=-1, **kw)
+
+
+def document_keys_end_inclusive(q, k, v, **kw):
+    return _document_ranges(q, k, v, key_end=1, **kw)
+
+
+def document_keys_end_short(q, k, v, **kw):
+    return _document_ranges(q, k, v, key_end=-1, **kw)
+
+
+def document_keys_start_early(q, k, v, **kw):
+    return _document_ranges(q, k, v, key_start=-1, **kw)
+
+
+def document_keys_start_exclusive(q, k, v, **kw):
+    return _document_ranges(q, k, v, key_start=1, **kw)
+
+
+def document_queries_late(q, k, v, **kw):
+    return _document_ranges(q, k, v, query_shift=1, **kw)
+
+
+def document_queries_early(q, k, v, **kw):
+    return _document_ranges(q, k, v, query_shift=-1, **kw)

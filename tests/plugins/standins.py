@@ -115,3 +115,27 @@ def flash_attn_varlen_func_one_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, max
     whole_k = torch.tensor([0, total_k], dtype=torch.int32, device=q.device)
     return flash_attn_varlen_func(q, k, v, whole_q, whole_k, total_q, total_k, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table)
+
+
+def flash_attn_varlen_func_inclusive_end(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                         dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                                         softcap=0.0, alibi_slopes=None, deterministic=False,
+                                         return_attn_probs=False, block_table=None):
+    """The same signature, its key loop bound inclusive (`j <= end`): each sequence also reads the key
+    right after its own, the next sequence's first (the causal mask, from the true lengths, hides it).
+    What the audit must name."""
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(starts_q) - 1):
+        a, b, c, d = starts_q[i], starts_q[i + 1], starts_k[i], starts_k[i + 1]
+        if b == a:
+            continue
+        stop = min(d + 1, k.shape[0])                                        # the inclusive end
+        keep = None
+        if causal:
+            keep = torch.zeros(b - a, stop - c, dtype=torch.bool, device=q.device)
+            keep[:, :d - c] = _bottom_right(b - a, d - c, q.device)
+        out[a:b] = _attention(q[None, a:b], k[None, c:stop], v[None, c:stop], scale, keep=keep,
+                              softcap=softcap)[0].to(q.dtype)
+    return (out, None, None) if return_attn_probs else out
