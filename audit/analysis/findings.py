@@ -495,13 +495,14 @@ def _add_diagnosis(finding: dict, frame: pd.DataFrame) -> None:
     example = best.loc[golden_err.idxmax()] if golden_err.notna().any() else best.iloc[0]
     known = library.get(name)
     title = known.title if known else name
+    lead = f"{what} a known mistake,"
     if column == "grad_diagnosis" and name in MISTAKES and name not in BACKWARD_MISTAKES:
-        what = "its gradients are those of the forward's mistake, differentiated: they match"
+        lead = "no backward mistake explains its gradients: they are those of the forward's mistake, differentiated,"
     finding.update(diagnosis=name, diagnosis_title=title, diagnosis_cells=int(len(best)),
                    diagnosis_err=_float(example.get(f"{column}_err")),
                    diagnosis_golden_err=_float(example.get(f"{column}_golden_err")))
     others = [f"{n} ({int(counts[n])})" for n in counts.index if n != name]
-    text = (f" Diagnosis: in {len(best)} of {len(cells)} diagnosed cell(s) {what} a known mistake, "
+    text = (f" Diagnosis: in {len(best)} of {len(cells)} diagnosed cell(s) {lead} "
             f"{title} (RMSE {_fmt(finding['diagnosis_err'])} against it, {_fmt(finding['diagnosis_golden_err'])} "
             f"against the correct golden, at {example['id']}).")
     if known:
