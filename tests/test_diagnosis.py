@@ -66,7 +66,7 @@ CELLS: dict[str, dict] = {
 }
 BASE = dict(variant="x", device="cpu", dtype="fp32", d_k=16, seq_len=32, batch=2, heads=2, causal=False,
             scenario="normal")
-BUILTIN = [name for name, m in MISTAKES.items() if getattr(m.fn, "func", m.fn).__module__ == library.__name__]
+BUILTIN = [name for name, m in MISTAKES.items() if getattr(m.fn, "func", m.fn).__module__ in library.LIBRARY_MODULES]
 
 
 def cell(**fields) -> tuple[Case, object, object]:

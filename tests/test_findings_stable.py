@@ -1,4 +1,5 @@
-"""The checks caught what they caught before they were made cheaper (issue 41): the shared quick run
+"""The checks caught what they caught before they were made cheaper (issue 41), and the checks added
+since (issue 43) take nothing away: the shared quick run
 (every cell, no budget) against the findings the same preset gave at commit abdae60, stored in
 tests/data/quick-findings-abdae60/ (its `about` says how they were made).
 
@@ -42,17 +43,31 @@ def _cell_verdicts(records: list[dict]) -> dict[str, dict]:
     return out
 
 
+# What was added since abdae60 (issue 43): the argument probes' finding, on any variant whose arguments
+# it finds ignored, and their own controls; and gradients no backward mistake explains now named by the
+# forward's mistake where they are its gradients (grad_diagnosis "none" -> the cell's diagnosis).
+NEW_CHECKS = {"argument_ignored"}
+
+
 def test_the_quick_preset_finds_and_diagnoses_what_it_did_before(quick_run):
+    from audit.workload.variants import ARGUMENT_CONTROL_NAMES
     before = json.loads(BEFORE.read_text())
     now_findings = json.loads((quick_run / "findings.json").read_text())
     want, got = _findings(before["findings"]), _findings(now_findings)
     assert sorted(set(want) - set(got)) == [], "findings lost"
-    assert sorted(set(got) - set(want)) == [], "findings new"
-    assert {k: v for k, v in got.items() if v != want[k]} == {}, "the same findings in other cells"
+    new = sorted(k for k in set(got) - set(want) if k[0] not in NEW_CHECKS and k[2] not in ARGUMENT_CONTROL_NAMES)
+    assert new == [], "findings new, not of a check or control added since"
+    assert any(k[0] in NEW_CHECKS for k in got) and all(c in {k[2] for k in got} for c in ARGUMENT_CONTROL_NAMES)
+    assert not [k for k in got if k[0] in NEW_CHECKS and not k[2].startswith("broken.")], "built-ins honour every argument"
+    assert {k: v for k, v in got.items() if k in want and v != want[k]} == {}, "the same findings in other cells"
     stored = {i: {c: v for c, v in cell.items() if i.startswith("broken.") or v != "none"}
               for i, cell in before["cells"].items()}
     stored = {i: cell for i, cell in stored.items() if cell}
     records = [json.loads(line) for line in (quick_run / "records.jsonl").read_text().splitlines() if line.strip()]
-    now = _cell_verdicts(records)
+    now = {i: cell for i, cell in _cell_verdicts(records).items()
+           if not any(i.startswith(c + "-") for c in ARGUMENT_CONTROL_NAMES)}
+    for i, cell in now.items():                       # gradients named by the forward's mistake, where none was
+        if stored.get(i, {}).get("grad_diagnosis") == "none" and cell.get("grad_diagnosis") == cell.get("diagnosis"):
+            cell["grad_diagnosis"] = "none"
     assert {i: (stored.get(i), now.get(i)) for i in set(stored) | set(now) if stored.get(i) != now.get(i)} == {}
     assert sum(1 for f in before["findings"] if f["variant"].startswith("broken.")) >= 60   # the data is the real one

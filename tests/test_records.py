@@ -87,9 +87,9 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_14_with_migrations_from_1_to_13():
-    assert SCHEMA_VERSION == 14
-    assert set(MIGRATIONS) == set(range(1, 14))
+def test_schema_is_15_with_migrations_from_1_to_14():
+    assert SCHEMA_VERSION == 15
+    assert set(MIGRATIONS) == set(range(1, 15))
 
 
 @pytest.mark.parametrize("schema, added", [

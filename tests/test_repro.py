@@ -37,7 +37,8 @@ FAULTS = ["--preset", "quick", "--variant", "faults:raises", "faults:leaks", "fa
 EVERY_CHECK = {"nonfinite", "error_budget", "grad_error_budget", "masked_leakage", "fully_masked_rows", "finfo_min_mask", "fp16_overflow",
                "saturation", "input_saturation", "compiled_rewritten", "causal_alignment", "underflow",
                "memory_leak", "cell_failed", "nondeterministic", "lse_error_budget", "lse_grad_budget",
-               "lse_masked_rows", "referee", "cross_document", "paged_reads", "batch_invariance", "chunk_invariance"}
+               "lse_masked_rows", "referee", "cross_document", "paged_reads", "batch_invariance", "chunk_invariance",
+               "argument_ignored"}
 
 # Runs every script given on the command line in this one process, each as __main__ in a
 # fresh namespace, and prints one JSON line per script: its exit status and output.

@@ -13,7 +13,8 @@ from audit.measure import cellcache
 from audit.workload import inputs, presets
 from audit.workload.inputs import (SPARSE_DENSITY, UNIFORM_BOUND, constant_key_heads, make_inputs, mask_kind,
                                    scenario_mask_kind, zero_key_positions, zero_query_rows)
-from audit.workload.variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS, builtin_variants, REFEREE_CONTROL_NAMES
+from audit.workload.variants import (ARGUMENT_CONTROL_NAMES, BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS,
+                                    REFEREE_CONTROL_NAMES, builtin_variants)
 
 VALUE_SCENARIOS = ("uniform", "heavy_tailed", "constant_rows", "sparse")
 # B 2, H 4, T 128, d 32: 32768 entries in each of q, k and v
@@ -171,7 +172,7 @@ def test_the_quick_and_cpu_presets_run_the_value_scenarios_for_every_variant_and
     own = ("flex",) + presets.LSE_VARIANTS + presets.CUDA_LSE_OPS + presets.LAYOUT_VARIANTS
     layout_controls = {"broken." + c for c in LAYOUT_CONTROLS}          # the layouts' own cells
     expected = ({v for v in BUILTIN_NAMES if v not in own} | set(NEGATIVE_CONTROLS)) - set(GQA_CONTROLS) \
-        - set(REFEREE_CONTROL_NAMES) - layout_controls
+        - set(REFEREE_CONTROL_NAMES) - layout_controls - set(ARGUMENT_CONTROL_NAMES)   # the arguments': their own
     assert {"compiled", "sdpa", "broken.zero_keys_as_padding"} <= expected
     value_controls = {c for c in NEGATIVE_CONTROLS if set(builtin_variants()[c].reveals or ()) <= set(VALUE_SCENARIOS)
                       and builtin_variants()[c].reveals}

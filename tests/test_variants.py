@@ -21,13 +21,16 @@ from audit.measure.numerics import error_vs_reference
 from audit.measure.reference import golden_attention
 from audit.workload import variants
 from audit.workload.inputs import make_inputs, seed_for, torch_dtype
-from audit.workload.variants import BUILTIN_NAMES, NEGATIVE_CONTROLS, REFEREE_CONTROL_NAMES, resolve
+from audit.workload.variants import (ARGUMENT_CONTROL_NAMES, BUILTIN_NAMES, NEGATIVE_CONTROLS, REFEREE_CONTROL_NAMES,
+                                    resolve)
 from audit.workload.layout_controls import LAYOUT_CONTROLS
 
 # the controls of a numerics defect (their weights exposed, their defect in the output or gradients)
-# the layouts' controls (packed, paged, latent, invariance): tests/test_layouts.py
+# the layouts' controls (packed, paged, latent, invariance): tests/test_layouts.py; the arguments':
+# tests/test_arguments.py
 LAYOUT_CONTROL_NAMES = [c for c in NEGATIVE_CONTROLS if c.removeprefix("broken.") in LAYOUT_CONTROLS]
-NUMERICS_CONTROLS = [c for c in NEGATIVE_CONTROLS if c not in REFEREE_CONTROL_NAMES + tuple(LAYOUT_CONTROL_NAMES)]
+NUMERICS_CONTROLS = [c for c in NEGATIVE_CONTROLS
+                     if c not in REFEREE_CONTROL_NAMES + tuple(LAYOUT_CONTROL_NAMES) + ARGUMENT_CONTROL_NAMES]
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 AGREEING = ("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash")
@@ -63,7 +66,7 @@ def test_builtin_registry_matches_names():
 
 
 def test_negative_controls_are_a_separate_name_space():
-    assert len(NEGATIVE_CONTROLS) == 26
+    assert len(NEGATIVE_CONTROLS) == 30
     assert set(NEGATIVE_CONTROLS) == {"broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
                                       "broken.no_max_subtraction", "broken.softmax_wrong_dim",
                                       "broken.zero_keys_as_padding",
@@ -77,7 +80,10 @@ def test_negative_controls_are_a_separate_name_space():
                                       # the layouts' (tests/test_layouts.py)
                                       "broken.document_boundary_ignored", "broken.cu_seqlens_off_by_one",
                                       "broken.paged_extra_page", "broken.paged_wrong_sequence",
-                                      "broken.v_read_at_k_stride", "broken.batch_dependent_splits"}
+                                      "broken.v_read_at_k_stride", "broken.batch_dependent_splits",
+                                      # the argument probes' (tests/test_arguments.py): one argument ignored each
+                                      "broken.scale_ignored", "broken.softcap_fixed", "broken.causal_ignored",
+                                      "broken.mask_ignored"}
     assert set(variants.GQA_CONTROLS) <= set(NEGATIVE_CONTROLS)
     assert not set(NEGATIVE_CONTROLS) & set(BUILTIN_NAMES)
     for name in NEGATIVE_CONTROLS:

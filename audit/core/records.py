@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator
 from .referee import REFEREE_CHECKS, column as referee_column
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 # Every column a user can rely on, with its meaning. docs/output.md's column table is
@@ -126,6 +126,8 @@ COLUMNS: dict[str, str] = {
     "underflow_frac": "fraction of probabilities that are exactly 0 where the golden is > 0 (variants exposing weights)",
     "leak_mass": "largest probability mass a row puts on masked or future keys (variants exposing weights)",
     "leak_max_change": "largest output change, on rows that must not see them, when masked-out keys and values change (0 = no leak; null when nothing is masked)",
+    "arguments": "cells where arguments are probed (docs/numerics.md, Arguments): each probed argument (scale, causal, mask, softcap, sinks, cu_seqlens; lse on the scale probe of a variant returning one) -> honoured, ignored, misapplied, uninformative, refused or failed; null where none is probed",
+    "argument_evidence": "the same arguments -> {moved: RMSE of the output's change, golden_moved: RMSE of the float64 golden's, err: RMSE of their difference, budget: the most err may be} (refused: {reason}); null where none is probed",
     "cross_doc_max_change": "packed cells: largest change of the even-numbered documents' output when the other documents' keys and values (and the padding's) change (0 = no cross-document attention; null outside packed cells)",
     "page_size": "paged cells of a paged variant: slots per page of the cache it was given (the preset's, or the size the kernel declares)",
     "paged_unread_max_change": "paged cells, paged variants: largest output change between two calls whose pools differ only in the slots a correct kernel must not read (finite values there instead of NaN; 0 = it reads none; null otherwise)",
@@ -366,9 +368,14 @@ def _v13_to_v14(record: dict[str, Any]) -> dict[str, Any]:
     return _with_columns(record, 14)
 
 
+def _v14_to_v15(record: dict[str, Any]) -> dict[str, Any]:
+    """v15 added the argument probes (arguments, argument_evidence); not probed before: null."""
+    return _with_columns(record, 15)
+
+
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
               8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12, 12: _v12_to_v13,
-              13: _v13_to_v14}
+              13: _v13_to_v14, 14: _v14_to_v15}
 
 
 class NewerSchema(ValueError):

@@ -387,6 +387,9 @@ class BuildCache:
 
     def __init__(self) -> None:
         self._builds: dict[tuple, Build] = {}
+        # a compiled variant's argument probes, shared by its cells of a run (measure/arguments.py):
+        # variant -> {argument: {name: (status, evidence, cell id)}}
+        self.probe_memo: dict[str, dict] = {}
 
     @staticmethod
     def key(variant: Variant, inputs: Inputs) -> tuple:

@@ -26,6 +26,7 @@ from ..core.defects import grad_outside_budget, lse_outside_budget, numerics_def
 from ..core.errors import Unsupported
 from ..core.grid import Case
 from ..core.timesplit import CELL_PHASES
+from ..workload.arguments import probed_arguments
 from ..workload.inputs import TORCH_DTYPES, Inputs, invariance_applies
 from ..workload.presets import Preset
 from ..workload.variants import Variant
@@ -62,6 +63,7 @@ class CellState:
     columns: dict[str, Any] = field(default_factory=dict)   # the record's measured columns so far
     paged_call: Any = None                 # workload.varlen.PagedCall of a paged variant in a paged cell, or None
     grad_evidence: Any = None              # diagnosis.GradEvidence of gradients no backward mistake matched, or None
+    probe_memo: dict | None = None         # the run's argument probes of compiled variants (cellcache.BuildCache)
 
     @property
     def golden(self) -> Golden:
@@ -185,6 +187,36 @@ def paged_reads(cell: CellState) -> dict[str, Any]:
     (workload/paged_mistakes.py) its output on the first pool matches, in float64."""
     from .paged import paged_reads_columns
     return paged_reads_columns(cell)
+
+
+def call_with(cell: CellState) -> Callable[[dict], Any]:
+    """kwargs -> the variant's detached result ((out, lse) for a variant returning its lse) on the
+    cell's q and copies of k and v with these keyword arguments, in the timed calls' grad mode (the
+    argument probes: measure/arguments.py)."""
+    grad = cell.q.requires_grad
+
+    def call(kwargs: dict) -> Any:
+        result = cell.fn(cell.q, cell.k.detach().clone().requires_grad_(grad),
+                         cell.v.detach().clone().requires_grad_(grad), **kwargs)
+        cell.settle_if_incomplete()
+        if cell.variant.returns_lse(cell.case.device):
+            out, lse = split_out_lse(result, cell.q)
+            return out.detach(), lse.detach()
+        return result.detach()
+    return call
+
+
+@check("arguments", needs=("out", "golden", "variant"), phase="leak",
+       when=lambda cell: cell.paged_call is None and bool(probed_arguments(cell.case, cell.variant.compiled)))
+def arguments(cell: CellState) -> dict[str, Any]:
+    """Each argument the cell hands the variant, changed: its output must move as the float64
+    golden moves (measure/arguments.py)."""
+    from .arguments import argument_columns
+    lse_baseline = cell.ref.baseline_extra.get(_lse_convention(cell)[2]) if cell.lse is not None else None
+    columns = argument_columns(cell, call_with(cell), failure_reason, lse_baseline)
+    if "reason" in columns:
+        columns["reason"] = _joined(cell, columns["reason"])
+    return columns
 
 
 @check("batch_invariance", needs=("out", "golden", "variant"), phase="invariance",

@@ -198,6 +198,7 @@ def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset
                          **{name: t for name, t in inputs.call_kwargs(variant.forms).items() if refereeing.is_tensor(t)})
     cell.vault, cell.verdicts = vault, referee.Verdicts()
     cell.phases, cell.sync, cell.build, cell.counts_before = phases, sync_for(case.device), build, counts_before
+    cell.probe_memo = None if builds is None else builds.probe_memo
     cell.n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
     cell.limit_s = math.inf if preset.max_cell_s is None else preset.max_cell_s
     cell.repeats = Repeats()

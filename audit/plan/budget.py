@@ -104,9 +104,9 @@ def own_cost(row: Any) -> float:
 
 
 def coverage_kind(row: Any) -> str | None:
-    """A prediction row's coverage kind (workload.variants.coverage_kind): what tier 0 buys one
+    """A prediction row's coverage kind (workload.inputs.coverage_kind): what tier 0 buys one
     cell of."""
-    from ..workload.variants import coverage_kind as kind_of
+    from ..workload.inputs import coverage_kind as kind_of
     return kind_of(str(row["variant"]), str(row["device"]), str(row["dtype"]), str(row["scenario"]),
                    bool(row["causal"]))
 

@@ -77,6 +77,13 @@ def invariance_compile_keys(key: tuple, case: Case) -> list[tuple]:
     return ([("batch row", key)] if batch else []) + ([("chunks", key)] if chunk else [])
 
 
+def compiled_variant(name: str) -> bool:
+    """A built-in variant compiled per shape (Variant.compiled)."""
+    from ..workload.variants import builtin_variants
+    spec = builtin_variants().get(name)
+    return spec is not None and spec.compiled
+
+
 def paged_call(case: Case) -> bool:
     """A built-in paged variant in a paged cell: forward only (varlen.PagedCall)."""
     from ..workload.variants import builtin_variants
@@ -91,6 +98,35 @@ def leak_probe_count(case: Case) -> int:
     mask = SCENARIOS[case.scenario].mask
     n = int(case.causal or mask is not None)
     return n + int(case.scenario.startswith("fully_masked"))
+
+
+def argument_probes(case: Case) -> list[str]:
+    """The argument probes a cell makes (measure/arguments.py), one forward each: the cell's
+    probed_arguments, the document mask's and cu_seqlens' counted once (a variant gets one of them)."""
+    from ..workload.arguments import planned_arguments
+    names = list(planned_arguments(case))
+    if "mask" in names and "cu_seqlens" in names:
+        names.remove("cu_seqlens")
+    return names
+
+
+# An argument probe's recompile by "variant|argument" (else "*|argument", else "*"), measured on 2 cores
+# of a Xeon with AMX, Inductor's cache cold, T 64: flex's scale 2.9 s, cap 2.8 s, no mask 0.5 s (its
+# sinks are applied outside the compiled code: none); compiled's and compiled_unfused's 0.4-1.2 s
+ARGUMENT_COMPILE_DEFAULT_S = {"flex|scale": 3.0, "flex|softcap": 3.0, "flex|mask": 0.5, "flex|sinks": 0.0,
+                              "*|mask": 0.3, "*": 1.0}
+
+
+def argument_compile_default_s(variant: str, argument: str) -> float:
+    """ARGUMENT_COMPILE_DEFAULT_S's seconds for a variant's probe of an argument."""
+    table = ARGUMENT_COMPILE_DEFAULT_S
+    return table.get(f"{variant}|{argument}", table.get(f"*|{argument}", table["*"]))
+
+
+def argument_compile_keys(case: Case) -> list[tuple]:
+    """A compiled variant's argument probes: each builds code of its own, once per (variant, device,
+    argument) in a run (its later cells share the first's: measure/arguments.py)."""
+    return [("argument", case.variant, case.device, name) for name in argument_probes(case)]
 
 
 REFEREE_CALLS = 2        # the values_follow check's forwards (new values in place; old values in new tensors)
@@ -108,10 +144,13 @@ def returns_lse(variant: str, device: str) -> bool:
 def checks_calls(case: Case, settings: Any, shape: Any = None) -> tuple[float, float]:
     """(forwards, forward+backwards) a cell's checks make beyond its warm-up and timed calls: the
     numerics call of each pass, the leak probes, a returned lse's halves and gradient, the referee's
-    values_follow calls, the batch and chunk invariance calls (a batch row: 1/B of a forward)."""
+    values_follow calls, the batch and chunk invariance calls (a batch row: 1/B of a forward), the
+    argument probes of an uncompiled variant (a compiled one's are compiles: argument_compile_keys)."""
     dev = device_type(case.device)
     lse = 1.0 if settings.lse_checks and returns_lse(case.variant, dev) else 0.0
     n_f = 1.0 + leak_probe_count(case) + lse + (REFEREE_CALLS if settings.referee else 0)
+    if getattr(settings, "arguments", False) and not compiled_variant(case.variant):
+        n_f += len(argument_probes(case))
     if settings.invariance:
         batch, chunk = invariance_applies(case)
         n_f += (1.0 / case.batch if batch else 0.0) + (1.0 if chunk else 0.0)

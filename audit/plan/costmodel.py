@@ -46,9 +46,9 @@ from ..measure.roofline import DTYPE_BYTES
 from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
 from ..workload.inputs import invariance_applies
 from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
-from .cell_work import (REFEREE_CALLS, checks_calls, declared_refusal, device_type,  # noqa: F401
-                        invariance_compile_keys, leak_probe_count, masked_rows_checked, paged_call,
-                        predicted_unsupported, returns_lse, tensor_elems)
+from .cell_work import (REFEREE_CALLS, argument_compile_default_s, argument_compile_keys, argument_probes,  # noqa: F401
+                        checks_calls, declared_refusal, device_type, invariance_compile_keys, leak_probe_count,
+                        masked_rows_checked, paged_call, predicted_unsupported, returns_lse, tensor_elems)
 from ..workload.variants import BROKEN_PREFIX, builtin_variants
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
@@ -132,6 +132,7 @@ class Params:
     diagnosis_s: dict[str, float] = field(default_factory=dict)   # "cpu" -> s per diagnosed cell (schema 7)
     # s per compile: "cpu|flex|hit" / "cpu|flex|miss" by Inductor's cache, "cpu|flex" outcome unknown
     compile_s: dict[str, float] = field(default_factory=dict)
+    argument_compile_s: dict[str, float] = field(default_factory=dict)   # "cpu|flex": an argument probe's recompile
     init_s: dict[str, float] = field(default_factory=dict)        # "cuda|sdpa" -> first cell of a run
     run_start_s: dict[str, float] = field(default_factory=dict)
     compile_start_s: dict[str, float] = field(default_factory=dict)  # the run's first compiled cell ("cpu|miss")
@@ -312,6 +313,7 @@ def _amortize(rows: list[dict], memberships: list[list[tuple]], paid: dict[tuple
 # no history of its own is predicted from its host probe, not from the machines the priors were fitted
 # on. Per-call times scale with the measured ceilings instead. Rates (a table of "per second") divide.
 HOST_BOUND: tuple[str, ...] = ("cell_s", "golden_chunk_s", "weights_chunk_s", "diagnosis_s", "compile_s",
+                               "argument_compile_s",
                                "compile_start_s", "init_s", "run_start_s", "skip_s", "masked_row_s",
                                "host_call_s", "golden_read_s", "real_diagnosis_s", "golden_set_s", "golden_score_s")
 HOST_BOUND_RATES: tuple[str, ...] = ("golden_flops_per_s",)
@@ -472,12 +474,16 @@ class CostModel:
             if dev not in compiling_started:              # the run's first compile also starts the compiler
                 compiling_started.add(dev)
                 seconds += paid.setdefault(groups[-2], self._by_cache("compile_start_s", dev, cache, 2.0))
-        for extra in invariance_compile_keys(key, case) if settings.invariance else ():
-            if extra not in compiled_keys:                # the invariance calls' shapes: compiled once each
+        # once per run each: the invariance calls' shapes, the argument probes' recompiles (by argument)
+        extras = [(k, "compile_s", call_variant(shape), 3.0)
+                  for k in (invariance_compile_keys(key, case) if settings.invariance else ())]
+        extras += [(k, "argument_compile_s", f"{case.variant}|{k[-1]}", argument_compile_default_s(case.variant, k[-1]))
+                   for k in (argument_compile_keys(case) if settings.arguments else ())]
+        for extra, table, name, default in extras:
+            groups.append(("compile", extra))              # shared by every cell needing it, paid by the first
+            if extra not in compiled_keys:
                 compiled_keys.add(extra)
-                groups.append(("compile", extra))
-                seconds += paid.setdefault(groups[-1], self._by_cache("compile_s", f"{dev}|{call_variant(shape)}",
-                                                                      "miss", 3.0))
+                seconds += paid.setdefault(groups[-1], self._by_cache(table, f"{dev}|{name}", "miss", default))
         return seconds
 
     def _timed_and_energy_s(self, case: Case, settings: Settings, t_f: float, t_fb: float) -> tuple[float, float]:
@@ -517,6 +523,8 @@ class CostModel:
             return seconds + self._const("real_diagnosis_s", f"{dev}|{case.scenario}",
                                          self.params.real_diagnosis_s.get(dev, 0.0))
         seconds = t_f * (1 + leak_probe_count(case)) + t_fb
+        if settings.arguments and case.variant not in COMPILED_VARIANTS:   # a compiled one's: _compiles
+            seconds += t_f * len(argument_probes(case))
         if settings.lse_checks and returns_lse(case.variant, dev):   # the merge's halves, the lse's gradient
             seconds += t_f + t_fb
         if settings.referee:             # its forwards and the rest (its float64 forward: _golden_s)

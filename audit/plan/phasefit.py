@@ -43,6 +43,7 @@ def _lstsq_nonneg(X: np.ndarray, y: np.ndarray, relative: bool = False) -> np.nd
 def fit_phases(runs: Sequence[Any], out: Any) -> None:
     """Set out's cell_s, golden_chunk_s, golden_flops_per_s, golden_read_s, warmup_call, checks_call,
     diagnosis_s and real_diagnosis_s per device from the runs' ok records with phase_s."""
+    from .cell_work import argument_compile_keys
     from .costmodel import (CellShape, checks_calls, device_type, exposes_weights, golden_cost_inputs,
                             leak_probe_count, tensor_elems)
     per: dict[str, dict[str, list]] = {}
@@ -87,7 +88,10 @@ def fit_phases(runs: Sequence[Any], out: Any) -> None:
                 wf, wfb = run.settings.warmup_fwd_calls * t_f, run.settings.warmup_fwd_bwd_calls * t_fb
                 d["warmup"].append(([host, wf + wfb], phases.get("warmup", 0.0), host))
             compiled_here = case.variant in _compiled_variants()
-            checks = sum(float(phases.get(p, 0.0)) for p in CHECK_PHASES if not (p == "invariance" and compiled_here))
+            # a compiled variant's invariance calls and argument probes compile: the compile model's
+            probes_compile = compiled_here and run.settings.arguments and bool(argument_compile_keys(case))
+            checks = sum(float(phases.get(p, 0.0)) for p in CHECK_PHASES
+                         if not (p == "invariance" and compiled_here) and not (p == "leak" and probes_compile))
             n_f, n_fb = checks_calls(case, run.settings, shape)
             if compiled_here:
                 n_f -= _invariance_calls(case, run.settings)

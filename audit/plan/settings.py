@@ -28,6 +28,7 @@ class Settings:
     referee: bool = True            # the referee's calls and float64 forward (schema 11 and before: none)
     invariance: bool = True         # the batch and chunk invariance calls (schema 12 and before: none)
     golden_store: bool = True       # references read back from the golden store (schema 13 and before: none)
+    arguments: bool = True          # the argument probes' calls (schema 14 and before: none)
     referee_golden_forward: bool = False   # the referee's shifted values had a float64 forward of their own (11-13)
     cpu_chunk_bytes: int = 32 * 2**20
     cuda_chunk_bytes: int = 256 * 2**20
@@ -49,6 +50,8 @@ class Settings:
         argv = list(run_info.get("argv") or [])
         if "--energy-window-s" in argv:
             base = replace(base, energy_window_s=float(argv[argv.index("--energy-window-s") + 1]))
+        if int(run_info.get("schema", 3)) <= 14:
+            base = replace(base, arguments=False)
         if int(run_info.get("schema", 3)) <= 13:
             base = replace(base, golden_store=False, referee_golden_forward=True)
         if int(run_info.get("schema", 3)) <= 12:

@@ -8,6 +8,7 @@ from ..core.records import read_records, to_frame
 from ..core.runfolder import FINDINGS_FILE, PLAN_FILE, RUN_FILE
 from .data import prepare
 from .figures import draw_figures
+from .argument_section import arguments_section
 from .nothing_measured import nothing_measured_section
 from .page import Block, Contents, Heading, para, write_page
 from .sections import (compile_section, environment_section, findings_section, grid_section, memory_section,
@@ -55,6 +56,7 @@ def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = N
         ("Compiled variants", lambda: compile_section(frame)),
         ("Numerics", lambda: numerics_section(frame)),
         ("Error budget", lambda: budget_section(frame)),
+        ("Arguments", lambda: arguments_section(frame)),
         ("Log-sum-exp", lambda: lse_section(frame)),
         ("fp16", lambda: fp16_section(frame)),
         ("Masked rows", lambda: masked_rows_section(frame)),

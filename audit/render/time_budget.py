@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from ..core.timesplit import GROUPS, RUN_PARTS, largest_overhead
-from ..workload.variants import coverage_kind
+from ..workload.inputs import coverage_kind
 from .data import numeric
 from .page import Block, Heading, Mono, Table, format_value, para
 from .tables import budget_cuts_table, budget_kind
@@ -17,7 +17,7 @@ UNCOVERED_SHOWN = 30        # rows of the table of variant × dtype × mask kind
 
 
 def coverage_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """The variant × device × dtype × mask kinds (workload.variants.coverage_kind) of the grid
+    """The variant × device × dtype × mask kinds (workload.inputs.coverage_kind) of the grid
     with no ok cell because the time budget skipped theirs: kind, cells (of that kind in the
     grid), least predicted_s among them. A kind without an ok cell for another reason (a backend
     that cannot run it, errors) is the Grid section's, not the budget's."""

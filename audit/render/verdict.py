@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from ..analysis.argument_rules import ARGUMENT_CHECK, argument_summary
 from ..analysis.findings import FINFO_MIN_SCENARIO
 from ..core.defects import REPEATED_TENSORS
 from ..core.referee import refereed
@@ -24,6 +25,7 @@ from ..workload.variants import VERDICT_BASELINE
 from .data import (BASELINE_VARIANT, MATCH_AXES, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, SEVERITY_ORDER,
                    describe_values, dtype_order, is_negative_control,
                    memory_ratio_vs_baseline, numeric, ok_rows, speedup_vs_baseline, variant_order)
+from .argument_section import NOT_PROBED, argument_text
 from .page import MISSING, Badge, Block, Heading, Inline, Link, Mono, Span, Table, format_value, para
 from .tables import anchored_findings
 
@@ -184,10 +186,12 @@ def verdict_rows(frame: pd.DataFrame, baseline: str = VERDICT_BASELINE) -> pd.Da
     and fwd_bwd_memory (variant peak / baseline peak; below 1 is smaller), the matched cells of
     each, masked_rows and determinism (text). The baseline itself reads 1 with its own cell count."""
     columns = ["variant", "speedup", "fwd_cells", "fwd_bwd_speedup", "fwd_bwd_cells", "memory", "memory_cells",
-               "fwd_bwd_memory", "fwd_bwd_memory_cells", "masked_rows", "determinism", "refereed"]
+               "fwd_bwd_memory", "fwd_bwd_memory_cells", "masked_rows", "determinism", "refereed", "arguments"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
     measured = _real_variants(ok_rows(frame))
+    arguments = argument_summary(frame)
+
     def compare(compute: Any, metric: str) -> pd.DataFrame:
         if metric not in frame.columns:        # a frame without the column: nothing matched
             return pd.DataFrame(columns=["speedup", "ratio", "cells"])
@@ -217,6 +221,7 @@ def verdict_rows(frame: pd.DataFrame, baseline: str = VERDICT_BASELINE) -> pd.Da
         row["masked_rows"] = masked_rows_text(ok_rows(own))
         row["determinism"] = determinism_text(own)
         row["refereed"] = any(refereed(r) for r in ok_rows(own).to_dict("records"))
+        row["arguments"] = argument_text(arguments.get(variant, {}))
         out.append(row)
     table = pd.DataFrame(out, columns=columns)
     order = table["speedup"].map(lambda s: -s if s is not None and pd.notna(s) else math.inf)
@@ -284,6 +289,13 @@ def verdict_display(rows: pd.DataFrame, findings: list[dict] | None, baseline: s
             return Span(("not for training: ", Link("wrong gradients", "#" + anchor)))
         return speed(row, "fwd_bwd_speedup")
 
+    ignoring = {str(f.get("variant")): a for f, a in anchored_findings(findings) if f.get("check") == ARGUMENT_CHECK}
+
+    def argument_cell(row: pd.Series) -> Inline:
+        """What the argument probes found: linked to the finding where an argument is not honoured."""
+        text = str(row["arguments"])                   # may wrap: the column stays narrow
+        return Link(text, "#" + ignoring[row["variant"]]) if row["variant"] in ignoring else text
+
     def finding_cell(variant: str) -> Inline:
         if findings is None:
             return "not computed"
@@ -307,6 +319,8 @@ def verdict_display(rows: pd.DataFrame, findings: list[dict] | None, baseline: s
         "peak fwd+bwd": [_unbroken(ratio(r, "fwd_bwd_memory", True)) for r in records],
         "cells": ["—" if r["variant"] == baseline else _cells_value(r) for r in records],
         "worst finding": [finding_cell(v) for v in rows["variant"]],
+        **({"args": [argument_cell(r) for r in records]}                       # records before probes: none
+           if "arguments" in rows and (rows["arguments"] != NOT_PROBED).any() else {}),
         "fully masked rows": [_unbroken(t) for t in rows["masked_rows"]],
         "3 runs": [_unbroken(t) for t in rows["determinism"]],
     })

@@ -8,15 +8,18 @@ A verifier is `verify(case, inputs, load_variant, recorded) -> (defect, lines, m
 """
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any, Callable
 
 from ..core.defects import LEAK_OVER_NOISE
+from ..measure.arguments import argument_columns
 from ..measure.cellcache import build_reference, document_probe
 from ..measure.checks import failure_reason
 from ..measure.invariance import columns
 from ..measure.numerics import changed_max
 from ..measure.paged import paged_reads_columns
+from ..workload.arguments import NOT_HONOURED
 from .checks import _rerun_change, call_variant, output_of
 
 
@@ -97,7 +100,55 @@ def verify_chunk_invariance(case: Any, inputs: Any, load_variant: Callable, reco
     return defect, lines, {k: m[k] for k in ("chunk_invariant", "chunk_max_diff", "chunk_within_budget")}
 
 
+def verify_argument_ignored(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
+    """Each argument the cell hands the variant, changed: its output must move as the float64
+    golden's does (measure.arguments, with the audit's probes and rule)."""
+    attention, ref, q, k, v, out, alignment = _called(case, inputs, load_variant, recorded)
+    # a varlen variant was handed cu_seqlens (a call with no mask passes them on: varlen.in_form)
+    kwargs = inputs.call_kwargs(("varlen",) if "cu_seqlens" in (recorded.get("arguments") or {}) else ())
+    result = attention(q, k, v, **kwargs)
+    out = output_of(result)
+    cell = _cell_like(case, inputs, attention, ref, q, k, v, out, alignment)
+    cell.kwargs = kwargs
+    cell.variant = types.SimpleNamespace(causal_alignment=alignment, compiled=False,
+                                         returns_lse=_returns_pair(isinstance(result, (tuple, list))))
+    cell.columns = {"within_budget": recorded.get("within_budget")}
+    cell.lse = result[1].detach() if isinstance(result, (tuple, list)) else None
+    found = argument_columns(cell, _probe_call(attention, q, k, v), failure_reason, None)
+    statuses, evidence = found["arguments"] or {}, found["argument_evidence"] or {}
+    lines = []
+    for name, status in statuses.items():
+        e = evidence.get(name) or {}
+        numbers = ", ".join(f"{key} {e[key]:.4g}" for key in ("golden_moved", "moved", "err", "budget") if key in e)
+        lines.append(f"{name}: {status}" + (f" ({numbers})" if numbers else ""))
+    return any(s in NOT_HONOURED for s in statuses.values()), lines or ["no argument probed here"], \
+        {"arguments": statuses}
+
+
+def _returns_pair(pair: bool) -> Callable[[str], bool]:
+    """A variant's returns_lse(device), from what its call returned."""
+    return functools.partial(_constant, pair)
+
+
+def _constant(value: bool, *args: Any) -> bool:
+    return value
+
+
+def _probe_call(attention: Callable, q: Any, k: Any, v: Any) -> Callable[[dict], Any]:
+    """kwargs -> the variant's detached result on q and copies of k and v (measure.checks.call_with)."""
+    return functools.partial(_probe, attention, q, k, v)
+
+
+def _probe(attention: Callable, q: Any, k: Any, v: Any, kwargs: dict) -> Any:
+    grad = q.requires_grad
+    result = attention(q, k.detach().clone().requires_grad_(grad), v.detach().clone().requires_grad_(grad), **kwargs)
+    if isinstance(result, (tuple, list)):
+        return result[0].detach(), result[1].detach()
+    return result.detach()
+
+
 LAYOUT_VERIFIERS: dict[str, Callable[..., tuple]] = {
     "cross_document": verify_cross_document, "paged_reads": verify_paged_reads,
+    "argument_ignored": verify_argument_ignored,
     "batch_invariance": verify_batch_invariance, "chunk_invariance": verify_chunk_invariance,
 }

@@ -68,6 +68,8 @@ WORST: dict[str, tuple[Callable[[dict], tuple], str]] = {
     "lse_masked_rows": (lambda r: (1.0 if r.get("lse_masked_rows") else 0.0,), "lse on empty rows recorded"),
     "referee": (lambda r: (float(len(failed_checks(r))),), "most referee checks failed"),
     "cross_document": (lambda r: (_num(r, "cross_doc_max_change"),), "largest change across documents"),
+    "argument_ignored": (lambda r: (float(sum(s in ("ignored", "misapplied") for s in (r.get("arguments") or {}).values())),),
+                         "most arguments not honoured"),
     "paged_reads": (lambda r: (_num(r, "paged_unread_max_change"),), "largest change with the unread slots"),
     "batch_invariance": (lambda r: (_num(r, "batch_max_diff"),), "largest difference of a row alone"),
     "chunk_invariance": (lambda r: (_num(r, "chunk_max_diff"),), "largest difference of the two chunks"),
@@ -90,7 +92,7 @@ RECORDED_COLUMNS = ("out_nonfinite_visible", "grad_nan", "grad_inf", "rmse", "ma
                     "lse_differentiable", "lse_grads_within_budget", "lse_diagnosis", "lse_grad_diagnosis",
                     *REFEREE_COLUMNS, "referee_detail", "leaked_bytes", "status", "reason", "cross_doc_max_change",
                     "paged_unread_max_change", "paged_diagnosis", "paged_diagnosis_err", "batch_invariant", "batch_max_diff",
-                    "chunk_invariant", "chunk_max_diff", "chunk_within_budget")
+                    "chunk_invariant", "chunk_max_diff", "chunk_within_budget", "arguments")
 
 
 def ranked_cells(finding: dict, by_id: dict[str, dict]) -> list[dict]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .mistakes import _SAME, Attempt, Mistake, register
+from .mistake_base import _SAME, Attempt, Mistake, register
 
 GRADIENT_NAMES = ("dq", "dk", "dv")
 

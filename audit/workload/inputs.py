@@ -328,3 +328,14 @@ def draw_inputs(case: Case, draw: Callable[..., dict], tq: int, score_mod: Score
                   mask=mask, causal=case.causal,
                   visible=visible,
                   mask_form=drawn.get("mask_form", "none"), score_mod=score_mod)
+
+
+def coverage_kind(variant: str, device: str, dtype: str, scenario: str, causal: bool) -> str | None:
+    """"variant device dtype mask-kind" of a real variant's cell, e.g. "flex cpu bf16 causal": what
+    the time budget gives every variant one cell of (plan.budget) and the report checks it got.
+    None for a negative control (variants.BROKEN_PREFIX), and for a cell of another mask or a score
+    modification."""
+    if variant.startswith("broken."):
+        return None
+    kind = mask_kind(scenario, causal)
+    return None if kind is None else f"{variant} {device} {dtype} {MASK_KIND_LABELS[kind]}"

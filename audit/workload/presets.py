@@ -122,6 +122,7 @@ class _VariantSets:
     value_reveals: tuple[str, ...] = ()    # those scenarios (their Variant.reveals)
     referee_controls: tuple[str, ...] = ()  # the referee's controls (right values, one trick each): their own cells
     layout_controls: tuple[str, ...] = ()   # the packed, paged, latent and invariance controls: their own cells
+    argument_controls: tuple[str, ...] = ()  # one argument ignored each (argument_controls.py): their own cells
 
     @property
     def every(self) -> tuple[str, ...]:
@@ -161,17 +162,28 @@ class _VariantSets:
         # no torch import at module level
         from .variants import BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS, REFEREE_CONTROL_NAMES, builtin_variants
         # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
+        from .argument_controls import ARGUMENT_CONTROLS
         from .layout_controls import LAYOUT_CONTROLS
         layout_controls = tuple("broken." + c for c in LAYOUT_CONTROLS)
+        argument_controls = tuple("broken." + c for c in ARGUMENT_CONTROLS)
         variants = tuple(v for v in BUILTIN_NAMES
                          if v != "flex" and v not in LSE_VARIANTS + CUDA_LSE_OPS + LAYOUT_VARIANTS)
         controls = tuple(c for c in NEGATIVE_CONTROLS
-                         if c not in GQA_CONTROLS + REFEREE_CONTROL_NAMES + layout_controls)
+                         if c not in GQA_CONTROLS + REFEREE_CONTROL_NAMES + layout_controls + argument_controls)
         reveals = {c: builtin_variants()[c].reveals for c in controls}
         value_controls = tuple(c for c in controls if reveals[c] and set(reveals[c]) <= set(VALUE_SCENARIOS))
         value_reveals = tuple(dict.fromkeys(s for c in value_controls for s in reveals[c]))
         return cls(variants, controls, GQA_CONTROLS, value_controls, value_reveals, REFEREE_CONTROL_NAMES,
-                   layout_controls)
+                   layout_controls, argument_controls)
+
+    def argument_cells(self, dtypes: tuple[str, ...]) -> tuple[dict, ...]:
+        """Each argument control on the scenarios its argument is probed in (ARGUMENT_CONTROL_CELLS),
+        in a small shape the probes take (T 64, within arguments.ARGUMENT_MAX_SEQ_LEN)."""
+        from .argument_controls import ARGUMENT_CONTROL_CELLS
+        return tuple(dict(variant=(name,), device=("cpu",), dtype=dtypes, d_k=(32,), seq_len=(64,), batch=(1,),
+                          heads=(2,), causal=(False, True),
+                          scenario=ARGUMENT_CONTROL_CELLS[name.removeprefix("broken.")][0])
+                     for name in self.argument_controls)
 
     def layout_cells(self, dtypes: tuple[str, ...], d_k: int, seq_len: int, base: tuple[str, ...],
                      batch: int) -> tuple[dict, ...]:
@@ -229,6 +241,7 @@ def _quick(sets: _VariantSets) -> Preset:
             sets.value_shortcuts(controls=False),     # the other controls: in the cpu preset's
             *sets.referee_cells(("fp32",)),
             *sets.layout_cells(("fp32",), 32, 64, ("eager", "sdpa", "flex_eager"), batch=1),
+            *sets.argument_cells(("fp32", "bf16")),
         ),
         # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
         min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5,
@@ -267,6 +280,7 @@ def _cpu(sets: _VariantSets) -> Preset:
             sets.value_shortcuts(),
             *sets.referee_cells(("fp32", "bf16", "fp16")),
             *sets.layout_cells(("fp32", "bf16"), 64, 256, ("eager", "sdpa", "flex_eager"), batch=2),
+            *sets.argument_cells(("fp32", "bf16", "fp16")),
             dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,), batch=(2,),
                  heads=(2,), causal=(False, True), scenario=("normal", "packed")),
             dict(variant=("paged_flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,), batch=(2,),

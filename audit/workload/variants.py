@@ -32,7 +32,8 @@ from .controls import (BACKWARD_CONTROLS, LSE_CONTROLS, broken_lse_base2, broken
                        broken_backward_dq_scale_missing, broken_backward_rowsum_d_missing, kv_tiled)
 from .eager import (_from_probs, eager_attention, eager_fp32_attention, eager_fp32_lse_attention,  # noqa: F401
                     eager_fp32_probs, eager_lse_attention, eager_probs, kv_for_queries)
-from . import layout_controls, referee_controls, varlen
+from . import argument_controls, layout_controls, referee_controls, varlen
+from .argument_controls import ARGUMENT_CONTROL_CELLS, ARGUMENT_CONTROLS
 from .layout_controls import LAYOUT_CONTROL_CELLS, LAYOUT_CONTROLS
 from .varlen import document_owner
 from .inputs import causal_keep
@@ -399,15 +400,20 @@ def _negative_controls() -> list[Variant]:
 
 
 def _layout_controls(no_sinks: Mapping[str, str]) -> list[Variant]:
-    """One layout mistake each (packed, paged, latent, the work's cut): layout_controls.py."""
+    """One layout mistake each (packed, paged, latent, the work's cut): layout_controls.py; and one
+    argument ignored each (argument_controls.py): only its argument's probe sees it."""
     no_extras = {"score_mod": "its hand-written form takes no score modification", **no_sinks}
     specs = []
     for name, (forms, reveals, requires) in LAYOUT_CONTROL_CELLS.items():
-        attention = getattr(layout_controls, f"broken_{name}")
         specs.append(Variant(BROKEN_PREFIX + name, f"NEGATIVE CONTROL: {LAYOUT_CONTROLS[name]}",
-                             (lambda a=attention: a), family="broken", forms=forms, reveals=reveals,
-                             requires=requires, unsupported=no_extras,
+                             (lambda a=getattr(layout_controls, f"broken_{name}"): a), family="broken", forms=forms,
+                             reveals=reveals, requires=requires, unsupported=no_extras,
                              causal_alignment="bottom-right" if "paged" in forms else "top-left"))
+    for name, (reveals, requires) in ARGUMENT_CONTROL_CELLS.items():
+        specs.append(Variant(BROKEN_PREFIX + name, f"NEGATIVE CONTROL (arguments): {ARGUMENT_CONTROLS[name][1]}",
+                             (lambda a=getattr(argument_controls, f"broken_{name}"): a), family="broken",
+                             reveals=reveals, requires=requires,
+                             unsupported={k: v for k, v in no_extras.items() if k not in requires}))
     return specs
 
 
@@ -437,8 +443,10 @@ NEGATIVE_CONTROLS: tuple[str, ...] = (
     "broken.gqa_wrong_head", "broken.backward_rowsum_d_missing", "broken.backward_dq_scale_missing",
     "broken.sink_ignored", "broken.lse_base2", "broken.lse_no_grad",
     *(BROKEN_PREFIX + name for name in LAYOUT_CONTROLS),
+    *(BROKEN_PREFIX + name for name in ARGUMENT_CONTROLS),
     *(BROKEN_PREFIX + name for name in REFEREE_CONTROLS),
 )
+ARGUMENT_CONTROL_NAMES: tuple[str, ...] = tuple(BROKEN_PREFIX + name for name in ARGUMENT_CONTROLS)
 REFEREE_CONTROL_NAMES: tuple[str, ...] = tuple(BROKEN_PREFIX + name for name in REFEREE_CONTROLS)
 GQA_CONTROLS: tuple[str, ...] = ("broken.gqa_wrong_head",)   # run (and flagged) on GQA cells only
 
@@ -453,17 +461,6 @@ def builtin_variants() -> dict[str, Variant]:
     asks it for every cell it predicts: 37k calls in a cpu preset's plan, 3 s when rebuilt
     each time); a fresh dict each call, so a caller's change stays its own."""
     return dict(_builtin_table())
-
-
-def coverage_kind(variant: str, device: str, dtype: str, scenario: str, causal: bool) -> str | None:
-    """"variant device dtype mask-kind" of a real variant's cell, e.g. "flex cpu bf16 causal": what
-    the time budget gives every variant one cell of (plan.budget) and the report checks it got.
-    None for a negative control, and for a cell of another mask or a score modification."""
-    from .inputs import MASK_KIND_LABELS, mask_kind
-    if variant.startswith(BROKEN_PREFIX):
-        return None
-    kind = mask_kind(scenario, causal)
-    return None if kind is None else f"{variant} {device} {dtype} {MASK_KIND_LABELS[kind]}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,103 @@
+"""The argument probes judged (measure/arguments.py): per variant and argument, whether it was
+honoured, and a finding where an argument is ignored or applied wrongly."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ..workload.arguments import ARGUMENT_TITLES, NOT_HONOURED, STATUSES
+from .finding_rows import _finding, _ok
+
+# A variant's status for one argument over its probed cells, the first that any cell has, in this
+# order (every one of workload.arguments.STATUSES): a defect wins over any number of honoured cells
+# (it is there), honoured over the statuses that say nothing either way.
+SUMMARY_ORDER: tuple[str, ...] = ("ignored", "misapplied", "failed", "honoured", "unjudged", "uninformative", "refused")
+assert set(SUMMARY_ORDER) == set(STATUSES)
+ARGUMENT_CHECK = "argument_ignored"      # the finding's check
+# What an ignored argument costs a user, per argument (the finding's last sentence).
+CONSEQUENCE = {
+    "scale": "A model with its own softmax scale (a query pre-scaled, muP, a temperature) gets 1/sqrt(d) instead.",
+    "causal": "A decoder gets attention to future tokens, or an encoder loses them.",
+    "mask": "Padding, windows and fully masked rows are attended as if they were not masked.",
+    "softcap": "A model's logit soft-capping (Gemma 2's) is not the one it was trained with.",
+    "sinks": "A model with attention sinks (gpt-oss) gets attention without them.",
+    "cu_seqlens": "Packed documents are not cut where their offsets say.",
+    "lse": "A merge of partial results (split-KV, ring attention, chunked prefill) by this lse goes wrong.",
+}
+
+
+def _probes(frame: pd.DataFrame) -> list[tuple[str, str, str, str, dict]]:
+    """(variant, cell id, argument, status, evidence) of every probe of the ok cells."""
+    ok = _ok(frame)
+    if ok.empty or "arguments" not in ok.columns:
+        return []
+    evidence = ok["argument_evidence"] if "argument_evidence" in ok.columns else pd.Series(None, index=ok.index)
+    out = []
+    for variant, cell, statuses, found in zip(ok["variant"], ok["id"], ok["arguments"], evidence):
+        if not isinstance(statuses, dict):
+            continue
+        for name, status in statuses.items():
+            out.append((str(variant), str(cell), str(name), str(status),
+                        (found or {}).get(name) or {} if isinstance(found, dict) else {}))
+    return out
+
+
+def argument_summary(frame: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """variant -> {argument: its status over the variant's probed cells (SUMMARY_ORDER)}."""
+    seen: dict[str, dict[str, set[str]]] = {}
+    for variant, _, name, status, _ in _probes(frame):
+        seen.setdefault(variant, {}).setdefault(name, set()).add(status)
+    rank = {s: i for i, s in enumerate(SUMMARY_ORDER)}
+    return {v: {name: min(statuses, key=lambda s: rank.get(s, len(rank))) for name, statuses in args.items()}
+            for v, args in seen.items()}
+
+
+def check_arguments(frame: pd.DataFrame) -> list[dict]:
+    """An argument the variant takes and ignores, or applies wrongly: one error finding per variant
+    and argument, with the probe's numbers at its worst cell."""
+    probes = _probes(frame)
+    out = []
+    groups: dict[tuple[str, str], list[tuple[str, str, dict]]] = {}
+    probed: dict[tuple[str, str], int] = {}
+    for variant, cell, name, status, found in probes:
+        probed[(variant, name)] = probed.get((variant, name), 0) + 1
+        if status in NOT_HONOURED:
+            groups.setdefault((variant, name), []).append((cell, status, found))
+    for (variant, name), bad in sorted(groups.items()):
+        ignored = [b for b in bad if b[1] == "ignored"]
+        status = "ignored" if len(ignored) * 2 >= len(bad) else "misapplied"
+        worst = max(bad, key=lambda b: _ratio(b[2]))
+        cell, _, found = worst
+        title, change = ARGUMENT_TITLES.get(name, (name, "changed"))
+        verb = "ignores" if status == "ignored" else "applies wrongly"
+        message = (f"{variant} {verb} its `{name}` argument ({title}) in {len(bad)} of {probed[(variant, name)]} "
+                   f"probed cell(s): when it changes ({change}), the float64 golden's output moves by RMSE "
+                   f"{_fmt(found.get('golden_moved'))} and {variant}'s by {_fmt(found.get('moved'))}; the two moves "
+                   f"differ by {_fmt(found.get('err'))}, budget {_fmt(found.get('budget'))} (at {cell}). "
+                   f"{CONSEQUENCE.get(name, '')}").rstrip()
+        same = [b for b in bad if b[1] == status]
+        diagnosis_title = f"{title} {status}"
+        message += (f" Diagnosis: in {len(same)} of {len(bad)} cell(s) {diagnosis_title}: "
+                    + ("changing it leaves the output as it was." if status == "ignored"
+                       else "the output moves, but not as the golden's."))
+        finding = _finding(ARGUMENT_CHECK, "error", variant, message, [b[0] for b in bad])
+        finding.update(argument=name, diagnosis=f"{name}_{status}", diagnosis_title=diagnosis_title,
+                       diagnosis_cells=len(same), diagnosis_err=found.get("moved") if status == "ignored" else None,
+                       diagnosis_golden_err=found.get("err"))
+        out.append(finding)
+    return out
+
+
+def _ratio(found: dict[str, Any]) -> float:
+    try:
+        return float(found.get("err", 0.0)) / float(found.get("budget") or 1.0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _fmt(value: Any) -> str:
+    try:
+        return f"{float(value):.3g}"
+    except (TypeError, ValueError):
+        return "n/a"
