@@ -317,3 +317,69 @@ def test_the_report_tabulates_the_lse_checks_of_variants_returning_one():
     assert rows["good"]["merge"] == "1/1" and rows["good"]["differentiable"] == "yes"
     assert rows["bad"]["merge"] == "1/2" and rows["bad"]["max merge_err_ratio"] == 50.0
     assert rows["bad"]["differentiable"] == "mixed" and rows["bad"]["on empty rows"] == "zero"
+
+
+# --------------------------------------------------------------------------- sinks and merges without a mask
+
+def _sink_cells(variant: str) -> list[Case]:
+    return [Case(variant, "cpu", dtype, 16, 32, 1, 4, causal, scenario, 2)
+            for scenario in ("sinks_prefill", "sinks_decode") for dtype in ("fp32", "bf16") for causal in (False, True)]
+
+
+@pytest.fixture(scope="module")
+def sink_kernel_run():
+    """A sink kernel of gpt-oss's call form (tests/plugins/declared.py: sinks, causal, no mask, its lse
+    with the sink counted), and the same kernel dropping its sinks, on the sinks prefill and decode cells."""
+    sys.path.insert(0, str(PLUGINS))
+    try:
+        cache = cellcache.InputCache()
+        recs = [runner.run_cell(c, cache, PRESET, {}) for c in _sink_cells("declared:sink_kernel")
+                + _sink_cells("lse_kernels:sink_kernel_dropping_sinks")]
+    finally:
+        sys.path.remove(str(PLUGINS))
+    return recs, compute_findings(to_frame(recs))
+
+
+def test_a_maskless_sink_kernel_gets_sinks_prefill_cells_and_a_merge_on_its_causal_ones(sink_kernel_run):
+    recs, found = sink_kernel_run
+    mine = [r for r in recs if r["variant"] == "declared:sink_kernel"]
+    assert [r["status"] for r in mine] == ["ok"] * 8, [(r["id"], r["reason"]) for r in mine]
+    assert all(r["within_budget"] and r["lse_within_budget"] for r in mine)
+    assert all(r["merge_within_budget"] is True for r in mine), [(r["id"], r["reason"]) for r in mine]
+    assert {r["causal"] for r in mine if r["scenario"] == "sinks_prefill" and r["merge_err"] is not None} == {False, True}
+    assert all(r["arguments"] == {"sinks": "honoured"} for r in mine)
+    assert not [f for f in found if f["variant"] == "declared:sink_kernel" and f["severity"] != "info"]
+
+
+def test_a_maskless_sink_kernel_dropping_its_sinks_is_caught_on_the_prefill_cells(sink_kernel_run):
+    recs, found = sink_kernel_run
+    mine = [r for r in recs if r["variant"] == "lse_kernels:sink_kernel_dropping_sinks"]
+    prefill = [r for r in mine if r["scenario"] == "sinks_prefill"]
+    assert len(prefill) == 4 and all(r["status"] == "ok" and r["within_budget"] is False for r in prefill)
+    assert all(r["arguments"]["sinks"] == "ignored" and r["diagnosis"] == "sink_ignored" for r in prefill)
+    checks = {f["check"] for f in found if f["variant"] == "lse_kernels:sink_kernel_dropping_sinks"}
+    assert {"error_budget", "argument_ignored"} <= checks
+
+
+@pytest.mark.parametrize("alignment", ["top-left", "bottom-right"])
+def test_causal_halves_by_position_merge_to_causal_attention_whatever_the_alignment(alignment):
+    """Three mask-free calls (two causal squares, one whole block) give the two key halves of causal
+    self-attention; merged, they are causal attention, for a kernel of either causal alignment."""
+    from audit.measure.lse import causal_position_halves
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 12, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+
+    def call(q, k, v, *, causal=False):
+        tq, tk = q.shape[-2], k.shape[-2]
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        if causal:
+            offset = tk - tq if alignment == "bottom-right" else 0
+            s = s.masked_fill(~torch.ones(tq, tk, dtype=torch.bool).tril(offset), float("-inf"))
+        return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+    out, _ = merge_partials(*causal_position_halves(call, q, k, v, 5))
+    want, _ = call(q, k, v, causal=True)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    wrong, _ = merge_partials(call(q, k[..., :5, :], v[..., :5, :], causal=True),
+                              call(q, k[..., 5:, :], v[..., 5:, :], causal=True))
+    assert not torch.allclose(wrong, want, atol=1e-3)     # the naive split with the kernel's own flag is not

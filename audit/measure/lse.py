@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from ..core.errors import Unsupported
 from ..workload.inputs import causal_keep, causal_offset
 
 
@@ -31,7 +32,7 @@ def split_point(tk: int) -> int:
 def half_masks(q: Any, k: Any, mask: Any, causal: bool, alignment: str = "top-left") -> list[Any]:
     """The cell's causal masking and mask as one mask per key half: [(B|1, 1, Tq|1, h), (.., Tk - h)],
     bool where the cell's mask is bool or absent, additive (-inf where causal hides) where it is
-    float; None for a half when nothing is masked at all."""
+    float; None for a half where nothing is masked at all (or a bool mask hides nothing of it)."""
     import torch
     tq, tk = q.shape[-2], k.shape[-2]
     full = mask
@@ -46,13 +47,18 @@ def half_masks(q: Any, k: Any, mask: Any, causal: bool, alignment: str = "top-le
     if full is None:
         return [None, None]
     h = split_point(tk)
-    return [full[..., :h], full[..., h:]]
+    # a half a bool mask hides nothing of goes without one (a decode cell's bottom-right causal: every
+    # key seen), so a kernel that takes no mask can still be split there
+    return [None if part.dtype == torch.bool and bool(part.all()) else part for part in (full[..., :h], full[..., h:])]
 
 
 def split_calls(call: Callable[..., Any], q: Any, k: Any, v: Any, mask: Any, causal: bool,
                 alignment: str = "top-left", **extra: Any) -> tuple[tuple[Any, Any], tuple[Any, Any]] | None:
     """(out, lse) of `call` on each half of the keys: q (B, H, Tq, d), k and v (B, Hkv, Tk, d) cut
-    along Tk; each half's masking given as a mask (half_masks), causal False. None when Tk < 2."""
+    along Tk; each half's masking given as a mask (half_masks), causal False. None when Tk < 2.
+
+    A kernel that takes causal but no mask (Unsupported on a half's mask) gets the causal halves
+    of a self-attention cell (Tq == Tk, no other mask) by position instead: causal_position_halves."""
     tk = k.shape[-2]
     if tk < 2:
         return None
@@ -60,9 +66,31 @@ def split_calls(call: Callable[..., Any], q: Any, k: Any, v: Any, mask: Any, cau
     masks = half_masks(q, k, mask, causal, alignment)
     halves = []
     for part, m in zip((slice(0, h), slice(h, tk)), masks):
-        result = call(q, k[..., part, :], v[..., part, :], mask=m, causal=False, **extra)
+        try:
+            result = call(q, k[..., part, :], v[..., part, :], mask=m, causal=False, **extra)
+        except Unsupported:
+            if not (causal and mask is None and q.shape[-2] == tk):
+                raise
+            return causal_position_halves(call, q, k, v, h, **extra)
         halves.append((result[0], result[1]))
     return halves[0], halves[1]
+
+
+def causal_position_halves(call: Callable[..., Any], q: Any, k: Any, v: Any, h: int,
+                           **extra: Any) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """The two key halves of causal self-attention (Tq == Tk) from calls that need no mask: the first
+    h keys are seen causally by the first h queries (a square: either alignment) and wholly by the
+    rest (causal off); the last keys causally by the last queries (a square) and by none of the first
+    (out 0, lse -inf: an empty part). Three calls. -> ((out, lse) of each half), (B, H, Tq, d_v), (B, H, Tq)."""
+    import torch
+    first_sq = call(q[..., :h, :], k[..., :h, :], v[..., :h, :], causal=True, **extra)       # queries < h
+    first_all = call(q[..., h:, :], k[..., :h, :], v[..., :h, :], causal=False, **extra)    # queries >= h
+    second_sq = call(q[..., h:, :], k[..., h:, :], v[..., h:, :], causal=True, **extra)     # queries >= h
+    empty_out = torch.zeros_like(first_sq[0])                                                # (B, H, h, d_v)
+    empty_lse = torch.full_like(first_sq[1], -math.inf)                                       # (B, H, h)
+    first = (torch.cat([first_sq[0], first_all[0]], -2), torch.cat([first_sq[1], first_all[1]], -1))
+    second = (torch.cat([empty_out, second_sq[0]], -2), torch.cat([empty_lse, second_sq[1]], -1))
+    return first, second
 
 
 def merge_partials(first: tuple[Any, Any], second: tuple[Any, Any]) -> tuple[Any, Any]:

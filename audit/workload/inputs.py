@@ -169,6 +169,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "(heads 0, 4, ...), about half or a sixth of the weight, or none; every 8th query row sees no key "
              "(its weight all on the sink: out 0) (vllm-project/vllm#52148: sinks dropped silently)",
              lambda t: t, _sinks(masked_rows=True), ("bool", "per-row"), sinks=True),
+    Scenario("sinks_prefill", "the sinks scenario's q, k, v and sinks with no mask (causal or not): gpt-oss's prefill, "
+             "as a kernel taking sinks and causal but no mask runs it", lambda t: t, _sinks(masked_rows=False), sinks=True),
     Scenario("sinks_decode", "one query (q_len = 1) against T keys with the sinks scenario's sinks: gpt-oss decoding",
              lambda t: 1, _sinks(masked_rows=False), sinks=True),
     Scenario("packed", "packed documents (varlen): each batch row holds documents back to back, one of length 0 "

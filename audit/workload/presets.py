@@ -94,7 +94,7 @@ LSE_VARIANTS: tuple[str, ...] = ("flash_op", "flex_eager")
 CUDA_LSE_OPS: tuple[str, ...] = ("efficient_op", "cudnn_op")   # the same for the CUDA-only SDPA ops
 # Built-ins made for a layout (packed documents, paged caches): their own sub-grids (presets.layout_cells).
 LAYOUT_VARIANTS: tuple[str, ...] = ("packed_loop", "nested_sdpa", "varlen_attn", "paged_flex", "paged_gather")
-LSE_SCENARIOS: tuple[str, ...] = ("normal", "padding", "fully_masked_bool", "cross_causal", "sinks")
+LSE_SCENARIOS: tuple[str, ...] = ("normal", "padding", "fully_masked_bool", "cross_causal", "sinks", "sinks_prefill")
 # pytorch/pytorch#196678: cuDNN's masked kernels broke at T ≡ 64 (mod 128)
 GPU_ODD_SEQ_LEN = 1088
 
@@ -231,7 +231,8 @@ def _quick(sets: _VariantSets) -> Preset:
                  scenario=("scaled_x64", "fp16_range", "padding", "fully_masked_bool",
                            "fully_masked_neginf", "sliding_window", "softcap", "sinks")),
             dict(variant=("eager",) + LSE_VARIANTS, device=("cpu",), dtype=("fp32", "bf16"), d_k=(32,), seq_len=(64,),
-                 batch=(1,), heads=(2,), causal=(False, True), scenario=("normal", "padding", "fully_masked_bool", "sinks")),
+                 batch=(1,), heads=(2,), causal=(False, True),
+                 scenario=("normal", "padding", "fully_masked_bool", "sinks", "sinks_prefill")),
             dict(variant=("eager", "sdpa", "sdpa_math", "sdpa_flash") + gqa_controls, device=("cpu",),
                  dtype=("fp32",), d_k=(32,), seq_len=(64,), batch=(1,), heads=(4,), kv_heads=(4, 2, 1),
                  causal=(True,), scenario=("normal", "sliding_window", "softcap")),
@@ -330,7 +331,7 @@ def _gpu(sets: _VariantSets) -> Preset:
                  device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
                  causal=(False, True), scenario=LSE_SCENARIOS + ("sinks_decode",)),
             dict(variant=("flex",), device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,),
-                 heads=(16,), causal=(True,), scenario=("sinks",)),
+                 heads=(16,), causal=(True,), scenario=("sinks", "sinks_prefill")),
             dict(variant=CUDA_LSE_OPS, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,),
                  heads=(16,), causal=(False, True), scenario=("normal",)),
             # Compiled code is built once per shape, dtype and mask kind (~4 s each on an H200):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import audit
 from standins import (LowerTriangularFromBottomRightMask, flash_attn_func, flash_attn_varlen_func,
                       flash_attn_varlen_func_inclusive_end, flash_attn_varlen_func_one_sequence,
-                      memory_efficient_attention)
+                      flash_attn_with_sinks, memory_efficient_attention)
 
 flash = audit.adapt(flash_attn_func, layout="bthd", causal="bottom-right", causal_arg="causal",
                     scale_arg="softmax_scale", softcap_arg="softcap", gqa=True)
@@ -40,3 +40,9 @@ varlen_inclusive_end = audit.adapt(flash_attn_varlen_func_inclusive_end, layout=
                                    causal_arg="causal", scale_arg="softmax_scale", softcap_arg="softcap", gqa=True,
                                    cu_seqlens_arg=("cu_seqlens_q", "cu_seqlens_k"),
                                    max_seqlen_arg=("max_seqlen_q", "max_seqlen_k"))
+
+# A sink kernel of gpt-oss's call form (sinks, causal, a window argument, no mask), returning its lse with
+# the sink counted: the sinks prefill cells and the merge check of its causal cells (tests/test_lse.py).
+sink_kernel = audit.adapt(flash_attn_with_sinks, layout="bthd", causal="bottom-right", causal_arg="causal",
+                          scale_arg="softmax_scale", sink_arg="learnable_sink", gqa=True, returns="out_lse",
+                          lse_layout="bht", lse_includes_sink=True, return_softmax_lse=True)

@@ -82,3 +82,20 @@ for _fn in (correct, lse_base2, lse_unscaled_max, lse_first_head_of_group, lse_e
     _fn.audit_returns = "out_lse"
     _fn.audit_supports = ("gqa", "sinks")
 lse_includes_sink.audit_lse_includes_sink = True
+
+
+def _sinks_dropped(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), learnable_sink=None,
+                   return_softmax_lse=False):
+    """gpt-oss's call form taking learnable_sink and dropping it (vllm-project/vllm#52148's FA2 path)."""
+    from standins import flash_attn_with_sinks
+    return flash_attn_with_sinks(q, k, v, softmax_scale, causal, window_size, None, return_softmax_lse)
+
+
+def _declared_dropping():
+    import audit
+    return audit.adapt(_sinks_dropped, layout="bthd", causal="bottom-right", causal_arg="causal",
+                       scale_arg="softmax_scale", sink_arg="learnable_sink", gqa=True, returns="out_lse",
+                       lse_includes_sink=True, return_softmax_lse=True)
+
+
+sink_kernel_dropping_sinks = _declared_dropping()   # a mask-less sink kernel that drops its sinks

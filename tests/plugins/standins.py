@@ -139,3 +139,28 @@ def flash_attn_varlen_func_inclusive_end(q, k, v, cu_seqlens_q, cu_seqlens_k, ma
         out[a:b] = _attention(q[None, a:b], k[None, c:stop], v[None, c:stop], scale, keep=keep,
                               softcap=softcap)[0].to(q.dtype)
     return (out, None, None) if return_attn_probs else out
+
+
+def flash_attn_with_sinks(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), learnable_sink=None,
+                          return_softmax_lse=False):
+    """A sink kernel of gpt-oss's call form (flash-attn 3's learnable_sink, vLLM's s_aux): q (B, Tq, H, d),
+    k, v (B, Tk, Hkv, d), causal aligned bottom-right, per-head sink logits (H,) as one more softmax
+    column, no mask argument; with return_softmax_lse, (out, lse (B, H, Tq)) with the sink counted in
+    the lse (flash-attn's convention)."""
+    if q.shape[2] % k.shape[2]:
+        raise RuntimeError("Number of heads in key/value must divide number of heads in query")
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    qq, kk, vv = (t.transpose(1, 2).float() for t in (q, k, v))               # (B, H, T, d)
+    group = qq.shape[1] // kk.shape[1]
+    kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
+    s = (qq @ kk.transpose(-1, -2)) * scale                                  # (B, H, Tq, Tk)
+    if causal:
+        s = s.masked_fill(~_bottom_right(q.shape[1], k.shape[1], q.device), float("-inf"))
+    if learnable_sink is not None:
+        column = learnable_sink.float().view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+        s = torch.cat([s, column], dim=-1)                                   # the sink: one more column
+    lse = torch.logsumexp(s, dim=-1)                                         # (B, H, Tq), the sink counted
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+    p = p[..., :-1] if learnable_sink is not None else p
+    out = (torch.nan_to_num(p) @ vv).transpose(1, 2).to(q.dtype)             # (B, Tq, H, d)
+    return (out, lse) if return_softmax_lse else out
