@@ -383,3 +383,18 @@ def test_causal_halves_by_position_merge_to_causal_attention_whatever_the_alignm
     wrong, _ = merge_partials(call(q, k[..., :5, :], v[..., :5, :], causal=True),
                               call(q, k[..., 5:, :], v[..., 5:, :], causal=True))
     assert not torch.allclose(wrong, want, atol=1e-3)     # the naive split with the kernel's own flag is not
+
+
+def test_the_merge_of_two_empty_parts_is_an_empty_row_not_nan():
+    """lse -inf (or FA2's +inf) on both parts: out 0, lse -inf, where exp(lse_i - lse) alone is NaN;
+    a finite lse (0) on an empty part weighs its out in, which the lse_masked_rows warning names."""
+    out = torch.ones(1, 1, 3, 2)
+    inf = math.inf
+    l1 = torch.tensor([[[-inf, inf, 0.0]]])
+    l2 = torch.tensor([[[-inf, -inf, -inf]]])
+    merged, lse = merge_partials((out, l1), (2 * out, l2))
+    assert merged[0, 0, 0].tolist() == [0.0, 0.0] and merged[0, 0, 1].tolist() == [0.0, 0.0]
+    assert lse[0, 0, 0] == -inf and lse[0, 0, 1] == -inf
+    assert merged[0, 0, 2].tolist() == [1.0, 1.0] and lse[0, 0, 2] == 0.0   # a finite lse: read as keys
+    naive = torch.exp(l2 - torch.logaddexp(l2, l2))
+    assert bool(torch.isnan(naive).all())

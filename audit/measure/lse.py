@@ -97,7 +97,8 @@ def merge_partials(first: tuple[Any, Any], second: tuple[Any, Any]) -> tuple[Any
     """Two partial results over disjoint keys -> the full one, in float64, as split-KV and ring
     attention merge them: lse = logaddexp(lse1, lse2), out = Σ exp(lse_i - lse) · out_i. A part
     with no key weighs 0, whatever its out: its lse is -inf, or +inf (FlashAttention-2's final
-    lse of an empty row; vLLM's merge_attn_states reads both infinities as empty). An lse of 0 or
+    lse of an empty row; vLLM's merge_attn_states reads both infinities as empty); two empty parts
+    give out 0 and lse -inf (a naive merge: NaN). An lse of 0 or
     another finite value there weighs the part's out in; NaN makes the row NaN.
     out_i: (B, H, Tq, d); lse_i: (B, H, Tq) -> ((B, H, Tq, d), (B, H, Tq))."""
     import torch
@@ -106,7 +107,9 @@ def merge_partials(first: tuple[Any, Any], second: tuple[Any, Any]) -> tuple[Any
     lse = torch.logaddexp(l1, l2)                                               # (B, H, Tq)
     out = 0.0
     for o, lp in ((o1, l1), (o2, l2)):
-        w = torch.exp(lp - lse)[..., None]                                      # (B, H, Tq, 1)
+        # an empty part weighs 0, also beside another empty one: exp(-inf - -inf) is NaN, the naive
+        # merge's NaN on a row that sees no key in either part (out 0, lse -inf here)
+        w = torch.where(lp == -math.inf, torch.zeros_like(lp), torch.exp(lp - lse))[..., None]   # (B, H, Tq, 1)
         out = out + torch.where(w == 0, torch.zeros_like(w), w * o.double())
     return out, lse
 
