@@ -144,3 +144,31 @@ def test_a_plugin_that_declares_no_scale_refuses_the_probe_and_is_not_flagged():
         sys.path.remove(str(PLUGINS))
     assert cols["arguments"] == {"scale": "refused", "causal": "honoured"}
     assert "scale argument" in cols["argument_evidence"]["scale"]["reason"]
+
+
+def test_a_plugin_without_the_scale_keyword_refuses_the_probe_and_one_that_raises_fails_it():
+    """The cells hand `scale` only where it is not the default, so a plug-in may have no such keyword:
+    its probe is refused, naming it. Another TypeError is the probe's failure, with its reason."""
+    from audit.measure import measurement
+    from audit.workload.inputs import make_inputs
+    from audit.workload.variants import Variant
+
+    def no_scale(q, k, v, *, mask=None, causal=False):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+
+    def breaks(q, k, v, *, mask=None, causal=False, scale=None):
+        if scale is not None:
+            raise TypeError("unsupported operand type(s) for *: 'float' and 'NoneType'")
+        return no_scale(q, k, v, mask=mask, causal=causal)
+
+    case = Case("p", "cpu", "fp32", 16, 32, 1, 2, False, "normal")
+    inputs = make_inputs(case)
+    ref = cellcache.build_reference(case, inputs)
+    got = {}
+    for fn in (no_scale, breaks):
+        got[fn.__name__] = measurement.measure_cell(case, Variant("p", "plug-in", lambda f=fn: f, family="plugin"),
+                                                    inputs, ref, PRESET)
+    assert got["no_scale"]["arguments"] == {"scale": "refused", "causal": "honoured"}
+    assert "takes no `scale` argument" in got["no_scale"]["argument_evidence"]["scale"]["reason"]
+    assert got["breaks"]["arguments"]["scale"] == "failed"
+    assert "argument probe scale failed: TypeError" in got["breaks"]["reason"]

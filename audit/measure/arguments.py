@@ -14,7 +14,8 @@ rows that see a key under both settings:
 - `unjudged`: it moved, but the cell's own output is outside its error budget, so how it should
   move is not known (a kernel ignoring causal, probed on the scale); `ignored` is still told;
 - `refused`: the variant declines the changed value (Unsupported: a plug-in declaring no scale
-  argument is handed a non-default scale); not a defect;
+  argument is handed a non-default scale), or has no such keyword at all (a TypeError naming it: the
+  cells hand `scale` only where it is not the default, so a plug-in may leave it out); not a defect;
 - `failed`: the probe's call raised anything else (its reason in the record's `reason`).
 
 A compiled variant's probes each build code of their own (a new scale is a recompile, a new cap
@@ -104,6 +105,15 @@ def argument_columns(cell: Any, call: Callable[[dict], Any], failure_reason: Cal
         except Unsupported as exc:
             statuses[name] = "refused"
             evidence[name] = {"reason": str(exc)[:200]}
+            continue
+        except TypeError as exc:
+            new = [key for key in kwargs if key not in cell.kwargs and f"keyword argument '{key}'" in str(exc)]
+            if not new:                      # not an argument the cell's own calls never hand it: a failure
+                statuses[name] = "failed"
+                reasons.append(f"argument probe {name} failed: {failure_reason(exc)}")
+                continue
+            statuses[name] = "refused"       # a plug-in without the keyword (the cells never hand it a scale)
+            evidence[name] = {"reason": f"it takes no `{new[0]}` argument ({str(exc)[:150]})"}
             continue
         except Exception as exc:  # noqa: BLE001 - a probe the variant fails on: the cell keeps its measurements
             statuses[name] = "failed"

@@ -95,6 +95,7 @@ CUDA_LSE_OPS: tuple[str, ...] = ("efficient_op", "cudnn_op")   # the same for th
 # Built-ins made for a layout (packed documents, paged caches): their own sub-grids (presets.layout_cells).
 LAYOUT_VARIANTS: tuple[str, ...] = ("packed_loop", "nested_sdpa", "varlen_attn", "paged_flex", "paged_gather")
 LSE_SCENARIOS: tuple[str, ...] = ("normal", "padding", "fully_masked_bool", "cross_causal", "sinks", "sinks_prefill")
+ODD_HEAD_DIMS: tuple[int, ...] = (72, 96, 192)   # head sizes that are not a power of two (cpu preset)
 # pytorch/pytorch#196678: cuDNN's masked kernels broke at T ≡ 64 (mod 128)
 GPU_ODD_SEQ_LEN = 1088
 
@@ -253,7 +254,7 @@ def _cpu(sets: _VariantSets) -> Preset:
     variants, every, gqa_controls = sets.variants, sets.every, sets.gqa_controls
     return Preset(
         name="cpu",
-        description="default without CUDA: every built-in variant, 3 dtypes, d_k 32-128, "
+        description="default without CUDA: every built-in variant, 3 dtypes, d_k 32-128 (and 72, 96, 192), "
                     "seq_len 128-2048, plus every scenario and negative control at T=256",
         grids=(
             dict(variant=variants, device=("cpu",), dtype=DTYPES, d_k=(32, 64, 128),
@@ -286,6 +287,10 @@ def _cpu(sets: _VariantSets) -> Preset:
                  heads=(2,), causal=(False, True), scenario=("normal", "packed")),
             dict(variant=("paged_flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,), batch=(2,),
                  heads=(2,), causal=(False, True), scenario=("paged",)),
+            # head sizes that are not a power of two (kernels tile by powers of two: 72, 96, 192 pad or
+            # branch), on the kernels that tile, forward and backward
+            dict(variant=("eager", "sdpa", "sdpa_flash", "flash_op"), device=("cpu",), dtype=("fp32", "bf16"),
+                 d_k=ODD_HEAD_DIMS, seq_len=(128,), batch=(1,), heads=(2,), causal=(False, True), scenario=("normal",)),
         ),
         min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0,
     )
