@@ -223,25 +223,24 @@ def zero_keys_as_padding(a: Attempt) -> Any:
 
 # --------------------------------------------------------------------------- scale
 
-@mistake("scale_squared", title="scores scaled by 1/d",
-         what="Scores are multiplied by 1/d_k instead of 1/sqrt(d_k) (or 1/sqrt(d_k) applied twice).",
-         where="q pre-scaled and the kernel's own scale left on, or scale = 1 / d_k.")
-def scale_squared(a: Attempt) -> Any:
-    return a.attend(scale=a.scale ** 2)
+SCALE_POWERS = (
+    Member("scale_squared", "scores scaled by 1/d",
+           "Scores are multiplied by 1/d_k instead of 1/sqrt(d_k) (or 1/sqrt(d_k) applied twice).", (("power", 2),)),
+    Member("scale_missing", "scores not scaled", "Scores are Q Kᵀ without 1/sqrt(d_k): softmax saturates.",
+           (("power", 0),)),
+    Member("scale_inverted", "scores multiplied by sqrt(d)",
+           "Scores are multiplied by sqrt(d_k) instead of divided by it.", (("power", -1),)),
+)
 
 
-@mistake("scale_missing", title="scores not scaled",
-         what="Scores are Q Kᵀ without 1/sqrt(d_k): softmax saturates.",
-         where="scale=1.0 passed, or the division by sqrt(d_k) left out of hand-written attention.")
-def scale_missing(a: Attempt) -> Any:
-    return a.attend(scale=1.0)
-
-
-@mistake("scale_inverted", title="scores multiplied by sqrt(d)",
-         what="Scores are multiplied by sqrt(d_k) instead of divided by it.",
-         where="scale = sqrt(d_k) (or d_k ** 0.5) where d_k ** -0.5 was meant.")
-def scale_inverted(a: Attempt) -> Any:
-    return a.attend(scale=1.0 / a.scale)
+@mistake_family("softmax_scale", SCALE_POWERS,
+                where="q pre-scaled and the kernel's own scale left on (applied twice), scale=1.0 passed or the "
+                      "division by sqrt(d_k) left out (missing), scale = sqrt(d_k) where d_k ** -0.5 was meant "
+                      "(inverted).")
+def softmax_scale(a: Attempt, *, power: int) -> Any:
+    """A member of the scale family: the scores scaled by the cell's scale to the `power` (2: twice
+    or 1/d; 0: not at all; -1: multiplied by sqrt(d))."""
+    return a.attend(scale=a.scale ** power)
 
 
 # --------------------------------------------------------------------------- softmax and scores
