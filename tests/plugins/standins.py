@@ -75,6 +75,30 @@ def memory_efficient_attention(query, key, value, attn_bias=None, p=0.0, scale=N
     return _attention(query, key, value, scale, bias=bias, keep=keep).to(output_dtype or query.dtype)
 
 
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, softcap, block_table, inclusive_end=False):
+    """The varlen stand-ins' loop over the sequences; inclusive_end: each reads one key past its own
+    (the causal mask, from the true lengths, hides it)."""
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(starts_q) - 1):
+        a, b, c, d = starts_q[i], starts_q[i + 1], starts_k[i], starts_k[i + 1]
+        if b == a:
+            continue
+        if block_table is None:
+            stop = min(d + 1, k.shape[0]) if inclusive_end else d
+            ks, vs = k[c:stop], v[c:stop]                                    # (n_k, Hkv, d)
+        else:
+            pages = block_table[i].long()
+            ks, vs = (t[pages].reshape(-1, t.shape[2], t.shape[3])[:d - c] for t in (k, v))
+        keep = None
+        if causal:
+            keep = torch.zeros(b - a, ks.shape[0], dtype=torch.bool, device=q.device)
+            keep[:, :d - c] = _bottom_right(b - a, d - c, q.device)
+        out[a:b] = _attention(q[None, a:b], ks[None], vs[None], scale, keep=keep, softcap=softcap)[0].to(q.dtype)
+    return out
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
@@ -87,20 +111,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise RuntimeError("Input tensor must have contiguous last dimension")
     if cu_seqlens_q.dtype != torch.int32 or cu_seqlens_k.dtype != torch.int32:
         raise RuntimeError("cu_seqlens_q must have dtype int32")
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
-    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    for i in range(len(starts_q) - 1):
-        a, b, c, d = starts_q[i], starts_q[i + 1], starts_k[i], starts_k[i + 1]
-        if b == a:
-            continue
-        if block_table is None:
-            ks, vs = k[c:d], v[c:d]                                          # (n_k, Hkv, d)
-        else:
-            pages = block_table[i].long()
-            ks, vs = (t[pages].reshape(-1, t.shape[2], t.shape[3])[:d - c] for t in (k, v))
-        keep = _bottom_right(b - a, d - c, q.device) if causal else None
-        out[a:b] = _attention(q[None, a:b], ks[None], vs[None], scale, keep=keep, softcap=softcap)[0].to(q.dtype)
+    out = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, softcap, block_table)
     return (out, None, None) if return_attn_probs else out
 
 
@@ -124,20 +135,7 @@ def flash_attn_varlen_func_inclusive_end(q, k, v, cu_seqlens_q, cu_seqlens_k, ma
     """The same signature, its key loop bound inclusive (`j <= end`): each sequence also reads the key
     right after its own, the next sequence's first (the causal mask, from the true lengths, hides it).
     What the audit must name."""
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
-    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    for i in range(len(starts_q) - 1):
-        a, b, c, d = starts_q[i], starts_q[i + 1], starts_k[i], starts_k[i + 1]
-        if b == a:
-            continue
-        stop = min(d + 1, k.shape[0])                                        # the inclusive end
-        keep = None
-        if causal:
-            keep = torch.zeros(b - a, stop - c, dtype=torch.bool, device=q.device)
-            keep[:, :d - c] = _bottom_right(b - a, d - c, q.device)
-        out[a:b] = _attention(q[None, a:b], k[None, c:stop], v[None, c:stop], scale, keep=keep,
-                              softcap=softcap)[0].to(q.dtype)
+    out = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, softcap, None, inclusive_end=True)
     return (out, None, None) if return_attn_probs else out
 
 
