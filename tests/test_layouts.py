@@ -180,6 +180,25 @@ def test_a_paged_kernel_reading_the_extra_page_or_another_row_is_caught_and_name
     assert not {f for f in found if not f[1].startswith("broken.")}, found
 
 
+def test_page_edge_lengths_sit_on_and_around_a_page_boundary():
+    from audit.workload.draws import page_edge_lengths
+    assert page_edge_lengths(4, 64) == [49, 47, 48, 49]        # 48 = 3 pages of 16: one past, one short, on
+    assert page_edge_lengths(3, 256, 16) == [193, 191, 192]
+    assert page_edge_lengths(3, 8) == [8, 8, 8]                  # shorter than a page: every length T
+
+
+def test_paged_kernels_on_lengths_around_a_page_boundary():
+    """A last page of one key, one short of full, full: the references and the declared stand-in read
+    none of the tail (its NaN would show), the controls are caught and named as on the paged scenario."""
+    recs = _run([_cell(v, "paged_edges", batch=3) for v in ("paged_gather", "sdpa", "broken.paged_extra_page",
+                                                             "broken.paged_wrong_sequence")])
+    by = {r["variant"]: r for r in recs.values()}
+    assert by["paged_gather"]["within_budget"] and by["paged_gather"]["out_nan"] == 0
+    assert by["paged_gather"]["paged_unread_max_change"] == 0.0 and by["sdpa"]["within_budget"]
+    assert by["broken.paged_extra_page"]["paged_diagnosis"] == "reads_past_used"
+    assert by["broken.paged_wrong_sequence"]["paged_diagnosis"] == "block_table_wrong_sequence"
+
+
 def test_a_paged_variant_is_skipped_outside_the_paged_scenario():
     rec = _run([_cell("paged_gather", "normal")])
     assert [r["status"] for r in rec.values()] == ["skipped"]

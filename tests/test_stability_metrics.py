@@ -41,7 +41,7 @@ def small_case(scenario: str, dtype: str = "fp32", causal: bool = False, **chang
 # =========================================================================== inputs
 
 def expected_q_len(scenario: str, t: int) -> int:
-    return {"decode": 1, "sinks_decode": 1, "paged": 1, "cross_causal": t // 2}.get(scenario, t)
+    return {"decode": 1, "sinks_decode": 1, "paged": 1, "paged_edges": 1, "cross_causal": t // 2}.get(scenario, t)
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))

@@ -85,10 +85,11 @@ def compiled_variant(name: str) -> bool:
 
 
 def paged_call(case: Case) -> bool:
-    """A built-in paged variant in a paged cell: forward only (varlen.PagedCall)."""
+    """A built-in paged variant in a paged cell (a scenario of the paged form): forward only (varlen.PagedCall)."""
+    from ..workload.inputs import SCENARIOS
     from ..workload.variants import builtin_variants
     spec = builtin_variants().get(case.variant)
-    return spec is not None and "paged" in spec.forms and case.scenario == "paged"
+    return spec is not None and "paged" in spec.forms and SCENARIOS[case.scenario].form == "paged"
 
 
 def leak_probe_count(case: Case) -> int:

@@ -317,7 +317,7 @@ def _packed(case, gen, tq, tk) -> dict:
     return out
 
 
-def _paged(case, gen, tq, tk) -> dict:
+def _paged(case, gen, tq, tk, used: list[int] | None = None) -> dict:
     """Decode (one query per sequence) against a paged cache of T slots per sequence, of which the
     first used[b] (3/4 T, shorter after: as the padding scenario's lengths) are real keys: dense
     variants get the keys dense with the used lengths as key padding (B, 1, 1, T); a "paged" variant
@@ -325,8 +325,21 @@ def _paged(case, gen, tq, tk) -> dict:
     must not read NaN."""
     import torch
     out = _normal(case, gen, tq, tk)
-    used = _valid_lengths(case.batch, tk)
+    used = _valid_lengths(case.batch, tk) if used is None else used
     keep = (torch.arange(tk)[None, :] < torch.tensor(used)[:, None])[:, None, None, :]   # (B, 1, 1, Tk)
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
     out.update(mask=keep, visible=keep, mask_form="bool", paged=paged_layout(used, PAGE_SIZE, seed))
     return out
+
+
+def page_edge_lengths(batch: int, tk: int, page: int = PAGE_SIZE) -> list[int]:
+    """Used lengths on and around a page boundary, by sequence: one slot past a boundary (a last page
+    holding one key), one before it (a last page one short of full), on it (a full last page), then
+    again; the boundary the last whole page at or below 3/4 T, each length within 1..T."""
+    edge = max(1, (tk * 3 // 4) // page) * page
+    return [min(tk, max(1, edge + (1, -1, 0)[b % 3])) for b in range(batch)]
+
+
+def _paged_edges(case, gen, tq, tk) -> dict:
+    """The paged scenario with the used lengths on and around a page boundary (page_edge_lengths)."""
+    return _paged(case, gen, tq, tk, used=page_edge_lengths(case.batch, tk))

@@ -27,7 +27,7 @@ from .draws import (  # noqa: F401  (the draw functions and their helpers, re-ex
     _heavy_tailed, zero_query_rows, constant_key_heads, _constant_rows, zero_key_positions, _sparse,
     causal_offset, causal_keep, _valid_lengths, _padding, _left_padding, LOW_LSE_MARGIN,
     low_lse_centre, _low_lse, SHIFT_BIAS, SHIFT_STEP, _shifted_bias, fully_masked_rows,
-    _fully_masked, window_size, _sliding_window, SINK_ABOVE_MAX, SINK_NEGLIGIBLE, _sinks,
+    _fully_masked, window_size, _sliding_window, _paged_edges, SINK_ABOVE_MAX, SINK_NEGLIGIBLE, _sinks,
     _draw_sinks, _packed, _paged)
 
 
@@ -183,6 +183,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "an extra page listed after the used ones, an unlisted page); dense variants get the used "
              "lengths as key padding (pegainfer#291: an extra page read every 16th step)",
              lambda t: 1, _paged, ("bool", "per-batch"), kind="paged", work_is_visible=True, form="paged"),
+    Scenario("paged_edges", "the paged scenario with each sequence's used keys one past, one before and on a "
+             "page boundary (a last page of one key, one short of full, full)",
+             lambda t: 1, _paged_edges, ("bool", "per-batch"), kind="paged", work_is_visible=True, form="paged"),
     Scenario("uniform", "q, k, v ~ U(-sqrt(3), sqrt(3)): unit variance, bounded; catches a shortcut that holds only "
              "for N(0, 1) inputs (KernelBench#82 tests with uniform inputs)", lambda t: t, _uniform),
     Scenario("heavy_tailed", "q, k, v ~ Student-t(3) scaled to unit variance: a few entries beyond 6 standard "

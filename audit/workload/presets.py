@@ -200,9 +200,9 @@ class _VariantSets:
         layouts = ("packed_loop", "nested_sdpa")
         return (dict(one, variant=base + layouts, scenario=("packed",)),
                 dict(one, variant=layouts, scenario=("normal",)),
-                dict(one, variant=base + ("paged_gather",), scenario=("paged",)),
+                dict(one, variant=base + ("paged_gather",), scenario=("paged", "paged_edges")),
                 dict(one, variant=documents, batch=(2,), scenario=("packed",)),
-                dict(one, variant=pages, batch=(2,), scenario=("paged",)),
+                dict(one, variant=pages, batch=(2,), scenario=("paged", "paged_edges")),
                 dict(one, variant=("eager", "sdpa"), d_v=(d_k // 2,), scenario=("normal",)),
                 dict(one, variant=("broken.v_read_at_k_stride",), d_v=(d_k // 2,), scenario=("normal",)),
                 dict(one, variant=("broken.batch_dependent_splits",), dtype=dtypes[:1], batch=(2,),
@@ -286,7 +286,7 @@ def _cpu(sets: _VariantSets) -> Preset:
             dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,), batch=(2,),
                  heads=(2,), causal=(False, True), scenario=("normal", "packed")),
             dict(variant=("paged_flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,), batch=(2,),
-                 heads=(2,), causal=(False, True), scenario=("paged",)),
+                 heads=(2,), causal=(False, True), scenario=("paged", "paged_edges")),
             # head sizes that are not a power of two (kernels tile by powers of two: 72, 96, 192 pad or
             # branch), on the kernels that tile, forward and backward
             dict(variant=("eager", "sdpa", "sdpa_flash", "flash_op"), device=("cpu",), dtype=("fp32", "bf16"),
