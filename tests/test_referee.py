@@ -56,9 +56,12 @@ def test_each_control_is_caught_by_its_own_check_and_by_no_other(control_run, na
         assert failed_checks(r) == [check], (r["id"], r["referee_detail"])
         assert r["referee_detail"][check]
     errors = [f for f in found if f["variant"] == f"broken.{name}" and f["severity"] != "info"]
-    # a kernel returning the golden it found, whatever its arguments: the argument probes see that too
-    also = {"finds_reference": [("argument_ignored", None)]}.get(name, [])
-    assert sorted((f["check"], f.get("referee_check")) for f in errors) == sorted([("referee", check)] + also), errors
+    # a kernel returning the golden it found, whatever its arguments, and one skipping work after its
+    # warm-up (the probes' calls come after it): the argument probes may see them too
+    named = {(f["check"], f.get("referee_check")) for f in errors}
+    probes = {("argument_ignored", None)} if name in ("finds_reference", "skips_after_warmup") else set()
+    assert named - probes == {("referee", check)}, errors
+    assert name != "finds_reference" or named >= probes
     errors = [f for f in errors if f["check"] == "referee"]
     assert f"referee's {check} check in 4 of 4 cell(s)" in errors[0]["message"]
 
