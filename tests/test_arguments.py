@@ -62,21 +62,22 @@ def test_the_scale_and_softcap_controls_are_right_wherever_their_argument_has_it
 
 @pytest.fixture(scope="module")
 def builtins_run():
-    """Every uncompiled built-in on each probed scenario it takes, fp32 and bf16; compiled_unfused and
-    flex once each (a compiled variant's probes are recompiles)."""
+    """Every uncompiled built-in on each probed scenario it takes in fp32, and on normal in bf16 too;
+    compiled_unfused on normal and softcap (a compiled variant's probes are recompiles; flex's are in
+    the quick preset's run: tests/test_findings_stable.py)."""
     real = ("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash", "flash_op", "flex_eager", "packed_loop")
-    scenarios = ("normal", "padding", "sliding_window", "softcap", "sinks", "sinks_decode", "packed")
+    scenarios = ("normal", "padding", "sliding_window", "softcap", "sinks", "sinks_prefill", "sinks_decode", "packed")
     cases = [Case(v, "cpu", dtype, 16, 32, 2, 2, causal, s) for v in real for s in scenarios
-             for dtype in ("fp32", "bf16") for causal in (False, True)]
-    cases += [Case(v, "cpu", "fp32", 16, 32, 1, 2, False, s) for v in ("compiled_unfused", "flex")
-              for s in ("normal", "softcap")]
+             for dtype in (("fp32", "bf16") if s == "normal" else ("fp32",)) for causal in (False, True)]
+    cases += [Case("compiled_unfused", "cpu", "fp32", 16, 32, 1, 2, causal, s) for s in ("normal", "softcap")
+              for causal in (False, True)]
     return _run(cases)
 
 
 def test_every_builtin_honours_every_argument_it_is_handed(builtins_run):
     ok = [r for r in builtins_run if r["status"] == "ok"]
     probed = [r for r in ok if r["arguments"]]
-    assert len(probed) > 100
+    assert len(probed) > 60
     bad = [(r["id"], name, status) for r in probed for name, status in r["arguments"].items()
            if status not in ("honoured", "refused")]
     assert bad == []
@@ -84,7 +85,7 @@ def test_every_builtin_honours_every_argument_it_is_handed(builtins_run):
     summary = argument_summary(to_frame(ok))
     assert set(summary["eager"]) == {"scale", "lse", "causal", "mask", "softcap", "sinks"}
     assert set(summary["packed_loop"]) >= {"cu_seqlens", "scale", "causal"}
-    assert summary["flex"] == {"scale": "honoured", "softcap": "honoured"}   # causal: not flipped when compiled
+    assert summary["compiled_unfused"] == {"scale": "honoured", "softcap": "honoured"}   # causal: not flipped
     assert {"scale", "causal", "mask"} <= set(summary["sdpa"])
 
 
