@@ -39,7 +39,7 @@ def _probes(frame: pd.DataFrame) -> list[tuple[str, str, str, str, dict]]:
             continue
         for name, status in statuses.items():
             out.append((str(variant), str(cell), str(name), str(status),
-                        (found or {}).get(name) or {} if isinstance(found, dict) else {}))
+                        (found.get(name) or {}) if isinstance(found, dict) else {}))
     return out
 
 

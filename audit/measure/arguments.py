@@ -35,7 +35,7 @@ import math
 from typing import Any, Callable
 
 from ..core.errors import Unsupported
-from ..workload.arguments import ARGUMENTS, STATUSES, probed_arguments  # noqa: F401  (STATUSES: one definition, there)
+from ..workload.arguments import ARGUMENTS, probed_arguments
 from .diagnosis import _golden_for, attempt_for, diagnosis_slices, tolerance
 from .numerics import BUDGET_ATOL, BUDGET_FACTOR
 

@@ -283,18 +283,8 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     in its input set that would not be measured anyway (a backend that cannot run it) is skipped
     with them, since it would still pay for the set's inputs and golden.
     """
-    from .costmodel import TOO_SLOW
-    skip: dict[str, str] = {}
     rows = pred.to_dict("records")          # plain dicts: a Series per row cost seconds on 2000 cells
-    for row in rows:
-        if row["status"] == "ok" and max_cell_s is not None and own_cost(row) > max_cell_s:
-            skip[row["id"]] = (f"predicted {own_cost(row):.1f} s for this cell, over the per-cell limit "
-                               f"{max_cell_s:g} s (--max-cell-s)")
-        elif row["status"] == "skipped" and row.get("reason") == TOO_SLOW and budget_s is not None:
-            # the runner would draw its inputs, build its golden and warm it up, only to skip it
-            # (on an AVX2-only CPU, 47 hand-written bf16 cells cost 200 s of a 10-minute plan that way)
-            skip[row["id"]] = (f"predicted too slow for this device: its warm-up forecasts more than the per-cell "
-                               f"limit {max_cell_s:g} s (--max-cell-s), so it is not started")
+    skip = _too_slow(rows, budget_s, max_cell_s)
     kept_pred = pred[~pred["id"].isin(list(skip))]
     tier, coverage, level_of = prioritized_tiers(kept_pred)
     kept_rows = [r for r in rows if r["id"] not in skip]
@@ -374,6 +364,23 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
                                    and kinds[i] not in covered and not kinds[i].endswith("(self-check)")))
     return Selection(skip, {i: t for i, t in tier.items() if i not in skip}, uncovered, smallest_s, coverage_s,
                      tuple(essential), tuple(coverage))
+
+
+def _too_slow(rows: list[dict], budget_s: float | None, max_cell_s: float | None) -> dict[str, str]:
+    """id -> reason of the cells skipped before any tier: predicted over the per-cell limit, or
+    predicted too slow for the device (with a budget: the runner would draw its inputs, build its
+    golden and warm it up only to skip it; on an AVX2-only CPU, 47 hand-written bf16 cells cost
+    200 s of a 10-minute plan that way)."""
+    from .costmodel import TOO_SLOW
+    skip: dict[str, str] = {}
+    for row in rows:
+        if row["status"] == "ok" and max_cell_s is not None and own_cost(row) > max_cell_s:
+            skip[row["id"]] = (f"predicted {own_cost(row):.1f} s for this cell, over the per-cell limit "
+                               f"{max_cell_s:g} s (--max-cell-s)")
+        elif row["status"] == "skipped" and row.get("reason") == TOO_SLOW and budget_s is not None:
+            skip[row["id"]] = (f"predicted too slow for this device: its warm-up forecasts more than the per-cell "
+                               f"limit {max_cell_s:g} s (--max-cell-s), so it is not started")
+    return skip
 
 
 def _fill(rest: Sequence[str], kept: set[str], room: float, seconds: Callable[[set[str]], float],

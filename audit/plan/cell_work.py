@@ -163,3 +163,36 @@ def tensor_elems(shape: Any) -> float:
     case = shape.case
     d, dv = case.d_k, case.effective_d_v
     return float(case.batch * (case.heads * shape.q_len * (d + dv) + case.effective_kv_heads * case.seq_len * (d + dv)))
+
+
+def call_variant(shape: Any) -> str:
+    """The name per-call factors are fitted under: `compiled` splits in two, because Inductor
+    rewrites it into fused SDPA without a mask or with an additive float mask (not causal,
+    not a bool mask) and leaves the hand-written math otherwise."""
+    case = shape.case
+    if case.variant == "compiled" and not case.causal and (shape.mask is None or shape.mask[0] == "float"):
+        return "compiled[fused]"
+    return case.variant
+
+
+def compile_key(shape: Any, variant: str | None = None) -> tuple:
+    """What a compiled variant's code is built for (cellcache.BuildCache's key, without torch):
+    one compile per key in a run."""
+    case = shape.case
+    return (variant or case.variant, case.device, case.dtype, shape.q_len, case.seq_len, case.batch,
+            case.heads, case.kv_heads, case.d_k, case.d_v, case.causal, shape.mask, score_mod_of(case))
+
+
+def kernel_key(shape: Any) -> tuple:
+    """What Inductor's on-disk cache holds a compile's kernels under: compile_key, with
+    `compiled` where Inductor leaves the hand-written math (call_variant) the same as
+    `compiled_unfused`, whose kernels it builds (seen: the second of the two is a cache hit)."""
+    variant = call_variant(shape)
+    return compile_key(shape, "compiled_unfused" if variant == "compiled" else variant)
+
+
+def score_mod_of(case: Case) -> str:
+    """The cell's score modification by name ("None" without one): compiled code is built per
+    score modification too (cellcache.BuildCache)."""
+    from ..workload.inputs import SCENARIOS
+    return str(SCENARIOS[case.scenario].score_mod)

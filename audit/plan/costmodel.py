@@ -47,6 +47,7 @@ from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SA
 from ..workload.inputs import invariance_applies
 from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
 from .cell_work import (REFEREE_CALLS, argument_compile_default_s, argument_compile_keys, argument_probes,  # noqa: F401
+                        call_variant, compile_key, kernel_key, score_mod_of,
                         checks_calls, declared_refusal, device_type, invariance_compile_keys, leak_probe_count,
                         masked_rows_checked, paged_call, predicted_unsupported, returns_lse, tensor_elems)
 from ..workload.variants import BROKEN_PREFIX, builtin_variants
@@ -187,16 +188,6 @@ class CellShape:
                    mask_shape(case))
 
 
-def call_variant(shape: CellShape) -> str:
-    """The name per-call factors are fitted under: `compiled` splits in two, because Inductor
-    rewrites it into fused SDPA without a mask or with an additive float mask (not causal,
-    not a bool mask) and leaves the hand-written math otherwise."""
-    case = shape.case
-    if case.variant == "compiled" and not case.causal and (shape.mask is None or shape.mask[0] == "float"):
-        return "compiled[fused]"
-    return case.variant
-
-
 CALL_WEIGHT_POWER = 0.25  # fit weights 1/t^p: 1 balances relative errors, 0 absolute ones (wall time)
 
 
@@ -224,29 +215,6 @@ def golden_cost_inputs(shape: CellShape, settings: Settings) -> tuple[float, flo
     chunk_bytes = settings.cuda_chunk_bytes if dev == "cuda" else settings.cpu_chunk_bytes
     rows = max(1, chunk_bytes // max(1, n * case.seq_len * 8))
     return float(n), flops, float(math.ceil(shape.q_len / rows))
-
-
-def compile_key(shape: "CellShape", variant: str | None = None) -> tuple:
-    """What a compiled variant's code is built for (cellcache.BuildCache's key, without torch):
-    one compile per key in a run."""
-    case = shape.case
-    return (variant or case.variant, case.device, case.dtype, shape.q_len, case.seq_len, case.batch,
-            case.heads, case.kv_heads, case.d_k, case.d_v, case.causal, shape.mask, score_mod_of(case))
-
-
-def kernel_key(shape: "CellShape") -> tuple:
-    """What Inductor's on-disk cache holds a compile's kernels under: compile_key, with
-    `compiled` where Inductor leaves the hand-written math (call_variant) the same as
-    `compiled_unfused`, whose kernels it builds (seen: the second of the two is a cache hit)."""
-    variant = call_variant(shape)
-    return compile_key(shape, "compiled_unfused" if variant == "compiled" else variant)
-
-
-def score_mod_of(case: Case) -> str:
-    """The cell's score modification by name ("None" without one): compiled code is built per
-    score modification too (cellcache.BuildCache)."""
-    from ..workload.inputs import SCENARIOS
-    return str(SCENARIOS[case.scenario].score_mod)
 
 
 def exposes_weights(variant: str) -> bool:
@@ -456,34 +424,40 @@ class CostModel:
         _amortize(rows, memberships, paid)
         return pd.DataFrame(rows, columns=columns)
 
+    def _warm_ratio(self, dev: str, variant: str) -> float:
+        """A compile read from Inductor's cache over one built anew: a warm cell's argument probes (cached
+        with it) cost their default times this."""
+        return (self._by_cache("compile_s", f"{dev}|{variant}", "hit", 3.0)
+                / max(1e-9, self._by_cache("compile_s", f"{dev}|{variant}", "miss", 3.0)))
+
     def _compiles(self, shape: CellShape, settings: Settings, groups: list[tuple], compiled_keys: set[tuple],
                   kernels: set[tuple], compiling_started: set[str], paid: dict[tuple, float]) -> float:
-        """A compiled variant's cell: the seconds of the compiles it is the first to need (its shape's,
-        the run's first compile starting the compiler, the invariance checks' shapes), each a shared
-        cost of its group; the groups it shares go into `groups`, the run's compiles into the sets."""
-        case, dev = shape.case, device_type(shape.case.device)
+        """A compiled variant's cell: the seconds of the compiles it is the first to need (its shape's, the
+        compiler's start, the invariance and argument probes'), each a shared cost of its group; the groups
+        it shares go into `groups`, the run's compiles into the sets."""
+        case, dev, variant = shape.case, device_type(shape.case.device), call_variant(shape)
         key = compile_key(shape)
         groups += [("compiler", dev), ("compile", key)]
         seconds = 0.0
+        warm = self._warm_ratio(dev, variant) if kernel_key(shape) in kernels else None   # its probes' too
         if key not in compiled_keys:
             compiled_keys.add(key)
             cache = "hit" if kernel_key(shape) in kernels else "miss"
             kernels.add(kernel_key(shape))
-            seconds = paid.setdefault(groups[-1], self._by_cache("compile_s", f"{dev}|{call_variant(shape)}", cache,
-                                                                 3.0))
+            seconds = paid.setdefault(groups[-1], self._by_cache("compile_s", f"{dev}|{variant}", cache, 3.0))
             if dev not in compiling_started:              # the run's first compile also starts the compiler
                 compiling_started.add(dev)
                 seconds += paid.setdefault(groups[-2], self._by_cache("compile_start_s", dev, cache, 2.0))
-        # once per run each: the invariance calls' shapes, the argument probes' recompiles (by argument)
-        extras = [(k, "compile_s", call_variant(shape), 3.0)
+        extras = [(k, "compile_s", variant, "miss", 3.0)      # once per run each: the invariance calls' shapes
                   for k in (invariance_compile_keys(key, case) if settings.invariance else ())]
-        extras += [(k, "argument_compile_s", f"{case.variant}|{k[-1]}", argument_compile_default_s(case.variant, k[-1]))
-                   for k in (argument_compile_keys(case) if settings.arguments else ())]
-        for extra, table, name, default in extras:
+        extras += [(k, "argument_compile_s", f"{case.variant}|{k[-1]}", "miss" if warm is None else "hit",
+                    argument_compile_default_s(case.variant, k[-1]) * (1.0 if warm is None else warm))
+                   for k in (argument_compile_keys(case) if settings.arguments else ())]   # the probes' recompiles
+        for extra, table, name, cache_state, default in extras:
             groups.append(("compile", extra))              # shared by every cell needing it, paid by the first
             if extra not in compiled_keys:
                 compiled_keys.add(extra)
-                seconds += paid.setdefault(groups[-1], self._by_cache(table, f"{dev}|{name}", "miss", default))
+                seconds += paid.setdefault(groups[-1], self._by_cache(table, f"{dev}|{name}", cache_state, default))
         return seconds
 
     def _timed_and_energy_s(self, case: Case, settings: Settings, t_f: float, t_fb: float) -> tuple[float, float]:

@@ -164,16 +164,56 @@ SCRIPT_CONSTANTS = ("TITLE", "CELL_AXES", "SEED", "TQ", "RECORDED", "ENV", "FORM
 REPLAY_MAX = 24     # earlier cells a cell_failed script replays at most (the latest ones)
 
 
+def _embed_builtin(emb: Any, name: str, check: str) -> None:
+    """Bind a built-in variant into the script: its factory copied where it can be, else what it
+    built (`attention_under_test`), and its attention weights (`probs_under_test`) where it has them."""
+    from ..core.errors import Unsupported
+    from ..workload.variants import resolve
+    from .embed import NotSelfContained
+    variant = resolve(name)
+    if check in ("saturation", "underflow") and variant.probs is None:
+        raise NotSelfContained(f"{name} does not expose its attention weights")
+    build = emb.try_expr(variant.build, hint="build_variant")   # copy the factory when it can be
+    if build is not None:
+        emb.assign("attention_under_test", f"{build}()")
+    else:                                                     # else what it built
+        try:
+            attention = variant.build()
+        except Unsupported as exc:
+            raise NotSelfContained(f"{name} cannot be built here: {exc}") from None
+        emb.bind("attention_under_test", attention)
+    if variant.probs is not None:
+        emb.bind("probs_under_test", variant.probs)
+
+
+def _embed_replay(emb: Any, earlier: list[dict] | None) -> tuple[list, dict]:
+    """A cell_failed script's replay: (axes, query length, scenario) of the latest REPLAY_MAX cells the
+    variant ran on before, and each of their scenarios' draw (and score modification) bound once."""
+    from ..core.grid import Case
+    from ..workload.inputs import SCENARIOS, q_len
+    replay, replay_draws = [], {}
+    for record in (earlier or [])[-REPLAY_MAX:]:
+        before = Case.from_mapping(record)
+        if before.scenario not in SCENARIOS:
+            continue
+        replay.append(({k: getattr(before, k) for k in before.axes()}, q_len(before), before.scenario))
+        if before.scenario not in replay_draws:
+            scenario = SCENARIOS[before.scenario]
+            mod = emb.bind(f"replay_score_mod_{before.scenario}", scenario.score_mod) \
+                if scenario.score_mod is not None else "None"
+            replay_draws[before.scenario] = f"({emb.bind(f'replay_draw_{before.scenario}', scenario.draw)}, {mod})"
+    return replay, replay_draws
+
+
 def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_note: str,
                  earlier: list[dict] | None = None) -> str:
     """The source of one reproduction script. Raises embed.NotSelfContained when some piece
     cannot be copied into a standalone script. earlier: the records of the cells the audit's
     measuring process ran the variant on before this one (a cell_failed script replays them when
     the cell alone does not fail)."""
-    from ..core.errors import Unsupported
     from ..core.grid import Case
     from ..workload.inputs import SCENARIOS, draw_inputs, q_len, seed_for
-    from ..workload.variants import is_plugin_name, resolve
+    from ..workload.variants import is_plugin_name
     from .checks import VERIFIERS, run_repro, time_limit_s
     from .failure_checks import FAILURE_VERIFIERS, cell_failed_child
     from .embed import Embedder, NotSelfContained
@@ -198,20 +238,7 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     forms = declared.forms if declared is not None else ()
     page_size = (declared.page_size if declared is not None else None) or cell.get("page_size")
     if needs_variant and not plugin:
-        variant = resolve(case.variant)
-        if check in ("saturation", "underflow") and variant.probs is None:
-            raise NotSelfContained(f"{case.variant} does not expose its attention weights")
-        build = emb.try_expr(variant.build, hint="build_variant")   # copy the factory when it can be
-        if build is not None:
-            emb.assign("attention_under_test", f"{build}()")
-        else:                                                     # else what it built
-            try:
-                attention = variant.build()
-            except Unsupported as exc:
-                raise NotSelfContained(f"{case.variant} cannot be built here: {exc}") from None
-            emb.bind("attention_under_test", attention)
-        if variant.probs is not None:
-            emb.bind("probs_under_test", variant.probs)
+        _embed_builtin(emb, case.variant, check)
     variant_end = emb.mark()
     emb.bind("Case", Case)
     emb.bind("seed_for", seed_for)
@@ -219,18 +246,7 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     score_mod = SCENARIOS[case.scenario].score_mod
     score_mod_name = emb.bind("scenario_score_mod", score_mod) if score_mod is not None else "None"
     emb.bind("draw_inputs", draw_inputs)
-    replay, replay_draws = [], {}
-    if check == "cell_failed":
-        for record in (earlier or [])[-REPLAY_MAX:]:
-            before = Case.from_mapping(record)
-            if before.scenario not in SCENARIOS:
-                continue
-            replay.append(({k: getattr(before, k) for k in before.axes()}, q_len(before), before.scenario))
-            if before.scenario not in replay_draws:
-                scenario = SCENARIOS[before.scenario]
-                mod = emb.bind(f"replay_score_mod_{before.scenario}", scenario.score_mod) \
-                    if scenario.score_mod is not None else "None"
-                replay_draws[before.scenario] = f"({emb.bind(f'replay_draw_{before.scenario}', scenario.draw)}, {mod})"
+    replay, replay_draws = _embed_replay(emb, earlier) if check == "cell_failed" else ([], {})
     inputs_end = emb.mark()
     emb.bind("verify", verifiers[check])
     emb.bind("run_repro", run_repro)
