@@ -173,3 +173,51 @@ def test_a_plugin_without_the_scale_keyword_refuses_the_probe_and_one_that_raise
     assert "takes no `scale` argument" in got["no_scale"]["argument_evidence"]["scale"]["reason"]
     assert got["breaks"]["arguments"]["scale"] == "failed"
     assert "argument probe scale failed: TypeError" in got["breaks"]["reason"]
+
+
+# --------------------------------------------------------------------------- what a kernel must refuse
+
+@pytest.fixture(scope="module")
+def heads_run():
+    """Every uncompiled built-in on a normal cell of 4 query heads (2 kv heads) and a plug-in that pairs
+    any head counts (query head h reads kv head h · Hkv // H): the kv_heads probe hands each 3 kv heads."""
+    real = ("eager", "eager_fp32", "sdpa", "sdpa_math", "flash_op", "flex_eager", "packed_loop")
+    cases = [Case(v, "cpu", "fp32", 16, 32, 1, 4, causal, "normal", 2) for v in real for causal in (False, True)]
+    records = _run(cases)
+    from audit.measure import measurement
+    from audit.workload.inputs import make_inputs
+    from audit.workload.variants import Variant
+
+    def any_heads(q, k, v, *, mask=None, causal=False, scale=None):
+        pairing = torch.arange(q.shape[1]) * k.shape[1] // q.shape[1]                # (H,) a kv head per query head
+        return torch.nn.functional.scaled_dot_product_attention(q, k[:, pairing], v[:, pairing], attn_mask=mask,
+                                                                is_causal=causal, scale=scale)
+    case = Case("any_heads", "cpu", "fp32", 16, 32, 1, 4, False, "normal", 2)
+    inputs = make_inputs(case)
+    cols = measurement.measure_cell(case, Variant("any_heads", "plug-in", lambda: any_heads, family="plugin",
+                                                  causal_alignment="top-left"), inputs,
+                                    cellcache.build_reference(case, inputs), PRESET)
+    records.append({"id": case.id, "variant": "any_heads", "status": "ok", "dtype": "fp32", "scenario": "normal",
+                    **cols})
+    return records
+
+
+def test_only_a_kernel_that_computes_undividing_heads_is_flagged(heads_run):
+    statuses = {(r["variant"], r["causal"] if "causal" in r else False): r["arguments"]["kv_heads"] for r in heads_run}
+    refusing = {v for (v, _), s in statuses.items() if s == "honoured"}
+    assert refusing == {"eager", "eager_fp32", "sdpa", "sdpa_math", "flex_eager", "packed_loop"}
+    # torch 2.13's CPU flash op computes it, head 3 reading past k and v (docs/upstream/flash_op_cpu_...)
+    assert {v for (v, _), s in statuses.items() if s == "accepted"} == {"flash_op", "any_heads"}
+    evidence = next(r for r in heads_run if r["variant"] == "any_heads")["argument_evidence"]["kv_heads"]
+    assert evidence == {"heads": 4, "kv_heads": 3, "returned": [1, 4, 32, 16]}
+    found = {f["variant"]: f for f in check_arguments(to_frame(heads_run))}
+    assert set(found) == {"flash_op", "any_heads"}
+    assert found["any_heads"]["diagnosis"] == "kv_heads_accepted"
+    assert "computes an output where it must refuse" in found["any_heads"]["message"]
+    assert "4 query heads against 3 key/value heads" in found["any_heads"]["message"]
+
+
+def test_the_kv_heads_probe_needs_three_query_heads_and_no_compile():
+    assert "kv_heads" in probed_arguments(Case("eager", "cpu", "fp32", 16, 32, 1, 3, False, "normal"), False)
+    assert "kv_heads" not in probed_arguments(Case("eager", "cpu", "fp32", 16, 32, 1, 2, False, "normal"), False)
+    assert "kv_heads" not in probed_arguments(Case("compiled", "cpu", "fp32", 16, 32, 1, 4, False, "normal"), True)

@@ -63,6 +63,10 @@ CELLS: dict[str, dict] = {
                                                   "document_keys_start_exclusive", "document_queries_late",
                                                   "document_queries_early")},
     "v_read_at_k_stride": dict(d_v=8),
+    "window_left_inclusive": dict(scenario="sliding_window", causal=True),
+    "window_left_short": dict(scenario="sliding_window"),
+    **{name: dict(scenario="sliding_window") for name in ("window_right_inclusive", "window_right_short",
+                                                          "window_both_inclusive")},
 }
 BASE = dict(variant="x", device="cpu", dtype="fp32", d_k=16, seq_len=32, batch=2, heads=2, causal=False,
             scenario="normal")

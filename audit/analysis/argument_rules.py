@@ -6,25 +6,16 @@ from typing import Any
 
 import pandas as pd
 
-from ..workload.arguments import ARGUMENT_TITLES, NOT_HONOURED, STATUSES
+from ..workload.arguments import ARGUMENT_CONSEQUENCES, ARGUMENT_TITLES, NOT_HONOURED, STATUSES
 from .finding_rows import _finding, _ok
 
 # A variant's status for one argument over its probed cells, the first that any cell has, in this
 # order (every one of workload.arguments.STATUSES): a defect wins over any number of honoured cells
 # (it is there), honoured over the statuses that say nothing either way.
-SUMMARY_ORDER: tuple[str, ...] = ("ignored", "misapplied", "failed", "honoured", "unjudged", "uninformative", "refused")
+SUMMARY_ORDER: tuple[str, ...] = ("ignored", "misapplied", "accepted", "failed", "honoured", "unjudged", "uninformative",
+                                  "refused")
 assert set(SUMMARY_ORDER) == set(STATUSES)
 ARGUMENT_CHECK = "argument_ignored"      # the finding's check
-# What an ignored argument costs a user, per argument (the finding's last sentence).
-CONSEQUENCE = {
-    "scale": "A model with its own softmax scale (a query pre-scaled, muP, a temperature) gets 1/sqrt(d) instead.",
-    "causal": "A decoder gets attention to future tokens, or an encoder loses them.",
-    "mask": "Padding, windows and fully masked rows are attended as if they were not masked.",
-    "softcap": "A model's logit soft-capping (Gemma 2's) is not the one it was trained with.",
-    "sinks": "A model with attention sinks (gpt-oss) gets attention without them.",
-    "cu_seqlens": "Packed documents are not cut where their offsets say.",
-    "lse": "A merge of partial results (split-KV, ring attention, chunked prefill) by this lse goes wrong.",
-}
 
 
 def _probes(frame: pd.DataFrame) -> list[tuple[str, str, str, str, dict]]:
@@ -65,6 +56,9 @@ def check_arguments(frame: pd.DataFrame) -> list[dict]:
         if status in NOT_HONOURED:
             groups.setdefault((variant, name), []).append((cell, status, found))
     for (variant, name), bad in sorted(groups.items()):
+        if any(b[1] == "accepted" for b in bad):
+            out.append(_accepted(variant, name, bad, probed[(variant, name)]))
+            continue
         ignored = [b for b in bad if b[1] == "ignored"]
         status = "ignored" if len(ignored) * 2 >= len(bad) else "misapplied"
         worst = max(bad, key=lambda b: _ratio(b[2]))
@@ -75,7 +69,7 @@ def check_arguments(frame: pd.DataFrame) -> list[dict]:
                    f"probed cell(s): when it changes ({change}), the float64 golden's output moves by RMSE "
                    f"{_fmt(found.get('golden_moved'))} and {variant}'s by {_fmt(found.get('moved'))}; the two moves "
                    f"differ by {_fmt(found.get('err'))}, budget {_fmt(found.get('budget'))} (at {cell}). "
-                   f"{CONSEQUENCE.get(name, '')}").rstrip()
+                   f"{ARGUMENT_CONSEQUENCES.get(name, '')}").rstrip()
         same = [b for b in bad if b[1] == status]
         diagnosis_title = f"{title} {status}"
         message += (f" Diagnosis: in {len(same)} of {len(bad)} cell(s) {diagnosis_title}: "
@@ -87,6 +81,20 @@ def check_arguments(frame: pd.DataFrame) -> list[dict]:
                        diagnosis_golden_err=found.get("err"))
         out.append(finding)
     return out
+
+
+def _accepted(variant: str, name: str, bad: list[tuple[str, str, dict]], probed: int) -> dict:
+    """The finding of a call the variant must refuse and computed (workload.arguments: Argument.refuse)."""
+    title, change = ARGUMENT_TITLES.get(name, (name, "changed"))
+    cell, _, found = bad[0]
+    message = (f"{variant} computes an output where it must refuse ({title}: {change}) in {len(bad)} of {probed} "
+               f"probed cell(s): {found.get('heads', '?')} query heads against {found.get('kv_heads', '?')} "
+               f"key/value heads returned shape {found.get('returned', '?')} (at {cell}). "
+               f"{ARGUMENT_CONSEQUENCES.get(name, '')}").rstrip()
+    finding = _finding(ARGUMENT_CHECK, "error", variant, message, [b[0] for b in bad])
+    finding.update(argument=name, diagnosis=f"{name}_accepted", diagnosis_title=f"{title} accepted",
+                   diagnosis_cells=len(bad), diagnosis_err=None, diagnosis_golden_err=None)
+    return finding
 
 
 def _ratio(found: dict[str, Any]) -> float:

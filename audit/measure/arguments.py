@@ -18,6 +18,10 @@ rows that see a key under both settings:
   cells hand `scale` only where it is not the default, so a plug-in may leave it out); not a defect;
 - `failed`: the probe's call raised anything else (its reason in the record's `reason`).
 
+A probe of what a kernel must refuse (Argument.refuse: k and v with a head count that does not
+divide the query heads) is `honoured` when the call raises (anything: the kernel refused, its first
+line in the evidence) and `accepted`, a defect, when it returns an output.
+
 A compiled variant's probes each build code of their own (a new scale is a recompile, a new cap
 another: 0.5-3 s each on 2 cores): its first cell of each argument in a run probes it, and its later
 cells take that status, with `shared_from` naming the cell in their
@@ -100,6 +104,9 @@ def argument_columns(cell: Any, call: Callable[[dict], Any], failure_reason: Cal
             continue
         argument = ARGUMENTS[name]
         kwargs = argument.changed(cell.kwargs, inputs)
+        if argument.refuse is not None:
+            statuses[name], evidence[name] = _refused(call, kwargs, argument.refuse(cell.k, cell.v, H), H)
+            continue
         try:
             result = call(kwargs)
         except Unsupported as exc:
@@ -141,6 +148,18 @@ def argument_columns(cell: Any, call: Callable[[dict], Any], failure_reason: Cal
     if reasons:
         columns["reason"] = "; ".join(reasons)
     return columns
+
+
+def _refused(call: Callable[..., Any], kwargs: dict, kv: tuple, heads: int) -> tuple[str, dict]:
+    """A call the variant must refuse, on k and v `kv`: honoured when it raises, accepted when it returns."""
+    shape = {"heads": heads, "kv_heads": int(kv[0].shape[1])}
+    try:
+        result = call(kwargs, kv)
+    except Exception as exc:  # noqa: BLE001 - any refusal is a refusal: its first line is the evidence
+        text = str(exc).strip().splitlines()
+        return "honoured", {**shape, "raised": f"{type(exc).__name__}: {text[0] if text else ''}"[:200]}
+    out = result[0] if isinstance(result, (tuple, list)) else result
+    return "accepted", {**shape, "returned": list(out.shape)}
 
 
 def _lse_follows(attempt: Any, lse_a: Any, lse_b: Any, scale: float, sliced: Callable, seen: Any,

@@ -189,15 +189,16 @@ def paged_reads(cell: CellState) -> dict[str, Any]:
     return paged_reads_columns(cell)
 
 
-def call_with(cell: CellState) -> Callable[[dict], Any]:
-    """kwargs -> the variant's detached result ((out, lse) for a variant returning its lse) on the
-    cell's q and copies of k and v with these keyword arguments, in the timed calls' grad mode (the
-    argument probes: measure/arguments.py)."""
+def call_with(cell: CellState) -> Callable[..., Any]:
+    """(kwargs, kv=None) -> the variant's detached result ((out, lse) for a variant returning its lse)
+    on the cell's q and copies of k and v (of kv's (k', v') when given) with these keyword arguments,
+    in the timed calls' grad mode (the argument probes: measure/arguments.py)."""
     grad = cell.q.requires_grad
 
-    def call(kwargs: dict) -> Any:
-        result = cell.fn(cell.q, cell.k.detach().clone().requires_grad_(grad),
-                         cell.v.detach().clone().requires_grad_(grad), **kwargs)
+    def call(kwargs: dict, kv: Any = None) -> Any:
+        k, v = (cell.k, cell.v) if kv is None else kv
+        result = cell.fn(cell.q, k.detach().clone().requires_grad_(grad),
+                         v.detach().clone().requires_grad_(grad), **kwargs)
         cell.settle_if_incomplete()
         if cell.variant.returns_lse(cell.case.device):
             out, lse = split_out_lse(result, cell.q)
@@ -405,6 +406,10 @@ def lse_merge(cell: CellState) -> dict[str, Any]:
     take a half's mask, or the keys cannot be split."""
     import torch
     out = {"merge_err": None, "merge_err_ratio": None, "merge_within_budget": None}
+    if cell.kwargs.get("window") is not None:
+        return {**out, "reason": _joined(cell, "merge check not run: the window is handed as an argument, and a "
+                                               "half of the keys puts it elsewhere (it is drawn from each query's "
+                                               "position in the call)")}
     extra = {name: value for name, value in cell.kwargs.items() if name not in ("mask", "causal", "sinks")}
 
     def call(q, k, v, *, mask=None, causal=False):

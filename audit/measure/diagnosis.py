@@ -222,7 +222,8 @@ def attempt_for(inputs: Inputs, batches: list[int], heads: list[int], *, alignme
     return Attempt(q=q, k=k, v=v, heads=tuple(heads), n_heads=inputs.q.shape[1], causal=inputs.causal,
                    alignment=alignment, visible=vis, bias=bias, score_mod=inputs.score_mod, observed=observed,
                    dtype=dtype, sinks=None if inputs.sinks is None else inputs.sinks.detach().double(),
-                   batches=tuple(batches), n_batch=inputs.q.shape[0], cu_seqlens=inputs.cu_seqlens, flat_kv=flat_kv)
+                   batches=tuple(batches), n_batch=inputs.q.shape[0], cu_seqlens=inputs.cu_seqlens, flat_kv=flat_kv,
+                   window=inputs.window)
 
 
 def diagnose_cell(out: Any, inputs: Inputs, ref: Any, dtype: str, baseline_rmse: float | None,

@@ -102,20 +102,38 @@ def leak_probe_count(case: Case) -> int:
 
 
 def argument_probes(case: Case) -> list[str]:
-    """The argument probes a cell makes (measure/arguments.py), one forward each: the cell's
-    probed_arguments, the document mask's and cu_seqlens' counted once (a variant gets one of them)."""
-    from ..workload.arguments import planned_arguments
-    names = list(planned_arguments(case))
-    if "mask" in names and "cu_seqlens" in names:
-        names.remove("cu_seqlens")
-    return names
+    """The argument probes a cell makes (measure/arguments.py), one forward each, known by its Case
+    alone: the cell's probed_arguments (a built-in's compiling from the registry; a plug-in's taken as
+    uncompiled), those handed in a call form (cu_seqlens, window) for a built-in declaring it, and then
+    in place of the mask they stand for; for a plug-in, of the mask and such an argument one."""
+    from ..workload.arguments import ARGUMENTS, probed_arguments
+    from ..workload.variants import builtin_variants
+    spec = builtin_variants().get(case.variant)
+    names = list(probed_arguments(case, spec is not None and spec.compiled))
+    in_form = [n for n in names if ARGUMENTS[n].form is not None]
+    if spec is None:
+        return [n for n in names if not ("mask" in names and n in in_form)]
+    takes = [n for n in in_form if ARGUMENTS[n].form in spec.forms]
+    return [n for n in names if (n not in in_form or n in takes) and not (n == "mask" and takes)]
+
+
+# A probe of what a kernel must refuse (workload.arguments: Argument.refuse) raises before any work:
+# the host's time for an exception (a kernel that computes it anyway costs a forward more, the defect)
+REFUSAL_S = 1e-4
+
+
+def refusal_probes(names: list[str]) -> int:
+    """How many of these argument probes are of what a kernel must refuse."""
+    from ..workload.arguments import ARGUMENTS
+    return sum(ARGUMENTS[n].refuse is not None for n in names)
 
 
 # An argument probe's recompile by "variant|argument" (else "*|argument", else "*"), measured on 2 cores
 # of a Xeon with AMX, Inductor's cache cold, T 64: flex's scale 2.9 s, cap 2.8 s, no mask 0.5 s (its
-# sinks are applied outside the compiled code: none); compiled's and compiled_unfused's 0.4-1.2 s
+# sinks are applied outside the compiled code: none; its cu_seqlens moved, T 256: 7 ms, the documents' mask
+# rebuilt and the code reused); compiled's and compiled_unfused's 0.4-1.2 s
 ARGUMENT_COMPILE_DEFAULT_S = {"flex|scale": 3.0, "flex|softcap": 3.0, "flex|mask": 0.5, "flex|sinks": 0.0,
-                              "*|mask": 0.3, "*": 1.0}
+                              "flex|cu_seqlens": 0.0, "*|mask": 0.3, "*": 1.0}
 
 
 def argument_compile_default_s(variant: str, argument: str) -> float:

@@ -46,7 +46,8 @@ from ..measure.roofline import DTYPE_BYTES
 from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
 from ..workload.inputs import invariance_applies
 from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
-from .cell_work import (REFEREE_CALLS, argument_compile_default_s, argument_compile_keys, argument_probes,  # noqa: F401
+from .cell_work import (REFEREE_CALLS, REFUSAL_S, argument_compile_default_s, argument_compile_keys, argument_probes,
+                        refusal_probes,  # noqa: F401
                         call_variant, compile_key, kernel_key, score_mod_of,
                         checks_calls, declared_refusal, device_type, invariance_compile_keys, leak_probe_count,
                         masked_rows_checked, paged_call, predicted_unsupported, returns_lse, tensor_elems)
@@ -498,7 +499,9 @@ class CostModel:
                                          self.params.real_diagnosis_s.get(dev, 0.0))
         seconds = t_f * (1 + leak_probe_count(case)) + t_fb
         if settings.arguments and case.variant not in COMPILED_VARIANTS:   # a compiled one's: _compiles
-            seconds += t_f * len(argument_probes(case))
+            probes = argument_probes(case)
+            refusals = refusal_probes(probes)
+            seconds += t_f * (len(probes) - refusals) + REFUSAL_S * refusals
         if settings.lse_checks and returns_lse(case.variant, dev):   # the merge's halves, the lse's gradient
             seconds += t_f + t_fb
         if settings.referee:             # its forwards and the rest (its float64 forward: _golden_s)

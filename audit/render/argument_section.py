@@ -18,8 +18,10 @@ NOT_PROBED = "—"
 
 def argument_text(statuses: dict[str, str]) -> str:
     """A variant's arguments in a few characters, for the verdict's narrow `args` column: those it
-    ignores (✗ scale) or misapplies (≠ cu_seqlens), else how many it honours (4 ✓), else '—'."""
-    bad = [f"{'✗' if s == 'ignored' else '≠'} {n}" for n, s in statuses.items() if s in NOT_HONOURED]
+    ignores (✗ scale), misapplies (≠ cu_seqlens) or accepts where it must refuse (! kv_heads), else how
+    many it honours (4 ✓), else '—'."""
+    marks = {"ignored": "✗", "misapplied": "≠", "accepted": "!"}
+    bad = [f"{marks.get(s, '✗')} {n}" for n, s in statuses.items() if s in NOT_HONOURED]
     if bad:
         return ", ".join(bad)
     honoured = [n for n, s in statuses.items() if s == "honoured"]
@@ -51,7 +53,8 @@ def arguments_section(frame: pd.DataFrame) -> list[Block]:
              "must move as the float64 golden's does (within twice the cell's error budget). ",
              Mono("ignored"), ": it did not move; ", Mono("misapplied"), ": it moved otherwise; ",
              Mono("unjudged"), ": it moved, but the cell's own output is outside its budget; ",
-             Mono("refused"), ": the variant declines the changed value. Probes: ", probes,
+             Mono("refused"), ": the variant declines the changed value; ", Mono("accepted"),
+             ": it computed an output where it must refuse (kv_heads). Probes: ", probes,
              ". A variant's status is its worst cell's (docs/numerics.md, Arguments)."),
         Table(table, caption="Each argument's status over the variant's probed cells"),
     ]

@@ -19,7 +19,7 @@ from ..measure.checks import failure_reason
 from ..measure.invariance import columns
 from ..measure.numerics import changed_max
 from ..measure.paged import paged_reads_columns
-from ..workload.arguments import NOT_HONOURED
+from ..workload.arguments import ARGUMENTS, NOT_HONOURED
 from .checks import _rerun_change, call_variant, output_of
 
 
@@ -104,8 +104,10 @@ def verify_argument_ignored(case: Any, inputs: Any, load_variant: Callable, reco
     """Each argument the cell hands the variant, changed: its output must move as the float64
     golden's does (measure.arguments, with the audit's probes and rule)."""
     attention, ref, q, k, v, out, alignment = _called(case, inputs, load_variant, recorded)
-    # a varlen variant was handed cu_seqlens (a call with no mask passes them on: varlen.in_form)
-    kwargs = inputs.call_kwargs(("varlen",) if "cu_seqlens" in (recorded.get("arguments") or {}) else ())
+    # a varlen variant was handed cu_seqlens, a window variant the window: the call forms of the arguments
+    # the audit probed (a call with no mask passes them on: varlen.in_form)
+    kwargs = inputs.call_kwargs(tuple(ARGUMENTS[name].form for name in (recorded.get("arguments") or {})
+                                      if name in ARGUMENTS and ARGUMENTS[name].form))
     result = attention(q, k, v, **kwargs)
     out = output_of(result)
     cell = _cell_like(case, inputs, attention, ref, q, k, v, out, alignment)
@@ -134,13 +136,15 @@ def _constant(value: bool, *args: Any) -> bool:
     return value
 
 
-def _probe_call(attention: Callable, q: Any, k: Any, v: Any) -> Callable[[dict], Any]:
-    """kwargs -> the variant's detached result on q and copies of k and v (measure.checks.call_with)."""
+def _probe_call(attention: Callable, q: Any, k: Any, v: Any) -> Callable[..., Any]:
+    """(kwargs, kv=None) -> the variant's detached result on q and copies of k and v, or of kv's
+    (measure.checks.call_with)."""
     return functools.partial(_probe, attention, q, k, v)
 
 
-def _probe(attention: Callable, q: Any, k: Any, v: Any, kwargs: dict) -> Any:
+def _probe(attention: Callable, q: Any, k: Any, v: Any, kwargs: dict, kv: Any = None) -> Any:
     grad = q.requires_grad
+    k, v = (k, v) if kv is None else kv
     result = attention(q, k.detach().clone().requires_grad_(grad), v.detach().clone().requires_grad_(grad), **kwargs)
     if isinstance(result, (tuple, list)):
         return result[0].detach(), result[1].detach()

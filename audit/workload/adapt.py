@@ -32,6 +32,11 @@ CAUSAL_KINDS: tuple[str | None, ...] = ("top-left", "bottom-right", None)
 MASK_FORMS: tuple[str, ...] = ("none", "bool", "additive", "key_padding")
 RETURNS: tuple[str, ...] = ("out", "first", "out_lse")
 LSE_LAYOUTS: tuple[str, ...] = ("bht", "bth")
+# How a kernel takes a sliding window of width w (query i sees keys j with |i - j| < w; causal: i - w < j <= i):
+# "left_right": (left, right), each end inclusive, -1 unbounded (flash-attn's window_size): (w - 1, w - 1),
+#   causal (w - 1, 0); "left": the keys left of the query, inclusive (FlashInfer's window_left): w - 1,
+#   causal cells only; "width": w itself (transformers' and gpt-oss's sliding_window), causal cells only.
+WINDOW_FORMS: tuple[str, ...] = ("left_right", "left", "width")
 
 
 def _check(name: str, value: Any, allowed: Iterable[Any]) -> None:
@@ -48,8 +53,8 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
           sink_arg: str | None = None, lse_includes_sink: bool = False, causal_with_mask: bool = True,
           latent: bool = False, cu_seqlens_arg: str | tuple[str, str] | None = None,
           max_seqlen_arg: str | tuple[str, str] | None = None, block_table_arg: str | None = None,
-          seqused_arg: str | None = None, page_size: int | None = None,
-          name: str | None = None, **fixed: Any) -> Callable[..., Any]:
+          seqused_arg: str | None = None, page_size: int | None = None, window_arg: str | None = None,
+          window_form: str = "left_right", name: str | None = None, **fixed: Any) -> Callable[..., Any]:
     """A plug-in calling `fn` the way it is declared to be called.
 
     layout: "bhtd" (q (B, H, T, d), SDPA's), "bthd" (q (B, T, H, d), flash-attn's and xFormers') or
@@ -83,18 +88,24 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
       width) int32 page indices), of the used keys per sequence ((B,) int32; None: a thd kernel gets
       them as cu_seqlens for k instead, flash_attn_varlen_func's way), and the page size the kernel
       needs (None: the preset's). k and v then arrive as pools (pages, page_size, Hkv, d).
+    window_arg, window_form: the keyword of a sliding window and the form it takes (WINDOW_FORMS:
+      "left_right" for flash-attn's window_size=(left, right), "left" for FlashInfer's window_left,
+      "width" for gpt-oss's sliding_window). Sliding-window cells then hand it the window, not its mask.
     fixed: keyword arguments passed on every call (dropout_p=0.0, ...).
     """
     masks = _validated(layout=layout, causal=causal, causal_arg=causal_arg, masks=masks, returns=returns,
                        lse_layout=lse_layout, lse_base=lse_base, lse_includes_sink=lse_includes_sink)
     cu_names, max_names = _packed_names(layout, cu_seqlens_arg, max_seqlen_arg)
     _check_paged(block_table_arg, seqused_arg, page_size, layout)
+    _check("window_form", window_form, WINDOW_FORMS)
+    if window_arg is not None and not isinstance(window_arg, str):
+        raise UsageError(f"audit.adapt: window_arg={window_arg!r}; allowed: an argument name or None")
     takes = frozenset(m for m in masks if m != "none")
     label = name or getattr(fn, "__qualname__", None) or type(fn).__name__
     declared = causal        # the kernel's alignment (the call's `causal` is the cell's flag)
 
     def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None,
-                  cu_seqlens=None, max_seqlen=None, block_table=None, seqused=None):
+                  cu_seqlens=None, max_seqlen=None, block_table=None, seqused=None, window=None):
         # q: (B, H, Tq, d); k, v: (B, Hkv, Tk, d) (a paged call: pools (pages, page_size, Hkv, d)):
         # the audit's contract (variants.py, varlen.py)
         kwargs = dict(fixed)
@@ -104,6 +115,8 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
             if seqused_arg is not None:
                 kwargs[seqused_arg] = seqused
         kwargs.update(_value_kwargs(label, sinks, score_mod, scale, sink_arg, softcap_arg, scale_arg))
+        if window is not None:
+            kwargs[_window_name(label, window_arg)] = _window_value(label, window, causal, window_form)
         tensor_mask, key_padding, causal_flag = _convert_mask(
             label, takes, q, k, mask, causal, declared, causal_arg, mask_arg, causal_with_mask)
         if tensor_mask is not None:
@@ -132,7 +145,8 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
                                     softcap_arg=softcap_arg, lse_includes_sink=lse_includes_sink,
                                     causal_with_mask=causal_with_mask, latent=latent, cu_seqlens_arg=cu_seqlens_arg,
                                     max_seqlen_arg=max_seqlen_arg, block_table_arg=block_table_arg,
-                                    seqused_arg=seqused_arg, page_size=page_size))
+                                    seqused_arg=seqused_arg, page_size=page_size, window_arg=window_arg,
+                                    window_form=window_form))
 
 
 def _declare(attention: Callable[..., Any], declaration: dict[str, Any]) -> Callable[..., Any]:
@@ -141,7 +155,8 @@ def _declare(attention: Callable[..., Any], declaration: dict[str, Any]) -> Call
     d = declaration
     attention.audit_supports = tuple(f for f, ok in (
         ("gqa", d["gqa"]), ("score_mod", d["softcap_arg"] is not None), ("sinks", d["sink_arg"] is not None),
-        ("latent", d["latent"]), ("varlen", d["layout"] == "thd"), ("paged", d["block_table_arg"] is not None)) if ok)
+        ("latent", d["latent"]), ("varlen", d["layout"] == "thd"), ("paged", d["block_table_arg"] is not None),
+        ("window", d["window_arg"] is not None)) if ok)
     attention.audit_page_size = d["page_size"]
     attention.audit_causal_alignment = d["causal"] or "top-left"
     attention.audit_returns = "out_lse" if d["returns"] == "out_lse" else "out"
@@ -169,6 +184,23 @@ def _value_kwargs(label: str, sinks: Any, score_mod: Any, scale: float | None, s
                               f"is not 1/sqrt(d)")
         kwargs[scale_arg] = scale
     return kwargs
+
+
+def _window_name(label: str, window_arg: str | None) -> str:
+    if window_arg is None:
+        raise Unsupported(f"{label} declares no window argument (window_arg)")
+    return window_arg
+
+
+def _window_value(label: str, width: int, causal: bool, form: str) -> Any:
+    """The sliding window of width `width` (|i - j| < width; causal cuts the right side) in the
+    kernel's form (WINDOW_FORMS); Unsupported for a two-sided window the form cannot say."""
+    if form == "left_right":
+        return (width - 1, 0 if causal else width - 1)
+    if not causal:
+        raise Unsupported(f"{label} takes a window on the left of each query only ({form}); this cell's "
+                          f"window is two-sided (not causal)")
+    return width - 1 if form == "left" else width
 
 
 def _to_layout(layout: str, q: Any, k: Any, v: Any, paged: bool) -> tuple[Any, Any, Any]:

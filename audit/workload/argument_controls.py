@@ -14,6 +14,8 @@ ARGUMENT_CONTROLS: dict[str, tuple[str, str]] = {
     "softcap_fixed": ("softcap", "takes the soft-capping cap and always uses Gemma 2's 50: right wherever the cap is 50"),
     "causal_ignored": ("causal", "takes `causal` and never masks the future (a wrapper that drops is_causal)"),
     "mask_ignored": ("mask", "takes `mask` and drops it (a mask passed where the kernel expects another argument)"),
+    "window_ignored": ("window", "takes the sliding window's width and drops it: every key visible (a window "
+                                 "accepted on one code path and lost on another)"),
 }
 # Each control's scenarios: those where its argument is probed (workload/arguments.py) and its
 # requirements (Variant.requires): a cell without the argument has nothing to show.
@@ -22,6 +24,7 @@ ARGUMENT_CONTROL_CELLS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "softcap_fixed": (("softcap",), {"score_mod": "it ignores the cap: a cell without soft-capping has none"}),
     "causal_ignored": (("normal",), {}),
     "mask_ignored": (("padding", "sliding_window"), {}),
+    "window_ignored": (("sliding_window",), {}),
 }
 GEMMA2_CAP = 50.0
 
@@ -45,3 +48,8 @@ def broken_causal_ignored(q, k, v, *, mask=None, causal=False, scale=None):
 def broken_mask_ignored(q, k, v, *, mask=None, causal=False, scale=None):
     """eager with the mask dropped."""
     return eager_attention(q, k, v, mask=None, causal=causal, scale=scale)
+
+
+def broken_window_ignored(q, k, v, *, mask=None, causal=False, scale=None, window=None):
+    """eager taking the window as an argument (call form "window") and dropping it."""
+    return eager_attention(q, k, v, mask=mask, causal=causal, scale=scale)

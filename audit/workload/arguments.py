@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..core.grid import Case
-from .inputs import ScoreMod
+from .inputs import ScoreMod, window_keep
 from .packing import documents_mask
-from .variants import builtin_variants
 from .varlen import document_owner
 
 # Probed on cells up to this length, per device type: the probes' calls and float64 goldens (on
@@ -33,11 +32,13 @@ SCALE_PROBE = 1.5          # the scale probed: 1.5 × the cell's (1/sqrt(d) by d
 SOFTCAP_PROBE = 0.5        # the cap probed: half the cell's (the softcap scenario's scores pass it)
 SINK_PROBE = -2.0          # the sinks probed: each head's sink logit lowered by 2
 DOCUMENT_PROBE = 2         # cu_seqlens probed: each interior boundary 2 tokens later
+WINDOW_PROBE = 2           # the window probed: its width halved (at least 1 key)
 
 
-# What a probe finds (measure/arguments.py explains each); the first two are defects.
-STATUSES: tuple[str, ...] = ("ignored", "misapplied", "honoured", "unjudged", "uninformative", "refused", "failed")
-NOT_HONOURED: tuple[str, ...] = ("ignored", "misapplied")
+# What a probe finds (measure/arguments.py explains each); the first three are defects.
+STATUSES: tuple[str, ...] = ("ignored", "misapplied", "accepted", "honoured", "unjudged", "uninformative", "refused",
+                             "failed")
+NOT_HONOURED: tuple[str, ...] = ("ignored", "misapplied", "accepted")
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,18 @@ class Argument:
     present: Callable[[dict], bool]        # whether a call with these keyword arguments hands it over
     changed: Callable[[dict, Any], dict]   # (the cell's call kwargs, its Inputs) -> the probe's kwargs
     golden: Callable[[Any, dict, Any], Any]   # (Attempt, the probe's kwargs, Inputs) -> (b, h, Tq, d) float64
+    consequence: str                       # what ignoring it costs a user (the finding's last sentence)
     # probed on compiled built-ins too: not the causal flag, whose flip is a whole second compile (1-5 s
     # a shape) of code torch.compile builds from the audited Python, and whose two settings the grid
     # measures anyway (each cell's causal=True and causal=False twin, both against their goldens)
     compiled: bool = True
+    # the call form (variants.CALL_FORMS) a variant is handed it in, if only there: its control declares it
+    form: str | None = None
+    # a probe of what a kernel must refuse: (k, v, H) -> the (k', v') it is called on instead; honoured
+    # when the call raises, `accepted` (a defect) when it returns (golden: unused)
+    refuse: Callable[[Any, Any, int], tuple] | None = None
+    # the cells it is probed in beyond its scenarios (a Case -> bool), if not all
+    applies: Callable[[Case], bool] | None = None
 
 
 def _scale_present(kwargs: dict) -> bool:
@@ -149,20 +158,67 @@ def _documents_golden(a: Any, kwargs: dict, inputs: Any) -> Any:
     return a.attend(keep=a.keep(visible=keep[torch.tensor(a.batches, device=keep.device)]))
 
 
+def _window_present(kwargs: dict) -> bool:
+    return kwargs.get("window") is not None
+
+
+def _narrowed(kwargs: dict, inputs: Any) -> dict:
+    return {**kwargs, "window": max(1, kwargs["window"] // WINDOW_PROBE)}
+
+
+def _window_golden(a: Any, kwargs: dict, inputs: Any) -> Any:
+    return a.attend(keep=a.keep(visible=window_keep(a.tq, a.tk, kwargs["window"], a.q.device)))
+
+
+KV_HEADS_MAX_SEQ_LEN = 1024   # a refusal does not depend on the length: probed where its call is cheap
+
+
+def _three_heads(case: Case) -> bool:
+    """Cells of 3 or more query heads, up to KV_HEADS_MAX_SEQ_LEN keys: H - 1 key/value heads do not
+    divide them. (More kv heads than query heads is not probed: torch 2.13's CPU flash op dies of
+    SIGFPE there, taking the run's process with it.)"""
+    return case.heads >= 3 and case.seq_len <= KV_HEADS_MAX_SEQ_LEN
+
+
+def _undividing(k: Any, v: Any, heads: int) -> tuple:
+    """k, v (B, Hkv, Tk, d) -> (B, H - 1, Tk, d): the heads each query head reads (repeated to H),
+    the last one dropped: a count that does not divide H (H >= 3)."""
+    return tuple(t.repeat_interleave(heads // t.shape[1], dim=1)[:, :heads - 1] for t in (k, v))
+
+
+def _unchanged(kwargs: dict, inputs: Any) -> dict:
+    return dict(kwargs)
+
+
+def _no_golden(a: Any, kwargs: dict, inputs: Any) -> Any:
+    raise AssertionError("a probe of what a kernel must refuse has no golden")
+
+
 ARGUMENTS: dict[str, Argument] = {a.name: a for a in (
-    Argument("scale", "the softmax scale", f"× {SCALE_PROBE:g}", ("normal",), _scale_present, _scaled, _scale_golden),
+    Argument("scale", "the softmax scale", f"× {SCALE_PROBE:g}", ("normal",), _scale_present, _scaled, _scale_golden,
+             "A model with its own softmax scale (a query pre-scaled, muP, a temperature) gets 1/sqrt(d) instead."),
     # on `normal` cells only, where q_len == kv_len: no causal alignment in play
     Argument("causal", "the causal flag", "flipped", ("normal",), _causal_present, _flipped, _causal_golden,
-             compiled=False),
+             "A decoder gets attention to future tokens, or an encoder loses them.", compiled=False),
     Argument("mask", "the attention mask", "left out", ("padding", "sliding_window", "packed"), _mask_present,
-             _unmasked, _mask_golden),
+             _unmasked, _mask_golden, "Padding, windows and fully masked rows are attended as if they were not masked."),
     Argument("softcap", "the soft-capping cap", f"× {SOFTCAP_PROBE:g}", ("softcap",), _softcap_present, _softcap,
-             _softcap_golden),
-    Argument("sinks", "the attention sinks", f"each {SINK_PROBE:+g}", ("sinks", "sinks_prefill", "sinks_decode"),
-             _sinks_present,
-             _sinks, _sinks_golden),
+             _softcap_golden, "A model's logit soft-capping (Gemma 2's) is not the one it was trained with."),
+    Argument("sinks", "the attention sinks", f"each {SINK_PROBE:+g}",
+             ("sinks", "sinks_prefill", "sinks_window", "sinks_decode"), _sinks_present, _sinks, _sinks_golden,
+             "A model with attention sinks (gpt-oss) gets attention without them."),
     Argument("cu_seqlens", "the documents' offsets", f"boundaries {DOCUMENT_PROBE:+d} tokens", ("packed",),
-             _documents_present, _documents, _documents_golden),
+             _documents_present, _documents, _documents_golden, "Packed documents are not cut where their offsets say.",
+             form="varlen"),
+    Argument("window", "the sliding window", f"width ÷ {WINDOW_PROBE}", ("sliding_window", "sinks_window"),
+             _window_present, _narrowed, _window_golden,
+             "A model's local layers (Mistral's, Gemma's, gpt-oss's) attend beyond their window.", form="window"),
+    # any call hands k and v; on `normal` cells, not on compiled built-ins (a new head count is a recompile)
+    Argument("kv_heads", "key/value heads not dividing the query heads", "H - 1 kv heads", ("normal",),
+             _scale_present, _unchanged, _no_golden,
+             "A model whose head counts the kernel cannot pair gets an output, not an error: query heads paired "
+             "with key/value heads by a rule nobody chose.", compiled=False, refuse=_undividing,
+             applies=_three_heads),
 )}
 
 
@@ -171,6 +227,10 @@ ARGUMENTS: dict[str, Argument] = {a.name: a for a in (
 ARGUMENT_TITLES: dict[str, tuple[str, str]] = {
     **{a.name: (a.title, a.change) for a in ARGUMENTS.values()},
     "lse": ("the returned log-sum-exp", f"the scale × {SCALE_PROBE:g}"),
+}
+ARGUMENT_CONSEQUENCES: dict[str, str] = {
+    **{a.name: a.consequence for a in ARGUMENTS.values()},
+    "lse": "A merge of partial results (split-KV, ring attention, chunked prefill) by this lse goes wrong.",
 }
 
 
@@ -181,11 +241,5 @@ def probed_arguments(case: Case, compiled: bool) -> tuple[str, ...]:
     if case.seq_len > ARGUMENT_MAX_SEQ_LEN["cuda" if case.device.startswith("cuda") else "cpu"]:
         return ()
     return tuple(a.name for a in ARGUMENTS.values()
-                 if case.scenario in a.scenarios and (a.compiled or not compiled))
+                 if case.scenario in a.scenarios and (a.compiled or not compiled) and (a.applies is None or a.applies(case)))
 
-
-def planned_arguments(case: Case) -> tuple[str, ...]:
-    """probed_arguments for a cell known by its Case alone (a built-in's compiling from the
-    registry; a plug-in's taken as uncompiled): what the cost model and the checks' `when` count."""
-    spec = builtin_variants().get(case.variant)
-    return probed_arguments(case, spec is not None and spec.compiled)

@@ -253,14 +253,22 @@ def window_size(tk: int) -> int:
 def _sliding_window(case, gen, tq, tk) -> dict:
     """Local attention: query i sees keys j with |i - j| < w (with causal: i - w < j <= i,
     Mistral's and Gemma 2's local layers), w = T/4. A bool (1, 1, Tq, Tk) mask: SDPA takes it
-    as attn_mask, FlexAttention as a block mask, the hand-written variants as masked_fill."""
-    import torch
+    as attn_mask, FlexAttention as a block mask, the hand-written variants as masked_fill; a variant
+    taking the window as an argument gets `window=w` instead (`window` in the draw)."""
     out = _normal(case, gen, tq, tk)
-    i = torch.arange(tq)[:, None]                                 # (Tq, 1)
-    j = torch.arange(tk)[None, :]                                 # (1, Tk)
-    keep = ((i - j).abs() < window_size(tk))[None, None]          # (1, 1, Tq, Tk)
-    out.update(mask=keep, visible=keep, mask_form="bool")
+    keep = window_keep(tq, tk, window_size(tk))                   # (1, 1, Tq, Tk)
+    out.update(mask=keep, visible=keep, mask_form="bool", window=window_size(tk))
     return out
+
+
+def window_keep(tq: int, tk: int, width: int, device: Any = None) -> Any:
+    """(1, 1, Tq, Tk) bool: query i sees keys j with |i - j| < width (causal masking, applied apart,
+    cuts the right half): the sliding window a variant taking the window as an argument
+    (variants.CALL_FORMS "window") is handed as `window=width` instead of this mask."""
+    import torch
+    i = torch.arange(tq, device=device)[:, None]                  # (Tq, 1)
+    j = torch.arange(tk, device=device)[None, :]                  # (1, Tk)
+    return ((i - j).abs() < width)[None, None]                    # (1, 1, Tq, Tk)
 
 
 # The sinks scenario's heads, by h % 4: the sink above every score of its head (it takes most of each
@@ -279,6 +287,15 @@ def _sinks(masked_rows: bool):
             out.update(mask=keep, visible=keep, mask_form="bool")
         return out
     return draw
+
+
+def _sinks_window(case, gen, tq, tk) -> dict:
+    """The sinks scenario's q, k, v and sinks in a sliding window (|i - j| < T/4) and no other mask:
+    gpt-oss's sliding layers (sinks with a window of 128, causal)."""
+    out = _draw_sinks(case, gen, tq, tk)
+    keep = window_keep(tq, tk, window_size(tk))                   # (1, 1, Tq, Tk)
+    out.update(mask=keep, visible=keep, mask_form="bool", window=window_size(tk))
+    return out
 
 
 def _draw_sinks(case, gen, tq, tk) -> dict:

@@ -27,7 +27,7 @@ from .draws import (  # noqa: F401  (the draw functions and their helpers, re-ex
     _heavy_tailed, zero_query_rows, constant_key_heads, _constant_rows, zero_key_positions, _sparse,
     causal_offset, causal_keep, _valid_lengths, _padding, _left_padding, LOW_LSE_MARGIN,
     low_lse_centre, _low_lse, SHIFT_BIAS, SHIFT_STEP, _shifted_bias, fully_masked_rows,
-    _fully_masked, window_size, _sliding_window, _paged_edges, SINK_ABOVE_MAX, SINK_NEGLIGIBLE, _sinks,
+    _fully_masked, window_size, window_keep, _sliding_window, _sinks_window, _paged_edges, SINK_ABOVE_MAX, SINK_NEGLIGIBLE, _sinks,
     _draw_sinks, _packed, _paged)
 
 
@@ -69,18 +69,22 @@ class Inputs:
     cu_seqlens: Any = None    # packed: (documents + 1,) int32 offsets into the B·T tokens flattened row by row
     max_seqlen: int | None = None   # packed: the longest document
     paged: Any = None         # paged: packing.PagedLayout, where each used key sits in the pool
+    window: int | None = None  # a sliding window's width w (|i - j| < w; the mask is that window), or None
 
     def call_kwargs(self, forms: tuple[str, ...] = ()) -> dict[str, Any]:
         """Keyword arguments of a variant call: mask and causal, and score_mod and sinks only when
         the cell has them (a variant without the capability is never handed them). `forms`: the
         layouts the variant declares (variants.CALL_FORMS). A packed cell hands a "varlen" variant
-        cu_seqlens and max_seqlen in place of the document mask they stand for; a paged cell's
-        layout goes to a "paged" variant through packing.PagedCall, not here."""
+        cu_seqlens and max_seqlen in place of the document mask they stand for, a sliding-window cell
+        a "window" variant window=w in place of the window's mask; a paged cell's layout goes to a
+        "paged" variant through packing.PagedCall, not here."""
         kwargs: dict[str, Any] = dict(mask=self.mask, causal=self.causal)
         if self.cu_seqlens is not None and "varlen" in forms:
             kwargs.update(mask=None, cu_seqlens=self.cu_seqlens, max_seqlen=self.max_seqlen)
         if self.paged is not None and "paged" in forms:
             kwargs["mask"] = None             # the used lengths stand for the key padding
+        if self.window is not None and "window" in forms:
+            kwargs.update(mask=None, window=self.window)
         if self.score_mod is not None:
             kwargs["score_mod"] = self.score_mod
         if self.sinks is not None:
@@ -160,8 +164,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("decode", "one query against T keys (q_len = 1)", lambda t: 1, _normal),
     Scenario("cross_causal", "q_len = T/2 against T keys: top-left vs bottom-right causal differ",
              lambda t: max(1, t // 2), _normal),
-    Scenario("sliding_window", "local attention: |i - j| < T/4 (causal: i - T/4 < j <= i), a bool mask",
-             lambda t: t, _sliding_window, ("bool", "per-row")),
+    Scenario("sliding_window", "local attention: |i - j| < T/4 (causal: i - T/4 < j <= i), a bool mask; a variant "
+             "taking the window as an argument gets window=T/4 instead", lambda t: t, _sliding_window,
+             ("bool", "per-row"), form="window"),
     Scenario("softcap", f"Gemma 2's logit soft-capping s -> {SOFTCAP.cap:g}·tanh(s/{SOFTCAP.cap:g}) "
              f"on q × {SOFTCAP_Q_SCALE:g} (a score modification)", lambda t: t, _scaled(SOFTCAP_Q_SCALE),
              score_mod=SOFTCAP),
@@ -171,6 +176,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              lambda t: t, _sinks(masked_rows=True), ("bool", "per-row"), sinks=True),
     Scenario("sinks_prefill", "the sinks scenario's q, k, v and sinks with no mask (causal or not): gpt-oss's prefill, "
              "as a kernel taking sinks and causal but no mask runs it", lambda t: t, _sinks(masked_rows=False), sinks=True),
+    Scenario("sinks_window", "the sinks scenario's q, k, v and sinks in a sliding window (|i - j| < T/4; causal: "
+             "i - T/4 < j <= i) and no other mask: gpt-oss's sliding layers; a kernel taking sinks, causal and a "
+             "window but no mask gets window=T/4", lambda t: t, _sinks_window, ("bool", "per-row"), sinks=True,
+             form="window"),
     Scenario("sinks_decode", "one query (q_len = 1) against T keys with the sinks scenario's sinks: gpt-oss decoding",
              lambda t: 1, _sinks(masked_rows=False), sinks=True),
     Scenario("packed", "packed documents (varlen): each batch row holds documents back to back, one of length 0 "
@@ -332,7 +341,7 @@ def draw_inputs(case: Case, draw: Callable[..., dict], tq: int, score_mod: Score
                   grad_out=grad_out, grad_lse=grad_lse, sinks=None if sinks is None else to_cell(sinks),
                   mask=mask, causal=case.causal,
                   visible=visible,
-                  mask_form=drawn.get("mask_form", "none"), score_mod=score_mod)
+                  mask_form=drawn.get("mask_form", "none"), score_mod=score_mod, window=drawn.get("window"))
 
 
 def coverage_kind(variant: str, device: str, dtype: str, scenario: str, causal: bool) -> str | None:

@@ -1,8 +1,8 @@
-"""Negative controls of the layouts: packed documents, paged caches and latent heads.
+"""Negative controls of the layouts: packed documents, paged caches, sliding windows and latent heads.
 
 Each is a kernel with one mistake of the bug reports (docs/numerics.md, Negative controls), in the
 layout it declares, and eager's math otherwise; variants._builtins registers them as `broken.<name>`.
-The mistakes they make are in mistakes.py (documents, K and V strides) and paged_mistakes.py
+The mistakes they make are in mistakes.py (documents, windows, K and V strides) and paged_mistakes.py
 (pages), where the diagnosis finds them.
 """
 from __future__ import annotations
@@ -24,6 +24,9 @@ LAYOUT_CONTROLS: dict[str, str] = {
                             "off by one: stale or shifted table rows)",
     "v_read_at_k_stride": "steps through V's rows with K's row length d_k where d_v != d_k: row j read from "
                           "element j·d_k (ik_llama.cpp#2031: garbage past the first KV block)",
+    "window_left_inclusive": "takes the sliding window's width w and lets each query see the key just left of its "
+                             "window (i - j <= w: the bound inclusive where it is exclusive, a width converted "
+                             "between conventions off by one)",
     "batch_dependent_splits": "splits the keys into 2 to 4 parts by the batch's size (B·Tq) and merges the "
                               "partial results by their log-sum-exp: right to rounding, but a row's bits depend on "
                               "the rest of the batch and on chunking (flash-attention#1897: split-KV heuristics)",
@@ -48,6 +51,16 @@ def broken_cu_seqlens_off_by_one(q, k, v, *, mask=None, causal=False, scale=None
     cu = cu_seqlens.clone()
     cu[1:-1] += 1
     keep = documents_mask(document_owner(cu, q.shape[0], q.shape[-2]))                # (B, 1, T, T)
+    return eager_attention(q, k, v, mask=keep, causal=causal, scale=scale)
+
+
+def broken_window_left_inclusive(q, k, v, *, mask=None, causal=False, scale=None, window=None):
+    """A window kernel whose left bound is one key too far: query i sees keys j with i - w <= j <= i + w - 1."""
+    import torch
+    if window is None:                                   # no window: no bound to misplace
+        return eager_attention(q, k, v, mask=mask, causal=causal, scale=scale)
+    d = torch.arange(k.shape[-2], device=q.device)[None, :] - torch.arange(q.shape[-2], device=q.device)[:, None]
+    keep = ((d >= -window) & (d <= window - 1))[None, None]                          # (1, 1, Tq, Tk)
     return eager_attention(q, k, v, mask=keep, causal=causal, scale=scale)
 
 
@@ -92,6 +105,7 @@ LAYOUT_CONTROL_CELLS: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str
     "paged_extra_page": (("paged",), ("paged",), {}),
     "paged_wrong_sequence": (("paged",), ("paged",), {}),
     "v_read_at_k_stride": ((), (), {"latent": "with d_v == d_k K's row stride is V's: nothing to detect"}),
+    "window_left_inclusive": (("window",), ("sliding_window",), {}),
     "batch_dependent_splits": ((), ("normal",), {}),
 }
 

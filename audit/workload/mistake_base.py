@@ -134,6 +134,7 @@ class Attempt:
     cu_seqlens: Any = None        # a packed cell's (documents + 1,) offsets into the B·T flattened tokens, or None
     flat_kv: Any = None           # a packed cell's (k, v) of every token, (B·Tk, Hkv, d) float64 flattened row by row
     empty_rows_zero: bool = False  # softmax gives a row with no key 0 weights (not NaN): its gradients stay finite
+    window: int | None = None     # a sliding-window cell's width w (visible is |i - j| < w), or None
 
     def head_sinks(self, sinks: Any = _SAME) -> Any:
         """The sinks (H,) -> those of the selected query heads as a (1, h, 1, 1) column, or None."""

@@ -453,6 +453,43 @@ def document_ranges(a: Attempt, *, key_start: int = 0, key_end: int = 0, query_s
     return min(forms, key=lambda f: float(sq_diff(f.detach(), a.observed)[rows].sum()))
 
 
+WINDOW_BOUNDS = (
+    Member("window_left_inclusive", "one key past the window's left end",
+           "Each query also sees the key just left of its window (i - j <= w where i - j < w is meant): the "
+           "window's left bound inclusive, one key too far.", (("left", 1),)),
+    Member("window_left_short", "window's oldest key dropped",
+           "Each query misses the oldest key of its window (i - j < w - 1): the window's left bound one short.",
+           (("left", -1),)),
+    Member("window_right_inclusive", "one key past the window's right end",
+           "Each query also sees the key just right of its window (j - i <= w): the right bound inclusive, one "
+           "key too far (a two-sided window).", (("right", 1),)),
+    Member("window_right_short", "window's newest key dropped",
+           "Each query misses the farthest key right of it in its window (j - i < w - 1): the right bound one "
+           "short (a two-sided window).", (("right", -1),)),
+    Member("window_both_inclusive", "one key past both window ends",
+           "Each query sees one key past each end of its window (|i - j| <= w): both bounds inclusive "
+           "(a two-sided window).", (("left", 1), ("right", 1))),
+)
+
+
+@mistake_family("window_bounds", WINDOW_BOUNDS,
+                where="a window width converted between conventions off by one: flash-attn's window_size=(left, "
+                      "right) and FlashInfer's window_left count the keys beside the query (w - 1 for a window of "
+                      "w), transformers' and gpt-oss's sliding_window count the query too (w); or a < for <= in a "
+                      "kernel's window mask")
+def window_bounds(a: Attempt, *, left: int = 0, right: int = 0) -> Any:
+    """A member of the window-bounds family: the sliding window's left end `left` keys wider (negative:
+    narrower), its right end `right` keys: query i sees keys j with -(w - 1 + left) <= j - i <= w - 1 + right
+    (and causal masking, which hides every right-end change: None there). -> (b, h, Tq, d)."""
+    import torch
+    if a.window is None or (a.causal and right):
+        return None
+    d = (torch.arange(a.tk, device=a.q.device)[None, :]
+         - torch.arange(a.tq, device=a.q.device)[:, None])                              # (Tq, Tk): j - i
+    keep = (d >= -(a.window - 1 + left)) & (d <= a.window - 1 + right)                  # (Tq, Tk)
+    return a.attend(keep=a.keep(visible=keep[None, None]))
+
+
 @mistake("v_read_at_k_stride", title="V read at K's row stride",
          what="Where d_v != d_k, V's rows are stepped through with K's row length: row j is read from element "
               "j·d_k of the head's values, so every row past the first is garbage (a mix of rows, or 0 past the end).",

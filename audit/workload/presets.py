@@ -94,7 +94,8 @@ LSE_VARIANTS: tuple[str, ...] = ("flash_op", "flex_eager")
 CUDA_LSE_OPS: tuple[str, ...] = ("efficient_op", "cudnn_op")   # the same for the CUDA-only SDPA ops
 # Built-ins made for a layout (packed documents, paged caches): their own sub-grids (presets.layout_cells).
 LAYOUT_VARIANTS: tuple[str, ...] = ("packed_loop", "nested_sdpa", "varlen_attn", "paged_flex", "paged_gather")
-LSE_SCENARIOS: tuple[str, ...] = ("normal", "padding", "fully_masked_bool", "cross_causal", "sinks", "sinks_prefill")
+LSE_SCENARIOS: tuple[str, ...] = ("normal", "padding", "fully_masked_bool", "cross_causal", "sinks", "sinks_prefill",
+                                  "sinks_window")
 ODD_HEAD_DIMS: tuple[int, ...] = (72, 96, 192)   # head sizes that are not a power of two (cpu preset)
 # pytorch/pytorch#196678: cuDNN's masked kernels broke at T ≡ 64 (mod 128)
 GPU_ODD_SEQ_LEN = 1088
@@ -197,12 +198,14 @@ class _VariantSets:
                    causal=(False, True))
         documents = tuple(c for c in self.layout_controls if "document" in c or "cu_seqlens" in c)
         pages = tuple(c for c in self.layout_controls if "paged" in c)
+        windows = tuple(c for c in self.layout_controls if "window" in c)
         layouts = ("packed_loop", "nested_sdpa")
         return (dict(one, variant=base + layouts, scenario=("packed",)),
                 dict(one, variant=layouts, scenario=("normal",)),
                 dict(one, variant=base + ("paged_gather",), scenario=("paged", "paged_edges")),
                 dict(one, variant=documents, batch=(2,), scenario=("packed",)),
                 dict(one, variant=pages, batch=(2,), scenario=("paged", "paged_edges")),
+                dict(one, variant=windows, scenario=("sliding_window",)),
                 dict(one, variant=("eager", "sdpa"), d_v=(d_k // 2,), scenario=("normal",)),
                 dict(one, variant=("broken.v_read_at_k_stride",), d_v=(d_k // 2,), scenario=("normal",)),
                 dict(one, variant=("broken.batch_dependent_splits",), dtype=dtypes[:1], batch=(2,),

@@ -7,7 +7,8 @@ mask: None, bool (True = may attend) or additive float, broadcastable to (B, H, 
 top-left (query i sees keys j <= i), as SDPA's is_causal; scale None: 1/sqrt(d). Only in cells
 that have them: score_mod (inputs.ScoreMod, on the scaled scores before masking), sinks ((H,)
 logits, gpt-oss's extra softmax column), and in the layouts a variant declares (Variant.forms)
-cu_seqlens / a paged cache (varlen.py).
+cu_seqlens / a paged cache (varlen.py) / window (a sliding window's width w: query i sees keys j with
+|i - j| < w, causal masking cutting the right side as usual).
 
 A variant returning the log-sum-exp (Variant.lse_on) returns (out, lse), lse (B, H, Tq), natural
 log over the keys (with the sink where it declares lse_includes_sink): measure.checks checks it.
@@ -34,6 +35,7 @@ from .eager import (_from_probs, eager_attention, eager_fp32_attention, eager_fp
                     eager_fp32_probs, eager_lse_attention, eager_probs, kv_for_queries)
 from . import argument_controls, layout_controls, referee_controls, varlen
 from .argument_controls import ARGUMENT_CONTROL_CELLS, ARGUMENT_CONTROLS
+from .arguments import ARGUMENTS
 from .layout_controls import LAYOUT_CONTROL_CELLS, LAYOUT_CONTROLS
 from .varlen import document_owner
 from .inputs import causal_keep
@@ -71,7 +73,8 @@ class Variant:
     lse_includes_sink: bool = False
     # The layouts it is called in where a cell has them (CALL_FORMS): "varlen" (packed cells hand it
     # cu_seqlens and max_seqlen for the document mask), "paged" (paged cells hand it the cache's pools
-    # and block table, varlen.PagedCall). A variant without one gets the same cell dense.
+    # and block table, varlen.PagedCall), "window" (sliding-window cells hand it window=w, the width:
+    # |i - j| < w, for the window's mask). A variant without one gets the same cell dense.
     forms: tuple[str, ...] = ()
     # The page size its paged cache must have (a kernel's constraint, e.g. flash-attn's multiples of
     # 256); None: the preset's (Preset.page_size)
@@ -103,12 +106,13 @@ class Variant:
 FEATURES: tuple[str, ...] = ("gqa", "score_mod", "sinks", "latent")
 # Layouts a variant may be called in (Variant.forms): not needed by any cell, since a variant without
 # them gets the cell dense; a plug-in declares them in audit_supports beside the features.
-CALL_FORMS: tuple[str, ...] = ("varlen", "paged")
+CALL_FORMS: tuple[str, ...] = ("varlen", "paged", "window")
 FEATURE_NAMES = {"gqa": "GQA/MQA (kv_heads < heads)", "mqa": "MQA (kv_heads = 1)",
                  "score_mod": "a score modification (soft-capping)",
                  "sinks": "attention sinks (one logit per head, gpt-oss)",
                  "latent": "values of another head dimension than keys (d_v != d_k, MLA)",
-                 "varlen": "packed sequences (cu_seqlens)", "paged": "a paged KV cache (block table)"}
+                 "varlen": "packed sequences (cu_seqlens)", "paged": "a paged KV cache (block table)",
+                 "window": "a sliding window as an argument (window=w)"}
 # What the returned (out, lse) may be: RETURNS of a plug-in's `audit_returns` and audit.adapt's returns.
 PLUGIN_RETURNS: tuple[str, ...] = ("out", "out_lse")
 LSE_DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -410,9 +414,10 @@ def _layout_controls(no_sinks: Mapping[str, str]) -> list[Variant]:
                              reveals=reveals, requires=requires, unsupported=no_extras,
                              causal_alignment="bottom-right" if "paged" in forms else "top-left"))
     for name, (reveals, requires) in ARGUMENT_CONTROL_CELLS.items():
+        form = ARGUMENTS[ARGUMENT_CONTROLS[name][0]].form        # handed its argument in that call form only
         specs.append(Variant(BROKEN_PREFIX + name, f"NEGATIVE CONTROL (arguments): {ARGUMENT_CONTROLS[name][1]}",
                              (lambda a=getattr(argument_controls, f"broken_{name}"): a), family="broken",
-                             reveals=reveals, requires=requires,
+                             reveals=reveals, requires=requires, forms=(form,) if form else (),
                              unsupported={k: v for k, v in no_extras.items() if k not in requires}))
     return specs
 

@@ -197,10 +197,17 @@ class PagedCall:
 def in_form(fn: Any, forms: tuple[str, ...], inputs: Any, page_size: int | None = None) -> Any:
     """A variant declaring layouts (variants.CALL_FORMS) behind the dense contract, for calls made with
     an input set's own keyword arguments (the reproduction scripts): a paged variant behind PagedCall
-    in a paged cell; a varlen variant in a packed cell gets cu_seqlens and max_seqlen wherever a call
-    hands it the cell's own document mask (a call with another mask keeps it)."""
+    in a paged cell; a varlen variant in a packed cell gets cu_seqlens and max_seqlen (a window variant
+    in a sliding-window cell window=w) wherever a call hands it the cell's own document (window) mask (a
+    call with another mask keeps it)."""
     if "paged" in forms and inputs.paged is not None:
         return PagedCall(fn, inputs.paged.with_page_size(page_size or inputs.paged.page_size), own_mask=inputs.mask)
+    if "window" in forms and inputs.window is not None:
+        def windowed(q, k, v, *, mask=None, **kwargs):
+            if mask is inputs.mask:
+                return fn(q, k, v, window=inputs.window, **kwargs)
+            return fn(q, k, v, mask=mask, **kwargs)
+        return windowed
     if "varlen" not in forms or inputs.cu_seqlens is None:
         return fn
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import audit
 from standins import (LowerTriangularFromBottomRightMask, flash_attn_func, flash_attn_varlen_func,
                       flash_attn_varlen_func_inclusive_end, flash_attn_varlen_func_one_sequence,
-                      flash_attn_with_sinks, memory_efficient_attention)
+                      flash_attn_with_sinks, flash_attn_with_sinks_window_inclusive, memory_efficient_attention)
 
 flash = audit.adapt(flash_attn_func, layout="bthd", causal="bottom-right", causal_arg="causal",
-                    scale_arg="softmax_scale", softcap_arg="softcap", gqa=True)
+                    scale_arg="softmax_scale", softcap_arg="softcap", window_arg="window_size", gqa=True)
 
 xformers = audit.adapt(memory_efficient_attention, layout="bthd", causal="bottom-right",
                        causal_arg=("attn_bias", LowerTriangularFromBottomRightMask()),
@@ -42,7 +42,15 @@ varlen_inclusive_end = audit.adapt(flash_attn_varlen_func_inclusive_end, layout=
                                    max_seqlen_arg=("max_seqlen_q", "max_seqlen_k"))
 
 # A sink kernel of gpt-oss's call form (sinks, causal, a window argument, no mask), returning its lse with
-# the sink counted: the sinks prefill cells and the merge check of its causal cells (tests/test_lse.py).
+# the sink counted, declared as docs/variants.md declares it: the sinks prefill and sinks window cells and
+# the merge check of its causal cells (tests/test_lse.py, tests/test_window.py).
 sink_kernel = audit.adapt(flash_attn_with_sinks, layout="bthd", causal="bottom-right", causal_arg="causal",
-                          scale_arg="softmax_scale", sink_arg="learnable_sink", gqa=True, returns="out_lse",
-                          lse_layout="bht", lse_includes_sink=True, return_softmax_lse=True)
+                          scale_arg="softmax_scale", sink_arg="learnable_sink", window_arg="window_size", gqa=True,
+                          returns="out_lse", lse_layout="bht", lse_includes_sink=True, return_softmax_lse=True)
+
+# The same kernel with its window's left bound one key too far, declared the same way: the diagnosis must
+# name the member of the window-bounds family (tests/test_window.py).
+sink_kernel_window_inclusive = audit.adapt(
+    flash_attn_with_sinks_window_inclusive, layout="bthd", causal="bottom-right", causal_arg="causal",
+    scale_arg="softmax_scale", sink_arg="learnable_sink", window_arg="window_size", gqa=True, returns="out_lse",
+    lse_layout="bht", lse_includes_sink=True, return_softmax_lse=True)

@@ -275,3 +275,32 @@ def document_queries_late(q, k, v, **kw):
 
 def document_queries_early(q, k, v, **kw):
     return _document_ranges(q, k, v, query_shift=-1, **kw)
+
+
+def _window_bounds(q, k, v, *, mask=None, causal=False, left=0, right=0, **kw):
+    """A sliding window (read off the cell's window mask: row 0 sees its width w of keys) with its left
+    end `left` keys wider and its right end `right`: keys j with -(w - 1 + left) <= j - i <= w - 1 + right."""
+    width = int(mask[0, 0, 0].sum())
+    d = torch.arange(k.shape[-2])[None, :] - torch.arange(q.shape[-2])[:, None]       # (Tq, Tk): j - i
+    keep = (d >= -(width - 1 + left)) & (d <= width - 1 + right)
+    return attention(q, k, v, mask=keep, causal=causal, **kw)
+
+
+def window_left_inclusive(q, k, v, **kw):
+    return _window_bounds(q, k, v, left=1, **kw)
+
+
+def window_left_short(q, k, v, **kw):
+    return _window_bounds(q, k, v, left=-1, **kw)
+
+
+def window_right_inclusive(q, k, v, **kw):
+    return _window_bounds(q, k, v, right=1, **kw)
+
+
+def window_right_short(q, k, v, **kw):
+    return _window_bounds(q, k, v, right=-1, **kw)
+
+
+def window_both_inclusive(q, k, v, **kw):
+    return _window_bounds(q, k, v, left=1, right=1, **kw)

@@ -34,15 +34,36 @@ def _bottom_right(tq, tk, device):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """flash_attn.flash_attn_func's signature: q (B, Tq, H, d), k, v (B, Tk, Hkv, d), H a multiple of
-    Hkv; causal aligned bottom-right; no mask argument."""
+    Hkv; causal aligned bottom-right; window_size=(left, right) a sliding window; no mask argument."""
     if q.stride(-1) != 1:
         raise RuntimeError("Input tensor must have contiguous last dimension")
     if q.shape[2] % k.shape[2]:
         raise RuntimeError("Number of heads in key/value must divide number of heads in query")
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     keep = _bottom_right(q.shape[1], k.shape[1], q.device) if causal else None
+    keep = _and(keep, _window(q.shape[1], k.shape[1], window_size, q.device))
     out = _attention(q, k, v, scale, keep=keep, softcap=softcap).to(q.dtype)
     return (out, None, None) if return_attn_probs else out
+
+
+def _window(tq, tk, window_size, device, left_extra=0):
+    """(Tq, Tk) bool of flash-attn's window_size=(left, right), bottom-right aligned, each end inclusive
+    (-1: unbounded), or None for (-1, -1): query i sees keys i + Tk - Tq - left <= j <= i + Tk - Tq + right.
+    left_extra: keys read past the left end (a kernel's off-by-one)."""
+    left, right = window_size
+    if left < 0 and right < 0:
+        return None
+    d = torch.arange(tk, device=device)[None, :] - torch.arange(tq, device=device)[:, None] - (tk - tq)
+    keep = torch.ones(tq, tk, dtype=torch.bool, device=device)
+    if left >= 0:
+        keep &= d >= -(left + left_extra)
+    if right >= 0:
+        keep &= d <= right
+    return keep
+
+
+def _and(a, b):
+    return b if a is None else a if b is None else a & b
 
 
 class LowerTriangularMask:
@@ -140,11 +161,11 @@ def flash_attn_varlen_func_inclusive_end(q, k, v, cu_seqlens_q, cu_seqlens_k, ma
 
 
 def flash_attn_with_sinks(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), learnable_sink=None,
-                          return_softmax_lse=False):
+                          return_softmax_lse=False, _window_left_extra=0):
     """A sink kernel of gpt-oss's call form (flash-attn 3's learnable_sink, vLLM's s_aux): q (B, Tq, H, d),
-    k, v (B, Tk, Hkv, d), causal aligned bottom-right, per-head sink logits (H,) as one more softmax
-    column, no mask argument; with return_softmax_lse, (out, lse (B, H, Tq)) with the sink counted in
-    the lse (flash-attn's convention)."""
+    k, v (B, Tk, Hkv, d), causal aligned bottom-right, a sliding window as window_size=(left, right),
+    per-head sink logits (H,) as one more softmax column, no mask argument; with return_softmax_lse,
+    (out, lse (B, H, Tq)) with the sink counted in the lse (flash-attn's convention)."""
     if q.shape[2] % k.shape[2]:
         raise RuntimeError("Number of heads in key/value must divide number of heads in query")
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
@@ -152,8 +173,10 @@ def flash_attn_with_sinks(q, k, v, softmax_scale=None, causal=False, window_size
     group = qq.shape[1] // kk.shape[1]
     kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
     s = (qq @ kk.transpose(-1, -2)) * scale                                  # (B, H, Tq, Tk)
-    if causal:
-        s = s.masked_fill(~_bottom_right(q.shape[1], k.shape[1], q.device), float("-inf"))
+    keep = _bottom_right(q.shape[1], k.shape[1], q.device) if causal else None
+    keep = _and(keep, _window(q.shape[1], k.shape[1], window_size, q.device, _window_left_extra))
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
     if learnable_sink is not None:
         column = learnable_sink.float().view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
         s = torch.cat([s, column], dim=-1)                                   # the sink: one more column
@@ -162,3 +185,12 @@ def flash_attn_with_sinks(q, k, v, softmax_scale=None, causal=False, window_size
     p = p[..., :-1] if learnable_sink is not None else p
     out = (torch.nan_to_num(p) @ vv).transpose(1, 2).to(q.dtype)             # (B, Tq, H, d)
     return (out, lse) if return_softmax_lse else out
+
+
+def flash_attn_with_sinks_window_inclusive(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
+                                           learnable_sink=None, return_softmax_lse=False):
+    """The same signature, its window's left bound one key too far (`j >= i - left - 1`: the bound read as
+    exclusive where flash-attn's is inclusive): each query also sees the key just left of its window.
+    What the audit must name."""
+    return flash_attn_with_sinks(q, k, v, softmax_scale, causal, window_size, learnable_sink, return_softmax_lse,
+                                 _window_left_extra=1)
