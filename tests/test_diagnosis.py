@@ -63,6 +63,7 @@ CELLS: dict[str, dict] = {
                                                   "document_keys_start_exclusive", "document_queries_late",
                                                   "document_queries_early")},
     "v_read_at_k_stride": dict(d_v=8),
+    "strides_ignored": dict(scenario="strided_qkv", heads=4, kv_heads=2),
     "window_left_inclusive": dict(scenario="sliding_window", causal=True),
     "window_left_short": dict(scenario="sliding_window"),
     **{name: dict(scenario="sliding_window") for name in ("window_right_inclusive", "window_right_short",

@@ -49,8 +49,8 @@ def _cell_verdicts(records: list[dict]) -> dict[str, dict]:
 # it finds ignored, and their own controls; and gradients no backward mistake explains now named by the
 # forward's mistake where they are its gradients (grad_diagnosis "none" -> the cell's diagnosis).
 NEW_CHECKS = {"argument_ignored"}
-NEW_CONTROLS = {"broken.window_left_inclusive"}      # a layout control added since (a window's bound)
-NEW_SCENARIOS = ("sinks_prefill", "paged_edges")     # their cells are new: left out of the comparison
+NEW_CONTROLS = {"broken.window_left_inclusive", "broken.strides_ignored"}   # layout controls added since
+NEW_SCENARIOS = ("sinks_prefill", "paged_edges", "sinks_window", "strided_qkv")     # their cells are new: left out of the comparison
 
 
 def _old_cell(cell_id: str) -> bool:

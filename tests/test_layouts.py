@@ -334,3 +334,84 @@ def test_a_bad_layout_declaration_names_the_value(kwargs, message):
     import audit
     with pytest.raises(UsageError, match=re.escape(message)):
         audit.adapt(lambda q, k, v: q, **kwargs)
+
+
+# --------------------------------------------------------------------------- q, k, v as views
+
+def test_strided_inputs_are_views_of_one_fused_buffer_and_a_copy_keeps_their_layout():
+    from audit.measure.referee import own_copy
+    from audit.workload.inputs import make_inputs
+    inputs = make_inputs(_cell("eager", "strided_qkv", heads=4, kv=2, dtype="bf16"))
+    q, k, v = inputs.q, inputs.k, inputs.v
+    assert not any(t.is_contiguous() for t in (q, k, v)) and all(t.stride(-1) == 1 for t in (q, k, v))
+    assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+    assert (q.stride(), k.storage_offset(), v.storage_offset()) == ((64 * 8 * 16, 16, 8 * 16, 1), 4 * 16, 6 * 16)
+    for t in (q, k, v):
+        copy = own_copy(t, True)
+        assert copy.stride() == t.stride() and torch.equal(copy, t) and copy.requires_grad
+        assert copy.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+    # the gaps hold what the fused buffer holds there (k's and v's heads beside q's)
+    from audit.workload.inputs import read_as_contiguous
+    assert torch.equal(read_as_contiguous(own_copy(q)), read_as_contiguous(q))
+    assert not torch.equal(read_as_contiguous(q), q)
+    latent = make_inputs(_cell("eager", "strided_qkv", d_v=8))
+    assert latent.v.shape[-1] == 8 and not latent.v.is_contiguous() and not latent.q.is_contiguous()
+
+
+def test_a_kernel_reading_views_as_contiguous_is_caught_and_named_and_correct_ones_are_not():
+    cases = [_cell(v, "strided_qkv", causal, heads=4, kv=2, dtype=dtype) for causal in (False, True)
+             for dtype in ("fp32", "bf16", "fp16") for v in ("broken.strides_ignored", "eager", "sdpa", "sdpa_math")]
+    records = _run(cases)
+    control = [r for r in records.values() if r["variant"] == "broken.strides_ignored"]
+    assert len(control) == 6 and all(r["status"] == "ok" and r["within_budget"] is False for r in control)
+    assert {r["diagnosis"] for r in control} == {"strides_ignored"}
+    right = [r for r in records.values() if r["variant"] != "broken.strides_ignored"]
+    assert all(r["status"] == "ok" and r["within_budget"] and all(r[f"{g}_within_budget"] for g in ("dq", "dk", "dv")) for r in right), [
+        (r["id"], r["status"], r["reason"]) for r in right]
+    # on contiguous inputs the control reads what it is handed: right
+    normal = _run([_cell("broken.strides_ignored", "normal", heads=4, kv=2)])
+    assert all(r["within_budget"] for r in normal.values())
+
+
+def test_a_page_or_slot_index_off_by_one_is_named_as_that_member_of_the_page_index_family():
+    from audit.workload.paged_mistakes import PAGED_MISTAKES
+    assert [n for n, m in PAGED_MISTAKES.items() if m.family == "page_index"] == ["page_index_next", "slot_index_next"]
+    sys.path.insert(0, str(PLUGINS))
+    try:
+        recs = _run([_cell(f"paged_kernels:{name}", scenario, batch=3)
+                     for name in ("page_index_next", "slot_index_next") for scenario in ("paged", "paged_edges")])
+    finally:
+        sys.path.remove(str(PLUGINS))
+    for r in recs.values():
+        assert r["status"] == "ok" and r["paged_unread_max_change"] > 0, (r["id"], r["reason"])
+        assert r["paged_diagnosis"] == r["variant"].split(":")[1], (r["id"], r["paged_diagnosis"])
+
+
+def test_the_block_table_probe_moves_the_pages_and_only_a_kernel_not_reading_by_the_table_follows():
+    """Every page moved in the pool, the table saying where: the references and the declared stand-in
+    return the same output; a kernel keeping the table of its first call does not (NaN where it reads
+    pages now unused); a kernel already reading NaN cannot be judged."""
+    from audit.analysis.argument_rules import check_arguments
+    from audit.core.records import to_frame
+    from audit.workload.packing import paged_layout
+    layout = paged_layout([40, 17, 64], 16, 3)
+    moved = layout.moved()
+    assert moved.used == layout.used and moved.block_table != layout.block_table
+    listed = [p for row in moved.block_table for p in row]                  # still distinct pages of the pool
+    assert len(set(listed)) == len(listed) == 3 * len(layout.block_table[0]) and max(listed) < layout.pages
+    sys.path.insert(0, str(PLUGINS))
+    try:
+        recs = _run([_cell(v, s, causal, batch=3) for s in ("paged", "paged_edges") for causal in (False, True)
+                     for v in ("paged_gather", "declared:paged", "paged_kernels:stale_block_table",
+                               "broken.paged_extra_page")])
+    finally:
+        sys.path.remove(str(PLUGINS))
+    status = {}
+    for r in recs.values():
+        status.setdefault(r["variant"], set()).add(r["arguments"]["block_table"])
+    assert status == {"paged_gather": {"honoured"}, "declared:paged": {"honoured"},
+                      "paged_kernels:stale_block_table": {"ignored"}, "broken.paged_extra_page": {"unjudged"}}
+    stale = [r for r in recs.values() if r["variant"] == "paged_kernels:stale_block_table"]
+    assert all(r["within_budget"] for r in stale)                     # right until the pages move
+    found = check_arguments(to_frame(list(recs.values())))
+    assert [(f["variant"], f["argument"]) for f in found] == [("paged_kernels:stale_block_table", "block_table")]

@@ -66,7 +66,7 @@ def test_builtin_registry_matches_names():
 
 
 def test_negative_controls_are_a_separate_name_space():
-    assert len(NEGATIVE_CONTROLS) == 32
+    assert len(NEGATIVE_CONTROLS) == 33
     assert set(NEGATIVE_CONTROLS) == {"broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
                                       "broken.no_max_subtraction", "broken.softmax_wrong_dim",
                                       "broken.zero_keys_as_padding",
@@ -81,6 +81,7 @@ def test_negative_controls_are_a_separate_name_space():
                                       "broken.document_boundary_ignored", "broken.cu_seqlens_off_by_one",
                                       "broken.paged_extra_page", "broken.paged_wrong_sequence",
                                       "broken.v_read_at_k_stride", "broken.window_left_inclusive",
+                                      "broken.strides_ignored",
                                       "broken.batch_dependent_splits",
                                       # the argument probes' (tests/test_arguments.py): one argument ignored each
                                       "broken.scale_ignored", "broken.softcap_fixed", "broken.causal_ignored",

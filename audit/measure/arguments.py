@@ -18,6 +18,11 @@ rows that see a key under both settings:
   cells hand `scale` only where it is not the default, so a plug-in may leave it out); not a defect;
 - `failed`: the probe's call raised anything else (its reason in the record's `reason`).
 
+A probe of a change the output must not follow (Argument.invariant: a paged cache's pages moved in
+the pool, the block table saying where) is `honoured` when RMSE(D) <= 2 × the tolerance, `ignored`
+(the argument is not what the kernel reads by) when the output moves or a finite row turns NaN, and
+`unjudged` where no row is finite under both calls.
+
 A probe of what a kernel must refuse (Argument.refuse: k and v with a head count that does not
 divide the query heads) is `honoured` when the call raises (anything: the kernel refused, its first
 line in the evidence) and `accepted`, a defect, when it returns an output.
@@ -136,7 +141,12 @@ def argument_columns(cell: Any, call: Callable[[dict], Any], failure_reason: Cal
             moved, golden_moved = _rmse(mine_b - mine_a, rows), _rmse(golden_b - golden_a0, rows)
             err = _rmse((mine_b - mine_a) - (golden_b - golden_a0), rows)
         right_before = cell.columns.get("within_budget") is not False
-        statuses[name] = judge(moved, golden_moved, err, tol, right_before)
+        if argument.invariant:          # a row finite before and not after moved, whatever the other rows did
+            appeared = bool((seen_a & torch.isfinite(mine_a).all(-1) & ~torch.isfinite(mine_b).all(-1)).any())
+            moved = math.inf if appeared else moved
+            statuses[name] = _stays(moved, tol)
+        else:
+            statuses[name] = judge(moved, golden_moved, err, tol, right_before)
         evidence[name] = {"moved": moved, "golden_moved": golden_moved, "err": err, "budget": 2 * tol}
         if name == "scale" and lse_b is not None and cell.lse is not None:
             statuses["lse"], evidence["lse"] = _lse_follows(attempt, cell.lse, lse_b, kwargs["scale"], sliced, seen_a,
@@ -148,6 +158,15 @@ def argument_columns(cell: Any, call: Callable[[dict], Any], failure_reason: Cal
     if reasons:
         columns["reason"] = "; ".join(reasons)
     return columns
+
+
+def _stays(moved: float, tol: float) -> str:
+    """An invariant probe's status: honoured when the output stayed within twice the tolerance, ignored
+    when it moved (inf: a row turned NaN or inf), unjudged where no row is finite under both calls (a
+    kernel already reading NaN)."""
+    if math.isnan(moved):
+        return "unjudged"
+    return "honoured" if moved <= 2 * tol else "ignored"
 
 
 def _refused(call: Callable[..., Any], kwargs: dict, kv: tuple, heads: int) -> tuple[str, dict]:

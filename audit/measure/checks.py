@@ -208,7 +208,7 @@ def call_with(cell: CellState) -> Callable[..., Any]:
 
 
 @check("arguments", needs=("out", "golden", "variant"), phase="leak",
-       when=lambda cell: cell.paged_call is None and bool(probed_arguments(cell.case, cell.variant.compiled)))
+       when=lambda cell: bool(probed_arguments(cell.case, cell.variant.compiled)))
 def arguments(cell: CellState) -> dict[str, Any]:
     """Each argument the cell hands the variant, changed: its output must move as the float64
     golden moves (measure/arguments.py)."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from ..workload.backward_mistakes import BACKWARD_MISTAKES, backward_of, full_groups
-from ..workload.inputs import Inputs, torch_dtype
+from ..workload.inputs import Inputs, read_as_contiguous, torch_dtype
 from ..workload.mistakes import MISTAKES, Attempt, Mistake, sq_diff
 from .mistake_memo import MistakeMemo, run as memo_run
 from .numerics import BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, attention_flops, error_vs_reference
@@ -215,6 +215,11 @@ def attempt_for(inputs: Inputs, batches: list[int], heads: list[int], *, alignme
         bias = bias.index_select(0, b_index)                                 # (b, 1, Tq|1, Tk)
     if observed is not None:
         observed = observed.detach().index_select(0, b_index).index_select(1, h_index).double()
+    read_contiguous = None
+    if not all(t.is_contiguous() for t in (inputs.q, inputs.k, inputs.v)):   # views: what a raw read sees
+        rq, rk, rv = (read_as_contiguous(t.detach()) for t in (inputs.q, inputs.k, inputs.v))
+        read_contiguous = (rq.index_select(0, b_index).index_select(1, h_index).double(),     # (b, h, Tq, d)
+                           *(t.index_select(0, b_index).double() for t in (rk, rv)))          # (b, Hkv, Tk, d)
     flat_kv = None
     if inputs.cu_seqlens is not None:          # a packed cell: every token, as a kernel on (total, H, d) sees them
         flat_kv = tuple(t.detach().transpose(1, 2).reshape(-1, *t.shape[1:2], t.shape[-1]).double()
@@ -223,7 +228,7 @@ def attempt_for(inputs: Inputs, batches: list[int], heads: list[int], *, alignme
                    alignment=alignment, visible=vis, bias=bias, score_mod=inputs.score_mod, observed=observed,
                    dtype=dtype, sinks=None if inputs.sinks is None else inputs.sinks.detach().double(),
                    batches=tuple(batches), n_batch=inputs.q.shape[0], cu_seqlens=inputs.cu_seqlens, flat_kv=flat_kv,
-                   window=inputs.window)
+                   window=inputs.window, read_contiguous=read_contiguous)
 
 
 def diagnose_cell(out: Any, inputs: Inputs, ref: Any, dtype: str, baseline_rmse: float | None,

@@ -39,9 +39,10 @@ def mistaken_output(q: Any, k_pages: Any, v_pages: Any, layout: Any, reads: Any,
     outs = []
     for b in range(B):
         used = layout.used[b]
-        row, slots = reads(b, used, layout.used_pages(b), width, layout.page_size, B)
+        row, slots, first = (*reads(b, used, layout.used_pages(b), width, layout.page_size, B), 0)[:3]
         table = torch.tensor([layout.block_table[row]], device=q.device)
-        k, v = (gather_dense(p.to(dtype), table, slots) for p in (k_pages, v_pages))   # (1, Hkv, slots, d)
+        end = min(first + slots, width * layout.page_size)                             # the row's slots end there
+        k, v = (gather_dense(p.to(dtype), table, end)[..., first:, :] for p in (k_pages, v_pages))   # (1, Hkv, n, d)
         group = H // k.shape[1]
         k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))                     # (1, H, slots, d)
         scores = (q[b:b + 1].detach().to(dtype) @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None

@@ -84,10 +84,26 @@ def call_tensors(q: Any, k: Any, v: Any, kwargs: dict[str, Any], *extra: tuple[s
 
 def own_copy(t: Any, requires_grad: bool | None = None) -> Any:
     """A copy of a tensor the call may keep, in memory of its own (the pristine one stays with the
-    input set, for the inputs_untouched check); requires_grad as given, else as t."""
-    copy = t.detach().clone()
+    input set, for the inputs_untouched check); requires_grad as given, else as t. Its layout is t's:
+    the same strides, and where t is a view with gaps (a head sliced from a fused QKV buffer) the
+    memory from its first element to its last copied whole, gaps included (what a kernel reading
+    past its strides would find there)."""
+    copy = _same_layout_copy(t.detach())
     grad = t.requires_grad if requires_grad is None else requires_grad
     return copy.requires_grad_(grad) if grad and copy.is_floating_point() else copy
+
+
+def _same_layout_copy(t: Any) -> Any:
+    """t cloned into memory of its own with t's strides: a dense tensor (contiguous, or a permutation of
+    it) by clone; a view with gaps by its span of memory (offset to last element) cloned and viewed again."""
+    import torch
+    if t.is_contiguous() or t.numel() == 0 or not all(s > 0 for s in t.stride()):
+        return t.clone()
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    if span == t.numel():                      # dense (a transposed layout): clone keeps its strides
+        return t.clone()
+    memory = torch.as_strided(t, (span,), (1,), t.storage_offset()).clone()    # (span,) gaps included
+    return torch.as_strided(memory, t.shape, t.stride(), 0)
 
 
 def changed_inputs(current: list[tuple[str, Any]], pristine: dict[str, Any]) -> list[str]:

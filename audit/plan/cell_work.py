@@ -131,9 +131,10 @@ def refusal_probes(names: list[str]) -> int:
 # An argument probe's recompile by "variant|argument" (else "*|argument", else "*"), measured on 2 cores
 # of a Xeon with AMX, Inductor's cache cold, T 64: flex's scale 2.9 s, cap 2.8 s, no mask 0.5 s (its
 # sinks are applied outside the compiled code: none; its cu_seqlens moved, T 256: 7 ms, the documents' mask
-# rebuilt and the code reused); compiled's and compiled_unfused's 0.4-1.2 s
+# rebuilt and the code reused; paged_flex's pages moved: 10 ms, the same); compiled's and compiled_unfused's
+# 0.4-1.2 s
 ARGUMENT_COMPILE_DEFAULT_S = {"flex|scale": 3.0, "flex|softcap": 3.0, "flex|mask": 0.5, "flex|sinks": 0.0,
-                              "flex|cu_seqlens": 0.0, "*|mask": 0.3, "*": 1.0}
+                              "flex|cu_seqlens": 0.0, "paged_flex|block_table": 0.0, "*|mask": 0.3, "*": 1.0}
 
 
 def argument_compile_default_s(variant: str, argument: str) -> float:

@@ -64,6 +64,9 @@ class Argument:
     refuse: Callable[[Any, Any, int], tuple] | None = None
     # the cells it is probed in beyond its scenarios (a Case -> bool), if not all
     applies: Callable[[Case], bool] | None = None
+    # a change the output must not follow (the golden does not move): honoured when the output stays within
+    # twice the budget, ignored when it moves
+    invariant: bool = False
 
 
 def _scale_present(kwargs: dict) -> bool:
@@ -194,6 +197,18 @@ def _no_golden(a: Any, kwargs: dict, inputs: Any) -> Any:
     raise AssertionError("a probe of what a kernel must refuse has no golden")
 
 
+def _paged_present(kwargs: dict) -> bool:
+    return "pages_moved" in kwargs
+
+
+def _pages_moved(kwargs: dict, inputs: Any) -> dict:
+    return {**kwargs, "pages_moved": True}
+
+
+def _same_golden(a: Any, kwargs: dict, inputs: Any) -> Any:
+    return a.attend()
+
+
 ARGUMENTS: dict[str, Argument] = {a.name: a for a in (
     Argument("scale", "the softmax scale", f"× {SCALE_PROBE:g}", ("normal",), _scale_present, _scaled, _scale_golden,
              "A model with its own softmax scale (a query pre-scaled, muP, a temperature) gets 1/sqrt(d) instead."),
@@ -213,6 +228,11 @@ ARGUMENTS: dict[str, Argument] = {a.name: a for a in (
     Argument("window", "the sliding window", f"width ÷ {WINDOW_PROBE}", ("sliding_window", "sinks_window"),
              _window_present, _narrowed, _window_golden,
              "A model's local layers (Mistral's, Gemma's, gpt-oss's) attend beyond their window.", form="window"),
+    # the pages moved in the pool, the table saying where: what each sequence reads is the same
+    Argument("block_table", "the block table", "every page moved in the pool", ("paged", "paged_edges"),
+             _paged_present, _pages_moved, _same_golden,
+             "A server's cache, whose pages sit wherever its allocator put them, is read from the wrong pages.",
+             form="paged", invariant=True),
     # any call hands k and v; on `normal` cells, not on compiled built-ins (a new head count is a recompile)
     Argument("kv_heads", "key/value heads not dividing the query heads", "H - 1 kv heads", ("normal",),
              _scale_present, _unchanged, _no_golden,

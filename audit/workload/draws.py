@@ -33,6 +33,48 @@ def _normal(case: Case, gen, tq: int, tk: int, alpha: float = 1.0) -> dict:
                 v=_randn(gen, (B, Hkv, tk, dv)))
 
 
+def _strided_qkv(case: Case, gen, tq: int, tk: int) -> dict:
+    """The normal scenario's q, k, v, handed over as views into one fused QKV projection (views()):
+    `views` names the layout, which draw_inputs applies in the cell's dtype and device."""
+    return dict(_normal(case, gen, tq, tk), views="fused_qkv")
+
+
+def views(kind: str | None, q: Any, k: Any, v: Any) -> tuple:
+    """q (B, H, T, d), k (B, Hkv, T, d), v (B, Hkv, T, dv) -> the same values as views of another
+    layout; kind None: unchanged. "fused_qkv": one (B, T, H + 2·Hkv, d) buffer, as a model's fused
+    projection writes it, each of q, k, v a slice of its heads transposed to (B, H, T, d): not
+    contiguous, and not dense (between a query head's rows lie the other heads' and k's and v's), the
+    last dimension contiguous (what flash-attn asks of its inputs). Where dv != d (latent cells) v
+    is its own (B, T, Hkv, dv) buffer transposed."""
+    import torch
+    if kind is None:
+        return q, k, v
+    if kind != "fused_qkv":
+        raise ValueError(f"unknown input layout {kind!r}")
+    B, H, T, d = q.shape
+    Hkv = k.shape[1]
+    joint = v.shape[-1] == d and k.shape[-2] == T
+    fused = torch.empty(B, T, H + (2 if joint else 1) * Hkv, d, dtype=q.dtype, device=q.device)
+    parts = [q, k, v] if joint else [q, k]
+    starts = [0, H, H + Hkv][:len(parts)]
+    for t, s in zip(parts, starts):
+        fused[:, :, s:s + t.shape[1]] = t.transpose(1, 2)                       # (B, T, heads, d)
+    out = [fused[:, :, s:s + t.shape[1]].transpose(1, 2) for t, s in zip(parts, starts)]   # (B, heads, T, d)
+    if not joint:
+        out.append(v.transpose(1, 2).contiguous().transpose(1, 2))              # (B, Hkv, Tk, dv) of (B, Tk, Hkv, dv)
+    return tuple(out)
+
+
+def read_as_contiguous(t: Any) -> Any:
+    """t's shape read as contiguous memory from t's first element (its storage offset): what a kernel
+    indexing a raw pointer by shape alone reads of a view. t itself where it is contiguous."""
+    import torch
+    if t.is_contiguous():
+        return t
+    strides = torch.empty(t.shape, device="meta").stride()                         # contiguous strides
+    return torch.as_strided(t, t.shape, strides, t.storage_offset())
+
+
 def _scaled(alpha: float):
     def draw(case, gen, tq, tk):
         return _normal(case, gen, tq, tk, alpha)

@@ -25,7 +25,7 @@ from .draws import (  # noqa: F401  (the draw functions and their helpers, re-ex
     TORCH_DTYPES, torch_dtype, _randn, _normal, _scaled, _outliers,
     _fp16_range, UNIFORM_BOUND, STUDENT_T_DOF, SPARSE_DENSITY, _uniform, _student_t,
     _heavy_tailed, zero_query_rows, constant_key_heads, _constant_rows, zero_key_positions, _sparse,
-    causal_offset, causal_keep, _valid_lengths, _padding, _left_padding, LOW_LSE_MARGIN,
+    causal_offset, causal_keep, _strided_qkv, views, read_as_contiguous, _valid_lengths, _padding, _left_padding, LOW_LSE_MARGIN,
     low_lse_centre, _low_lse, SHIFT_BIAS, SHIFT_STEP, _shifted_bias, fully_masked_rows,
     _fully_masked, window_size, window_keep, _sliding_window, _sinks_window, _paged_edges, SINK_ABOVE_MAX, SINK_NEGLIGIBLE, _sinks,
     _draw_sinks, _packed, _paged)
@@ -82,7 +82,8 @@ class Inputs:
         if self.cu_seqlens is not None and "varlen" in forms:
             kwargs.update(mask=None, cu_seqlens=self.cu_seqlens, max_seqlen=self.max_seqlen)
         if self.paged is not None and "paged" in forms:
-            kwargs["mask"] = None             # the used lengths stand for the key padding
+            # the used lengths stand for the key padding; the cache's pages where the layout puts them
+            kwargs.update(mask=None, pages_moved=False)
         if self.window is not None and "window" in forms:
             kwargs.update(mask=None, window=self.window)
         if self.score_mod is not None:
@@ -195,6 +196,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("paged_edges", "the paged scenario with each sequence's used keys one past, one before and on a "
              "page boundary (a last page of one key, one short of full, full)",
              lambda t: 1, _paged_edges, ("bool", "per-batch"), kind="paged", work_is_visible=True, form="paged"),
+    Scenario("strided_qkv", "q, k, v ~ N(0, 1) as views into one fused QKV projection (B, T, H + 2·Hkv, d), each "
+             "a slice of its heads transposed to (B, H, T, d): not contiguous, other heads' values between a head's "
+             "rows, as a model's fused projection hands them over; a kernel reading its inputs as contiguous "
+             "memory reads those instead", lambda t: t, _strided_qkv),
     Scenario("uniform", "q, k, v ~ U(-sqrt(3), sqrt(3)): unit variance, bounded; catches a shortcut that holds only "
              "for N(0, 1) inputs (KernelBench#82 tests with uniform inputs)", lambda t: t, _uniform),
     Scenario("heavy_tailed", "q, k, v ~ Student-t(3) scaled to unit variance: a few entries beyond 6 standard "
@@ -336,8 +341,9 @@ def draw_inputs(case: Case, draw: Callable[..., dict], tq: int, score_mod: Score
         grad_lse = grad_lse.masked_fill(~seeing, 0.0)
     sinks = drawn.get("sinks")
     cu_seqlens = drawn.get("cu_seqlens")
+    q, k, v = views(drawn.get("views"), to_cell(drawn["q"]), to_cell(drawn["k"]), to_cell(drawn["v"]))
     return Inputs(cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(case.device),
-                  max_seqlen=drawn.get("max_seqlen"), paged=drawn.get("paged"),q=to_cell(drawn["q"]), k=to_cell(drawn["k"]), v=to_cell(drawn["v"]),
+                  max_seqlen=drawn.get("max_seqlen"), paged=drawn.get("paged"), q=q, k=k, v=v,
                   grad_out=grad_out, grad_lse=grad_lse, sinks=None if sinks is None else to_cell(sinks),
                   mask=mask, causal=case.causal,
                   visible=visible,

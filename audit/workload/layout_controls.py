@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..core.errors import Unsupported
 from .eager import eager_attention, kv_for_queries
-from .inputs import causal_keep
+from .inputs import causal_keep, read_as_contiguous
 from .packing import documents_mask, v_at_k_stride
 from .varlen import document_owner, gather_dense
 
@@ -27,6 +27,9 @@ LAYOUT_CONTROLS: dict[str, str] = {
     "window_left_inclusive": "takes the sliding window's width w and lets each query see the key just left of its "
                              "window (i - j <= w: the bound inclusive where it is exclusive, a width converted "
                              "between conventions off by one)",
+    "strides_ignored": "reads q, k and v as contiguous memory from where each starts, whatever its strides (a "
+                       "kernel indexing raw pointers by shape): right on contiguous inputs, other heads' values on "
+                       "views of a fused QKV buffer",
     "batch_dependent_splits": "splits the keys into 2 to 4 parts by the batch's size (B·Tq) and merges the "
                               "partial results by their log-sum-exp: right to rounding, but a row's bits depend on "
                               "the rest of the batch and on chunking (flash-attention#1897: split-KV heuristics)",
@@ -62,6 +65,12 @@ def broken_window_left_inclusive(q, k, v, *, mask=None, causal=False, scale=None
     d = torch.arange(k.shape[-2], device=q.device)[None, :] - torch.arange(q.shape[-2], device=q.device)[:, None]
     keep = ((d >= -window) & (d <= window - 1))[None, None]                          # (1, 1, Tq, Tk)
     return eager_attention(q, k, v, mask=keep, causal=causal, scale=scale)
+
+
+def broken_strides_ignored(q, k, v, *, mask=None, causal=False, scale=None):
+    """eager on q, k, v read as contiguous memory from where each starts (read_as_contiguous)."""
+    q, k, v = (read_as_contiguous(t) for t in (q, k, v))
+    return eager_attention(q, k, v, mask=mask, causal=causal, scale=scale)
 
 
 def _paged_dense(q, k_pages, v_pages, block_table, seqused, length_of, rows_of):
@@ -106,6 +115,7 @@ LAYOUT_CONTROL_CELLS: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str
     "paged_wrong_sequence": (("paged",), ("paged",), {}),
     "v_read_at_k_stride": ((), (), {"latent": "with d_v == d_k K's row stride is V's: nothing to detect"}),
     "window_left_inclusive": (("window",), ("sliding_window",), {}),
+    "strides_ignored": ((), ("strided_qkv",), {}),
     "batch_dependent_splits": ((), ("normal",), {}),
 }
 

@@ -135,6 +135,9 @@ class Attempt:
     flat_kv: Any = None           # a packed cell's (k, v) of every token, (B·Tk, Hkv, d) float64 flattened row by row
     empty_rows_zero: bool = False  # softmax gives a row with no key 0 weights (not NaN): its gradients stay finite
     window: int | None = None     # a sliding-window cell's width w (visible is |i - j| < w), or None
+    # q, k, v as a kernel reading them as contiguous memory from where each starts sees them (float64,
+    # the selected batches and heads as q, k, v), where the cell's inputs are not contiguous; or None
+    read_contiguous: Any = None
 
     def head_sinks(self, sinks: Any = _SAME) -> Any:
         """The sinks (H,) -> those of the selected query heads as a (1, h, 1, 1) column, or None."""

@@ -490,6 +490,19 @@ def window_bounds(a: Attempt, *, left: int = 0, right: int = 0) -> Any:
     return a.attend(keep=a.keep(visible=keep[None, None]))
 
 
+@mistake("strides_ignored", title="inputs read as contiguous",
+         what="q, k and v are read as contiguous memory from where each starts, whatever their strides: on views of a "
+              "fused QKV buffer a head's rows are read from the other heads' (and k's and v's) values.",
+         where="a kernel indexing raw pointers by shape alone (data_ptr() with strides assumed, a .view of "
+               "a transposed tensor's storage), fed the views a fused projection hands over.")
+def strides_ignored(a: Attempt) -> Any:
+    if a.read_contiguous is None:
+        return None
+    from dataclasses import replace
+    q, k, v = a.read_contiguous
+    return replace(a, q=q, k=k, v=v).attend()
+
+
 @mistake("v_read_at_k_stride", title="V read at K's row stride",
          what="Where d_v != d_k, V's rows are stepped through with K's row length: row j is read from element "
               "j·d_k of the head's values, so every row past the first is garbage (a mix of rows, or 0 past the end).",

@@ -115,6 +115,17 @@ class PagedLayout:
         """The first n sequences alone, their pages where they were (the pool keeps its size)."""
         return PagedLayout(self.page_size, self.used[:n], self.block_table[:n], self.pages, self.seed)
 
+    def moved(self) -> "PagedLayout":
+        """The same sequences with every page at another place of the pool (a fixed shuffle of the page
+        numbers, the unlisted page included): what each sequence reads is unchanged, where it sits is
+        not. The block table's probe (workload/arguments.py): a kernel reading its pages through the
+        table returns the same output on both."""
+        import random
+        order = list(range(self.pages))
+        random.Random(self.seed + 1).shuffle(order)
+        table = tuple(tuple(order[p] for p in row) for row in self.block_table)
+        return PagedLayout(self.page_size, self.used, table, self.pages, self.seed)
+
     def used_pages(self, b: int) -> int:
         return -(-self.used[b] // self.page_size)
 

@@ -1,7 +1,9 @@
 """Mistakes of a paged KV cache: which slots a wrong kernel reads instead of a sequence's used keys.
 
 A paged mistake says, for sequence b, which row of the block table it reads and how many slots of
-it: `reads(b, used, pages_used, width, page_size, batch) -> (table row, slots)`. The paged check
+it: `reads(b, used, pages_used, width, page_size, batch) -> (table row, slots)`, or (table row, slots,
+first): `slots` slots from slot `first` of the row's pages in table order (a page or slot index off by
+one: the family `page_index`). The paged check
 (measure/checks.py: paged_reads) computes each one in float64 on the pools the variant was given
 with finite values in the slots it must not read, and names the one its output matches.
 Imports no torch (the report's texts come from here).
@@ -18,7 +20,8 @@ class PagedMistake:
     title: str
     what: str
     where: str
-    reads: Callable[[int, int, int, int, int, int], tuple[int, int]]
+    reads: Callable[[int, int, int, int, int, int], tuple[int, ...]]
+    family: str = ""                 # the parameterised mistake it is a member of, or ""
 
 
 PAGED_MISTAKES: dict[str, PagedMistake] = {}
@@ -56,3 +59,34 @@ def reads_last_page_tail(b: int, used: int, pages_used: int, width: int, page_si
 def block_table_wrong_sequence(b: int, used: int, pages_used: int, width: int, page_size: int,
                                batch: int) -> tuple[int, int]:
     return (b + 1) % batch, used
+
+
+# The family page_index: each sequence's slots read from `pages` table entries and `slots` slots later
+# than its own (member name, title, what, (pages, slots)).
+PAGE_INDEX = (
+    ("page_index_next", "pages read one table entry late",
+     "Each sequence reads its logical page p from block-table entry p + 1: every key from the page after its own, "
+     "the last ones from the extra page listed after its used pages.", (1, 0)),
+    ("slot_index_next", "keys read one slot late",
+     "Each sequence reads key t from slot t + 1 of its pages: its first key dropped, one slot past its used "
+     "length read.", (0, 1)),
+)
+PAGE_INDEX_WHERE = ("a page or slot index computed from a position off by one (a 1-based position, (t + 1) // "
+                    "page_size), or an offset taken after its increment")
+
+
+def page_index(b: int, used: int, pages_used: int, width: int, page_size: int, batch: int, *, pages: int = 0,
+               slots: int = 0) -> tuple[int, int, int]:
+    """A member of the page_index family: sequence b's own row and used length, from `pages` pages and
+    `slots` slots later."""
+    return b, used, pages * page_size + slots
+
+
+def _register_page_index() -> None:
+    import functools
+    for name, title, what, (pages, slots) in PAGE_INDEX:
+        PAGED_MISTAKES[name] = PagedMistake(name, title, what, PAGE_INDEX_WHERE,
+                                            functools.partial(page_index, pages=pages, slots=slots), "page_index")
+
+
+_register_page_index()

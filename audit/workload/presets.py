@@ -199,6 +199,7 @@ class _VariantSets:
         documents = tuple(c for c in self.layout_controls if "document" in c or "cu_seqlens" in c)
         pages = tuple(c for c in self.layout_controls if "paged" in c)
         windows = tuple(c for c in self.layout_controls if "window" in c)
+        strides = tuple(c for c in self.layout_controls if "strides" in c)
         layouts = ("packed_loop", "nested_sdpa")
         return (dict(one, variant=base + layouts, scenario=("packed",)),
                 dict(one, variant=layouts, scenario=("normal",)),
@@ -206,6 +207,7 @@ class _VariantSets:
                 dict(one, variant=documents, batch=(2,), scenario=("packed",)),
                 dict(one, variant=pages, batch=(2,), scenario=("paged", "paged_edges")),
                 dict(one, variant=windows, scenario=("sliding_window",)),
+                dict(one, variant=base + strides, scenario=("strided_qkv",)),
                 dict(one, variant=("eager", "sdpa"), d_v=(d_k // 2,), scenario=("normal",)),
                 dict(one, variant=("broken.v_read_at_k_stride",), d_v=(d_k // 2,), scenario=("normal",)),
                 dict(one, variant=("broken.batch_dependent_splits",), dtype=dtypes[:1], batch=(2,),
@@ -287,7 +289,7 @@ def _cpu(sets: _VariantSets) -> Preset:
             *sets.layout_cells(("fp32", "bf16"), 64, 256, ("eager", "sdpa", "flex_eager"), batch=2),
             *sets.argument_cells(("fp32", "bf16", "fp16")),
             dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,), batch=(2,),
-                 heads=(2,), causal=(False, True), scenario=("normal", "packed")),
+                 heads=(2,), causal=(False, True), scenario=("normal", "packed", "strided_qkv")),
             dict(variant=("paged_flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,), batch=(2,),
                  heads=(2,), causal=(False, True), scenario=("paged", "paged_edges")),
             # head sizes that are not a power of two (kernels tile by powers of two: 72, 96, 192 pad or
@@ -337,7 +339,12 @@ def _gpu(sets: _VariantSets) -> Preset:
             # compiles per kind of cell (~4 s each): its sinks cells only, in the stability grid's dtype
             dict(variant=("eager", "flash_op", "broken.sink_ignored"),
                  device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
-                 causal=(False, True), scenario=LSE_SCENARIOS + ("sinks_decode",)),
+                 causal=(False, True), scenario=tuple(s for s in LSE_SCENARIOS if s != "sinks_window") + ("sinks_decode",)),
+            # views of a fused QKV buffer, on the CUDA kernels with stride rules of their own (cuDNN's, the
+            # flash op's) and the control reading its inputs as contiguous memory
+            dict(variant=("sdpa", "sdpa_cudnn", "flash_op", "broken.strides_ignored"), device=("cuda",),
+                 dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,), causal=(True,),
+                 scenario=("strided_qkv",)),
             dict(variant=("flex",), device=("cuda",), dtype=("fp16",), d_k=(128,), seq_len=(1024,), batch=(2,),
                  heads=(16,), causal=(True,), scenario=("sinks", "sinks_prefill")),
             dict(variant=CUDA_LSE_OPS, device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,),
@@ -414,6 +421,10 @@ def _gpu_check() -> Preset:
             dict(variant=("compiled", "flex"), device=("cuda",), dtype=("fp16",), d_k=(128,),
                  seq_len=(1024,), batch=(2,), heads=(16,), causal=(False,),
                  scenario=("normal", "scaled_x16", "padding")),
+            # q, k, v as views of a fused QKV buffer: every backend's stride rules on real inputs
+            dict(variant=("eager", "sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flash_op",
+                          "broken.strides_ignored"), device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,),
+                 batch=(2,), heads=(16,), causal=(False, True), scenario=("strided_qkv",)),
         ),
         min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=180.0,
     )

@@ -162,19 +162,24 @@ class PagedCall:
         self.fn = fn
         self.layout = layout
         self.own_mask = own_mask      # the cell's key padding mask, which the used lengths stand for
-        self._pools: dict[str, tuple] = {}
-        self._table: Any = None
+        self._pools: dict[tuple, tuple] = {}
+        self._tables: dict[bool, Any] = {}
 
-    def _pool(self, name: str, t: Any) -> Any:
-        held = self._pools.get(name)
+    def _layout(self, pages_moved: bool) -> PagedLayout:
+        return self.layout.moved() if pages_moved else self.layout
+
+    def _pool(self, name: str, t: Any, pages_moved: bool = False) -> Any:
+        held = self._pools.get((name, pages_moved))
         key = (id(t), t._version)
         if held is None or held[0] is not t or held[1] != key or held[3] != held[2]._version:
-            pool = pool_from_dense(t.detach(), self.layout)
+            pool = pool_from_dense(t.detach(), self._layout(pages_moved))
             held = (t, key, pool, pool._version)
-            self._pools[name] = held
+            self._pools[(name, pages_moved)] = held
         return held[2]
 
-    def __call__(self, q, k, v, *, mask=None, causal=False, scale=None, **extra):
+    def __call__(self, q, k, v, *, mask=None, causal=False, scale=None, pages_moved=False, **extra):
+        """pages_moved: the cache built with its pages elsewhere in the pool (PagedLayout.moved), the
+        block table saying where: the block table's argument probe (workload/arguments.py)."""
         import torch
         if mask is not None and mask is not self.own_mask:
             raise Unsupported(f"a paged cache takes its used lengths as key padding, not a mask tensor: this call has "
@@ -182,15 +187,20 @@ class PagedCall:
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise BackwardUnsupported("a paged KV cache is an inference layout: its kernels have no backward "
                                       "(forward measured without grad)")
-        return self.with_pools(q, self._pool("k", k), self._pool("v", v), causal=causal, scale=scale, **extra)
+        return self.with_pools(q, self._pool("k", k, pages_moved), self._pool("v", v, pages_moved), causal=causal,
+                               scale=scale, pages_moved=pages_moved, **extra)
 
-    def with_pools(self, q, k_pages, v_pages, **kwargs):
-        """The variant on pools the caller built (the paged check's: finite values in the unread slots)."""
+    def with_pools(self, q, k_pages, v_pages, pages_moved=False, **kwargs):
+        """The variant on pools the caller built (the paged check's: finite values in the unread slots),
+        laid out as the cell's layout says (pages_moved: as its moved layout says)."""
         import torch
-        if self._table is None or self._table[0].device != q.device:
-            self._table = (torch.tensor(self.layout.block_table, dtype=torch.int32, device=q.device),
-                           torch.tensor(self.layout.used, dtype=torch.int32, device=q.device))
-        block_table, seqused = self._table
+        held = self._tables.get(pages_moved)
+        if held is None or held[0].device != q.device:
+            layout = self._layout(pages_moved)
+            held = (torch.tensor(layout.block_table, dtype=torch.int32, device=q.device),
+                    torch.tensor(layout.used, dtype=torch.int32, device=q.device))
+            self._tables[pages_moved] = held
+        block_table, seqused = held
         return self.fn(q, k_pages, v_pages, block_table=block_table, seqused=seqused, **kwargs)
 
 

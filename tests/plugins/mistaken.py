@@ -277,6 +277,13 @@ def document_queries_early(q, k, v, **kw):
     return _document_ranges(q, k, v, query_shift=-1, **kw)
 
 
+def strides_ignored(q, k, v, **kw):
+    """Each of q, k, v read from its storage as a contiguous (B, H, T, d) block from where it starts."""
+    def raw(t):
+        return t if t.is_contiguous() else t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), t.shape)
+    return attention(raw(q), raw(k), raw(v), **kw)
+
+
 def _window_bounds(q, k, v, *, mask=None, causal=False, left=0, right=0, **kw):
     """A sliding window (read off the cell's window mask: row 0 sees its width w of keys) with its left
     end `left` keys wider and its right end `right`: keys j with -(w - 1 + left) <= j - i <= w - 1 + right."""
