@@ -102,7 +102,7 @@ OWN_DEFECT = {"broken.unscaled": "scale_missing", "broken.mask_after_softmax": "
               "broken.scale_ignored": "scale_ignored", "broken.softcap_fixed": "softcap_ignored",
               "broken.causal_ignored": "causal_ignored", "broken.mask_ignored": "mask_ignored",
               "broken.window_ignored": "window_ignored", "broken.window_left_inclusive": "window_left_inclusive",
-              "broken.strides_ignored": "strides_ignored"}
+              "broken.strides_ignored": "strides_ignored", "broken.block_table_stale": "block_table_ignored"}
 # a control of a warning-level defect (core.defects.WARNING_DEFECTS): the warnings it must get
 OWN_WARNINGS = {"broken.batch_dependent_splits": {"batch_invariance", "chunk_invariance"}}
 

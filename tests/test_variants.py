@@ -66,7 +66,7 @@ def test_builtin_registry_matches_names():
 
 
 def test_negative_controls_are_a_separate_name_space():
-    assert len(NEGATIVE_CONTROLS) == 33
+    assert len(NEGATIVE_CONTROLS) == 34
     assert set(NEGATIVE_CONTROLS) == {"broken.unscaled", "broken.mask_after_softmax", "broken.clamped",
                                       "broken.no_max_subtraction", "broken.softmax_wrong_dim",
                                       "broken.zero_keys_as_padding",
@@ -85,7 +85,7 @@ def test_negative_controls_are_a_separate_name_space():
                                       "broken.batch_dependent_splits",
                                       # the argument probes' (tests/test_arguments.py): one argument ignored each
                                       "broken.scale_ignored", "broken.softcap_fixed", "broken.causal_ignored",
-                                      "broken.mask_ignored", "broken.window_ignored"}
+                                      "broken.mask_ignored", "broken.window_ignored", "broken.block_table_stale"}
     assert set(variants.GQA_CONTROLS) <= set(NEGATIVE_CONTROLS)
     assert not set(NEGATIVE_CONTROLS) & set(BUILTIN_NAMES)
     for name in NEGATIVE_CONTROLS:

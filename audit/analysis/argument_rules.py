@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..workload.arguments import ARGUMENT_CONSEQUENCES, ARGUMENT_TITLES, NOT_HONOURED, STATUSES
+from ..workload.arguments import ARGUMENT_CONSEQUENCES, ARGUMENT_TITLES, ARGUMENTS, NOT_HONOURED, STATUSES
 from .finding_rows import _finding, _ok
 
 # A variant's status for one argument over its probed cells, the first that any cell has, in this
@@ -59,6 +59,9 @@ def check_arguments(frame: pd.DataFrame) -> list[dict]:
         if any(b[1] == "accepted" for b in bad):
             out.append(_accepted(variant, name, bad, probed[(variant, name)]))
             continue
+        if name in ARGUMENTS and ARGUMENTS[name].invariant:
+            out.append(_moved(variant, name, bad, probed[(variant, name)]))
+            continue
         ignored = [b for b in bad if b[1] == "ignored"]
         status = "ignored" if len(ignored) * 2 >= len(bad) else "misapplied"
         worst = max(bad, key=lambda b: _ratio(b[2]))
@@ -81,6 +84,23 @@ def check_arguments(frame: pd.DataFrame) -> list[dict]:
                        diagnosis_golden_err=found.get("err"))
         out.append(finding)
     return out
+
+
+def _moved(variant: str, name: str, bad: list[tuple[str, str, dict]], probed: int) -> dict:
+    """The finding of a change the output must not follow and did (workload.arguments: Argument.invariant)."""
+    title, change = ARGUMENT_TITLES.get(name, (name, "changed"))
+    nan = [b for b in bad if b[2].get("nan_appeared")]
+    cell, _, found = nan[0] if nan else max(bad, key=lambda b: _ratio({"err": b[2].get("moved"), **b[2]}))
+    how = ("rows turn NaN" if found.get("nan_appeared")
+           else f"it moves by RMSE {_fmt(found.get('moved'))}, budget {_fmt(found.get('budget'))}")
+    message = (f"{variant} ignores its `{name}` argument ({title}) in {len(bad)} of {probed} probed cell(s): when "
+               f"{change}, which changes nothing the golden computes, its output follows ({how}; at {cell}). "
+               f"{ARGUMENT_CONSEQUENCES.get(name, '')} Diagnosis: in {len(bad)} of {len(bad)} cell(s) {title} "
+               f"ignored: the output follows where the data sits, not what the argument says.").rstrip()
+    finding = _finding(ARGUMENT_CHECK, "error", variant, message, [b[0] for b in bad])
+    finding.update(argument=name, diagnosis=f"{name}_ignored", diagnosis_title=f"{title} ignored",
+                   diagnosis_cells=len(bad), diagnosis_err=None, diagnosis_golden_err=None)
+    return finding
 
 
 def _accepted(variant: str, name: str, bad: list[tuple[str, str, dict]], probed: int) -> dict:

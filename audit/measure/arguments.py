@@ -141,13 +141,13 @@ def argument_columns(cell: Any, call: Callable[[dict], Any], failure_reason: Cal
             moved, golden_moved = _rmse(mine_b - mine_a, rows), _rmse(golden_b - golden_a0, rows)
             err = _rmse((mine_b - mine_a) - (golden_b - golden_a0), rows)
         right_before = cell.columns.get("within_budget") is not False
+        evidence[name] = {"moved": moved, "golden_moved": golden_moved, "err": err, "budget": 2 * tol}
         if argument.invariant:          # a row finite before and not after moved, whatever the other rows did
             appeared = bool((seen_a & torch.isfinite(mine_a).all(-1) & ~torch.isfinite(mine_b).all(-1)).any())
-            moved = math.inf if appeared else moved
-            statuses[name] = _stays(moved, tol)
+            statuses[name] = _stays(math.inf if appeared else moved, tol)
+            evidence[name]["nan_appeared"] = appeared
         else:
             statuses[name] = judge(moved, golden_moved, err, tol, right_before)
-        evidence[name] = {"moved": moved, "golden_moved": golden_moved, "err": err, "budget": 2 * tol}
         if name == "scale" and lse_b is not None and cell.lse is not None:
             statuses["lse"], evidence["lse"] = _lse_follows(attempt, cell.lse, lse_b, kwargs["scale"], sliced, seen_a,
                                                             dtype, lse_baseline)

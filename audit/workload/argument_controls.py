@@ -6,6 +6,7 @@ variants._builtins registers them as `broken.<name>`.
 from __future__ import annotations
 
 from .eager import eager_attention
+from .varlen import paged_gather
 from .inputs import ScoreMod
 
 # name -> (the argument it ignores, what it does)
@@ -16,6 +17,9 @@ ARGUMENT_CONTROLS: dict[str, tuple[str, str]] = {
     "mask_ignored": ("mask", "takes `mask` and drops it (a mask passed where the kernel expects another argument)"),
     "window_ignored": ("window", "takes the sliding window's width and drops it: every key visible (a window "
                                  "accepted on one code path and lost on another)"),
+    "block_table_stale": ("block_table", "keeps the block table of its first call on its queries and reads later "
+                                         "calls' pages by it (a table captured once, as in a CUDA graph, and not "
+                                         "updated): right until the cache's pages move"),
 }
 # Each control's scenarios: those where its argument is probed (workload/arguments.py) and its
 # requirements (Variant.requires): a cell without the argument has nothing to show.
@@ -25,6 +29,7 @@ ARGUMENT_CONTROL_CELLS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "causal_ignored": (("normal",), {}),
     "mask_ignored": (("padding", "sliding_window"), {}),
     "window_ignored": (("sliding_window",), {}),
+    "block_table_stale": (("paged", "paged_edges"), {}),
 }
 GEMMA2_CAP = 50.0
 
@@ -48,6 +53,18 @@ def broken_causal_ignored(q, k, v, *, mask=None, causal=False, scale=None):
 def broken_mask_ignored(q, k, v, *, mask=None, causal=False, scale=None):
     """eager with the mask dropped."""
     return eager_attention(q, k, v, mask=None, causal=causal, scale=scale)
+
+
+FIRST_TABLE_ATTRIBUTE = "_audit_first_block_table"
+
+
+def broken_block_table_stale(q, k_pages, v_pages, *, block_table, seqused, mask=None, causal=False, scale=None):
+    """paged_gather by the block table of its first call on these queries (kept on the queries tensor, as
+    long as it lives)."""
+    if getattr(q, FIRST_TABLE_ATTRIBUTE, None) is None:
+        setattr(q, FIRST_TABLE_ATTRIBUTE, block_table.clone())
+    return paged_gather(q, k_pages, v_pages, block_table=getattr(q, FIRST_TABLE_ATTRIBUTE), seqused=seqused,
+                        mask=mask, causal=causal, scale=scale)
 
 
 def broken_window_ignored(q, k, v, *, mask=None, causal=False, scale=None, window=None):

@@ -116,14 +116,15 @@ class PagedLayout:
         return PagedLayout(self.page_size, self.used[:n], self.block_table[:n], self.pages, self.seed)
 
     def moved(self) -> "PagedLayout":
-        """The same sequences with every page at another place of the pool (a fixed shuffle of the page
-        numbers, the unlisted page included): what each sequence reads is unchanged, where it sits is
-        not. The block table's probe (workload/arguments.py): a kernel reading its pages through the
-        table returns the same output on both."""
+        """The same sequences with every page at another place of the pool (each page number to the next
+        in a fixed shuffled cycle of them all, the unlisted page included: none stays): what each sequence
+        reads is unchanged, where it sits is not. The block table's probe (workload/arguments.py): a
+        kernel reading its pages through the table returns the same output on both."""
         import random
         order = list(range(self.pages))
         random.Random(self.seed + 1).shuffle(order)
-        table = tuple(tuple(order[p] for p in row) for row in self.block_table)
+        to = {page: order[(i + 1) % len(order)] for i, page in enumerate(order)}
+        table = tuple(tuple(to[p] for p in row) for row in self.block_table)
         return PagedLayout(self.page_size, self.used, table, self.pages, self.seed)
 
     def used_pages(self, b: int) -> int:

@@ -418,6 +418,7 @@ def _layout_controls(no_sinks: Mapping[str, str]) -> list[Variant]:
         specs.append(Variant(BROKEN_PREFIX + name, f"NEGATIVE CONTROL (arguments): {ARGUMENT_CONTROLS[name][1]}",
                              (lambda a=getattr(argument_controls, f"broken_{name}"): a), family="broken",
                              reveals=reveals, requires=requires, forms=(form,) if form else (),
+                             causal_alignment="bottom-right" if form == "paged" else "top-left",
                              unsupported={k: v for k, v in no_extras.items() if k not in requires}))
     return specs
 
