@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     import pandas as pd
 
-__all__ = ["Unsupported", "__version__", "adapt", "code_version", "compare", "load", "merge", "report", "run",
-           "verdict"]
+__all__ = ["Unsupported", "__version__", "adapt", "code_version", "compare", "load", "merge", "model", "report",
+           "run", "verdict"]
 
 
 def run(preset: str | None = None, out: "str | Path | None" = None, **options: Any) -> "Path | None":
@@ -37,6 +37,16 @@ def run(preset: str | None = None, out: "str | Path | None" = None, **options: A
     (audit.commands.run.run says more)."""
     from .commands.run import run as _run
     return _run(preset, out, **options)
+
+
+def model(models: "Sequence[str] | None" = None, variants: "Sequence[str] | None" = None,
+          dtypes: "Sequence[str] | None" = None, out: "str | Path | None" = None) -> list:
+    """Does swapping the attention change the model? Small decoders (transformers, no download) run with
+    each variant as their attention in each dtype against float64, layer by layer; returns the records
+    (and writes them, their findings, page and figure to `out`). docs/model.md."""
+    from .commands import model as _model
+    return _model.model(models or _model.DEFAULT_MODELS, variants or _model.DEFAULT_VARIANTS,
+                        dtypes or _model.DEFAULT_DTYPES, out)
 
 
 def report(run_dir: "str | Path", out: "str | Path | None" = None) -> dict:

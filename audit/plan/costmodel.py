@@ -46,9 +46,8 @@ from ..measure.roofline import DTYPE_BYTES
 from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
 from ..workload.inputs import invariance_applies
 from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
-from .cell_work import (REFEREE_CALLS, REFUSAL_S, argument_compile_default_s, argument_compile_keys, argument_probes,
-                        refusal_probes,  # noqa: F401
-                        call_variant, compile_key, kernel_key, score_mod_of,
+from .cell_work import (REFEREE_CALLS, REFUSAL_S, argument_compile_default_s, argument_compile_keys, argument_probes,  # noqa: F401
+                        refusal_probes, call_variant, compile_key, kernel_key, score_mod_of,
                         checks_calls, declared_refusal, device_type, invariance_compile_keys, leak_probe_count,
                         masked_rows_checked, paged_call, predicted_unsupported, returns_lse, tensor_elems)
 from ..workload.variants import BROKEN_PREFIX, builtin_variants

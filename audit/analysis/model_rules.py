@@ -1,0 +1,87 @@
+"""The model audit's records judged (measure/model_audit.py): a variant whose error through the decoder
+grows past sdpa's in the same model and dtype, or that flips a next token sdpa does not."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from ..workload.model import DECISIVE_MARGIN
+from .finding_rows import _finding
+
+# The yardstick: what a transformers model runs by default, sdpa; where it cannot run (a model with sinks:
+# transformers' gpt-oss runs eager), eager
+MODEL_BASELINES: tuple[str, ...] = ("sdpa", "eager")
+MODEL_BASELINE = MODEL_BASELINES[0]
+ERROR_FACTOR = 2.0            # a final hidden-state error over this × the baseline's ...
+ERROR_FLOOR = 1e-3            # ... and over this (fp32's rounding is ~1e-7: no finding between two exact runs)
+GROWTH_FACTOR = 1.25          # a per-layer growth (median) over this × the baseline's, with the error over it
+MODEL_CHECKS: tuple[str, ...] = ("model_error", "model_top1_flip", "model_failed")
+
+
+def variant_rows(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
+    """The per-variant records (kind "variant") as a frame; empty when there are none."""
+    frame = records if isinstance(records, pd.DataFrame) else pd.DataFrame(list(records))
+    if frame.empty or "kind" not in frame.columns:
+        return pd.DataFrame()
+    return frame[frame["kind"] == "variant"].reset_index(drop=True)
+
+
+def _num(value: Any) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def check_model(records: list[dict] | pd.DataFrame) -> list[dict]:
+    """The model audit's findings: model_error, model_top1_flip (error), model_failed (warning)."""
+    rows = variant_rows(records)
+    if rows.empty:
+        return []
+    out = []
+    ok = rows[rows["status"] == "ok"] if "status" in rows.columns else rows.iloc[0:0]
+    for (model, dtype), group in ok.groupby(["model", "dtype"]):
+        present = [b for b in MODEL_BASELINES if (group["variant"] == b).any()]
+        if not present:
+            continue
+        yardstick = present[0]
+        base = group[group["variant"] == yardstick].iloc[0]
+        base_err, base_growth = _num(base.get("final_hidden_err")), _num(base.get("growth_median"))
+        base_flips = set(base.get("decisive_mismatches") or [])
+        for _, r in group[group["variant"] != yardstick].iterrows():
+            cell = f"{r['variant']} {model} {dtype}"
+            err, growth = _num(r.get("final_hidden_err")), _num(r.get("growth_median"))
+            worse = err is None or (base_err is not None and err > max(ERROR_FACTOR * base_err, ERROR_FLOOR))
+            faster = (growth is not None and base_growth is not None and growth > GROWTH_FACTOR * base_growth
+                      and err is not None and base_err is not None and err > max(base_err, ERROR_FLOOR))
+            if worse or faster:
+                why = ("its final hidden state is not finite" if err is None else
+                       f"its hidden state's error after the last layer is {err:.3g} against {yardstick}'s "
+                       f"{base_err:.3g}" + (f", growing {growth:.2f}× a layer (median) against {base_growth:.2f}×"
+                                            if growth is not None and base_growth is not None else ""))
+                out.append(_finding("model_error", "error", str(r["variant"]),
+                                    f"Swapping {yardstick} for {r['variant']} in the {model} decoder ({dtype}) "
+                                    f"changes the model: {why}; next-token KL {_fmt(r.get('kl'))}, top-1 agreement "
+                                    f"with float64 {_fmt(r.get('top1_agreement'))}.", [cell]))
+            flips = sorted(set(r.get("decisive_mismatches") or []) - base_flips)
+            if flips:
+                out.append(_finding("model_top1_flip", "error", str(r["variant"]),
+                                    f"In the {model} decoder ({dtype}), {r['variant']} changes the most likely next "
+                                    f"token at {len(flips)} position(s) where float64's leads by more than "
+                                    f"{DECISIVE_MARGIN} nats and {yardstick} keeps it (first: "
+                                    f"position {flips[0]}); vLLM's logprob check "
+                                    f"{'passes' if r.get('logprob_check') else 'fails'} there.", [cell]))
+    bad = rows[rows["status"] == "failed"] if "status" in rows.columns else rows.iloc[0:0]
+    for _, r in bad.iterrows():
+        out.append(_finding("model_failed", "warning", str(r["variant"]),
+                            f"{r['variant']} failed in the {r['model']} decoder ({r['dtype']}): {r.get('reason')}",
+                            [f"{r['variant']} {r['model']} {r['dtype']}"]))
+    return out
+
+
+def _fmt(value: Any) -> str:
+    v = _num(value)
+    return "n/a" if v is None else f"{v:.3g}"

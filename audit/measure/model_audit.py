@@ -1,0 +1,227 @@
+"""The model audit: a small decoder (workload/model.py) run with each variant as its attention function,
+in each dtype, against the same model in float64 with float64 attention, layer by layer.
+
+Per variant and dtype (one record each, MODEL_SCHEMA):
+- hidden_err[l]: the hidden state's error after layer l + 1, RMSE relative to the float64 run's RMS;
+- attn_err[l]: the attention block's own output (after o_proj) the same way;
+- growth_median, growth_max: hidden_err[l + 1] / hidden_err[l] over the layers (how error compounds);
+- kl: KL(float64 || variant) of the next-token distribution, mean over every position; top1_agreement:
+  the fraction of positions whose most likely token is the float64 run's; logprob_check (vLLM's
+  check_logprobs_close): at the first position where the two most likely tokens differ, each is in the
+  other's top LOGPROB_TOP_K; first_divergence: that position (None: none differs); top1_mismatches: every
+  such position (b · T + t); decisive_mismatches: those where float64's top token leads the next by more
+  than DECISIVE_MARGIN (a near tie flips with any rounding);
+- batch_max_diff, batch_bitwise: the first prompt alone against the same prompt in the batch (logits);
+- chunk_max_diff: the prompt's last half prefilled after its first half (a KV cache) against one
+  prefill (logits of the last half), relative to their RMS.
+The float64 run's spread is recorded once (reference record): the attention logits' std per layer, the
+share of peaked heads, the next-token entropy and most likely token's probability.
+
+Imports torch in the functions only.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any, Callable
+
+from ..core.errors import BackwardUnsupported, Unsupported
+from ..workload.model import (DECISIVE_MARGIN, ModelSpec, as_transformers_attention, build_model, prompts,
+                              register_variant)
+
+MODEL_SCHEMA = 1
+LOGPROB_TOP_K = 5                 # vLLM's check_logprobs_close default
+
+PEAKED_ENTROPY_FRACTION = 0.3     # a head is peaked when its rows' entropy is under this share of ln(keys seen)
+REFERENCE_NAME = "audit_model_float64"
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _name(variant: str) -> str:
+    """The transformers registry name of an audited variant."""
+    return "audit_model_" + "".join(c if c.isalnum() else "_" for c in variant)
+
+
+class Trace:
+    """What one forward leaves: each layer's output hidden state and attention output (float64 copies),
+    and the logits (B, T, V)."""
+
+    def __init__(self, model: Any) -> None:
+        self.hidden: list[Any] = []
+        self.attn: list[Any] = []
+        self._hooks = []
+        for layer in model.model.layers:
+            self._hooks.append(layer.register_forward_hook(self._keep(self.hidden)))
+            self._hooks.append(layer.self_attn.register_forward_hook(self._keep(self.attn)))
+
+    @staticmethod
+    def _keep(into: list) -> Callable:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            out = output[0] if isinstance(output, (tuple, list)) else output
+            into.append(out.detach().double())                                   # (B, T, hidden)
+        return hook
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+def _forward(model: Any, ids: Any, **kwargs: Any) -> tuple[Any, Trace]:
+    import torch
+    trace = Trace(model)
+    try:
+        with torch.no_grad():
+            out = model(ids, **kwargs)
+    finally:
+        trace.close()
+    return out, trace
+
+
+def _relative(x: Any, ref: Any) -> float:
+    """RMSE(x - ref) / RMS(ref)."""
+    num = float(((x - ref) ** 2).mean().sqrt())
+    den = float((ref ** 2).mean().sqrt())
+    return num / den if den > 0 else num
+
+
+class Reference:
+    """The float64 model with float64 attention (the audit's eager) on the spec's prompts, and the
+    spread its logits show."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        import torch
+        from ..workload.variants import builtin_variants
+        self.spec = spec
+        self._logit_std: dict[int, list[float]] = {}
+        self._peaked: list[bool] = []
+        eager = builtin_variants()["eager"].build()
+        register_variant(REFERENCE_NAME, as_transformers_attention(eager, True, self._record))
+        self.model = build_model(spec, REFERENCE_NAME)
+        self.ids = prompts(spec)                                                  # (B, T)
+        out, self.trace = _forward(self.model, self.ids)
+        self.logits = out.logits.double()                                         # (B, T, V)
+        self._record_on = False
+        probs = torch.softmax(self.logits, -1)
+        self.stats = {
+            "kind": "reference", "model": spec.name, "schema": MODEL_SCHEMA,
+            "logit_std": [float(sum(v) / len(v)) for _, v in sorted(self._logit_std.items())],
+            "peaked_heads": float(sum(self._peaked) / max(1, len(self._peaked))),
+            "next_token_entropy": float(-(probs * torch.log(probs.clamp_min(1e-300))).sum(-1).mean()),
+            "next_token_top1_prob": float(probs.max(-1).values.mean()),
+        }
+
+    _record_on = True
+
+    def _record(self, module: Any, q: Any, k: Any) -> None:
+        """The float64 run's attention logits: their std over the keys each query sees, per layer, and
+        which heads are peaked (mean row entropy under PEAKED_ENTROPY_FRACTION of ln(keys seen))."""
+        import torch
+        if not self._record_on:
+            return
+        group = q.shape[1] // k.shape[1]
+        kk = k.repeat_interleave(group, dim=1)                                    # (B, H, T, d)
+        scores = (q @ kk.transpose(-2, -1)) * module.scaling                     # (B, H, T, T)
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+        window = getattr(module, "sliding_window", None)
+        if window:
+            keep &= ~torch.ones_like(keep).tril(-window)
+        seen = scores.masked_select(keep)
+        self._logit_std.setdefault(module.layer_idx, []).append(float(seen.std()))
+        p = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1)
+        entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)                   # (B, H, T)
+        rows = keep.sum(-1).double().log().clamp_min(1e-9)                       # (T,)
+        share = (entropy[..., 1:] / rows[1:]).mean(dim=(0, 2))                    # (H,)
+        self._peaked.extend(bool(s < PEAKED_ENTROPY_FRACTION) for s in share)
+
+
+def audit_variant(ref: Reference, variant: Any, dtype: str) -> dict[str, Any]:
+    """One record: the model with `variant` as its attention, in `dtype`, against the float64 run."""
+    import torch
+    spec = ref.spec
+    base = {"kind": "variant", "model": spec.name, "schema": MODEL_SCHEMA, "variant": variant.name, "dtype": dtype}
+    name = _name(variant.name)
+    takes_sinks = "sinks" not in variant.unsupported
+    refusal = variant.refusal(spec.needs())
+    if refusal:
+        return {**base, "status": "skipped", "reason": refusal}
+    try:
+        fn = variant.build()
+        register_variant(name, as_transformers_attention(fn, takes_sinks))
+        model = copy.deepcopy(ref.model).to(getattr(torch, DTYPES[dtype]))
+        model.config._attn_implementation = name
+        start = time.perf_counter()
+        out, trace = _forward(model, ref.ids)
+        logits = out.logits.double()                                              # (B, T, V)
+        columns = _compare(ref, trace, logits)
+        columns.update(_batch_invariance(model, ref.ids, logits), **_chunked(model, ref.ids, logits))
+        columns["seconds"] = time.perf_counter() - start
+    except (Unsupported, BackwardUnsupported) as exc:
+        return {**base, "status": "skipped", "reason": str(exc)[:300]}
+    except Exception as exc:  # noqa: BLE001 - a variant that fails in the model: its record says why
+        return {**base, "status": "failed", "reason": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}
+    return {**base, "status": "ok", "reason": None, **columns}
+
+
+def _compare(ref: Reference, trace: Trace, logits: Any) -> dict[str, Any]:
+    import torch
+    hidden = [_relative(x, r) for x, r in zip(trace.hidden, ref.trace.hidden)]
+    attn = [_relative(x, r) for x, r in zip(trace.attn, ref.trace.attn)]
+    growth = [b / a for a, b in zip(hidden, hidden[1:]) if a > 0 and math.isfinite(a) and math.isfinite(b)]
+    p_ref = torch.log_softmax(ref.logits, -1)                                     # (B, T, V)
+    p = torch.log_softmax(logits, -1)
+    kl = float((p_ref.exp() * (p_ref - p)).sum(-1).mean())
+    top_ref, top = ref.logits.argmax(-1), logits.argmax(-1)                        # (B, T)
+    agree = top_ref == top
+    two = p_ref.topk(2, dim=-1).values                                            # (B, T, 2)
+    decisive = (two[..., 0] - two[..., 1]) > DECISIVE_MARGIN                      # (B, T)
+    first, check = None, True
+    flat = (~agree).flatten().nonzero()
+    if len(flat):
+        first = int(flat[0])
+        b, t = divmod(first, agree.shape[1])
+        k_ref = ref.logits[b, t].topk(LOGPROB_TOP_K).indices.tolist()
+        k_var = logits[b, t].topk(LOGPROB_TOP_K).indices.tolist()
+        check = int(top[b, t]) in k_ref and int(top_ref[b, t]) in k_var
+    finite = all(math.isfinite(h) for h in hidden)
+    return {"layers": len(hidden), "hidden_err": hidden, "attn_err": attn,
+            "final_hidden_err": hidden[-1] if hidden else None,
+            "growth_median": float(sorted(growth)[len(growth) // 2]) if growth else None,
+            "growth_max": max(growth) if growth else None,
+            "kl": kl if math.isfinite(kl) else None, "top1_agreement": float(agree.double().mean()),
+            "top1_mismatches": flat[:, 0].tolist(),
+            "decisive_mismatches": [int(i) for i in flat[:, 0].tolist() if decisive.flatten()[i]],
+            "logprob_check": check if finite else False, "first_divergence": first}
+
+
+def _batch_invariance(model: Any, ids: Any, logits: Any) -> dict[str, Any]:
+    """The first prompt alone against the same prompt in the batch."""
+    if ids.shape[0] < 2:
+        return {"batch_max_diff": None, "batch_bitwise": None}
+    out, _ = _forward(model, ids[:1])
+    alone = out.logits.double()[0]
+    return {"batch_max_diff": float((alone - logits[0]).abs().max()), "batch_bitwise": bool((alone == logits[0]).all())}
+
+
+def _chunked(model: Any, ids: Any, logits: Any) -> dict[str, Any]:
+    """The prompt's first half prefilled into a KV cache, then its last half: the last half's logits
+    against one prefill's, relative to their RMS."""
+    import inspect
+    from transformers import DynamicCache
+    half = ids.shape[1] // 2
+    cache = DynamicCache()
+    # transformers 5.x renames past_key_values to cache (the old name goes in 5.40)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    _forward(model, ids[:, :half], **{name: cache}, use_cache=True)
+    out, _ = _forward(model, ids[:, half:], **{name: cache}, use_cache=True)
+    return {"chunk_err": _relative(out.logits.double(), logits[:, half:])}
+
+
+def audit_model(spec: ModelSpec, variants: list[Any], dtypes: list[str]) -> list[dict[str, Any]]:
+    """The reference record, then one record per variant and dtype."""
+    ref = Reference(spec)
+    records = [ref.stats]
+    for variant in variants:
+        for dtype in dtypes:
+            records.append(audit_variant(ref, variant, dtype))
+    return records

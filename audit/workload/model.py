@@ -1,0 +1,194 @@
+"""Small decoders for the model audit: does swapping the attention change the model's output?
+
+A ModelSpec is a transformers config in code (Llama-style, or gpt-oss-style with sinks and sliding-window
+layers), built with no download, its weights drawn from a seed and shaped as a trained model's behave
+(shape_weights): random weights give near-uniform attention and next-token distributions, which hide
+every error. Each audited variant is registered as a transformers attention function
+(register_variant), so the model calls it exactly where it calls its own. measure/model_audit.py runs
+it against the same model in float64 with float64 attention.
+
+Imports no torch or transformers at module level.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..core.errors import UsageError
+
+# Shaping (docs/model.md): the attention logits' std a trained model shows (3-5), every fourth head
+# twice as sharp (a peaked head), and the next-token logits' std that makes the distribution peaked
+ATTENTION_LOGIT_STD = 4.0
+PEAKED_HEAD_FACTOR = 2.0
+NEXT_TOKEN_LOGIT_STD = 6.0
+ATTENTION_BLOCK_SCALE = 0.5   # the attention block's output RMS against the residual stream's (about 1)
+RESIDUAL_STD = 0.02            # the MLP's output projection: its block small beside attention's
+# A position is decisive when float64's most likely token leads the next by this much log-probability:
+# nearer ties flip with any rounding (sdpa's own bf16 flips them), so only decisive flips are findings
+DECISIVE_MARGIN = 0.5
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder the model audit builds: its family (llama | gpt_oss), size and prompt."""
+
+    name: str
+    family: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    seq_len: int                   # the prompt's tokens
+    batch: int                     # prompts
+    sliding_window: int | None = None   # gpt_oss: every other layer attends in this window
+    seed: int = 0
+
+    @property
+    def intermediate(self) -> int:
+        return 2 * self.hidden
+
+    def needs(self) -> set[str]:
+        """What its attention asks of a variant (variants.FEATURES): sinks (gpt-oss), GQA."""
+        return ({"sinks"} if self.family == "gpt_oss" else set()) | ({"gqa"} if self.kv_heads < self.heads else set())
+
+
+MODEL_SPECS: dict[str, ModelSpec] = {s.name: s for s in (
+    ModelSpec("llama-tiny", "llama", layers=4, hidden=64, heads=4, kv_heads=2, head_dim=16, vocab=256, seq_len=48,
+              batch=2),
+    ModelSpec("gpt-oss-tiny", "gpt_oss", layers=4, hidden=64, heads=4, kv_heads=2, head_dim=16, vocab=256,
+              seq_len=48, batch=2, sliding_window=16),
+    ModelSpec("llama-small", "llama", layers=8, hidden=256, heads=8, kv_heads=2, head_dim=32, vocab=1024,
+              seq_len=256, batch=2),
+    ModelSpec("gpt-oss-small", "gpt_oss", layers=8, hidden=256, heads=8, kv_heads=2, head_dim=32, vocab=1024,
+              seq_len=256, batch=2, sliding_window=64),
+)}
+FAMILIES: tuple[str, ...] = ("llama", "gpt_oss")
+
+
+def check_model_name(name: str) -> ModelSpec:
+    if name not in MODEL_SPECS:
+        raise UsageError(f"--model: unknown model {name!r}; allowed: {', '.join(MODEL_SPECS)}")
+    return MODEL_SPECS[name]
+
+
+def _config(spec: ModelSpec, attention: str) -> Any:
+    """The transformers config of `spec`, calling the attention function registered as `attention`."""
+    common = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                  num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+                  head_dim=spec.head_dim, tie_word_embeddings=False)
+    if spec.family == "llama":
+        from transformers import LlamaConfig
+        config = LlamaConfig(**common, max_position_embeddings=4 * spec.seq_len)
+    else:
+        from transformers import GptOssConfig
+        config = GptOssConfig(**common, sliding_window=spec.sliding_window, num_local_experts=4,
+                              experts_implementation="eager",      # grouped_mm takes no float64
+                              num_experts_per_tok=2,
+                              layer_types=["sliding_attention" if i % 2 == 0 else "full_attention"
+                                           for i in range(spec.layers)])
+    config._attn_implementation = attention
+    return config
+
+
+def build_model(spec: ModelSpec, attention: str) -> Any:
+    """The decoder of `spec`, its weights drawn from spec.seed and shaped (shape_weights), in float64,
+    eval mode, calling the attention function registered as `attention`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+    logging.set_verbosity_error()            # its config notes (RoPE defaults) are not the audit's findings
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(_config(spec, attention), dtype=torch.float64)
+    shape_weights(model, spec)
+    return model.eval()
+
+
+def shape_weights(model: Any, spec: ModelSpec) -> None:
+    """Weights whose attention and next-token distributions are peaked as a trained model's.
+
+    After RMSNorm each hidden element has unit RMS, so a query or key element drawn with std σ has
+    variance hidden·σ², and a logit q·k·d^-1/2 has std hidden·σ_q·σ_k: σ_q = σ_k = sqrt(std / hidden)
+    gives ATTENTION_LOGIT_STD; every fourth query head is PEAKED_HEAD_FACTOR sharper. The next-token
+    logits (after the final norm) get std NEXT_TOKEN_LOGIT_STD from lm_head's σ = std / sqrt(hidden);
+    embeddings are N(0, 1); values have unit std (v_proj σ = hidden^-1/2) and the attention block's
+    output ATTENTION_BLOCK_SCALE of the residual stream's RMS (o_proj σ = scale / sqrt(H·d)), so an
+    attention error reaches the stream as it does in a trained model; the MLP's output is small
+    (N(0, RESIDUAL_STD²)). The spread measured is recorded
+    (measure/model_audit.py: logit_std, next_token_entropy)."""
+    import math
+    import torch
+    gen = torch.Generator().manual_seed(spec.seed)
+
+    def draw(weight: Any, std: float) -> None:
+        weight.copy_(torch.randn(weight.shape, generator=gen, dtype=torch.float64) * std)
+
+    # RoPE's attention scaling (gpt-oss's YaRN: about 1.35) multiplies q and k: divided out here
+    rope_scale = float(getattr(model.model.rotary_emb, "attention_scaling", 1.0) or 1.0)
+    qk_std = math.sqrt(ATTENTION_LOGIT_STD / spec.hidden) / rope_scale
+    with torch.no_grad():
+        draw(model.get_input_embeddings().weight, 1.0)
+        draw(model.lm_head.weight, NEXT_TOKEN_LOGIT_STD / math.sqrt(spec.hidden))
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            draw(attn.q_proj.weight, qk_std)
+            draw(attn.k_proj.weight, qk_std)
+            q = attn.q_proj.weight.view(spec.heads, spec.head_dim, spec.hidden)       # (H, d, hidden)
+            q[::4] *= PEAKED_HEAD_FACTOR
+            draw(attn.v_proj.weight, 1.0 / math.sqrt(spec.hidden))                    # v elements of unit std
+            draw(attn.o_proj.weight, ATTENTION_BLOCK_SCALE / math.sqrt(spec.heads * spec.head_dim))
+            for name, param in layer.mlp.named_parameters():
+                if "down" in name:                                  # the MLP's output projection(s)
+                    draw(param, RESIDUAL_STD)
+            if getattr(attn, "sinks", None) is not None:
+                attn.sinks.copy_(torch.randn(attn.sinks.shape, generator=gen, dtype=torch.float64) + 2.0)
+
+
+def prompts(spec: ModelSpec) -> Any:
+    """(batch, seq_len) token ids drawn from spec.seed + 1."""
+    import torch
+    gen = torch.Generator().manual_seed(spec.seed + 1)
+    return torch.randint(0, spec.vocab, (spec.batch, spec.seq_len), generator=gen)
+
+
+def as_transformers_attention(fn: Callable[..., Any], takes_sinks: bool,
+                              record: Callable[[Any, Any, Any], None] | None = None) -> Callable[..., Any]:
+    """An audit variant (variants.py's contract) as a transformers attention function:
+    f(module, q, k, v, attention_mask, scaling, dropout, s_aux=None, **kw) -> (out (B, T, H, d), None).
+    transformers hands q (B, H, Tq, d), k, v (B, Hkv, Tk, d) and the bool mask of register_variant's
+    mask function (True = attend; causal, the window and padding in it), so the variant gets causal=False.
+    record(module, q, k): called first (the float64 run's logit statistics)."""
+
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, s_aux=None, **kwargs):
+        if record is not None:
+            record(module, query, key)
+        if attention_mask is None:
+            raise ValueError("transformers handed no attention mask: the mask function registered with the "
+                             "variant (register_variant) was not used")
+        call = dict(mask=attention_mask, causal=False, scale=scaling)
+        if s_aux is not None:
+            if not takes_sinks:
+                from ..core.errors import Unsupported
+                raise Unsupported("the model's layers have sinks (gpt-oss) and this variant takes none")
+            call["sinks"] = s_aux.to(query.dtype)
+        out = fn(query, key, value, **call)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        return out.transpose(1, 2).contiguous(), None                             # (B, Tq, H, d)
+    return attention
+
+
+def register_variant(name: str, attention: Callable[..., Any]) -> None:
+    """Register `attention` with transformers as `name`, with a mask function that always builds
+    the bool mask (never skips it for is_causal): every variant is handed its masking."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, _always_a_mask)
+
+
+def _always_a_mask(*args: Any, **kwargs: Any) -> Any:
+    """transformers' sdpa_mask, never skipped: transformers passes allow_is_causal_skip=True itself (a None
+    mask then means causal for SDPA alone), so it is overridden here."""
+    from transformers.masking_utils import sdpa_mask
+    return sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})

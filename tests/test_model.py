@@ -1,0 +1,79 @@
+"""The model audit (audit/measure/model_audit.py): small decoders built from a config in code, each
+variant as their attention, against float64 layer by layer. A variant with a known per-call error has a
+larger model-level error than sdpa and gets a finding; sdpa and eager get none; the weights are shaped
+(peaked attention and next tokens); chunked prefill and a batch of one agree with one prefill."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    import audit
+    out = tmp_path_factory.mktemp("model")
+    records = audit.model(["llama-tiny"], ["eager", "sdpa", "broken.unscaled"], ["fp32", "bf16"], out)
+    return records, out
+
+
+def _run(records, variant, dtype):
+    return next(r for r in records if r.get("variant") == variant and r.get("dtype") == dtype)
+
+
+def test_a_variant_with_a_per_call_error_has_a_larger_model_error_than_sdpa_and_a_finding(llama):
+    from audit.analysis.model_rules import check_model
+    records, _ = llama
+    for dtype in ("fp32", "bf16"):
+        sdpa, broken = _run(records, "sdpa", dtype), _run(records, "broken.unscaled", dtype)
+        assert sdpa["status"] == broken["status"] == "ok"
+        assert broken["final_hidden_err"] > 10 * max(sdpa["final_hidden_err"], 1e-6)
+        assert broken["kl"] > 10 * sdpa["kl"] and broken["top1_agreement"] < sdpa["top1_agreement"]
+        assert len(broken["hidden_err"]) == broken["layers"] == 4
+    assert _run(records, "sdpa", "fp32")["final_hidden_err"] < 1e-5 < _run(records, "sdpa", "bf16")["final_hidden_err"]
+    found = check_model(records)
+    assert {f["variant"] for f in found} == {"broken.unscaled"}
+    assert {f["check"] for f in found} == {"model_error", "model_top1_flip"}
+
+
+def test_the_weights_are_shaped_as_a_trained_models(llama):
+    records, _ = llama
+    ref = next(r for r in records if r["kind"] == "reference")
+    assert all(3.0 <= s <= 8.0 for s in ref["logit_std"]) and len(ref["logit_std"]) == 4
+    assert ref["next_token_top1_prob"] > 0.3                       # uniform over 256 tokens: 0.004
+
+
+def test_a_batch_of_one_and_a_chunked_prefill_agree_with_one_prefill_in_float(llama):
+    records, _ = llama
+    eager = _run(records, "eager", "fp32")
+    assert eager["batch_bitwise"] is True and eager["chunk_err"] < 1e-5
+
+
+def test_the_page_figure_and_records_are_written(llama):
+    _, out = llama
+    lines = [json.loads(line) for line in (out / "model.jsonl").read_text().splitlines()]
+    assert len(lines) == 7 and lines[0]["kind"] == "reference"
+    assert (out / "model_error.png").stat().st_size > 1000
+    page = (out / "index.md").read_text()
+    assert "Model audit" in page and "broken.unscaled" in page and "model_error.png" in page
+
+
+def test_a_sink_model_runs_the_variants_that_take_sinks_and_skips_the_others():
+    import audit
+    records = audit.model(["gpt-oss-tiny"], ["eager", "sdpa"], ["fp32"])
+    assert _run(records, "eager", "fp32")["status"] == "ok"
+    sdpa = _run(records, "sdpa", "fp32")
+    assert sdpa["status"] == "skipped" and "sinks" in sdpa["reason"]
+
+
+def test_the_command_line_names_a_bad_model(tmp_path):
+    got = subprocess.run([sys.executable, "-m", "audit", "model", "--model", "gpt5", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert got.returncode == 2 and "unknown model 'gpt5'" in got.stderr and "llama-tiny" in got.stderr
