@@ -78,29 +78,33 @@ def check_arguments(frame: pd.DataFrame) -> list[dict]:
         message += (f" Diagnosis: in {len(same)} of {len(bad)} cell(s) {diagnosis_title}: "
                     + ("changing it leaves the output as it was." if status == "ignored"
                        else "the output moves, but not as the golden's."))
-        finding = _finding(ARGUMENT_CHECK, "error", variant, message, [b[0] for b in bad])
-        finding.update(argument=name, diagnosis=f"{name}_{status}", diagnosis_title=diagnosis_title,
-                       diagnosis_cells=len(same), diagnosis_err=found.get("moved") if status == "ignored" else None,
-                       diagnosis_golden_err=found.get("err"))
-        out.append(finding)
+        out.append(_argument_finding(variant, name, status, message, [b[0] for b in bad], len(same),
+                                     found.get("moved") if status == "ignored" else None, found.get("err")))
     return out
+
+
+def _argument_finding(variant: str, name: str, status: str, message: str, cells: list[str], diagnosed: int,
+                      err: Any = None, golden_err: Any = None) -> dict:
+    """The argument_ignored finding of one variant and argument, diagnosed `<argument>_<status>`."""
+    title = ARGUMENT_TITLES.get(name, (name, ""))[0]
+    finding = _finding(ARGUMENT_CHECK, "error", variant, message, cells)
+    finding.update(argument=name, diagnosis=f"{name}_{status}", diagnosis_title=f"{title} {status}",
+                   diagnosis_cells=diagnosed, diagnosis_err=err, diagnosis_golden_err=golden_err)
+    return finding
 
 
 def _moved(variant: str, name: str, bad: list[tuple[str, str, dict]], probed: int) -> dict:
     """The finding of a change the output must not follow and did (workload.arguments: Argument.invariant)."""
     title, change = ARGUMENT_TITLES.get(name, (name, "changed"))
     nan = [b for b in bad if b[2].get("nan_appeared")]
-    cell, _, found = nan[0] if nan else max(bad, key=lambda b: _ratio({"err": b[2].get("moved"), **b[2]}))
+    cell, _, found = nan[0] if nan else max(bad, key=lambda b: _ratio({**b[2], "err": b[2].get("moved")}))
     how = ("rows turn NaN" if found.get("nan_appeared")
            else f"it moves by RMSE {_fmt(found.get('moved'))}, budget {_fmt(found.get('budget'))}")
     message = (f"{variant} ignores its `{name}` argument ({title}) in {len(bad)} of {probed} probed cell(s): when "
                f"{change}, which changes nothing the golden computes, its output follows ({how}; at {cell}). "
                f"{ARGUMENT_CONSEQUENCES.get(name, '')} Diagnosis: in {len(bad)} of {len(bad)} cell(s) {title} "
                f"ignored: the output follows where the data sits, not what the argument says.").rstrip()
-    finding = _finding(ARGUMENT_CHECK, "error", variant, message, [b[0] for b in bad])
-    finding.update(argument=name, diagnosis=f"{name}_ignored", diagnosis_title=f"{title} ignored",
-                   diagnosis_cells=len(bad), diagnosis_err=None, diagnosis_golden_err=None)
-    return finding
+    return _argument_finding(variant, name, "ignored", message, [b[0] for b in bad], len(bad))
 
 
 def _accepted(variant: str, name: str, bad: list[tuple[str, str, dict]], probed: int) -> dict:
@@ -111,10 +115,7 @@ def _accepted(variant: str, name: str, bad: list[tuple[str, str, dict]], probed:
                f"probed cell(s): {found.get('heads', '?')} query heads against {found.get('kv_heads', '?')} "
                f"key/value heads returned shape {found.get('returned', '?')} (at {cell}). "
                f"{ARGUMENT_CONSEQUENCES.get(name, '')}").rstrip()
-    finding = _finding(ARGUMENT_CHECK, "error", variant, message, [b[0] for b in bad])
-    finding.update(argument=name, diagnosis=f"{name}_accepted", diagnosis_title=f"{title} accepted",
-                   diagnosis_cells=len(bad), diagnosis_err=None, diagnosis_golden_err=None)
-    return finding
+    return _argument_finding(variant, name, "accepted", message, [b[0] for b in bad], len(bad))
 
 
 def _ratio(found: dict[str, Any]) -> float:
