@@ -77,3 +77,25 @@ def test_the_command_line_names_a_bad_model(tmp_path):
     got = subprocess.run([sys.executable, "-m", "audit", "model", "--model", "gpt5", "--out", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True)
     assert got.returncode == 2 and "unknown model 'gpt5'" in got.stderr and "llama-tiny" in got.stderr
+
+
+def _rec(variant, err, flips, status="ok", growth=1.3, dtype="bf16"):
+    return {"kind": "variant", "model": "m", "variant": variant, "dtype": dtype, "status": status,
+            "final_hidden_err": err, "growth_median": growth, "decisive_mismatches": flips, "kl": 0.01,
+            "top1_agreement": 0.9, "logprob_check": True, "reason": "RuntimeError: x" if status == "failed" else None}
+
+
+def test_the_rules_tell_rounding_from_a_changed_model():
+    """Flips within what the yardstick's own rounding flips are not a finding; an error twice sdpa's is;
+    a variant failing in the model is a warning; with no sdpa, eager is the yardstick."""
+    from audit.analysis.model_rules import check_model
+    sdpa = _rec("sdpa", 0.05, list(range(6)))
+    rounding = _rec("eager", 0.056, [0, 1, 10, 11, 12, 13, 14, 15, 16, 17])        # 8 beyond sdpa's 6
+    wrong = _rec("k", 0.06, list(range(100, 115)))                                 # 15 > 2 · 6 + 2
+    far = _rec("far", 0.2, [])
+    failed = _rec("bad", None, [], status="failed")
+    found = {(f["check"], f["variant"]) for f in check_model([sdpa, rounding, wrong, far, failed])}
+    assert found == {("model_top1_flip", "k"), ("model_error", "far"), ("model_failed", "bad")}
+    no_sdpa = check_model([_rec("eager", 0.05, []), _rec("far", 0.2, [])])
+    assert [(f["check"], f["variant"]) for f in no_sdpa] == [("model_error", "far")]
+    assert check_model([]) == [] and check_model([{"kind": "reference", "model": "m"}]) == []
