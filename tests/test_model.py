@@ -99,3 +99,24 @@ def test_the_rules_tell_rounding_from_a_changed_model():
     no_sdpa = check_model([_rec("eager", 0.05, []), _rec("far", 0.2, [])])
     assert [(f["check"], f["variant"]) for f in no_sdpa] == [("model_error", "far")]
     assert check_model([]) == [] and check_model([{"kind": "reference", "model": "m"}]) == []
+
+
+def test_the_quick_preset_runs_the_model_audit_after_its_cells_and_reports_it(quick_run):
+    """The quick preset's models (llama-tiny, gpt-oss-tiny) with the run's eligible variants: the records,
+    the findings of the controls among them in model_findings.json, the section and its figure; its time is a
+    part of the run's time split."""
+    import json as _json
+    from audit.core.runfolder import MODEL_FILE
+    records = [_json.loads(line) for line in (quick_run / MODEL_FILE).read_text().splitlines()]
+    assert {r["model"] for r in records if r["kind"] == "reference"} == {"llama-tiny", "gpt-oss-tiny"}
+    ran = {(r["model"], r["variant"]) for r in records if r.get("status") == "ok"}
+    assert {("llama-tiny", "sdpa"), ("llama-tiny", "broken.unscaled"), ("gpt-oss-tiny", "broken.sink_ignored")} <= ran
+    found = _json.loads((quick_run / "model_findings.json").read_text())
+    assert not [f for f in _json.loads((quick_run / "findings.json").read_text()) if f["check"].startswith("model_")]
+    model = {(f["check"], f["variant"]) for f in found}
+    assert ("model_error", "broken.unscaled") in model and ("model_error", "broken.sink_ignored") in model
+    assert not [v for _, v in model if not v.startswith("broken.")]
+    page = (quick_run / "index.md").read_text()
+    assert "## Model audit" in page and (quick_run / "model_error.png").is_file()
+    parts = _json.loads((quick_run / "run.json").read_text())["time_split"]["parts_s"]
+    assert parts["model audit"] > 0

@@ -559,13 +559,32 @@ def _guarded(rule: Callable[[pd.DataFrame], list[dict]], frame: pd.DataFrame) ->
 
 
 def write_findings(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Compute findings from DIR's records and write DIR/findings.json."""
+    """Compute findings from DIR's records and write DIR/findings.json (and the model audit's to
+    DIR/model_findings.json where the run made one)."""
     from ..core.records import load
 
+    from ..core.runfolder import MODEL_FINDINGS_FILE
     found = compute_findings(load(run_dir))
     path = Path(run_dir) / FINDINGS_FILE
     path.write_text(json.dumps(found, indent=1, default=_json_default) + "\n")
+    if read_model_records(run_dir):       # the model audit's own, beside (its runs are not cells: no repro script)
+        (Path(run_dir) / MODEL_FINDINGS_FILE).write_text(json.dumps(model_findings(run_dir), indent=1) + "\n")
     return found
+
+
+def read_model_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """DIR/model.jsonl's records (the model audit's), [] where the run made none."""
+    from ..core.runfolder import MODEL_FILE
+    path = Path(run_dir) / MODEL_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def model_findings(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The model audit's findings (analysis/model_rules.py) of DIR's model.jsonl."""
+    from .model_rules import check_model
+    return check_model(read_model_records(run_dir))
 
 
 def _json_default(obj: Any) -> Any:

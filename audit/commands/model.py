@@ -11,16 +11,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..core.errors import UsageError
+from ..core.runfolder import MODEL_FILE as RECORDS_FILE, MODEL_FINDINGS_FILE as FINDINGS_FILE
+from ..workload.model import MODEL_DTYPES as DEFAULT_DTYPES, MODEL_VARIANTS as DEFAULT_VARIANTS
 
 HELP = "run a small decoder with each variant as its attention against float64, layer by layer"
 DESCRIPTION = (HELP + ": the hidden state's error after each layer and its growth, the next-token KL, top-1 "
                "agreement and vLLM's logprob check, batch of one against the batch, chunked prefill against one "
                "prefill. Needs transformers (pip install -e '.[hf]'). docs/model.md.")
 DEFAULT_MODELS = ("llama-tiny", "gpt-oss-tiny")
-DEFAULT_VARIANTS = ("eager", "sdpa", "flex_eager", "broken.unscaled", "broken.softmax_wrong_dim", "broken.sink_ignored")
-DEFAULT_DTYPES = ("fp32", "bf16")
-RECORDS_FILE = "model.jsonl"
-FINDINGS_FILE = "model_findings.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,6 +18,8 @@ FAILURES_DIR = "failures"                      # a failed cell's whole failure, 
 # ... and by the report (from the records alone)
 FINDINGS_FILE = "findings.json"
 SEED_CLAIMS_FILE = "seed_claims.csv"           # the seed tutorial's printed claims, measured again
+MODEL_FILE = "model.jsonl"                     # the model audit's records (docs/model.md)
+MODEL_FINDINGS_FILE = "model_findings.json"    # its findings (no reproduction script: `audit model` repeats them)
 REPRO_DIR = "repro"                            # one reproduction script per finding
 INDEX_MD = "index.md"                          # the report page, also of a compare folder
 INDEX_HTML = "index.html"

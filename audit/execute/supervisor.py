@@ -45,6 +45,11 @@ def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = T
         start = time.time()
         write_claims(run_dir)
         runner.write_worker_timing(run_dir, {"seed claims": time.time() - start}, started=False)
+        if getattr(preset, "models", ()):
+            from ..measure.model_audit import write_run_audit
+            start = time.time()
+            write_run_audit(run_dir, preset.models, list(dict.fromkeys(c.variant for c in cases)))
+            runner.write_worker_timing(run_dir, {"model audit": time.time() - start}, started=False)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except runner.WorkerRestart as exc:

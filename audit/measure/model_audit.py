@@ -225,3 +225,25 @@ def audit_model(spec: ModelSpec, variants: list[Any], dtypes: list[str]) -> list
         for dtype in dtypes:
             records.append(audit_variant(ref, variant, dtype))
     return records
+
+
+def write_run_audit(run_dir: Any, models: tuple[str, ...], run_variants: list[str]) -> int:
+    """A run's model audit, after its cells (execute/supervisor.py): `models` with the run's eligible
+    variants (workload.model.model_variants) in MODEL_DTYPES, written to DIR/model.jsonl; without
+    transformers one record saying so. Returns the records written (0: no model asked for)."""
+    import json
+    from pathlib import Path
+    from ..core.runfolder import MODEL_FILE
+    from ..workload.hf import transformers_version
+    from ..workload.model import MODEL_DTYPES, MODEL_SPECS, model_variants
+    from ..workload.variants import resolve
+    if not models:
+        return 0
+    if transformers_version() is None:
+        records = [{"kind": "unavailable", "schema": MODEL_SCHEMA,
+                    "reason": "transformers is not installed (pip install -e '.[hf]')"}]
+    else:
+        variants = [resolve(v) for v in model_variants(run_variants)]
+        records = [r for name in models for r in audit_model(MODEL_SPECS[name], variants, list(MODEL_DTYPES))]
+    (Path(run_dir) / MODEL_FILE).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return len(records)

@@ -529,9 +529,14 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     a run that will)."""
     from .costmodel import CostModel, Settings
     from .forecast import plan as predict
-    from .overhead import host_factor, overhead_s
+    from .cell_work import model_audit_s
+    from .overhead import host_factor, overhead_s as overhead_of
 
     forecast = predict(cases, preset, run_dir, measure=measure)
+    model_s = model_audit_s(tuple(getattr(preset, "models", ())), list(dict.fromkeys(c.variant for c in cases)))
+
+    def overhead_s(*args: Any, **kwargs: Any) -> tuple[float, float]:     # with the model audit after the cells
+        return overhead_of(*args, model_audit_s=model_s, **kwargs)
     measured = forecast.ceilings_measured if ceilings_measured is None else ceilings_measured
     host = host_factor(forecast.ceilings)           # the run's outside-the-cells work scales with it
     before, after = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,

@@ -67,11 +67,13 @@ def constant(params: Any, device: str, name: str, host: float = 1.0) -> float:
 
 
 def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
-               ceilings_s: float = CEILINGS_BUDGET_S, host: float = 1.0, kept: int | None = None) -> tuple[float, float]:
+               ceilings_s: float = CEILINGS_BUDGET_S, host: float = 1.0, kept: int | None = None,
+               model_audit_s: float = 0.0) -> tuple[float, float]:
     """(seconds before the first cell, seconds after the last) of a run of these cells (a
     costmodel prediction: its cells' devices and statuses); ceilings_s: the seconds the preset
     gives each device's ceilings; host: this host's host_factor; kept: how many of them the
-    budget keeps (default all): the others cost a skip's record only."""
+    budget keeps (default all): the others cost a skip's record only; model_audit_s: the model audit's
+    reference-host seconds after the cells (cell_work.model_audit_s), host-scaled."""
     n = len(pred)
     devices = {str(d).split(":")[0] for d in pred["device"]} if n else set()
     kind = device_kind(devices)
@@ -81,7 +83,7 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
     if ceilings_measured:
         before += c("ceilings_factor") * ceilings_s * len(devices)
     measured = int((pred["status"] == "ok").sum()) if n else 0
-    return before, c("report_s") + c("report_per_cell_s") * measured
+    return before, c("report_s") + c("report_per_cell_s") * measured + model_audit_s * host
 
 
 def fit_overheads(runs: Iterable[Any]) -> dict[str, float]:

@@ -9,6 +9,7 @@ from ..core.runfolder import FINDINGS_FILE, PLAN_FILE, RUN_FILE
 from .data import prepare
 from .figures import draw_figures
 from .argument_section import arguments_section
+from .model_section import FIGURE_FILE as MODEL_FIGURE_FILE, HEADING as MODEL_HEADING, draw_model_error, model_section
 from .nothing_measured import nothing_measured_section
 from .page import Block, Contents, Heading, para, write_page
 from .sections import (compile_section, environment_section, findings_section, grid_section, memory_section,
@@ -63,11 +64,23 @@ def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = N
         ("Leakage", lambda: leakage_section(frame)),
         ("Saturation", lambda: saturation_section(frame)),
         ("The seed's claims", lambda: seed_section(run_dir)),
+        (MODEL_HEADING, lambda: _model_section(run_dir)),
         ("Figures", lambda: figures_section(figures)),
     ]
     blocks: list[Block] = [block for title, make in sections for block in _guarded(title, make)]
     pages = write_page(run_dir, blocks, PAGE_TITLE)
     return {**pages, "figures": [run_dir / f.filename for f in figures]}
+
+
+def _model_section(run_dir: Path) -> list[Block]:
+    """The model audit's section from DIR/model.jsonl (none where the run made no model audit)."""
+    from ..analysis.findings import read_model_records
+    from ..analysis.model_rules import check_model
+    records = read_model_records(run_dir)
+    if not records:
+        return []
+    figure = draw_model_error(records, run_dir / MODEL_FIGURE_FILE)
+    return model_section(records, check_model(records), figure)
 
 
 def _guarded(title: str, make: Callable[[], list[Block]]) -> list[Block]:

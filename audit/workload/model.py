@@ -44,6 +44,10 @@ class ModelSpec:
     batch: int                     # prompts
     sliding_window: int | None = None   # gpt_oss: every other layer attends in this window
     seed: int = 0
+    # the cost model's priors (plan/cell_work.py: model_audit_s), measured on the reference host (2-core
+    # Xeon with AMX, 2026-12-04): building it and its float64 run, and one variant's run in one dtype
+    build_s: float = 0.6
+    run_s: float = 0.05
 
     @property
     def intermediate(self) -> int:
@@ -60,10 +64,41 @@ MODEL_SPECS: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec("gpt-oss-tiny", "gpt_oss", layers=4, hidden=64, heads=4, kv_heads=2, head_dim=16, vocab=256,
               seq_len=48, batch=2, sliding_window=16),
     ModelSpec("llama-small", "llama", layers=8, hidden=256, heads=8, kv_heads=2, head_dim=32, vocab=1024,
-              seq_len=256, batch=2),
+              seq_len=256, batch=2, run_s=0.3),
     ModelSpec("gpt-oss-small", "gpt_oss", layers=8, hidden=256, heads=8, kv_heads=2, head_dim=32, vocab=1024,
-              seq_len=256, batch=2, sliding_window=64),
+              seq_len=256, batch=2, sliding_window=64, run_s=0.65),
 )}
+# What the model audit runs by default (`audit model`), and in a run: the yardsticks first, then the
+# run's own variants but those compiled per shape (a compile per model and dtype), those taking no mask
+# (documents or pages only) and the controls other than MODEL_CONTROLS (each of these shows at model level)
+MODEL_YARDSTICKS: tuple[str, ...] = ("sdpa", "eager")
+MODEL_CONTROLS: tuple[str, ...] = ("broken.unscaled", "broken.softmax_wrong_dim", "broken.sink_ignored")
+MODEL_VARIANTS: tuple[str, ...] = ("eager", "sdpa", "flex_eager", *MODEL_CONTROLS)
+MODEL_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+TRANSFORMERS_IMPORT_S = 1.0     # importing transformers in a measuring process that has torch (quick run: 3.5 s in all)
+
+
+def model_variants(run_variants: list[str]) -> list[str]:
+    """The variants a run's model audit runs (MODEL_YARDSTICKS, then the run's own eligible ones)."""
+    from .variants import BROKEN_PREFIX, builtin_variants
+    table = builtin_variants()
+
+    def eligible(name: str) -> bool:
+        spec = table.get(name)
+        if spec is None:                       # a plug-in or an hf: function: the attention people run
+            return True
+        if name.startswith(BROKEN_PREFIX):
+            return name in MODEL_CONTROLS
+        return not spec.compiled and spec.masks and "paged" not in spec.forms
+    return list(dict.fromkeys([*MODEL_YARDSTICKS, *(v for v in run_variants if eligible(v))]))
+
+
+def predicted_runs(spec: ModelSpec, variants: list[str]) -> int:
+    """How many (variant, dtype) runs of `spec` are not refused up front (a built-in's declared refusal)."""
+    from .variants import builtin_variants
+    table = builtin_variants()
+    refused = sum(1 for v in variants if v in table and table[v].refusal(spec.needs()))
+    return (len(variants) - refused) * len(MODEL_DTYPES)
 FAMILIES: tuple[str, ...] = ("llama", "gpt_oss")
 
 

@@ -35,6 +35,7 @@ class Preset:
     ceilings_s: float = 2.5       # seconds per device the run's ceilings (roofline limits) take to measure
     deterministic: bool = False   # measure under torch.use_deterministic_algorithms(True) (--deterministic)
     page_size: int = 16           # slots per page of the paged scenario's cache (a kernel declaring its own keeps it)
+    models: tuple[str, ...] = ()  # the model audit's decoders after the cells (workload/model.py; docs/model.md)
 
     @property
     def axes(self) -> dict[str, tuple]:
@@ -252,6 +253,7 @@ def _quick(sets: _VariantSets) -> Preset:
         ),
         # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
         min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5,
+        models=("llama-tiny", "gpt-oss-tiny"),
     )
 
 
@@ -297,7 +299,7 @@ def _cpu(sets: _VariantSets) -> Preset:
             dict(variant=("eager", "sdpa", "sdpa_flash", "flash_op"), device=("cpu",), dtype=("fp32", "bf16"),
                  d_k=ODD_HEAD_DIMS, seq_len=(128,), batch=(1,), heads=(2,), causal=(False, True), scenario=("normal",)),
         ),
-        min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0,
+        min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0, models=("llama-small", "gpt-oss-small"),
     )
 
 
