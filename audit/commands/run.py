@@ -205,6 +205,10 @@ def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
 
     preset = _preset(args)
     overrides = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis)}
+    if overrides or args.shard is not None or args.executor == "ray":
+        # the model audit goes with a preset's own grid on one machine: a grid of chosen axes leaves it
+        # out (`audit model --variant ...` runs it for any variant), as do a shard and Ray's shards
+        preset = dataclasses.replace(preset, models=())
     cases = presets.preset_cases(preset, overrides, known_variant=variants.check_name)
     axes = {a: tuple(dict.fromkeys(c.axes()[a] for c in cases)) for a in AXES}
     cases, extra = _shard(args, cases, preset)
