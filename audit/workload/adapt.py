@@ -97,9 +97,7 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
                        lse_layout=lse_layout, lse_base=lse_base, lse_includes_sink=lse_includes_sink)
     cu_names, max_names = _packed_names(layout, cu_seqlens_arg, max_seqlen_arg)
     _check_paged(block_table_arg, seqused_arg, page_size, layout)
-    _check("window_form", window_form, WINDOW_FORMS)
-    if window_arg is not None and not isinstance(window_arg, str):
-        raise UsageError(f"audit.adapt: window_arg={window_arg!r}; allowed: an argument name or None")
+    _check_window(window_arg, window_form)
     takes = frozenset(m for m in masks if m != "none")
     label = name or getattr(fn, "__qualname__", None) or type(fn).__name__
     declared = causal        # the kernel's alignment (the call's `causal` is the cell's flag)
@@ -117,16 +115,8 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
         kwargs.update(_value_kwargs(label, sinks, score_mod, scale, sink_arg, softcap_arg, scale_arg))
         if window is not None:
             kwargs[_window_name(label, window_arg)] = _window_value(label, window, causal, window_form)
-        tensor_mask, key_padding, causal_flag = _convert_mask(
-            label, takes, q, k, mask, causal, declared, causal_arg, mask_arg, causal_with_mask)
-        if tensor_mask is not None:
-            kwargs[mask_arg] = tensor_mask
-        if key_padding is not None:
-            kwargs[key_padding_arg] = key_padding
-        if isinstance(causal_arg, str):
-            kwargs[causal_arg] = causal_flag
-        elif causal_arg is not None and causal_flag:
-            kwargs[causal_arg[0]] = causal_arg[1]
+        kwargs.update(_masking_kwargs(_convert_mask(label, takes, q, k, mask, causal, declared, causal_arg, mask_arg,
+                                                    causal_with_mask), causal_arg, mask_arg, key_padding_arg))
         batch = q.shape[0]
         if layout == "thd":
             kwargs.update(_packed_kwargs(q, k, cu_seqlens, max_seqlen, seqused if paged and seqused_arg is None
@@ -183,6 +173,28 @@ def _value_kwargs(label: str, sinks: Any, score_mod: Any, scale: float | None, s
             raise Unsupported(f"{label} declares no scale argument (scale_arg) and this cell's scale "
                               f"is not 1/sqrt(d)")
         kwargs[scale_arg] = scale
+    return kwargs
+
+
+def _check_window(window_arg: Any, window_form: str) -> None:
+    _check("window_form", window_form, WINDOW_FORMS)
+    if window_arg is not None and not isinstance(window_arg, str):
+        raise UsageError(f"audit.adapt: window_arg={window_arg!r}; allowed: an argument name or None")
+
+
+def _masking_kwargs(converted: tuple[Any, Any, bool], causal_arg: Any, mask_arg: str,
+                    key_padding_arg: str) -> dict[str, Any]:
+    """_convert_mask's (tensor mask, key padding, causal flag) under the kernel's argument names."""
+    tensor_mask, key_padding, causal_flag = converted
+    kwargs: dict[str, Any] = {}
+    if tensor_mask is not None:
+        kwargs[mask_arg] = tensor_mask
+    if key_padding is not None:
+        kwargs[key_padding_arg] = key_padding
+    if isinstance(causal_arg, str):
+        kwargs[causal_arg] = causal_flag
+    elif causal_arg is not None and causal_flag:
+        kwargs[causal_arg[0]] = causal_arg[1]
     return kwargs
 
 
