@@ -95,6 +95,8 @@ class Reference:
         self.spec = spec
         self._logit_std: dict[int, list[float]] = {}
         self._peaked: list[bool] = []
+        self._record_on = True                  # the float64 run's own forward only
+        self._in_dtype: dict[str, Any] = {}
         eager = builtin_variants()["eager"].build()
         register_variant(REFERENCE_NAME, as_transformers_attention(eager, True, self._record))
         self.model = build_model(spec, REFERENCE_NAME)
@@ -111,7 +113,13 @@ class Reference:
             "next_token_top1_prob": float(probs.max(-1).values.mean()),
         }
 
-    _record_on = True
+    def model_in(self, dtype: str) -> Any:
+        """The model cast to `dtype`, made once per dtype and shared by the variants (each sets its
+        attention implementation before its runs)."""
+        import torch
+        if dtype not in self._in_dtype:
+            self._in_dtype[dtype] = copy.deepcopy(self.model).to(getattr(torch, DTYPES[dtype]))
+        return self._in_dtype[dtype]
 
     def _record(self, module: Any, q: Any, k: Any) -> None:
         """The float64 run's attention logits: their std over the keys each query sees, per layer, and
@@ -137,7 +145,6 @@ class Reference:
 
 def audit_variant(ref: Reference, variant: Any, dtype: str) -> dict[str, Any]:
     """One record: the model with `variant` as its attention, in `dtype`, against the float64 run."""
-    import torch
     spec = ref.spec
     base = {"kind": "variant", "model": spec.name, "schema": MODEL_SCHEMA, "variant": variant.name, "dtype": dtype}
     name = _name(variant.name)
@@ -148,7 +155,7 @@ def audit_variant(ref: Reference, variant: Any, dtype: str) -> dict[str, Any]:
     try:
         fn = variant.build()
         register_variant(name, as_transformers_attention(fn, takes_sinks))
-        model = copy.deepcopy(ref.model).to(getattr(torch, DTYPES[dtype]))
+        model = ref.model_in(dtype)
         model.config._attn_implementation = name
         start = time.perf_counter()
         out, trace = _forward(model, ref.ids)
