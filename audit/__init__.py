@@ -40,13 +40,13 @@ def run(preset: str | None = None, out: "str | Path | None" = None, **options: A
 
 
 def model(models: "Sequence[str] | None" = None, variants: "Sequence[str] | None" = None,
-          dtypes: "Sequence[str] | None" = None, out: "str | Path | None" = None) -> list:
+          dtypes: "Sequence[str] | None" = None, out: "str | Path | None" = None, device: str = "cpu") -> list:
     """Does swapping the attention change the model? Small decoders (transformers, no download) run with
-    each variant as their attention in each dtype against float64, layer by layer; returns the records
-    (and writes them, their findings, page and figure to `out`). docs/model.md."""
+    each variant as their attention in each dtype against float64, layer by layer, on `device` (cpu or
+    cuda); returns the records (and writes them, their findings, page and figure to `out`). docs/model.md."""
     from .commands import model as _model
     return _model.model(models or _model.DEFAULT_MODELS, variants or _model.DEFAULT_VARIANTS,
-                        dtypes or _model.DEFAULT_DTYPES, out)
+                        dtypes or _model.DEFAULT_DTYPES, out, device)
 
 
 def report(run_dir: "str | Path", out: "str | Path | None" = None) -> dict:

@@ -9,7 +9,8 @@ from audit.core.grid import Case
 from audit.core.records import read_records
 from audit.core.units import parse_duration
 from audit.execute import runner
-from audit.plan.budget import Keeper, Plan, choose
+from audit.plan.budget import Plan, choose
+from audit.plan.keeper import Keeper
 from audit.plan.plan_text import describe as budget_describe
 from audit.workload import presets
 

@@ -102,4 +102,6 @@ def test_a_run_that_measures_nothing_exits_0_and_its_report_says_why(tmp_path):
     assert "plan: nothing fits" in done.stderr
     page = (out / "index.md").read_text()
     assert "Nothing of a real variant was measured" in page and "--budget" in page
+    # nor the model audit after the cells: left out by the plan, the report says why
+    assert "No model audit of llama-small, gpt-oss-small: over the budget" in page
     assert _files_with_a_traceback(out) == []

@@ -258,6 +258,14 @@ def test_main_runs_every_step_prints_every_check_and_copies_to_out(tmp_path, mon
                 rec.update(values)
                 writer.write(rec)
         (out / "run.json").write_text(json.dumps({"ceilings": {"cuda": H200_CEILINGS}}))
+        if name == "main":                 # the run's model audit on CUDA: a control flagged, the yardsticks ok
+            from audit.core.runfolder import MODEL_FILE
+            run = dict(kind="variant", model="llama-medium", device="cuda", dtype="bf16", status="ok",
+                       growth_median=1.15, kl=1.4, seconds=0.2, decisive_mismatches=[])
+            model = [dict(kind="reference", model="llama-medium", device="cuda", status="ok", seconds=2.0),
+                     dict(run, variant="sdpa", final_hidden_err=0.36), dict(run, variant="eager", final_hidden_err=0.37),
+                     dict(run, variant="broken.unscaled", final_hidden_err=0.95)]
+            (out / MODEL_FILE).write_text("".join(json.dumps(r) + "\n" for r in model))
         return out, 10.0, 0
 
     import pandas as pd
@@ -273,7 +281,8 @@ def test_main_runs_every_step_prints_every_check_and_copies_to_out(tmp_path, mon
     assert steps[0][2] == gpu_check.main_step_limit_s([], None) == 45 + 180 + 20 + 30
     assert sum(s[2] for s in steps) < 600                          # inside one 10-minute device command
     for name in ("no error cells", "masked causal cells on CUDA", "energy per call", "kernel time, not host time",
-                 "out of memory", "golden subset", "compiled-code reuse", "cost model", "ceilings"):
+                 "out of memory", "golden subset", "compiled-code reuse", "cost model", "ceilings",
+                 "model audit on CUDA"):
         assert f"PASS {name}" in text, (name, text)
     assert code == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [

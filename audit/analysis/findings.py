@@ -563,7 +563,7 @@ def write_findings(run_dir: str | Path) -> list[dict[str, Any]]:
     DIR/model_findings.json where the run made one)."""
     from ..core.records import load
 
-    from ..core.runfolder import MODEL_FINDINGS_FILE
+    from ..core.runfolder import MODEL_FINDINGS_FILE, read_model_records
     found = compute_findings(load(run_dir))
     path = Path(run_dir) / FINDINGS_FILE
     path.write_text(json.dumps(found, indent=1, default=_json_default) + "\n")
@@ -572,17 +572,9 @@ def write_findings(run_dir: str | Path) -> list[dict[str, Any]]:
     return found
 
 
-def read_model_records(run_dir: str | Path) -> list[dict[str, Any]]:
-    """DIR/model.jsonl's records (the model audit's), [] where the run made none."""
-    from ..core.runfolder import MODEL_FILE
-    path = Path(run_dir) / MODEL_FILE
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def model_findings(run_dir: str | Path) -> list[dict[str, Any]]:
     """The model audit's findings (analysis/model_rules.py) of DIR's model.jsonl."""
+    from ..core.runfolder import read_model_records
     from .model_rules import check_model
     return check_model(read_model_records(run_dir))
 

@@ -15,7 +15,13 @@ from .finding_rows import _finding
 MODEL_BASELINES: tuple[str, ...] = ("sdpa", "eager")
 MODEL_BASELINE = MODEL_BASELINES[0]
 ERROR_FACTOR = 2.0            # a final hidden-state error over this × the baseline's ...
-ERROR_FLOOR = 1e-3            # ... and over this (fp32's rounding is ~1e-7: no finding between two exact runs)
+# ... and over a floor: no finding between two runs both exact to their dtype's rounding. min(ERROR_FLOOR,
+# FLOOR_EPS × the dtype's machine epsilon): fp32 1.2e-6 (measured: the correct variants' fp32 error through
+# llama-tiny is 6.0-6.3e-7, llama-small's 3.0-3.1e-6, within 5% of sdpa's; broken.clamped's 8.3e-6 and 7.0e-5),
+# fp16 and bf16 1e-3 (their rounding hides a 1e-6 clamp: sdpa's own error is 2e-3 to 5e-2)
+ERROR_FLOOR = 1e-3
+FLOOR_EPS = 10.0
+EPSILON = {"fp32": 2.0 ** -23, "bf16": 2.0 ** -7, "fp16": 2.0 ** -10}
 GROWTH_FACTOR = 1.25          # a per-layer growth (median) over this × the baseline's, with the error over it
 # Flips: the yardstick's own decisive flips (|S|) are what the dtype's rounding does through this model; a
 # variant flipping more than FLIP_FACTOR × |S| + FLIP_SLACK decisive positions the yardstick keeps changes
@@ -23,6 +29,8 @@ GROWTH_FACTOR = 1.25          # a per-layer growth (median) over this × the bas
 FLIP_FACTOR = 2.0
 FLIP_SLACK = 2
 MODEL_CHECKS: tuple[str, ...] = ("model_error", "model_top1_flip", "model_failed")
+# a variant's run that raised, whose measuring process died in it, or that was killed over its time limit
+FAILED_STATUSES: tuple[str, ...] = ("failed", "error", "timeout")
 
 
 def variant_rows(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
@@ -41,6 +49,11 @@ def _num(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def error_floor(dtype: str) -> float:
+    """The final error under which no variant is found worse than the yardstick in `dtype`."""
+    return min(ERROR_FLOOR, FLOOR_EPS * EPSILON.get(dtype, 1.0))
+
+
 def check_model(records: list[dict] | pd.DataFrame) -> list[dict]:
     """The model audit's findings: model_error, model_top1_flip (error), model_failed (warning)."""
     rows = variant_rows(records)
@@ -56,12 +69,13 @@ def check_model(records: list[dict] | pd.DataFrame) -> list[dict]:
         base = group[group["variant"] == yardstick].iloc[0]
         base_err, base_growth = _num(base.get("final_hidden_err")), _num(base.get("growth_median"))
         base_flips = set(base.get("decisive_mismatches") or [])
+        floor = error_floor(str(dtype))
         for _, r in group[group["variant"] != yardstick].iterrows():
             cell = f"{r['variant']} {model} {dtype}"
             err, growth = _num(r.get("final_hidden_err")), _num(r.get("growth_median"))
-            worse = err is None or (base_err is not None and err > max(ERROR_FACTOR * base_err, ERROR_FLOOR))
+            worse = err is None or (base_err is not None and err > max(ERROR_FACTOR * base_err, floor))
             faster = (growth is not None and base_growth is not None and growth > GROWTH_FACTOR * base_growth
-                      and err is not None and base_err is not None and err > max(base_err, ERROR_FLOOR))
+                      and err is not None and base_err is not None and err > max(base_err, floor))
             if worse or faster:
                 why = ("its final hidden state is not finite" if err is None else
                        f"its hidden state's error after the last layer is {err:.3g} against {yardstick}'s "
@@ -80,10 +94,11 @@ def check_model(records: list[dict] | pd.DataFrame) -> list[dict]:
                                     f"{len(base_flips)} such position(s) by rounding; first: "
                                     f"position {flips[0]}); vLLM's logprob check "
                                     f"{'passes' if r.get('logprob_check') else 'fails'} there.", [cell]))
-    bad = rows[rows["status"] == "failed"] if "status" in rows.columns else rows.iloc[0:0]
+    bad = rows[rows["status"].isin(FAILED_STATUSES)] if "status" in rows.columns else rows.iloc[0:0]
     for _, r in bad.iterrows():
+        how = {"failed": "failed", "error": "crashed", "timeout": "ran out of time"}[r["status"]]
         out.append(_finding("model_failed", "warning", str(r["variant"]),
-                            f"{r['variant']} failed in the {r['model']} decoder ({r['dtype']}): {r.get('reason')}",
+                            f"{r['variant']} {how} in the {r['model']} decoder ({r['dtype']}): {r.get('reason')}",
                             [f"{r['variant']} {r['model']} {r['dtype']}"]))
     return out
 

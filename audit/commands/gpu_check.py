@@ -8,11 +8,14 @@ Steps (each a run folder under reports/gpu-check-<stamp>/):
             variants, compiled-code reuse, a golden subset, cells predicted not to fit;
 3. oom:     a plug-in that allocates 64 TiB, then `sdpa`: a real out-of-memory.
 
+The main step's run ends with the model audit on CUDA (llama-medium and gpt-oss-medium, docs/model.md).
+
 Then it prints what each check measured, PASS or FAIL: no error cells; masked causal
 cells run on CUDA; energy: the GPU kept busy in the window and the counter's power against
 sampled instantaneous power; a forced backend's time against the dispatcher's choice of the
 same kernel; oom cells; the golden subset; compiled-code reuse without graph breaks; the
-prediction against the wall time; believable ceilings. The main step's time limit follows its
+prediction against the wall time; believable ceilings; the model audit on CUDA (its float64 runs
+and yardsticks ok, its controls flagged). The main step's time limit follows its
 plan (main_step_limit_s). With $OUT set, summary.txt, table.txt and a tarball per step are
 copied there.
 """
@@ -303,6 +306,38 @@ def check_ceilings(ceilings: dict | None) -> Check:
     return isinstance(took, (int, float)) and took <= 3.0 and believable, lines
 
 
+def check_model_audit(run_dir: Path) -> Check:
+    """The model audit on CUDA (DIR/model.jsonl): every float64 run and yardstick run ok on cuda, no run
+    crashed or failed, and every control run there flagged (analysis.model_rules)."""
+    from ..analysis.model_rules import FAILED_STATUSES, MODEL_BASELINES, check_model
+    from ..core.runfolder import read_model_records
+    from ..workload.model import MODEL_CONTROLS
+    records = read_model_records(run_dir)
+    refs = [r for r in records if r.get("kind") == "reference"]
+    runs = [r for r in records if r.get("kind") == "variant"]
+    if not refs:
+        why = "; ".join(str(r.get("reason")) for r in records) or "no model.jsonl"
+        return False, [f"no model audit: {why}"]
+    flagged = {f["variant"] for f in check_model(records)}
+    lines = [f"{r['model']} float64 on {r.get('device')}: {r.get('status')}, {float(r.get('seconds') or 0):.1f} s"
+             + (f" ({r.get('reason')})" if r.get("status") != "ok" else "") for r in refs]
+    for r in runs:
+        if r["variant"] in MODEL_BASELINES and r.get("status") == "ok":
+            lines.append(f"{r['variant']} {r['model']} {r['dtype']}: error after the last layer "
+                         f"{float(r['final_hidden_err']):.3g}, growth {float(r['growth_median']):.3f}×/layer, "
+                         f"KL {float(r['kl']):.3g}, {float(r['seconds']):.2f} s")
+    bad = [r for r in runs if r.get("status") in FAILED_STATUSES]
+    lines += [f"  {r['status']} {r['variant']} {r['model']} {r['dtype']}: {r.get('reason')}" for r in bad]
+    controls = {r["variant"] for r in runs if r["variant"] in MODEL_CONTROLS and r.get("status") == "ok"}
+    missed = sorted(controls - flagged)
+    lines.append(f"controls flagged: {len(controls) - len(missed)}/{len(controls)}"
+                 + (f"; not flagged: {', '.join(missed)}" if missed else ""))
+    yardsticks_ok = all(any(r["variant"] in MODEL_BASELINES and r["model"] == ref["model"] and r.get("status") == "ok"
+                            for r in runs) for ref in refs)
+    return (all(r.get("status") == "ok" and r.get("device") == "cuda" for r in refs) and yardsticks_ok
+            and not bad and bool(controls) and not missed), lines
+
+
 # --------------------------------------------------------------------------- driver
 
 def main_step_limit_s(run_options: Sequence[str], predicted: "pd.DataFrame") -> int:
@@ -405,6 +440,7 @@ def check(run_options: Sequence[str] = ()) -> int:
                   ("golden subset", check_golden_subset(main)),
                   ("compiled-code reuse", check_compile_reuse(main)),
                   ("cost model", check_prediction(predicted_main, main, main_wall)),
+                  ("model audit on CUDA", check_model_audit(main_dir)),
                   ("ceilings", check_ceilings(ceilings))]
         with pd.option_context("display.width", 220, "display.max_rows", 500, "display.max_colwidth", 70,
                                "display.float_format", "{:.4g}".format):

@@ -19,6 +19,7 @@ DESCRIPTION = (HELP + ": the hidden state's error after each layer and its growt
                "agreement and vLLM's logprob check, batch of one against the batch, chunked prefill against one "
                "prefill. Needs transformers (pip install -e '.[hf]'). docs/model.md.")
 DEFAULT_MODELS = ("llama-tiny", "gpt-oss-tiny")
+DEVICES = ("cpu", "cuda")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,15 +31,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{' '.join(DEFAULT_VARIANTS)}); any name `run` takes")
     parser.add_argument("--dtype", nargs="+", default=list(DEFAULT_DTYPES), metavar="DTYPE",
                         help="fp32, bf16, fp16 (default: fp32 bf16)")
+    parser.add_argument("--device", default="cpu", metavar="DEVICE",
+                        help="cpu or cuda: where the model and its float64 run go (default: cpu)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where the records, the page and the figure go (default: reports/model-<timestamp>)")
 
 
 def model(models: Sequence[str] = DEFAULT_MODELS, variants: Sequence[str] = DEFAULT_VARIANTS,
-          dtypes: Sequence[str] = DEFAULT_DTYPES, out: str | Path | None = None) -> list[dict[str, Any]]:
+          dtypes: Sequence[str] = DEFAULT_DTYPES, out: str | Path | None = None,
+          device: str = "cpu") -> list[dict[str, Any]]:
     """The model audit's records (a reference record per model, one per model, variant and dtype), written
-    with its findings, page and figure to `out` when given. UsageError for a bad name or a missing
-    transformers."""
+    with its findings, page and figure to `out` when given. UsageError for a bad name or device, or a
+    missing transformers."""
     from ..measure.model_audit import DTYPES, audit_model
     from ..workload.hf import transformers_version
     from ..workload.model import check_model_name
@@ -47,10 +51,17 @@ def model(models: Sequence[str] = DEFAULT_MODELS, variants: Sequence[str] = DEFA
     bad = [d for d in dtypes if d not in DTYPES]
     if bad:
         raise UsageError(f"--dtype: unknown dtype {bad[0]!r}; allowed: {', '.join(DTYPES)}")
+    if device not in DEVICES:
+        raise UsageError(f"--device: unknown device {device!r}; allowed: {', '.join(DEVICES)}")
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError("--device: cuda is not available on this machine (torch.cuda.is_available() is "
+                             "False); allowed here: cpu")
     chosen = [resolve(v) for v in variants]
     if transformers_version() is None:
         raise UsageError("model: transformers is not installed; pip install -e '.[hf]'")
-    records = [r for spec in specs for r in audit_model(spec, chosen, list(dtypes))]
+    records = [r for spec in specs for r in audit_model(spec, chosen, list(dtypes), device)]
     if out is not None:
         write(Path(out), records)
     return records
@@ -74,7 +85,7 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import time
     from ..core.paths import reports_root
     out = Path(args.out) if args.out else reports_root() / time.strftime("model-%Y%m%d-%H%M%S")
-    records = model(args.model, args.variant, args.dtype, out)
+    records = model(args.model, args.variant, args.dtype, out, args.device)
     from ..analysis.model_rules import check_model
     for f in check_model(records):
         print(f"{f['severity']}: {f['message']}")

@@ -395,7 +395,7 @@ def _plan(cases: list, preset: Any, run_dir: Path, started: float, ceilings_meas
     """Predict the cells not yet recorded, choose what fits the budget, write DIR/plan.json:
     the plan a dry-run shows (budget.plan_run)."""
     from ..plan.budget import plan_run
-    from ..plan.plan_text import describe, smallest_plan_line
+    from ..plan.plan_text import describe, model_audit_line, smallest_plan_line
 
     todo = _not_recorded(cases, run_dir)
     plan, _pred, _notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started,
@@ -411,7 +411,7 @@ def _dry_run(cases: list, preset: Any, run_dir: Path | None, started: float) -> 
     """Every cell with its predicted status and seconds, then the totals per phase and variant,
     and what the budget would skip."""
     from ..plan.budget import plan_run
-    from ..plan.plan_text import describe, smallest_plan_line
+    from ..plan.plan_text import describe, model_audit_line, smallest_plan_line
     from ..plan.costmodel import summary
 
     todo = _not_recorded(cases, run_dir)
@@ -430,5 +430,8 @@ def _dry_run(cases: list, preset: Any, run_dir: Path | None, started: float) -> 
     smallest = smallest_plan_line(plan)
     if smallest:
         print(smallest)
+    models = model_audit_line(plan, tuple(preset.models))
+    if models:
+        print(models)
     print(describe(plan, len(todo)))
     return 0

@@ -35,3 +35,22 @@ def failure_file_name(cell_id: str) -> str:
     (a plug-in's "module:fn", a path) replaced by "_"."""
     import re
     return re.sub(r"[^A-Za-z0-9._-]", "_", cell_id) + ".txt"
+
+
+def read_model_records(run_dir: "str | object") -> list[dict]:
+    """DIR/MODEL_FILE's records (the model audit's, appended one by one as made), [] where the run made
+    none; a line a crash cut short is left out (its step is made again, or recorded as the crash)."""
+    import json
+    from pathlib import Path
+    path = Path(run_dir) / MODEL_FILE
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out

@@ -19,7 +19,7 @@ BEHIND_SHOWN_S = 2.0        # a difference from the plan smaller than this is no
 
 
 class Progress:
-    """tqdm over predicted seconds. keeper: the run's budget.Keeper; plan: its budget.Plan (None:
+    """tqdm over predicted seconds. keeper: the run's keeper.Keeper; plan: its budget.Plan (None:
     no predictions, each cell then weighs one second)."""
 
     def __init__(self, todo: Sequence[str], done_before: int, keeper: Any, plan: Any,

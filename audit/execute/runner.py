@@ -183,7 +183,8 @@ def inflight_since(run_dir: Path) -> tuple[str, float] | None:
         return case_id, time.time()
 
 
-def _mark_inflight(run_dir: Path, case_id: str | None) -> None:
+def mark_inflight(run_dir: Path, case_id: str | None) -> None:
+    """Mark a cell (or a model audit step, measure.model_audit.step_id) as being measured now; None: none."""
     path = Path(run_dir) / INFLIGHT_FILE
     if case_id is None:
         path.unlink(missing_ok=True)
@@ -199,7 +200,7 @@ def record_crash(run_dir: Path, case: Case, reason: str, status: str = "error") 
     rec.update(status=status, reason=reason, started_at=_utc_now())
     with records.RecordWriter(run_dir) as writer:
         writer.write(rec)
-    _mark_inflight(run_dir, None)
+    mark_inflight(run_dir, None)
 
 
 def _release_device_memory(device: str) -> None:
@@ -245,11 +246,11 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     """Measure every cell not already in DIR/records.jsonl; append each record at once.
 
     ceilings: {device: measure_ceilings(...)} for the roofline columns (None: nulls);
-    plan: a budget.Plan (predictions, cells to skip, deadline), kept by a budget.Keeper;
+    plan: a budget.Plan (predictions, cells to skip, deadline), kept by a keeper.Keeper;
     on_start: called once set up, before the first cell (a worker's start-up ends there).
     Returns counts per status of the cells measured in this call (plus "resumed").
     """
-    from ..plan.budget import Keeper
+    from ..plan.keeper import Keeper
     cases = list(cases)
     env = dict(env, cpu_allocator=pin_malloc_threshold())
     meter = _energy_meter(cases)
@@ -280,7 +281,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
                     rec = records.new_record(case.axes(), case.id)
                     rec.update(status="skipped", reason=skip, started_at=_utc_now(), env=env, elapsed_s=0.0)
                 else:
-                    _mark_inflight(run_dir, case.id)
+                    mark_inflight(run_dir, case.id)
                     rec = run_cell(case, cache, preset, env, ceilings=ceilings, meter=meter, builds=builds)
                     keeper.done(case.id, rec["elapsed_s"])
                     write_failure(run_dir, rec, after=variant_cells.get(case.variant, []))
@@ -288,7 +289,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
                         variant_cells.setdefault(case.variant, []).append(case.id)
                 rec["predicted_s"] = keeper.predicted.get(case.id)
                 writer.write(rec, durable=skip is None)        # a lost skip is planned again by a rerun
-                _mark_inflight(run_dir, None)
+                mark_inflight(run_dir, None)
                 counts[rec["status"]] = counts.get(rec["status"], 0) + 1
                 if on_record:
                     on_record(rec)

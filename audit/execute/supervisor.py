@@ -48,8 +48,14 @@ def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = T
         if getattr(preset, "models", ()):
             from ..measure.model_audit import write_run_audit
             start = time.time()
-            write_run_audit(run_dir, preset.models, list(dict.fromkeys(c.variant for c in cases)))
-            runner.write_worker_timing(run_dir, {"model audit": time.time() - start}, started=False)
+            plan = Plan.read(run_dir)
+            try:
+                write_run_audit(run_dir, preset.models, list(dict.fromkeys(c.variant for c in cases)),
+                                model_device(cases), before=lambda step: runner.mark_inflight(run_dir, step),
+                                left_out=plan.model_audit_skip if plan else None)
+            finally:
+                runner.mark_inflight(run_dir, None)
+                runner.write_worker_timing(run_dir, {"model audit": time.time() - start}, started=False)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except runner.WorkerRestart as exc:
@@ -58,6 +64,15 @@ def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = T
     summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
     print(f"attn-audit: {summary}", file=sys.stderr)
     return 0
+
+
+def model_device(cases: Sequence[Any]) -> str:
+    """Where a run's model audit runs: on the GPU when the run has cells there, else on the CPU."""
+    return "cuda" if any(str(c.device).startswith("cuda") for c in cases) else "cpu"
+
+
+MODEL_STEP_TIMEOUT_S = 300.0    # a model audit step's time limit without --cell-timeout (a variant's run, or the
+                                # float64 one: seconds; llama-medium's on 2 CPU cores, about a minute)
 
 
 def cell_limits(run_dir: Path, fixed_s: float | None) -> Callable[[str], float]:
@@ -81,6 +96,8 @@ def cell_limits(run_dir: Path, fixed_s: float | None) -> Callable[[str], float]:
     def limit(cell_id: str) -> float:
         if fixed_s is not None:
             return fixed_s
+        if is_model_step(cell_id):
+            return MODEL_STEP_TIMEOUT_S
         return max(CELL_TIMEOUT_FLOOR_S, CELL_TIMEOUT_FACTOR * predicted().get(cell_id, 0.0))
     return limit
 
@@ -107,7 +124,8 @@ def supervise(cases: Sequence[Any], run_dir: Path, argv: list[str], cell_timeout
                 except subprocess.TimeoutExpired:
                     pass
                 found = runner.inflight_since(run_dir)
-                if found and found[0] in by_id and time.time() - found[1] > limit(found[0]):
+                if (found and (found[0] in by_id or is_model_step(found[0]))
+                        and time.time() - found[1] > limit(found[0])):
                     timed_out = (found[0], limit(found[0]))
                     proc.kill()
                     code = proc.wait()
@@ -126,10 +144,11 @@ def supervise(cases: Sequence[Any], run_dir: Path, argv: list[str], cell_timeout
         if timed_out is not None:
             cell, seconds = timed_out
             how = ("--cell-timeout" if cell_timeout_s is not None else
+                   f"{MODEL_STEP_TIMEOUT_S:g} s for a model audit step; --cell-timeout" if is_model_step(cell) else
                    f"{CELL_TIMEOUT_FACTOR:g} × its predicted time, at least {CELL_TIMEOUT_FLOOR_S:g} s; --cell-timeout")
             reason = (f"over the per-cell time limit of {seconds:.0f} s ({how}); its measuring process was "
                       "killed and the run went on in a new one")
-            runner.record_crash(run_dir, by_id[cell], reason, status="timeout")
+            _record_crash(run_dir, by_id, cell, reason, status="timeout")
             print(f"attn-audit: {cell}: {reason}", file=sys.stderr)
             continue
         if code == EXIT_RESTART:
@@ -139,7 +158,9 @@ def supervise(cases: Sequence[Any], run_dir: Path, argv: list[str], cell_timeout
                   f"Rerun with --out {run_dir} to measure the rest.", file=sys.stderr)
             return EXIT_INTERRUPTED
         cell = runner.read_inflight(run_dir)
-        if cell is None or cell not in by_id or cell in records.completed_ids(run_dir):
+        if cell is not None and is_model_step(cell):
+            pass                                   # a model audit step: recorded below, then resumed after it
+        elif cell is None or cell not in by_id or cell in records.completed_ids(run_dir):
             if code == EXIT_INTERNAL:                  # it said what, in one line
                 return EXIT_INTERNAL
             print(f"attn-audit: the measuring process exited with {describe_exit(code)} outside any cell; "
@@ -147,10 +168,26 @@ def supervise(cases: Sequence[Any], run_dir: Path, argv: list[str], cell_timeout
             return 1
         reason = (f"the measuring process died with {describe_exit(code)} in this cell (a crash in the "
                   f"variant or in torch); the run went on in a new process")
-        runner.record_crash(run_dir, by_id[cell], reason)
+        _record_crash(run_dir, by_id, cell, reason)
         print(f"attn-audit: {cell}: {reason}", file=sys.stderr)
     print(f"attn-audit: more than {MAX_CRASHES} crashes; stopping", file=sys.stderr)
     return 1
+
+
+def is_model_step(marked: str) -> bool:
+    """Whether an in-flight mark names a model audit step (measure.model_audit.step_id), not a cell."""
+    from ..measure.model_audit import STEP_PREFIX
+    return marked.startswith(STEP_PREFIX + ":")
+
+
+def _record_crash(run_dir: Path, by_id: dict, marked: str, reason: str, status: str = "error") -> None:
+    """A dead or killed measuring process's record: the cell's, or the model audit step's (model.jsonl)."""
+    if is_model_step(marked):
+        from ..measure.model_audit import record_crash
+        record_crash(run_dir, marked, reason.replace("this cell", "this model audit step"), status)
+        runner.mark_inflight(run_dir, None)
+    else:
+        runner.record_crash(run_dir, by_id[marked], reason, status=status)
 
 
 def describe_exit(code: int) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..core.errors import BackwardUnsupported, Unsupported
 from ..workload.model import (DECISIVE_MARGIN, ModelSpec, as_transformers_attention, build_model, prompts,
@@ -89,28 +89,30 @@ class Reference:
     """The float64 model with float64 attention (the audit's eager) on the spec's prompts, and the
     spread its logits show."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, device: str = "cpu") -> None:
         import torch
         from ..workload.variants import builtin_variants
-        self.spec = spec
+        start = time.perf_counter()
+        self.spec, self.device = spec, device
         self._logit_std: dict[int, list[float]] = {}
         self._peaked: list[bool] = []
         self._record_on = True                  # the float64 run's own forward only
         self._in_dtype: dict[str, Any] = {}
         eager = builtin_variants()["eager"].build()
         register_variant(REFERENCE_NAME, as_transformers_attention(eager, True, self._record))
-        self.model = build_model(spec, REFERENCE_NAME)
-        self.ids = prompts(spec)                                                  # (B, T)
+        self.model = build_model(spec, REFERENCE_NAME, device)
+        self.ids = prompts(spec, device)                                          # (B, T)
         out, self.trace = _forward(self.model, self.ids)
         self.logits = out.logits.double()                                         # (B, T, V)
         self._record_on = False
         probs = torch.softmax(self.logits, -1)
         self.stats = {
-            "kind": "reference", "model": spec.name, "schema": MODEL_SCHEMA,
+            "kind": "reference", "model": spec.name, "schema": MODEL_SCHEMA, "device": device, "status": "ok",
             "logit_std": [float(sum(v) / len(v)) for _, v in sorted(self._logit_std.items())],
             "peaked_heads": float(sum(self._peaked) / max(1, len(self._peaked))),
             "next_token_entropy": float(-(probs * torch.log(probs.clamp_min(1e-300))).sum(-1).mean()),
             "next_token_top1_prob": float(probs.max(-1).values.mean()),
+            "seconds": time.perf_counter() - start,     # its build and float64 run (the cost model's build_s)
         }
 
     def model_in(self, dtype: str) -> Any:
@@ -146,7 +148,8 @@ class Reference:
 def audit_variant(ref: Reference, variant: Any, dtype: str) -> dict[str, Any]:
     """One record: the model with `variant` as its attention, in `dtype`, against the float64 run."""
     spec = ref.spec
-    base = {"kind": "variant", "model": spec.name, "schema": MODEL_SCHEMA, "variant": variant.name, "dtype": dtype}
+    base = {"kind": "variant", "model": spec.name, "schema": MODEL_SCHEMA, "device": ref.device,
+            "variant": variant.name, "dtype": dtype}
     name = _name(variant.name)
     takes_sinks = "sinks" not in variant.unsupported
     refusal = variant.refusal(spec.needs())
@@ -162,6 +165,7 @@ def audit_variant(ref: Reference, variant: Any, dtype: str) -> dict[str, Any]:
         logits = out.logits.double()                                              # (B, T, V)
         columns = _compare(ref, trace, logits)
         columns.update(_batch_invariance(model, ref.ids, logits), **_chunked(model, ref.ids, logits))
+        _synchronize(ref.device)
         columns["seconds"] = time.perf_counter() - start
     except (Unsupported, BackwardUnsupported) as exc:
         return {**base, "status": "skipped", "reason": str(exc)[:300]}
@@ -224,33 +228,118 @@ def _chunked(model: Any, ids: Any, logits: Any) -> dict[str, Any]:
     return {"chunk_err": _relative(out.logits.double(), logits[:, half:])}
 
 
-def audit_model(spec: ModelSpec, variants: list[Any], dtypes: list[str]) -> list[dict[str, Any]]:
-    """The reference record, then one record per variant and dtype."""
-    ref = Reference(spec)
-    records = [ref.stats]
-    for variant in variants:
-        for dtype in dtypes:
-            records.append(audit_variant(ref, variant, dtype))
-    return records
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
 
 
-def write_run_audit(run_dir: Any, models: tuple[str, ...], run_variants: list[str]) -> int:
-    """A run's model audit, after its cells (execute/supervisor.py): `models` with the run's eligible
-    variants (workload.model.model_variants) in MODEL_DTYPES, written to DIR/model.jsonl; without
-    transformers one record saying so. Returns the records written (0: no model asked for)."""
+def step_id(model: str, variant: str | None = None, dtype: str | None = None) -> str:
+    """A model audit step's name in a run's in-flight marker and its record's key: "model:<model>" (its
+    float64 run) or "model:<model>:<variant>:<dtype>"."""
+    return ":".join([STEP_PREFIX, model, *([variant, dtype] if variant is not None else [])])
+
+
+STEP_PREFIX = "model"
+
+
+def record_key(record: dict) -> str | None:
+    """step_id of a model.jsonl record (None for a record of no step: transformers unavailable)."""
+    if record.get("kind") == "reference":
+        return step_id(record["model"])
+    if record.get("kind") == "variant":
+        return step_id(record["model"], record["variant"], record["dtype"])
+    return None
+
+
+def audit_model(spec: ModelSpec, variants: list[Any], dtypes: list[str], device: str = "cpu",
+                done: dict[str, dict] | None = None, before: Callable[[str], None] | None = None
+                ) -> Iterator[dict[str, Any]]:
+    """The reference record, then one record per variant and dtype, each as it is made. done: records of
+    an earlier, interrupted audit by step_id (those steps are not made again; the float64 run is, where
+    a variant step is left, unless it failed: then every step left is skipped); before(step_id): called
+    before each step (a run marks it in flight, execute.supervisor)."""
+    done = done or {}
+    steps = [(v, d) for v in variants for d in dtypes if step_id(spec.name, v.name, d) not in done]
+    ref_id = step_id(spec.name)
+    earlier = done.get(ref_id)
+    if earlier is not None and not steps:
+        return
+    ref, failure = None, None
+    if earlier is not None and earlier.get("status", "ok") != "ok":
+        failure = earlier.get("reason")
+    else:
+        if before is not None:
+            before(ref_id)
+        try:
+            ref = Reference(spec, device)
+        except Exception as exc:  # noqa: BLE001 - the model itself fails here: its record says why
+            failure = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+        if earlier is None:
+            yield ref.stats if ref is not None else {"kind": "reference", "model": spec.name, "schema": MODEL_SCHEMA,
+                                                    "device": device, "status": "failed", "reason": failure}
+    for variant, dtype in steps:
+        if ref is None:
+            yield {"kind": "variant", "model": spec.name, "schema": MODEL_SCHEMA, "device": device,
+                   "variant": variant.name, "dtype": dtype, "status": "skipped",
+                   "reason": f"the model's float64 run failed: {failure}"}
+            continue
+        if before is not None:
+            before(step_id(spec.name, variant.name, dtype))
+        yield audit_variant(ref, variant, dtype)
+
+
+def append_record(run_dir: Any, record: dict[str, Any]) -> None:
+    """One record appended to DIR/model.jsonl, flushed: what a crash leaves behind is kept."""
     import json
+    import os
     from pathlib import Path
     from ..core.runfolder import MODEL_FILE
+    with open(Path(run_dir) / MODEL_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def record_crash(run_dir: Any, step: str, reason: str, status: str = "error") -> None:
+    """The record of a step whose measuring process died in it, or was killed over its time limit
+    (execute.supervisor): the run goes on in a new process, which resumes after it."""
+    parts = step.split(":")
+    record: dict[str, Any] = {"schema": MODEL_SCHEMA, "model": parts[1], "status": status, "reason": reason}
+    if len(parts) == 2:
+        record["kind"] = "reference"
+    else:
+        record.update(kind="variant", variant=":".join(parts[2:-1]), dtype=parts[-1])
+    append_record(run_dir, record)
+
+
+def write_run_audit(run_dir: Any, models: tuple[str, ...], run_variants: list[str], device: str = "cpu",
+                    before: Callable[[str], None] | None = None, left_out: str | None = None) -> int:
+    """A run's model audit, after its cells (execute/supervisor.py): `models` on `device` with the run's
+    eligible variants (workload.model.model_variants) in MODEL_DTYPES, each record appended to
+    DIR/model.jsonl as it is made; an audit cut short (a crash, a time limit, Ctrl-C) resumes after its
+    last record; without transformers one record saying so. Returns the records written now (0: no
+    model asked for, or none left). left_out: why the run's plan leaves the audit out (plan.budget): one
+    record saying so instead."""
     from ..workload.hf import transformers_version
     from ..workload.model import MODEL_DTYPES, MODEL_SPECS, model_variants
     from ..workload.variants import resolve
     if not models:
         return 0
-    if transformers_version() is None:
-        records = [{"kind": "unavailable", "schema": MODEL_SCHEMA,
-                    "reason": "transformers is not installed (pip install -e '.[hf]')"}]
-    else:
-        variants = [resolve(v) for v in model_variants(run_variants)]
-        records = [r for name in models for r in audit_model(MODEL_SPECS[name], variants, list(MODEL_DTYPES))]
-    (Path(run_dir) / MODEL_FILE).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return len(records)
+    from ..core.runfolder import read_model_records
+    earlier = read_model_records(run_dir)
+    done = {key: r for r in earlier if (key := record_key(r)) is not None}
+    if left_out is not None or transformers_version() is None:
+        if earlier:
+            return 0
+        append_record(run_dir, {"kind": "left_out" if left_out else "unavailable", "schema": MODEL_SCHEMA,
+                                "models": list(models),
+                                "reason": left_out or "transformers is not installed (pip install -e '.[hf]')"})
+        return 1
+    variants = [resolve(v) for v in model_variants(run_variants)]
+    written = 0
+    for name in models:
+        for record in audit_model(MODEL_SPECS[name], variants, list(MODEL_DTYPES), device, done, before):
+            append_record(run_dir, record)
+            written += 1
+    return written

@@ -12,16 +12,16 @@ the per-cell limit (--max-cell-s) are skipped. Then the budget buys coverage fir
 
 If tier 0 itself does not fit, its most expensive cells go, and the plan names the variant ×
 dtype × mask kinds left without a cell (Plan.uncovered). Skipped cells are recorded as
-`skipped` with the prediction in the reason, never dropped. While running, the worker compares
-what the cells took with what was predicted and, if the rest would overrun the deadline, skips
-the remaining cells of the highest tier, most expensive first. The plan is `DIR/plan.json`.
+`skipped` with the prediction in the reason, never dropped. A preset's model audit (after the
+cells) is bought after tier 0's first two priority levels: where a cell of every real variant per
+dtype does not fit with it, it is left out, with a record saying why (Plan.model_audit_skip). While running, the worker compares what the cells took
+with what was predicted and, if the rest would overrun the deadline, skips the remaining cells of
+the highest tier, most expensive first (keeper.Keeper). The plan is `DIR/plan.json`.
 """
 from __future__ import annotations
 
-import heapq
 import json
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -34,7 +34,7 @@ CORRECTION_MIN_CELLS = 5            # measured cells behind a runtime correction
 SAFETY_FRACTION = 0.03              # of the budget, kept free for the last cell's overshoot
 CORRECTION_RANGE = (0.5, 4.0)
 LATE_MARGIN = 1.5                   # a cell runs at run time only if 1.5x its scaled prediction fits what is left
-FREE_CELL_S = 0.01                  # a cell predicted under this is never cut at run time (see Keeper)
+FREE_CELL_S = 0.01                  # a cell predicted under this is never cut at run time (keeper.Keeper)
 COVERAGE, REAL, CONTROL_EXTRA = 0, 1, 2     # the tiers: what the budget buys first, then, last
 # The negative controls' cells beyond their self-check get at most this share of the cell time
 # already bought (or of the time the budget leaves for cells, when less; their self-checks, in
@@ -67,6 +67,8 @@ class Plan:
     smallest_s: float | None = None        # the smallest useful plan (PRIORITY_NAMES[0]), reserve included
     coverage_s: float | None = None        # the whole of tier 0, reserve included
     measured: int | None = None            # cells predicted to be measured (ok, not skipped)
+    model_audit_s: float = 0.0             # the model audit after the cells, predicted (in report_s); 0: none
+    model_audit_skip: str | None = None    # why the budget leaves it out (None: it runs, or none is asked for)
 
     def write(self, run_dir: Path) -> None:
         (Path(run_dir) / PLAN_FILE).write_text(json.dumps(self.__dict__, indent=1) + "\n")
@@ -132,6 +134,7 @@ class Selection:
     coverage_s: float | None = None        # ... and of tier 0
     smallest: tuple[str, ...] = ()         # their cells
     coverage: tuple[str, ...] = ()
+    per_dtype: tuple[str, ...] = ()        # tier 0's first two priority levels: a cell of every real variant per dtype
 
 
 def _self_check_candidates(rows: list[dict], control: str, reveals: tuple[str, ...]) -> dict[str, list[str]]:
@@ -314,9 +317,10 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
         return seconds(measured) <= room
 
     essential = {i for i in coverage if level_of.get(i) == 0}
+    per_dtype = tuple(i for i in coverage if level_of.get(i, 2) <= 1)
     smallest_s, coverage_s = seconds(essential), seconds(set(coverage))
     if budget_s is None:
-        return Selection(skip, tier, [], smallest_s, coverage_s, tuple(essential), tuple(coverage))
+        return Selection(skip, tier, [], smallest_s, coverage_s, tuple(essential), tuple(coverage), per_dtype)
 
     def largest(n_max: int, keep: Callable[[int], set[str]]) -> int:
         """The largest n in 0..n_max with fits(keep(n)); keep(0) fits, and fits is monotone in n."""
@@ -363,7 +367,7 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     uncovered = list(dict.fromkeys(kinds[i] for i in coverage if i not in kept
                                    and kinds[i] not in covered and not kinds[i].endswith("(self-check)")))
     return Selection(skip, {i: t for i, t in tier.items() if i not in skip}, uncovered, smallest_s, coverage_s,
-                     tuple(essential), tuple(coverage))
+                     tuple(essential), tuple(coverage), per_dtype)
 
 
 def _too_slow(rows: list[dict], budget_s: float | None, max_cell_s: float | None) -> dict[str, str]:
@@ -424,99 +428,6 @@ def _over(budget_s: float, room: float, cost: float, level: int) -> str:
             f"for cells, {which}; this one was predicted {cost:.1f} s")
 
 
-class Keeper:
-    """The worker's side: skip what the plan skips, and keep to the deadline while running.
-
-    After each cell, the median ratio of measured to predicted time (once 5 cells are
-    measured, clamped to 0.5-4x: the median, so one slow first cell does not condemn the
-    rest) scales the predictions of the remaining cells; when they would run past the
-    deadline, remaining cells are skipped: the highest tier first (Plan.tier: the controls'
-    extra cells, then the real variants' other cells, coverage last), the most expensive
-    first within a tier. remaining_s() is what the progress bar shows as time left.
-
-    A cell predicted under FREE_CELL_S is never cut: cutting it saves nothing, and such cells are
-    mostly ones the runner refuses in milliseconds (a backend the device lacks): cut, their
-    record said "over the budget at run time" instead of why they cannot run, and the report
-    listed sdpa_efficient and sdpa_cudnn on the CPU as left without a cell for time.
-    """
-
-    def __init__(self, plan: Plan | None, order: Sequence[str], clock: Callable[[], float] = time.time):
-        self.plan, self.clock = plan, clock
-        self.skip: dict[str, str] = dict(plan.skip) if plan else {}
-        self.predicted = dict(plan.predicted) if plan else {}
-        tier = plan.tier if plan else {}
-        kept = [i for i in order if i not in self.skip]
-        self._heap = [(-tier.get(i, REAL), -self.predicted.get(i, 0.0), i) for i in kept if self._cuttable(i)]
-        heapq.heapify(self._heap)
-        self._remaining = set(kept)
-        self._remaining_s = sum(self.predicted.get(i, 0.0) for i in self._remaining)
-        self.ratios: list[float] = []
-        self.done_predicted_s = 0.0        # predicted seconds of the cells measured so far ...
-        self.done_elapsed_s = 0.0          # ... and what they took
-        self.cut: list[str] = []           # the cells skipped at run time, in the order they were
-
-    def _cuttable(self, cell_id: str) -> bool:
-        return self.predicted.get(cell_id, 0.0) >= FREE_CELL_S
-
-    def factor(self) -> float:
-        if len(self.ratios) < CORRECTION_MIN_CELLS:
-            return 1.0
-        import statistics
-        lo, hi = CORRECTION_RANGE
-        return min(hi, max(lo, statistics.median(self.ratios)))
-
-    def remaining_s(self) -> float:
-        """Predicted seconds of the cells still to measure, scaled by factor()."""
-        return max(0.0, self._remaining_s) * self.factor()
-
-    def behind_s(self) -> float:
-        """How much longer the cells measured so far took than predicted (negative: ahead)."""
-        return self.done_elapsed_s - self.done_predicted_s
-
-    def reason(self, cell_id: str) -> str | None:
-        """Why to skip this cell now (the plan, or the deadline), or None to measure it."""
-        if cell_id in self.skip:
-            return self.skip[cell_id]
-        if self.plan is None or self.plan.deadline_unix is None:
-            return None
-        left = self.plan.deadline_unix - self.clock()
-        factor = self.factor()
-        while self._heap and self._remaining_s * factor > left:
-            _tier, cost, victim = heapq.heappop(self._heap)
-            if victim not in self._remaining:
-                continue
-            self._remaining.discard(victim)
-            self._remaining_s -= -cost
-            self.skip[victim] = self._late(-cost, factor, left)
-            self.cut.append(victim)
-        own = self.predicted.get(cell_id, 0.0) * factor
-        if (cell_id not in self.skip and cell_id in self._remaining and self._cuttable(cell_id)
-                and own * LATE_MARGIN > max(left, 0.0)):
-            # the rest fits as predicted, but this cell takes most of the time left, and a single
-            # cell misses its prediction by more than the median does (a compile): it could end
-            # past the deadline
-            self._remaining.discard(cell_id)
-            self._remaining_s -= self.predicted.get(cell_id, 0.0)
-            self.skip[cell_id] = self._late(self.predicted.get(cell_id, 0.0), factor, left)
-            self.cut.append(cell_id)
-        return self.skip.get(cell_id)
-
-    def _late(self, predicted: float, factor: float, left: float) -> str:
-        return (f"over the budget at run time: predicted {predicted:.1f} s (× {factor:.2f}, the median "
-                f"of what cells took against their predictions) with {max(left, 0):.0f} s left "
-                f"of the {format_duration(self.plan.budget_s or 0)} budget (--budget)")
-
-    def done(self, cell_id: str, elapsed_s: float) -> None:
-        if cell_id in self._remaining:
-            self._remaining.discard(cell_id)
-            self._remaining_s -= self.predicted.get(cell_id, 0.0)
-        predicted = self.predicted.get(cell_id)
-        if predicted and cell_id not in self.skip:
-            self.ratios.append(elapsed_s / predicted)
-            self.done_predicted_s += predicted
-            self.done_elapsed_s += elapsed_s
-
-
 def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_s: float | None,
              started_unix: float, measure: bool = True, ceilings_measured: bool | None = None
              ) -> tuple[Plan, Any, list[str]]:
@@ -527,18 +438,38 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     and the same reserve for start-up, ceilings and report. `ceilings_measured`: the run
     measured its ceilings at its start (default: run_dir's run.json has none yet, as before
     a run that will)."""
-    from .costmodel import CostModel, Settings
     from .forecast import plan as predict
-    from .cell_work import model_audit_s
-    from .overhead import host_factor, overhead_s as overhead_of
+    from .overhead import device_kind, host_factor, model_audit_seconds
 
     forecast = predict(cases, preset, run_dir, measure=measure)
-    model_s = model_audit_s(tuple(getattr(preset, "models", ())), list(dict.fromkeys(c.variant for c in cases)))
+    models = tuple(getattr(preset, "models", ()))
+    model_s = model_audit_seconds(models, list(dict.fromkeys(c.variant for c in cases)),
+                                  device_kind(c.device for c in cases), forecast.params)
+    measured = forecast.ceilings_measured if ceilings_measured is None else ceilings_measured
+    host = host_factor(forecast.ceilings)           # the run's outside-the-cells work scales with it
+    plan, per_dtype_whole = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix,
+                                  measured=measured, host=host, model_s=model_s)
+    if budget_s is not None and model_s and not per_dtype_whole:
+        # the model audit comes after a cell of every real variant per dtype (tier 0's first two priority
+        # levels), before the rest: where those do not all fit with it, it is left out (a record in
+        # model.jsonl says why) and the cells get its time
+        reason = (f"over the budget: the {format_duration(budget_s)} budget (--budget) does not hold the model audit "
+                  f"(predicted {model_s * host:.1f} s) after a cell of every real variant per dtype")
+        plan, _ = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix, measured=measured,
+                        host=host, model_s=0.0)
+        plan.model_audit_skip = reason
+    return plan, forecast.pred, forecast.notes
+
+
+def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float | None, started_unix: float,
+          measured: bool, host: float, model_s: float) -> tuple[Plan, bool]:
+    """plan_run's plan with a model audit of model_s reference-host seconds after the cells (0: none), and
+    whether it keeps a cell of every real variant per dtype (Selection.per_dtype)."""
+    from .costmodel import CostModel, Settings
+    from .overhead import overhead_s as overhead_of
 
     def overhead_s(*args: Any, **kwargs: Any) -> tuple[float, float]:     # with the model audit after the cells
         return overhead_of(*args, model_audit_s=model_s, **kwargs)
-    measured = forecast.ceilings_measured if ceilings_measured is None else ceilings_measured
-    host = host_factor(forecast.ceilings)           # the run's outside-the-cells work scales with it
     before, after = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
                                ceilings_s=preset.ceilings_s, host=host)
     by_id = {c.id: c for c in cases}
@@ -583,5 +514,6 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
                 uncovered=chosen.uncovered, started_unix=started_unix, report_s=after,
                 smallest_s=None if chosen.smallest_s is None else chosen.smallest_s + sum(reserve(chosen.smallest)),
                 coverage_s=None if chosen.coverage_s is None else chosen.coverage_s + sum(reserve(chosen.coverage)),
-                measured=int(((forecast.pred["status"] == "ok") & ~forecast.pred["id"].isin(skip)).sum()))
-    return plan, forecast.pred, forecast.notes
+                measured=int(((forecast.pred["status"] == "ok") & ~forecast.pred["id"].isin(skip)).sum()),
+                model_audit_s=model_s * host)
+    return plan, not any(i in skip for i in chosen.per_dtype)

@@ -215,15 +215,3 @@ def score_mod_of(case: Case) -> str:
     score modification too (cellcache.BuildCache)."""
     from ..workload.inputs import SCENARIOS
     return str(SCENARIOS[case.scenario].score_mod)
-
-
-def model_audit_s(models: tuple[str, ...], run_variants: list[str]) -> float:
-    """The seconds of a run's model audit after its cells (measure/model_audit.py: write_run_audit), on
-    the reference host: importing transformers, then per model its build and float64 run and each
-    (variant, dtype) run not refused up front (workload.model's priors)."""
-    if not models:
-        return 0.0
-    from ..workload.model import MODEL_SPECS, TRANSFORMERS_IMPORT_S, model_variants, predicted_runs
-    variants = model_variants(run_variants)
-    specs = [MODEL_SPECS[m] for m in models if m in MODEL_SPECS]
-    return TRANSFORMERS_IMPORT_S + sum(s.build_s + s.run_s * predicted_runs(s, variants) for s in specs)

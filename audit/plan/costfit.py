@@ -40,16 +40,19 @@ class RunData:
     threads: int | None = None             # its torch threads (Inductor's CPU kernels are built for a count)
     time_split: dict | None = None         # where its wall time went (run.json, schema 9 on)
     ceilings_s: float | None = None        # the seconds its preset gave the ceilings
+    model_records: list | None = None      # its model audit's records (model.jsonl; overhead.fit_overheads)
 
     @classmethod
     def load(cls, run_dir: Path | str) -> "RunData":
         from ..core.records import load
+        from ..core.runfolder import read_model_records
         run_dir = Path(run_dir)
         info = json.loads((run_dir / RUN_FILE).read_text()) if (run_dir / RUN_FILE).exists() else {}
         env = info.get("env") or {}
         return cls(run_dir.name, load(run_dir), Settings.of_run(info), info.get("ceilings") or {},
                    info.get("compile_cache_dir"), info.get("compile_cache_id"), env.get("torch"),
-                   env.get("threads"), info.get("time_split"), (info.get("timing") or {}).get("ceilings_s"))
+                   env.get("threads"), info.get("time_split"), (info.get("timing") or {}).get("ceilings_s"),
+                   read_model_records(run_dir))
 
     def compiled_keys(self, outcomes: Sequence[str] | None = None) -> set[tuple]:
         """kernel_key()s of the cells that compiled in this run (their kernels are in its cache

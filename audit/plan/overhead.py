@@ -73,7 +73,7 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
     costmodel prediction: its cells' devices and statuses); ceilings_s: the seconds the preset
     gives each device's ceilings; host: this host's host_factor; kept: how many of them the
     budget keeps (default all): the others cost a skip's record only; model_audit_s: the model audit's
-    reference-host seconds after the cells (cell_work.model_audit_s), host-scaled."""
+    reference-host seconds after the cells (model_audit_seconds), host-scaled."""
     n = len(pred)
     devices = {str(d).split(":")[0] for d in pred["device"]} if n else set()
     kind = device_kind(devices)
@@ -84,6 +84,51 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
         before += c("ceilings_factor") * ceilings_s * len(devices)
     measured = int((pred["status"] == "ok").sum()) if n else 0
     return before, c("report_s") + c("report_per_cell_s") * measured + model_audit_s * host
+
+
+def model_audit_seconds(models: Iterable[str], run_variants: list[str], device: str = "cpu",
+                        params: Any = None) -> float:
+    """The reference-host seconds of a run's model audit after its cells (measure/model_audit.py:
+    write_run_audit) on `device` (cpu | cuda): importing transformers, then per model its build and
+    float64 run and each (variant, dtype) run not refused up front. Each constant is this machine's,
+    fitted on its earlier runs' model.jsonl (fit_overheads: "<device>|model_import_s",
+    "<device>|model:<name>|build_s", "...|run_s"), else the model's prior (workload.model.ModelSpec.priors)."""
+    from ..workload.model import MODEL_SPECS, TRANSFORMERS_IMPORT_S, model_variants, predicted_runs
+    specs = [MODEL_SPECS[m] for m in models if m in MODEL_SPECS]
+    if not specs:
+        return 0.0
+    table = getattr(params, "overhead", None) or {}
+    variants = model_variants(run_variants)
+    total = float(table.get(f"{device}|model_import_s", TRANSFORMERS_IMPORT_S))
+    for spec in specs:
+        build_s, run_s = spec.prior(device)
+        build_s = float(table.get(f"{device}|model:{spec.name}|build_s", build_s))
+        run_s = float(table.get(f"{device}|model:{spec.name}|run_s", run_s))
+        total += build_s + run_s * predicted_runs(spec, variants)
+    return total
+
+
+def _fit_model_audit(run: Any, kind: str, host: float, parts: Mapping[str, Any]) -> dict[str, list[float]]:
+    """A run's model audit constants in reference-host seconds (model_audit_seconds' names): per model the
+    float64 run's build (its reference record's seconds) and the median variant run, and the import as
+    what the audit's time split holds beyond its records' seconds."""
+    records = [r for r in (getattr(run, "model_records", None) or []) if isinstance(r, Mapping)]
+    timed = [r for r in records if r.get("status", "ok") == "ok" and r.get("seconds") is not None]
+    total = float(parts.get("model audit", 0.0) or 0.0)
+    if not timed or total <= 0:
+        return {}
+    found: dict[str, list[float]] = {}
+    for model in dict.fromkeys(str(r.get("model")) for r in timed):
+        mine = [r for r in timed if r.get("model") == model]
+        builds = [float(r["seconds"]) / host for r in mine if r.get("kind") == "reference"]
+        runs = [float(r["seconds"]) / host for r in mine if r.get("kind") == "variant"]
+        if builds:
+            found[f"{kind}|model:{model}|build_s"] = [builds[0]]
+        if runs:
+            found[f"{kind}|model:{model}|run_s"] = [statistics.median(runs)]
+    rest = total / host - sum(float(r["seconds"]) / host for r in timed)
+    found[f"{kind}|model_import_s"] = [max(0.0, rest)]
+    return found
 
 
 def fit_overheads(runs: Iterable[Any]) -> dict[str, float]:
@@ -117,4 +162,6 @@ def fit_overheads(runs: Iterable[Any]) -> dict[str, float]:
             found["ceilings_factor"] = get("ceilings") / ceilings_s     # time-boxed: not host-scaled
         for name, value in found.items():
             values.setdefault(f"{kind}|{name}", []).append(max(0.0, value))
+        for key, fitted in _fit_model_audit(run, kind, host, parts).items():
+            values.setdefault(key, []).extend(fitted)
     return {key: statistics.median(v) for key, v in values.items()}

@@ -14,8 +14,9 @@ def describe(plan: Plan, n_cells: int) -> str:
     skipped = len(plan.skip)
     skipped_s = sum(plan.predicted.get(i, 0.0) for i in plan.skip)
     budget = "no budget" if plan.budget_s is None else f"budget {format_duration(plan.budget_s)}"
+    outside = "start-up, ceilings, model audit and report" if plan.model_audit_s else "start-up, ceilings and report"
     line = (f"plan: {n_cells - skipped} cells predicted {format_duration(plan.predicted_total())} "
-            f"(+ {format_duration(plan.reserve_s)} start-up, ceilings and report), {budget}")
+            f"(+ {format_duration(plan.reserve_s)} {outside}), {budget}")
     if skipped:
         line += (f"; {skipped} cells skipped (predicted {format_duration(skipped_s)}): "
                  "listed in the report under Time budget")
@@ -47,3 +48,13 @@ def smallest_plan_line(plan: Plan) -> str | None:
 def budget_arg(seconds: float | None) -> str:
     """A --budget value at least `seconds` (core.units.format_budget), "none" without a number."""
     return format_budget(seconds) or "none"
+
+
+def model_audit_line(plan: Plan, models: tuple[str, ...]) -> str | None:
+    """What the plan does with the preset's model audit, for --dry-run (None: no model asked for)."""
+    if not models:
+        return None
+    names = ", ".join(models)
+    if plan.model_audit_skip:
+        return f"model audit ({names}): left out: {plan.model_audit_skip}"
+    return f"model audit ({names}): after the cells, predicted {format_duration(plan.model_audit_s)}"

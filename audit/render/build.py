@@ -74,7 +74,7 @@ def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = N
 
 def _model_section(run_dir: Path) -> list[Block]:
     """The model audit's section from DIR/model.jsonl (none where the run made no model audit)."""
-    from ..analysis.findings import read_model_records
+    from ..core.runfolder import read_model_records
     from ..analysis.model_rules import check_model
     records = read_model_records(run_dir)
     if not records:

@@ -74,8 +74,15 @@ def model_section(records: list[dict] | pd.DataFrame, findings: list[dict], figu
         "one layer to the next; the next-token distribution is compared by KL divergence, top-1 agreement and "
         "vLLM's logprob check. ", Mono(MODEL_BASELINES[0]), " is the yardstick of the findings (",
         Mono(MODEL_BASELINES[1]), " in a model whose sinks it cannot take).")]
+    for _, r in frame[frame["kind"].isin(["left_out", "unavailable"])].iterrows():
+        models = ", ".join(r.get("models") or []) if isinstance(r.get("models"), list) else ""
+        blocks.append(para(f"No model audit{' of ' + models if models else ''}: {r.get('reason')}."))
     reference = frame[frame["kind"] == "reference"]
     for _, r in reference.iterrows():
+        if isinstance(r.get("status"), str) and r.get("status") != "ok":     # (records before schema 1's status: ok)
+            blocks.append(para(f"{r['model']}: its float64 run did not complete ({r.get('status')}): "
+                               f"{r.get('reason')}; its variants were not run."))
+            continue
         stds = ", ".join(f"{s:.2f}" for s in (r.get("logit_std") or []))
         blocks.append(para(f"{r['model']} in float64: attention logits' std per layer {stds}; "
                            f"{100 * float(r.get('peaked_heads') or 0):.0f}% of heads peaked; next-token entropy "

@@ -11,7 +11,7 @@ Imports no torch or transformers at module level.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..core.errors import UsageError
@@ -44,10 +44,15 @@ class ModelSpec:
     batch: int                     # prompts
     sliding_window: int | None = None   # gpt_oss: every other layer attends in this window
     seed: int = 0
-    # the cost model's priors (plan/cell_work.py: model_audit_s), measured on the reference host (2-core
-    # Xeon with AMX, 2026-12-04): building it and its float64 run, and one variant's run in one dtype
-    build_s: float = 0.6
-    run_s: float = 0.05
+    # The cost model's priors per device kind (plan/overhead.py: model_audit_seconds), until a run on this
+    # machine fits its own (overhead.fit_overheads): (building it and its float64 run, one variant's run in
+    # one dtype), in seconds. cpu: measured on the reference host (2-core Xeon with AMX, 2026-12-04);
+    # cuda: estimated from the FLOPs at an H200's float64 rate, not yet measured on a GPU.
+    priors: dict = field(default_factory=lambda: {"cpu": (0.6, 0.05)})
+
+    def prior(self, device: str) -> tuple[float, float]:
+        """(build_s, run_s) on this device kind: its own prior, else the cpu one."""
+        return self.priors.get(device, self.priors["cpu"])
 
     @property
     def intermediate(self) -> int:
@@ -64,22 +69,33 @@ MODEL_SPECS: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec("gpt-oss-tiny", "gpt_oss", layers=4, hidden=64, heads=4, kv_heads=2, head_dim=16, vocab=256,
               seq_len=48, batch=2, sliding_window=16),
     ModelSpec("llama-small", "llama", layers=8, hidden=256, heads=8, kv_heads=2, head_dim=32, vocab=1024,
-              seq_len=256, batch=2, run_s=0.3),
+              seq_len=256, batch=2, priors={"cpu": (0.6, 0.3)}),
     ModelSpec("gpt-oss-small", "gpt_oss", layers=8, hidden=256, heads=8, kv_heads=2, head_dim=32, vocab=1024,
-              seq_len=256, batch=2, sliding_window=64, run_s=0.65),
+              seq_len=256, batch=2, sliding_window=64, priors={"cpu": (0.6, 0.65)}),
+    # the gpu preset's: 16 layers, head_dim 64 (the kernels' common case), 1024 tokens, 40M (llama) and 110M
+    # (gpt-oss, 4 experts) parameters. cpu priors measured on the reference host (15 s and 24 s to build, a
+    # variant's run 1-9 s); cuda ones estimated (see ModelSpec.priors)
+    ModelSpec("llama-medium", "llama", layers=16, hidden=512, heads=8, kv_heads=2, head_dim=64, vocab=4096,
+              seq_len=1024, batch=2, priors={"cpu": (15.0, 3.5), "cuda": (2.0, 0.25)}),
+    ModelSpec("gpt-oss-medium", "gpt_oss", layers=16, hidden=512, heads=8, kv_heads=2, head_dim=64, vocab=4096,
+              seq_len=1024, batch=2, sliding_window=128, priors={"cpu": (24.0, 8.5), "cuda": (3.0, 0.5)}),
 )}
-# What the model audit runs by default (`audit model`), and in a run: the yardsticks first, then the
-# run's own variants but those compiled per shape (a compile per model and dtype), those taking no mask
-# (documents or pages only) and the controls other than MODEL_CONTROLS (each of these shows at model level)
+# What the model audit runs by default (`audit model`), and in a run: the yardsticks and the controls
+# first (every model audit proves its checks, as a run's cells do), then the run's own variants but those
+# compiled per shape (a compile per model and dtype), those taking no mask (documents or pages only) and
+# the other controls. Each of MODEL_CONTROLS shows at model level: broken.clamped in fp32 only (its 1e-6
+# clamp is under half precision's rounding), broken.sink_ignored in gpt-oss, the others everywhere.
 MODEL_YARDSTICKS: tuple[str, ...] = ("sdpa", "eager")
-MODEL_CONTROLS: tuple[str, ...] = ("broken.unscaled", "broken.softmax_wrong_dim", "broken.sink_ignored")
+MODEL_CONTROLS: tuple[str, ...] = ("broken.unscaled", "broken.softmax_wrong_dim", "broken.clamped",
+                                   "broken.sink_ignored")
 MODEL_VARIANTS: tuple[str, ...] = ("eager", "sdpa", "flex_eager", *MODEL_CONTROLS)
 MODEL_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 TRANSFORMERS_IMPORT_S = 1.0     # importing transformers in a measuring process that has torch (quick run: 3.5 s in all)
 
 
 def model_variants(run_variants: list[str]) -> list[str]:
-    """The variants a run's model audit runs (MODEL_YARDSTICKS, then the run's own eligible ones)."""
+    """The variants a run's model audit runs (MODEL_YARDSTICKS, MODEL_CONTROLS, then the run's own eligible
+    ones)."""
     from .variants import BROKEN_PREFIX, builtin_variants
     table = builtin_variants()
 
@@ -90,7 +106,7 @@ def model_variants(run_variants: list[str]) -> list[str]:
         if name.startswith(BROKEN_PREFIX):
             return name in MODEL_CONTROLS
         return not spec.compiled and spec.masks and "paged" not in spec.forms
-    return list(dict.fromkeys([*MODEL_YARDSTICKS, *(v for v in run_variants if eligible(v))]))
+    return list(dict.fromkeys([*MODEL_YARDSTICKS, *MODEL_CONTROLS, *(v for v in run_variants if eligible(v))]))
 
 
 def predicted_runs(spec: ModelSpec, variants: list[str]) -> int:
@@ -127,15 +143,17 @@ def _config(spec: ModelSpec, attention: str) -> Any:
     return config
 
 
-def build_model(spec: ModelSpec, attention: str) -> Any:
-    """The decoder of `spec`, its weights drawn from spec.seed and shaped (shape_weights), in float64,
-    eval mode, calling the attention function registered as `attention`."""
+def build_model(spec: ModelSpec, attention: str, device: str = "cpu") -> Any:
+    """The decoder of `spec` on `device`, its weights drawn from spec.seed and shaped (shape_weights), in
+    float64, eval mode, calling the attention function registered as `attention`. Built on the device
+    itself (a 100M-parameter float64 model is initialised there, not on the host and copied)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
     logging.set_verbosity_error()            # its config notes (RoPE defaults) are not the audit's findings
     torch.manual_seed(spec.seed)
-    model = AutoModelForCausalLM.from_config(_config(spec, attention), dtype=torch.float64)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(_config(spec, attention), dtype=torch.float64)
     shape_weights(model, spec)
     return model.eval()
 
@@ -154,10 +172,11 @@ def shape_weights(model: Any, spec: ModelSpec) -> None:
     (measure/model_audit.py: logit_std, next_token_entropy)."""
     import math
     import torch
-    gen = torch.Generator().manual_seed(spec.seed)
+    device = model.lm_head.weight.device        # drawn there: the same weights on every CPU, its own on a GPU
+    gen = torch.Generator(device=device).manual_seed(spec.seed)
 
     def draw(weight: Any, std: float) -> None:
-        weight.copy_(torch.randn(weight.shape, generator=gen, dtype=torch.float64) * std)
+        weight.copy_(torch.randn(weight.shape, generator=gen, dtype=torch.float64, device=device) * std)
 
     # RoPE's attention scaling (gpt-oss's YaRN: about 1.35) multiplies q and k: divided out here
     rope_scale = float(getattr(model.model.rotary_emb, "attention_scaling", 1.0) or 1.0)
@@ -177,14 +196,14 @@ def shape_weights(model: Any, spec: ModelSpec) -> None:
                 if "down" in name:                                  # the MLP's output projection(s)
                     draw(param, RESIDUAL_STD)
             if getattr(attn, "sinks", None) is not None:
-                attn.sinks.copy_(torch.randn(attn.sinks.shape, generator=gen, dtype=torch.float64) + 2.0)
+                attn.sinks.copy_(torch.randn(attn.sinks.shape, generator=gen, dtype=torch.float64, device=device) + 2.0)
 
 
-def prompts(spec: ModelSpec) -> Any:
-    """(batch, seq_len) token ids drawn from spec.seed + 1."""
+def prompts(spec: ModelSpec, device: str = "cpu") -> Any:
+    """(batch, seq_len) token ids drawn from spec.seed + 1 (on the host: the same prompts on every device)."""
     import torch
     gen = torch.Generator().manual_seed(spec.seed + 1)
-    return torch.randint(0, spec.vocab, (spec.batch, spec.seq_len), generator=gen)
+    return torch.randint(0, spec.vocab, (spec.batch, spec.seq_len), generator=gen).to(device)
 
 
 def as_transformers_attention(fn: Callable[..., Any], takes_sinks: bool,

@@ -396,6 +396,7 @@ def _gpu(sets: _VariantSets) -> Preset:
                  seq_len=(1024,), batch=(2,), heads=(16,), causal=(False, True), scenario=("normal",)),
         ),
         min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=480.0,
+        models=("llama-medium", "gpt-oss-medium"),
     )
 
 
@@ -429,6 +430,7 @@ def _gpu_check() -> Preset:
                  batch=(2,), heads=(16,), causal=(False, True), scenario=("strided_qkv",)),
         ),
         min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=180.0,
+        models=("llama-medium", "gpt-oss-medium"),
     )
 
 
