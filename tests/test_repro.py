@@ -349,3 +349,11 @@ def test_copied_code_cannot_take_a_name_the_script_defines():
     emb = Embedder()
     emb.reserve("CELL_AXES")
     assert emb.bind("Case", grid.Case) == "Case"
+
+
+def test_a_script_part_that_does_not_compile_stops_the_script():
+    """Each part of a script is compiled once per report (scripts._compiles): a broken one still raises."""
+    from audit.repro.scripts import _compiles
+    _compiles("def ok(x: SomeLaterName) -> int:\n    return 1\n")      # annotations are not evaluated
+    with pytest.raises(SyntaxError):
+        _compiles("def broken(:\n    pass\n")
