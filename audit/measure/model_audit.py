@@ -132,7 +132,7 @@ class Reference:
         group = q.shape[1] // k.shape[1]
         kk = k.repeat_interleave(group, dim=1)                                    # (B, H, T, d)
         scores = (q @ kk.transpose(-2, -1)) * module.scaling                     # (B, H, T, T)
-        keep = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()   # (T, T)
         window = getattr(module, "sliding_window", None)
         if window:
             keep &= ~torch.ones_like(keep).tril(-window)
@@ -201,7 +201,7 @@ def _compare(ref: Reference, trace: Trace, logits: Any) -> dict[str, Any]:
             "growth_max": max(growth) if growth else None,
             "kl": kl if math.isfinite(kl) else None, "top1_agreement": float(agree.double().mean()),
             "top1_mismatches": flat[:, 0].tolist(),
-            "decisive_mismatches": [int(i) for i in flat[:, 0].tolist() if decisive.flatten()[i]],
+            "decisive_mismatches": flat[:, 0][decisive.flatten()[flat[:, 0]]].tolist(),   # one transfer, not one a position
             "logprob_check": check if finite else False, "first_divergence": first}
 
 
