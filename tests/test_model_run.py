@@ -83,8 +83,8 @@ def test_a_model_audit_step_is_timed_and_recorded_by_the_supervisor(tmp_path):
     assert _lines(tmp_path) == [{"schema": 1, "model": "llama-tiny", "status": "timeout", "kind": "variant",
                                  "variant": "sdpa", "dtype": "bf16",
                                  "reason": "over the per-cell time limit of 300 s"}]
-    supervisor._record_crash(tmp_path, {}, "model:gpt-oss-tiny", "died in this cell")
-    assert _lines(tmp_path)[-1]["kind"] == "reference" and "this model audit step" in _lines(tmp_path)[-1]["reason"]
+    supervisor._record_crash(tmp_path, {}, "model:gpt-oss-tiny", "died with signal SIGSEGV")
+    assert _lines(tmp_path)[-1]["kind"] == "reference" and _lines(tmp_path)[-1]["status"] == "error"
 
 
 def test_the_plan_keeps_the_model_audit_after_a_cell_per_variant_and_dtype_and_leaves_it_out_below():

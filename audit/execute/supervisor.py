@@ -166,7 +166,8 @@ def supervise(cases: Sequence[Any], run_dir: Path, argv: list[str], cell_timeout
             print(f"attn-audit: the measuring process exited with {describe_exit(code)} outside any cell; "
                   f"rerun with --out {run_dir} to resume", file=sys.stderr)
             return 1
-        reason = (f"the measuring process died with {describe_exit(code)} in this cell (a crash in the "
+        where = "this model audit step" if is_model_step(cell) else "this cell"
+        reason = (f"the measuring process died with {describe_exit(code)} in {where} (a crash in the "
                   f"variant or in torch); the run went on in a new process")
         _record_crash(run_dir, by_id, cell, reason)
         print(f"attn-audit: {cell}: {reason}", file=sys.stderr)
@@ -184,7 +185,7 @@ def _record_crash(run_dir: Path, by_id: dict, marked: str, reason: str, status: 
     """A dead or killed measuring process's record: the cell's, or the model audit step's (model.jsonl)."""
     if is_model_step(marked):
         from ..measure.model_audit import record_crash
-        record_crash(run_dir, marked, reason.replace("this cell", "this model audit step"), status)
+        record_crash(run_dir, marked, reason, status)
         runner.mark_inflight(run_dir, None)
     else:
         runner.record_crash(run_dir, by_id[marked], reason, status=status)
