@@ -63,14 +63,14 @@ def test_the_scale_and_softcap_controls_are_right_wherever_their_argument_has_it
 @pytest.fixture(scope="module")
 def builtins_run():
     """Every uncompiled built-in on each probed scenario it takes in fp32, and on normal in bf16 too;
-    compiled_unfused on one causal softcap cell, which probes its scale and its cap (a compiled variant's
-    probes are recompiles, 3-4 s each here: its normal cells' scale probe is in the quick preset's run, as
-    are flex's: tests/test_findings_stable.py)."""
+    compiled_unfused on a causal normal and softcap cell, its scale probed on the one and its cap on the
+    other (a compiled variant's probes are recompiles, 3-4 s each here: not repeated per causal flag;
+    flex's probes are in the quick preset's run: tests/test_findings_stable.py)."""
     real = ("eager", "eager_fp32", "sdpa", "sdpa_math", "sdpa_flash", "flash_op", "flex_eager", "packed_loop")
     scenarios = ("normal", "padding", "sliding_window", "softcap", "sinks", "sinks_prefill", "sinks_decode", "packed")
     cases = [Case(v, "cpu", dtype, 16, 32, 2, 2, causal, s) for v in real for s in scenarios
              for dtype in (("fp32", "bf16") if s == "normal" else ("fp32",)) for causal in (False, True)]
-    cases += [Case("compiled_unfused", "cpu", "fp32", 16, 32, 1, 2, True, "softcap")]
+    cases += [Case("compiled_unfused", "cpu", "fp32", 16, 32, 1, 2, True, s) for s in ("normal", "softcap")]
     return _run(cases)
 
 
