@@ -148,7 +148,25 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_uses_shared_run)
     for item in items:
         if _uses_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+            group = item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+            _suffix_group(config, item, group)
+
+
+def _suffix_group(config, item, group: str) -> None:
+    """Give the item the `@group` suffix pytest-xdist's loadgroup schedules by. xdist writes it to
+    `item._nodeid`, which pytest 9.2 no longer reads (its node ids are structured, `item._id`), so the
+    groups were silently ignored and each worker built the module fixtures again (tests/test_faults.py's
+    21 s run of faulty plug-ins twice; pytest-dev/pytest-xdist#1386, fix pending in #1388). Here the
+    structured id gets the suffix, where it exists, and only on a loadgroup worker."""
+    if not getattr(config.option, "loadgroup", False) or "@" in item.nodeid.rpartition("]")[2]:
+        return
+    try:
+        from _pytest.nodeid import coerce_node_id
+    except ImportError:         # pytest before 9.2: xdist's own suffix works
+        return
+    if hasattr(item, "_id"):
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
 
 
 def pytest_collection_finish(session):
