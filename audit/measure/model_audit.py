@@ -234,13 +234,13 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+STEP_PREFIX = "model"             # a model audit step's in-flight mark: "model:<model>[:<variant>:<dtype>]"
+
+
 def step_id(model: str, variant: str | None = None, dtype: str | None = None) -> str:
     """A model audit step's name in a run's in-flight marker and its record's key: "model:<model>" (its
     float64 run) or "model:<model>:<variant>:<dtype>"."""
     return ":".join([STEP_PREFIX, model, *([variant, dtype] if variant is not None else [])])
-
-
-STEP_PREFIX = "model"
 
 
 def record_key(record: dict) -> str | None:
