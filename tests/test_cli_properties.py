@@ -100,6 +100,7 @@ def test_a_run_that_measures_nothing_exits_0_and_its_report_says_why(tmp_path):
                            "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
     assert "plan: nothing fits" in done.stderr
+    assert "model audit (llama-small, gpt-oss-small): left out: over the budget" in done.stderr
     page = (out / "index.md").read_text()
     assert "Nothing of a real variant was measured" in page and "--budget" in page
     # nor the model audit after the cells: left out by the plan, the report says why

@@ -405,6 +405,8 @@ def _plan(cases: list, preset: Any, run_dir: Path, started: float, ceilings_meas
     if smallest and (plan.uncovered or plan.measured == 0):
         print(f"attn-audit: {smallest}", file=sys.stderr)
     print(f"attn-audit: {describe(plan, len(todo))}", file=sys.stderr)
+    if plan.model_audit_skip:
+        print(f"attn-audit: {model_audit_line(plan, tuple(preset.models))}", file=sys.stderr)
 
 
 def _dry_run(cases: list, preset: Any, run_dir: Path | None, started: float) -> int:
