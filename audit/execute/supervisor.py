@@ -31,7 +31,9 @@ POLL_S = 0.25
 def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = True,
          prepared: dict[str, float] | None = None) -> int:
     """The measuring process: every cell not yet recorded, one record each; once none is left,
-    the seed tutorial's claims (measure.seed), so the supervising process needs no torch.
+    the seed tutorial's claims (measure.seed), so the supervising process needs no torch, then the
+    preset's model audit (measure.model_audit; its steps marked in flight like cells) unless the plan
+    left it out.
     prepared: the seconds per part this process spent preparing the run (its first process),
     for workers.jsonl."""
     from ..measure.environment import environment
@@ -39,8 +41,9 @@ def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = T
 
     try:
         ceilings = json.loads((run_dir / RUN_FILE).read_text()).get("ceilings")
+        plan = Plan.read(run_dir)
         counts = runner.run_grid(cases, run_dir, preset, environment(), progress=progress,
-                                 ceilings=ceilings, plan=Plan.read(run_dir),
+                                 ceilings=ceilings, plan=plan,
                                  on_start=lambda: runner.write_worker_timing(run_dir, prepared))
         start = time.time()
         write_claims(run_dir)
@@ -48,7 +51,6 @@ def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = T
         if getattr(preset, "models", ()):
             from ..measure.model_audit import write_run_audit
             start = time.time()
-            plan = Plan.read(run_dir)
             try:
                 write_run_audit(run_dir, preset.models, list(dict.fromkeys(c.variant for c in cases)),
                                 model_device(cases), before=lambda step: runner.mark_inflight(run_dir, step),
@@ -72,7 +74,7 @@ def model_device(cases: Sequence[Any]) -> str:
 
 
 MODEL_STEP_TIMEOUT_S = 300.0    # a model audit step's time limit without --cell-timeout (a variant's run, or the
-                                # float64 one: seconds; llama-medium's on 2 CPU cores, about a minute)
+                                # float64 one; the slowest measured: gpt-oss-medium's float64 run, 24 s on 2 CPU cores)
 
 
 def cell_limits(run_dir: Path, fixed_s: float | None) -> Callable[[str], float]:
