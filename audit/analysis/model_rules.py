@@ -41,7 +41,8 @@ def variant_rows(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
     return frame[frame["kind"] == "variant"].reset_index(drop=True)
 
 
-def _num(value: Any) -> float | None:
+def _finite(value: Any) -> float | None:
+    """value as a finite float, else None (an inf error is no number to compare with a yardstick's)."""
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -67,12 +68,12 @@ def check_model(records: list[dict] | pd.DataFrame) -> list[dict]:
             continue
         yardstick = present[0]
         base = group[group["variant"] == yardstick].iloc[0]
-        base_err, base_growth = _num(base.get("final_hidden_err")), _num(base.get("growth_median"))
+        base_err, base_growth = _finite(base.get("final_hidden_err")), _finite(base.get("growth_median"))
         base_flips = set(base.get("decisive_mismatches") or [])
         floor = error_floor(str(dtype))
         for _, r in group[group["variant"] != yardstick].iterrows():
             cell = f"{r['variant']} {model} {dtype}"
-            err, growth = _num(r.get("final_hidden_err")), _num(r.get("growth_median"))
+            err, growth = _finite(r.get("final_hidden_err")), _finite(r.get("growth_median"))
             worse = err is None or (base_err is not None and err > max(ERROR_FACTOR * base_err, floor))
             faster = (growth is not None and base_growth is not None and growth > GROWTH_FACTOR * base_growth
                       and err is not None and base_err is not None and err > max(base_err, floor))
@@ -104,5 +105,5 @@ def check_model(records: list[dict] | pd.DataFrame) -> list[dict]:
 
 
 def _fmt(value: Any) -> str:
-    v = _num(value)
+    v = _finite(value)
     return "n/a" if v is None else f"{v:.3g}"

@@ -37,20 +37,27 @@ def failure_file_name(cell_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", cell_id) + ".txt"
 
 
-def read_model_records(run_dir: "str | object") -> list[dict]:
-    """DIR/MODEL_FILE's records (the model audit's, appended one by one as made), [] where the run made
-    none; a line a crash cut short is left out (its step is made again, or recorded as the crash)."""
+def read_jsonl(path: "str | object") -> list[dict]:
+    """The JSON objects of a JSONL file appended to line by line ([] where there is none): a line a
+    crash cut short, or anything but an object, is left out."""
     import json
     from pathlib import Path
-    path = Path(run_dir) / MODEL_FILE
+    path = Path(path)
     if not path.is_file():
         return []
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            record = json.loads(line)
+            item = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict):
-            out.append(record)
+        if isinstance(item, dict):
+            out.append(item)
     return out
+
+
+def read_model_records(run_dir: "str | object") -> list[dict]:
+    """DIR/MODEL_FILE's records (the model audit's, appended one by one as made), [] where the run made
+    none; a line a crash cut short is left out (its step is made again, or recorded as the crash)."""
+    from pathlib import Path
+    return read_jsonl(Path(run_dir) / MODEL_FILE)

@@ -325,18 +325,9 @@ def write_worker_timing(run_dir: Path, segments: dict[str, float] | None = None,
 
 def read_worker_timing(run_dir: Path, since_unix: float) -> list[dict[str, float]]:
     """The measuring processes DIR/workers.jsonl lists as started at or after since_unix."""
-    path = Path(run_dir) / WORKERS_FILE
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict) and float(item.get("ready_unix") or 0.0) >= since_unix:
-            out.append(item)
-    return out
+    from ..core.runfolder import read_jsonl
+    return [item for item in read_jsonl(Path(run_dir) / WORKERS_FILE)
+            if float(item.get("ready_unix") or 0.0) >= since_unix]
 
 
 def _energy_meter(cases: list[Case]) -> Any:

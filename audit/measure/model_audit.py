@@ -105,7 +105,13 @@ class Reference:
         out, self.trace = _forward(self.model, self.ids)
         self.logits = out.logits.double()                                         # (B, T, V)
         self._record_on = False
-        probs = torch.softmax(self.logits, -1)
+        # what every variant's run is compared with, computed once: log-probabilities, top token, and the
+        # positions where the top token leads the next by more than DECISIVE_MARGIN
+        self.log_probs = torch.log_softmax(self.logits, -1)                       # (B, T, V)
+        self.top = self.logits.argmax(-1)                                         # (B, T)
+        two = self.log_probs.topk(2, dim=-1).values                              # (B, T, 2)
+        self.decisive = (two[..., 0] - two[..., 1]) > DECISIVE_MARGIN            # (B, T)
+        self.probs = probs = self.log_probs.exp()                                 # (B, T, V)
         self.stats = {
             "kind": "reference", "model": spec.name, "schema": MODEL_SCHEMA, "device": device, "status": "ok",
             "logit_std": [float(sum(v) / len(v)) for _, v in sorted(self._logit_std.items())],
@@ -179,13 +185,11 @@ def _compare(ref: Reference, trace: Trace, logits: Any) -> dict[str, Any]:
     hidden = [_relative(x, r) for x, r in zip(trace.hidden, ref.trace.hidden)]
     attn = [_relative(x, r) for x, r in zip(trace.attn, ref.trace.attn)]
     growth = [b / a for a, b in zip(hidden, hidden[1:]) if a > 0 and math.isfinite(a) and math.isfinite(b)]
-    p_ref = torch.log_softmax(ref.logits, -1)                                     # (B, T, V)
-    p = torch.log_softmax(logits, -1)
-    kl = float((p_ref.exp() * (p_ref - p)).sum(-1).mean())
-    top_ref, top = ref.logits.argmax(-1), logits.argmax(-1)                        # (B, T)
+    p_ref, top_ref, decisive = ref.log_probs, ref.top, ref.decisive
+    p = torch.log_softmax(logits, -1)                                             # (B, T, V)
+    kl = float((ref.probs * (p_ref - p)).sum(-1).mean())
+    top = logits.argmax(-1)                                                       # (B, T)
     agree = top_ref == top
-    two = p_ref.topk(2, dim=-1).values                                            # (B, T, 2)
-    decisive = (two[..., 0] - two[..., 1]) > DECISIVE_MARGIN                      # (B, T)
     first, check = None, True
     flat = (~agree).flatten().nonzero()
     if len(flat):
