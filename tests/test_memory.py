@@ -75,3 +75,49 @@ def test_peak_still_sees_heap_served_allocations_after_pinning():
         torch.ones(4 * 2**20).sum()
     _, peak = peak_during(lambda: torch.ones(4 * 2**20).add_(1).sum(), "cpu")   # 16 MiB fp32
     assert peak >= 15 * 2**20
+
+
+def _live_tensor_bytes(device: str) -> int:
+    """Bytes of every tensor storage alive: a held_bytes() that sees the audit's own tensors as
+    clearly as a variant's (CUDA's allocator does; the CPU's resident set blurs them)."""
+    import gc
+    import warnings
+    gc.collect()
+    storages = {}
+    with warnings.catch_warnings():         # isinstance on torch.distributed's deprecated reduce_op warns
+        warnings.simplefilter("ignore", FutureWarning)
+        tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    for tensor in tensors:
+        if tensor.device.type != "meta":
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("variant, leaks", [("broken.strides_ignored", False), ("faults:leaks", True)])
+def test_leaked_bytes_counts_what_the_timed_calls_keep_not_the_checks_tensors(monkeypatch, variant, leaks):
+    """Found on an H200: broken.strides_ignored "kept 400 MiB" and restarted the worker (losing the
+    compiled code of the cells after it), but what it kept was the checks' float64 tensors, built
+    between the warm-up and the timed calls. Counted on live tensors, the control keeps nothing
+    across its timed calls, and a plug-in keeping 2 MiB a call is still caught."""
+    import sys
+    from pathlib import Path
+
+    from audit.core.grid import Case
+    from audit.execute import runner
+    from audit.measure import measurement
+    from audit.workload import presets
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent / "plugins"))
+    monkeypatch.setattr(measurement, "held_bytes", _live_tensor_bytes)
+    monkeypatch.setattr(measurement, "LEAK_REPORT_BYTES", 4 * MIB)
+    preset = presets.Preset(name="t", description="", grids=(), min_samples=3, min_time_s=0.0, max_cell_s=60.0,
+                            energy_window_s=0.0)
+    case = Case(variant, "cpu", "fp32", 64, 256, 2, 8, False, "strided_qkv", None)
+    rec = runner.run_cell(case, runner.InputCache(), preset, {})
+    assert rec["status"] == "ok", rec["reason"]
+    if leaks:
+        assert rec["leaked_bytes"] >= 4 * MIB
+    else:
+        assert rec.get("leaked_bytes") is None, rec.get("leaked_bytes")
+    sys.modules.pop("faults", None)

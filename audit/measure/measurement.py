@@ -91,7 +91,7 @@ class _Cell(CellState):
     first_fb: float = 0.0
     warm_fwd: float = 0.0           # the numerics calls' seconds: they size the timed blocks
     warm_fb: float = 0.0
-    held_after_warmup: int | None = None
+    held_before_timing: int | None = None   # held_bytes() right before the timed calls
     counts_before: tuple = ()       # compiled graphs, graph breaks, fused SDPA, Inductor's cache
     compiled_here: bool = False
     cache_use: str | None = None
@@ -298,7 +298,6 @@ def _first_calls(cell: _Cell) -> None:
         refereeing.settle_if_incomplete(cell)
         with phases("determinism"):
             cell.repeats.add("out", first_out.pop())
-    cell.held_after_warmup = held_bytes(cell.case.device)
 
 
 def _gradients(cell: _Cell) -> None:
@@ -342,6 +341,10 @@ def _timing(cell: _Cell) -> None:
     def timed_forward_backward() -> None:
         last_grads[:] = [cell.forward_backward()]
 
+    # Read here, not after the warm-up: the checks between (gradients, values_follow, mistakes)
+    # build the audit's own float64 tensors, which are no leak of the variant's (on an H200 they
+    # restarted the worker after broken.strides_ignored, and lost the compiled code with it).
+    cell.held_before_timing = held_bytes(cell.case.device)
     with cell.phases("timed"), cell.vault.sealed_for():
         cell.fwd, cell.fb, cell.timer = _time_cell(
             cell.case, cell.preset, timed_forward, timed_forward_backward if cell.backward_reason is None else None,
@@ -364,9 +367,9 @@ def _derived(cell: _Cell, ceilings: dict | None, meter: Any) -> None:
     graph breaks, the golden's saturation, roofline and energy."""
     m, case, variant, fwd, fb = cell.columns, cell.case, cell.variant, cell.fwd, cell.fb
     held_after_timing = held_bytes(case.device)
-    if cell.held_after_warmup is not None and held_after_timing is not None \
-            and held_after_timing - cell.held_after_warmup > LEAK_REPORT_BYTES:
-        m["leaked_bytes"] = held_after_timing - cell.held_after_warmup
+    if cell.held_before_timing is not None and held_after_timing is not None \
+            and held_after_timing - cell.held_before_timing > LEAK_REPORT_BYTES:
+        m["leaked_bytes"] = held_after_timing - cell.held_before_timing
     _fill_timing(m, "fwd", fwd)
     if fb is not None:
         _fill_timing(m, "fwd_bwd", fb)
