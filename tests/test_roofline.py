@@ -207,6 +207,7 @@ def _fake_hardware(monkeypatch, flops_per_s: float, bytes_per_s: float = 1e10, *
     monkeypatch.setattr(roofline, "_timed_call", fake_timed)
     monkeypatch.setattr(roofline, "_grow", grow)
     monkeypatch.setattr(roofline, "_best_rate", best)
+    monkeypatch.setattr(roofline.time, "perf_counter", lambda: clock["now"])   # the shares follow the fake clock
     return clock
 
 
@@ -284,3 +285,25 @@ def test_compute_ceiling_is_the_better_of_dtype_and_fp32():
     assert compute_ceiling({}, "fp16") is None
     case = dict(batch=1, heads=2, seq_len=256, d_k=64, dtype="fp16", causal=False)
     assert cell_roofline(case, 1e-3, None, cpu)["peak_flops_per_s"] == 2e11
+
+
+def test_each_ceiling_probe_shares_what_is_left_so_overruns_do_not_add_up(monkeypatch):
+    """Found on an H200: fixed shares of 0.9 × 2.5 s plus each probe's setup call and allocation
+    took 3.01 s. Each probe now gets an equal share of the time left: with every probe overrunning
+    its share by 0.15 s (a setup call), the measurement still ends inside its budget."""
+    from audit.measure import roofline
+    now = [0.0]
+    monkeypatch.setattr(roofline.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(roofline, "host_probe_s", lambda: 0.01)
+    shares: list[float] = []
+
+    def probe(share: float) -> None:
+        shares.append(share)
+        now[0] += share + 0.15                                  # its share, and a setup call on top
+
+    monkeypatch.setattr(roofline, "_matmul_rate", lambda device, dt, n, share, sync, spread: (probe(share), 1e12, n, 0.15)[1:])
+    monkeypatch.setattr(roofline, "_copy_rate", lambda device, nbytes, share, sync, spread: (probe(share), 1e11, nbytes)[1:])
+    out = roofline.measure_ceilings("cpu", ("fp32", "fp16", "bf16"), budget_s=2.5)
+    assert len(shares) == 4 and shares == sorted(shares, reverse=True)      # later probes absorb the overruns
+    assert out["elapsed_s"] <= 2.5, (shares, out["elapsed_s"])
+    assert out["matmul_flops_per_s"] == {"fp32": 1e12, "fp16": 1e12, "bf16": 1e12}

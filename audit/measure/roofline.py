@@ -234,7 +234,18 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
         "host_probe_s": host_probe_s(),
         "spread": {},          # per dtype and "copy": best repeat's rate over the median's (the referee's margin)
     }
-    share = 0.9 * budget_s / (len(dtypes) + 1)      # 10% left for allocations and the rest
+    # Each probe gets an equal share of what is left when it starts, not of the whole budget: the
+    # setup calls, allocations and the host probe otherwise come on top (an H200 took 3.01 s of a
+    # 2.5 s budget with fixed shares); 10% of the budget stays for the last probe's overrun.
+    deadline = started + 0.9 * budget_s
+    probes_left = len(dtypes) + 1
+
+    def next_share() -> float:
+        nonlocal probes_left
+        share = max(0.0, deadline - time.perf_counter()) / probes_left
+        probes_left -= 1
+        return share
+
     for dt in dtypes:
         if isinstance(matmul_n, int):
             n = matmul_n
@@ -245,7 +256,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
         out["matmul_n_max"][dt], out["matmul_setup_s"][dt] = n, None
         try:
             spread: list = []
-            rate, used_n, setup_s = _matmul_rate(device, dt, n, share, sync, spread)
+            rate, used_n, setup_s = _matmul_rate(device, dt, n, next_share(), sync, spread)
             out["spread"][dt] = spread[0] if spread else None
             if not (math.isfinite(rate) and rate > 0):
                 raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
@@ -257,7 +268,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
     try:
         out["copy_bytes_max"] = copy_bytes or (CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES)
         spread = []
-        rate, used = _copy_rate(device, out["copy_bytes_max"], share, sync, spread)
+        rate, used = _copy_rate(device, out["copy_bytes_max"], next_share(), sync, spread)
         out["spread"]["copy"] = spread[0] if spread else None
         if not (math.isfinite(rate) and rate > 0):
             raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
