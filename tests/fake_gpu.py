@@ -139,7 +139,8 @@ class GpuNVML:
     publishes the first value forever, `instant_failures` are the indices (0-based) of the
     field-value reads that fail transiently (`instant_failure`: "raise" an NVMLError, or
     "return" nvmlReturn 15 in the field), `instant_type` is the valueType the power comes in
-    (1 unsigned int; 0 double).
+    (1 unsigned int; 0 double), `instant_lag_s` how far behind the device the instant field reads
+    (an H200's lags a GPU that just left idle).
     """
 
     NVML_CLOCK_SM = 1
@@ -154,12 +155,13 @@ class GpuNVML:
     def __init__(self, gpu: FakeGPU, *, counter: bool = True, instant: bool = True,
                  throttle: int = 0, costs: dict | None = None, counter_scale: float = 1.0,
                  counter_stuck: bool = False, instant_failures: tuple = (),
-                 instant_failure: str = "raise", instant_type: int = 1) -> None:
+                 instant_failure: str = "raise", instant_type: int = 1, instant_lag_s: float = 0.0) -> None:
         self.gpu, self.counter, self.instant, self.throttle = gpu, counter, instant, throttle
         self.costs = dict(costs or {})
         self.counter_scale, self.counter_stuck = counter_scale, counter_stuck
         self.instant_failures, self.instant_failure = set(instant_failures), instant_failure
         self.instant_type = instant_type
+        self.instant_lag_s = instant_lag_s
         self.reads = 0
         self.calls: dict[str, int] = {}
         self._stuck_mj: int | None = None
@@ -213,7 +215,7 @@ class GpuNVML:
             if self.instant_failure == "raise":
                 raise FakeNVMLError(15)                    # NVML_ERROR_TIMEOUT
             return [FieldValue(0, ret=15)]
-        mw = self.gpu.power_w(self.gpu.now) * 1000
+        mw = self.gpu.power_w(max(0.0, self.gpu.now - self.instant_lag_s)) * 1000
         return [FieldValue(mw if self.instant_type == 0 else int(mw), value_type=self.instant_type)]
 
     def nvmlDeviceGetPowerUsage(self, h):

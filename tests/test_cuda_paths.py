@@ -159,3 +159,24 @@ def test_slow_nvml_queries_cost_a_cell_at_most_its_limit(monkeypatch):
     assert out["energy_cost_s"] == pytest.approx(gpu.now - start)      # the meter's (fake) clock
     assert out["energy_cost_s"] <= ENERGY_MAX_COST_S
     assert out["energy_read_s"] == pytest.approx(2.4e-3)
+
+
+def test_a_cuda_runs_ceilings_carry_the_energy_counters_steady_check(monkeypatch, tmp_path):
+    """runner.ceilings_for: right after a CUDA device's matmuls, the counter's check on a steady load
+    goes into its ceilings (run.json, read by gpu-check); a CPU's have none, and a resumed run
+    reuses what run.json holds without measuring again."""
+    import json
+
+    from audit.execute import runner
+    from audit.measure import energy, roofline
+    measured: list[str] = []
+    monkeypatch.setattr(roofline, "measure_ceilings",
+                        lambda device, dtypes, budget_s: {"matmul_flops_per_s": {d: 1e12 for d in dtypes}})
+    monkeypatch.setattr(energy, "run_counter_check", lambda device: measured.append(device) or {"agrees": True})
+    cases = [CUDA_CASE, Case("sdpa", "cpu", "fp32", 64, 128, 1, 2, False, "normal")]
+    out, fresh = runner.ceilings_for(cases, tmp_path, 2.5)
+    assert fresh and measured == ["cuda"]
+    assert out["cuda"]["energy_counter_check"] == {"agrees": True} and "energy_counter_check" not in out["cpu"]
+    (tmp_path / "run.json").write_text(json.dumps({"ceilings": out}))
+    again, fresh = runner.ceilings_for(cases, tmp_path, 2.5)
+    assert not fresh and measured == ["cuda"] and again == out

@@ -481,18 +481,59 @@ def test_field_values_are_read_from_the_member_their_type_names(value_type, memb
 
 # -- the counter against the sampled instantaneous power -----------------------------------------
 
-def test_a_mis_scaled_counter_disagrees_with_sampled_power_and_says_so():
+def test_sampled_power_is_read_inside_the_window_only():
+    """open() reads power as the first units start on an idle GPU, before the window's first edge.
+    With an instant field 20 ms behind the device, that reading is idle power: counted, it pulled
+    the mean a fifth below the counter (on an H200, 0.1 s windows read a third of it)."""
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0, counter_period_s=0.05)
+    replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
+    gpu.host(0.0123)                            # start between two counter updates
+    m = gpu_meter(gpu, instant_lag_s=0.02)
+    out = m.measure(replay, calls_per_unit=100, kernel_s=20e-6, device=gpu, min_window_s=0.1)
+    assert out["energy_method"] == "counter" and out["mean_power_w"] == pytest.approx(500.0, rel=0.03)
+    assert min(m.last_window.instant) == pytest.approx(100.0)           # the reading before the window ...
+    assert out["sampled_power_w"] == pytest.approx(500.0, rel=0.01)      # ... is not in the sampled power
+
+
+def test_a_lagging_instant_field_puts_no_blame_on_the_counter_per_cell():
+    """An instant field 0.1 s behind a 0.1 s window reads the idle GPU before it: that says
+    nothing about the counter, so the cell carries no note (the run's steady check judges it)."""
     gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
     replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
-    out = gpu_meter(gpu, counter_scale=10.0).measure(replay, calls_per_unit=100, kernel_s=20e-6,
+    out = gpu_meter(gpu, instant_lag_s=0.1).measure(replay, calls_per_unit=100, kernel_s=20e-6,
                                                      device=gpu, min_window_s=0.1)
-    assert out["energy_method"] == "counter" and out["mean_power_w"] == pytest.approx(5000.0, rel=0.03)
-    assert "sampled instantaneous power" in out["telemetry_reason"]
-    assert "mis-scaled" in out["telemetry_reason"]
-    gpu = FakeGPU(busy_w=500.0, idle_w=100.0)
+    assert out["mean_power_w"] == pytest.approx(500.0, rel=0.03)
+    assert out["sampled_power_w"] < 0.85 * out["mean_power_w"]
+    assert out["telemetry_reason"] is None
+
+
+@pytest.mark.parametrize("fault, agrees, words", [
+    ({}, True, None),
+    ({"counter_scale": 10.0}, False, "mis-scaled"),                 # a unit off by 10
+    ({"counter_scale": 0.5}, False, "another scope"),               # half the board: another scope
+    ({"counter_stuck": True}, None, "did not advance"),
+    ({"instant": False}, None, "no instantaneous power"),
+])
+def test_the_steady_counter_check_catches_a_wrong_counter_through_a_lagging_field(fault, agrees, words):
+    """One second of a steady load: the instant field (0.1 s behind) has settled in the window's
+    second half, so a right counter agrees with it and a mis-scaled one does not."""
+    gpu = FakeGPU(busy_w=500.0, idle_w=100.0, counter_period_s=0.05)
     replay = gpu.kernel(device_s=2e-3, host_s=10e-6)
-    right = gpu_meter(gpu).measure(replay, calls_per_unit=100, kernel_s=20e-6, device=gpu, min_window_s=0.1)
-    assert right["telemetry_reason"] is None
+    out = gpu_meter(gpu, instant_lag_s=0.1, **fault).counter_check(replay, calls_per_unit=100, kernel_s=20e-6,
+                                                                   device=gpu, seconds=1.0)
+    assert out["agrees"] is agrees, out
+    if agrees is not None:
+        assert out["sampled_w"] == pytest.approx(500.0, rel=0.01) and out["samples"] >= 5
+        assert out["window_s"] >= 1.0
+    if words is None:
+        assert out["reason"] is None and out["ratio"] == pytest.approx(1.0, abs=0.03)
+    else:
+        assert words in out["reason"], out["reason"]
+
+
+def test_the_counter_check_without_nvml_says_why():
+    out = meter(FakeNVML(init_error=FakeLibraryNotFound)).counter_check(lambda: None, calls_per_unit=1, kernel_s=None)
+    assert out["agrees"] is None and "FakeLibraryNotFound" in out["reason"]
 
 
 def test_average_power_is_not_held_against_the_counter():

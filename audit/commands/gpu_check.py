@@ -47,7 +47,7 @@ OOM_ARGS = ("--preset", "gpu-check", "--variant", "oom_plugin:allocate_too_much"
             "--causal", "false", "--no-report")
 PLUGINS = Path(__file__).resolve().parents[2] / "tests" / "plugins"
 ENERGY_TOLERANCE = 0.15          # busy ratio: the window's device time per call over the kernel time
-COUNTER_TOLERANCE = COUNTER_VS_SAMPLED_TOL   # the counter's power vs sampled instantaneous power (the meter notes the same)
+COUNTER_TOLERANCE = COUNTER_VS_SAMPLED_TOL   # the counter's power vs instantaneous power on a steady load
 ENERGY_MIN_CALL_MS = 0.02        # cells of 20 us and more
 ENERGY_MAX_COST_S = ENERGY_MAX_WALL_S   # per cell, for calls short enough to fit it
 HOST_TOLERANCE = 0.10            # forced backend vs the dispatcher's choice of the same kernel
@@ -91,8 +91,9 @@ def energy_check(frame: "pd.DataFrame") -> "pd.DataFrame":
       kernel time: 1 when the GPU ran the calls back to back, above 1 when it idled between
       them. It says nothing about the counter itself;
     - counter_vs_sampled: the counter's mean power ÷ the mean of instantaneous power readings in
-      the same window, the one independent check of the counter (a stuck, mis-scaled or
-      other-scope counter shows here); null unless those readings were instantaneous
+      the same window: shown, not judged (the instant field lags a GPU that just left idle: on an
+      H200, 8 of 38 cells within 15%); the counter's check is the run's steady one
+      (check_energy's counter_check). Null unless those readings were instantaneous
       (sampled_power_source "instant": NVML's 1 s average lags a cell behind).
     """
     ok = _ok(frame)
@@ -152,11 +153,12 @@ def _within(values: "pd.Series", tolerance: float) -> "pd.Series":
     return (values - 1).abs() <= tolerance
 
 
-def check_energy(frame: "pd.DataFrame") -> Check:
+def check_energy(frame: "pd.DataFrame", ceilings: dict | None = None) -> Check:
     """Every cell of 20 us and more: the GPU kept busy in the window (busy_ratio within 15%, not
-    judged on L2-flushed cells, whose median is a cold-cache time), the counter's power within
-    15% of the sampled instantaneous power (the counter's only independent check), and at most
-    0.3 s of energy cost per cell for calls up to 50 ms."""
+    judged on L2-flushed cells, whose median is a cold-cache time), and at most 0.3 s of energy
+    cost per cell for calls up to 50 ms; and the run's energy counter against the instantaneous
+    power on a steady load (run.json's ceilings: cuda energy_counter_check, within 15%), the
+    counter's one independent check. The per-cell counter ÷ sampled power is printed, not judged."""
     table = energy_check(frame)
     judged = table[_num(table, "fwd_ms") >= ENERGY_MIN_CALL_MS]
     if judged.empty:
@@ -165,19 +167,20 @@ def check_energy(frame: "pd.DataFrame") -> Check:
     busy_judged = judged[~flushed] if "l2_flush" in judged.columns else judged
     idle = busy_judged[~_within(busy_judged["busy_ratio"], ENERGY_TOLERANCE)]
     counter = _num(judged, "counter_vs_sampled")
-    off = judged[~_within(counter, COUNTER_TOLERANCE)]
     short = judged[_num(judged, "fwd_ms") <= 50]
     cost = _num(short, "energy_cost_s")
     reads = _num(judged, "energy_read_s")
+    steady = ((ceilings or {}).get("cuda") or {}).get("energy_counter_check") or {}
+    agrees = steady.get("agrees") is True
     lines = [f"GPU kept busy: {len(busy_judged) - len(idle)}/{len(busy_judged)} cells of >= "
              f"{ENERGY_MIN_CALL_MS * 1e3:.0f} us with busy ratio within {ENERGY_TOLERANCE:.0%} "
              f"(min {busy_judged['busy_ratio'].min():.3f}, median {busy_judged['busy_ratio'].median():.3f}, "
              f"max {busy_judged['busy_ratio'].max():.3f})"
              + (f"; {len(judged) - len(busy_judged)} L2-flushed cell(s) not judged" if len(busy_judged) < len(judged)
                 else ""),
-             f"counter vs sampled power: {len(judged) - len(off)}/{len(judged)} cells within {COUNTER_TOLERANCE:.0%} "
-             f"(median {counter.median():.3f}, range {counter.min():.3f}-{counter.max():.3f}; "
-             f"{int(counter.isna().sum())} not measured: no instantaneous power)",
+             "energy counter on a steady load: " + _steady_line(steady, agrees),
+             f"counter vs sampled power per cell (not judged: the instant field lags): median {counter.median():.3f}, "
+             f"range {counter.min():.3f}-{counter.max():.3f}, {int(counter.isna().sum())} without instantaneous power",
              f"energy cost per cell (calls <= 50 ms): median {cost.median():.3f} s, max {cost.max():.3f} s"
              + (f"; one energy-counter read: median {reads.median() * 1e3:.2f} ms, max {reads.max() * 1e3:.2f} ms"
                 if reads.notna().any() else ""),
@@ -185,10 +188,18 @@ def check_energy(frame: "pd.DataFrame") -> Check:
              + ", ".join(sorted(set(map(str, judged["energy_method"]))))]
     lines += [f"  idle: {r['id']} busy ratio {r['busy_ratio']:.3f} idle {r.get('energy_idle_frac')}"
               for _, r in idle.iterrows()]
-    lines += [f"  counter: {r['id']} counter/sampled {r['counter_vs_sampled']:.3f} "
-              f"({r.get('mean_power_w')} W vs {r.get('sampled_power_w')} W)" for _, r in off.iterrows()]
-    passed = idle.empty and off.empty and bool((cost <= ENERGY_MAX_COST_S).all())
+    passed = idle.empty and agrees and bool((cost <= ENERGY_MAX_COST_S).all())
     return passed, lines
+
+
+def _steady_line(steady: dict, agrees: bool) -> str:
+    if not steady:
+        return "not measured (no energy_counter_check in run.json's cuda ceilings)"
+    if steady.get("ratio") is None:
+        return f"not judged: {steady.get('reason')}"
+    return (f"{'within' if agrees else 'NOT within'} {COUNTER_TOLERANCE:.0%}: counter {steady['counter_w']:.0f} W, "
+            f"instantaneous {steady['sampled_w']:.0f} W (median of {steady['samples']} readings), ratio "
+            f"{steady['ratio']:.3f} over {steady['window_s']:.2f} s")
 
 
 def _ms(value: Any) -> str:
@@ -434,7 +445,7 @@ def check(run_options: Sequence[str] = ()) -> int:
         ceilings = json.loads((main_dir / RUN_FILE).read_text()).get("ceilings")
         checks = [("no error cells", check_no_errors(main)),
                   ("masked causal cells on CUDA", check_masked_causal(main)),
-                  ("energy per call", check_energy(main)),
+                  ("energy per call", check_energy(main, ceilings)),
                   ("kernel time, not host time", check_host_overhead(main)),
                   ("out of memory", check_oom(main, oom)),
                   ("golden subset", check_golden_subset(main)),

@@ -341,7 +341,9 @@ def _energy_meter(cases: list[Case]) -> Any:
 
 def ceilings_for(cases: Iterable[Case], run_dir: Path, budget_s: float) -> tuple[dict[str, dict], bool]:
     """The machine's measured limits per device, once per run folder (reused on resume), each
-    measured in about budget_s seconds (the preset's ceilings_s), and whether any were measured now."""
+    measured in about budget_s seconds (the preset's ceilings_s), and whether any were measured now.
+    A CUDA device's also carry the energy counter's check on a steady load (energy.run_counter_check,
+    about 1.6 s more: plan/overhead.py counts it)."""
     from ..measure.roofline import measure_ceilings
     path = Path(run_dir) / RUN_FILE
     known = (json.loads(path.read_text()).get("ceilings") or {}) if path.exists() else {}
@@ -353,4 +355,7 @@ def ceilings_for(cases: Iterable[Case], run_dir: Path, budget_s: float) -> tuple
             out[device] = have
         else:
             out[device], measured = measure_ceilings(device, dtypes, budget_s=budget_s), True
+            if device.startswith("cuda"):   # right after the matmuls, the GPU busy: the counter's check
+                from ..measure.energy import run_counter_check
+                out[device]["energy_counter_check"] = run_counter_check(device)
     return out, measured

@@ -28,6 +28,8 @@ MAX_WALL_S = 0.3             # the energy measurement's wall-time limit per cell
 MIN_QUEUED_S = 0.01          # device work kept queued at all times, at least ...
 QUEUE_MARGIN = 2.0           # ... and this many times the longest NVML query seen in the run
 CALIBRATION_READS = 5        # counter reads timed on the first measure() (each other query once)
+COUNTER_CHECK_S = 1.0        # counter_check's steady window: long enough for the instant field to settle
+COUNTER_CHECK_WALL_S = 1.6   # what the check adds to a CUDA run's start (steady_load's set-up and the window)
 INSTANT_MAX_FAILURES = 3     # consecutive failed instant-power reads that turn it off for the run
 NVML_ERROR_NOT_SUPPORTED = 3   # pynvml.NVML_ERROR_NOT_SUPPORTED
 # nvmlValue_t's member for each nvmlValueType_t (pynvml.NVML_VALUE_TYPE_*)
@@ -84,6 +86,7 @@ class EnergyMeter:
         self._longest_query_s = 0.0         # longest NVML query seen in the run
         self._counter_reads_s: list[float] = []   # the run's recent energy-counter read times
         self._calibrated = False
+        self.last_window: EnergyWindow | None = None   # measure()'s last window (counter_check reads its readings)
         self.nvml = nvml
         self.handle: Any = None
         self.nvml_index: int | None = None
@@ -314,4 +317,80 @@ class EnergyMeter:
         window.open()
         window.find_edges()
         window.close()
+        self.last_window = window
         return window.columns()
+
+    def counter_check(self, run_unit: Callable[[], object], *, calls_per_unit: int, kernel_s: float | None,
+                      device: Any = None, seconds: float = COUNTER_CHECK_S) -> dict[str, Any]:
+        """The energy counter's independent check, once per run: its mean power over `seconds` of a
+        steady load (run_unit as in measure(); a GPU already busy, right after the ceilings' matmuls)
+        against the median instantaneous power read in the window's second half.
+
+        Per cell the two cannot be compared: NVML's instant field lags a GPU that just left idle,
+        and a 0.1 s window holds a few readings (an H200: 8 of 38 cells within 15%, the rest
+        1.2-5x, while the long busy cells agreed). On a steady second they must agree; a stuck,
+        mis-scaled or other-scope counter does not. Returns counter_w, sampled_w, samples, ratio
+        (counter ÷ sampled), agrees (within COUNTER_VS_SAMPLED_TOL; None when not judged), window_s,
+        method, and reason where something is missing."""
+        import statistics
+        out: dict[str, Any] = {"counter_w": None, "sampled_w": None, "samples": 0, "ratio": None, "agrees": None,
+                               "window_s": None, "method": None, "seconds": seconds, "reason": None}
+        if not self.available:
+            return dict(out, reason=self.reason or "NVML unavailable")
+        cols = self.measure(run_unit, calls_per_unit=calls_per_unit, kernel_s=kernel_s, device=device,
+                            min_window_s=seconds, max_wall_s=seconds + 0.3)   # 0.3 s to find the closing edge
+        window = self.last_window
+        readings = window.readings_in_window()
+        late = [w for t, w in readings if t >= (readings[0][0] + readings[-1][0]) / 2] if readings else []
+        out.update(counter_w=cols["mean_power_w"], window_s=cols["energy_window_s"], method=cols["energy_method"],
+                   samples=len(late), sampled_w=statistics.median(late) if late else None)
+        if cols["energy_method"] != "counter":
+            return dict(out, reason=cols["telemetry_reason"] or "the energy counter gave no aligned window")
+        if not late or not out["sampled_w"]:
+            return dict(out, reason="no instantaneous power readings (NVML_FI_DEV_POWER_INSTANT)")
+        out["ratio"] = out["counter_w"] / out["sampled_w"]
+        out["agrees"] = abs(out["ratio"] - 1.0) <= COUNTER_VS_SAMPLED_TOL
+        if not out["agrees"]:
+            out["reason"] = (f"the energy counter's mean power ({out['counter_w']:.0f} W) is {out['ratio']:.2f}x "
+                             f"the instantaneous power on a steady load ({out['sampled_w']:.0f} W): the counter may "
+                             "be stuck, mis-scaled or count another scope")
+        return out
+
+
+def steady_load(device: str = "cuda", n: int = 4096, calls: int = 16) -> tuple[Callable[[], None], int, float, Any]:
+    """(run_unit, calls per unit, one call's device seconds, timing.CudaClock) of a bf16 n×n matmul:
+    the steady load EnergyMeter.counter_check reads the counter on (0.17 ms a call on an H200)."""
+    import torch
+
+    from .timing import CudaClock
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)                     # (n, n)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)                     # (n, n)
+    c = torch.empty_like(a)
+
+    def unit() -> None:
+        for _ in range(calls):
+            torch.mm(a, b, out=c)
+
+    clock = CudaClock()
+    unit()
+    start, end = clock.event(), clock.event()
+    start.record()
+    unit()
+    end.record()
+    end.synchronize()
+    return unit, calls, start.elapsed_time(end) / 1e3 / calls, clock
+
+
+def run_counter_check(device: str, seconds: float = COUNTER_CHECK_S) -> dict[str, Any]:
+    """EnergyMeter.counter_check on `device`'s steady_load (run.json's ceilings[device]["energy_counter_check"]).
+    Never raises: a failure is the reason."""
+    import torch
+    try:
+        index = torch.device(device).index
+        with EnergyMeter(device_index=torch.cuda.current_device() if index is None else index) as meter:
+            if not meter.available:
+                return {"reason": meter.reason or "NVML unavailable", "seconds": seconds}
+            unit, calls, kernel_s, clock = steady_load(device)
+            return meter.counter_check(unit, calls_per_unit=calls, kernel_s=kernel_s, device=clock, seconds=seconds)
+    except Exception as exc:  # noqa: BLE001 - the check is reported, never the run's end
+        return {"reason": f"{type(exc).__name__}: {exc}"[:300], "seconds": seconds}
