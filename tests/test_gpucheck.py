@@ -171,6 +171,16 @@ def test_prediction_check_compares_totals():
     assert not gpu_check.check_prediction(bad, frame, 5.0)[0]
 
 
+def test_prediction_check_leaves_out_the_cells_the_budget_skipped():
+    """A skipped cell took nothing: its prediction is not held against the model."""
+    frame = pd.DataFrame([_cell(id="a", elapsed_s=1.0), _cell(id="b", elapsed_s=3.0),
+                          _cell(id="c", status="skipped", elapsed_s=0.0, reason="over the budget at run time")])
+    pred = pd.DataFrame({"id": ["a", "b", "c"], "total_s": [1.1, 3.2, 30.0]})
+    passed, lines = gpu_check.check_prediction(pred, frame, 5.0)
+    assert passed, lines
+    assert "predicted 4.3 s, recorded 4.0 s" in lines[0]
+
+
 H200_CEILINGS = {"device": "cuda", "matmul_flops_per_s": {"bf16": 7.9e14}, "matmul_n": {"bf16": 8192},
                  "matmul_n_max": {"bf16": 8192}, "matmul_setup_s": {"bf16": 0.41}, "multiprocessors": 132,
                  "copy_bytes_per_s": 4.3e12, "elapsed_s": 2.6}
