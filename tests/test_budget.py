@@ -442,12 +442,13 @@ def test_the_host_factor_is_the_probe_against_the_reference_host_within_its_rang
     assert host_factor({"cpu": {"host_probe_s": 1e-9}}) == HOST_FACTOR_RANGE[0]
 
 
-def test_the_time_outside_the_cells_scales_with_the_host_but_the_ceilings_take_their_time():
+def test_the_time_outside_the_cells_scales_with_the_host_but_the_ceilings_and_canary_take_their_time():
     from audit.plan.overhead import DEFAULTS, overhead_s
     pred = _pred([("a", 1, "ok", 1.0, 0.0), ("b", 2, "ok", 1.0, 0.0), ("c", 3, "skipped", 0.0, 0.0)])
     ref_before, ref_after = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0)
     slow_before, slow_after = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0, host=3.0)
-    ceilings = DEFAULTS["ceilings_factor"] * 2.0
+    from audit.measure.canary import CANARY_WALL_S, LABELS
+    ceilings = DEFAULTS["ceilings_factor"] * 2.0 + CANARY_WALL_S * len(LABELS)   # time-boxed: ceilings, canary
     assert ref_after == pytest.approx(DEFAULTS["report_s"] + 2 * DEFAULTS["report_per_cell_s"])   # 2 measured
     assert slow_after == pytest.approx(3.0 * ref_after)
     assert slow_before - ceilings == pytest.approx(3.0 * (ref_before - ceilings))

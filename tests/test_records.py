@@ -87,9 +87,23 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_15_with_migrations_from_1_to_14():
-    assert SCHEMA_VERSION == 15
-    assert set(MIGRATIONS) == set(range(1, 15))
+def test_schema_is_16_with_migrations_from_1_to_15():
+    assert SCHEMA_VERSION == 16
+    assert set(MIGRATIONS) == set(range(1, 16))
+
+
+def test_a_v15_record_gets_its_medians_interval_from_its_raw_samples(tmp_path):
+    """Schema 15 recorded the samples but not how well their median is known: read back, the
+    interval comes from the samples (5 samples: their range), and with no target the cell is not
+    judged (noise_target null)."""
+    old = full_record()
+    for col in ("fwd_ci_rel", "fwd_bwd_ci_rel", "fwd_extra_s", "fwd_bwd_extra_s", "noise_target"):
+        old.pop(col, None)
+    old.update(schema=15, fwd_samples_s=[0.179, 0.292, 0.392, 0.181, 0.223], fwd_bwd_samples_s=None)
+    (tmp_path / RECORDS_FILE).write_text(dumps(old) + "\n")
+    back = read_records(tmp_path)[0]
+    assert back["fwd_ci_rel"] == pytest.approx((0.392 - 0.179) / 2 / 0.223)
+    assert back["fwd_bwd_ci_rel"] is None and back["noise_target"] is None and back["fwd_extra_s"] is None
 
 
 @pytest.mark.parametrize("schema, added", [

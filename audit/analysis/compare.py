@@ -18,9 +18,10 @@ import pandas as pd
 
 from ..core.errors import UsageError
 from ..core.records import read_records, to_frame
-from ..core.runfolder import RECORDS_FILE, RUN_FILE
+from ..core.runfolder import RECORDS_FILE, RUN_FILE, read_canaries
 from . import compare_stats as stats
 from .findings import compute_findings
+from .noise_rules import canary_summary
 
 PHASES = (("fwd", "fwd"), ("fwd_bwd", "fwd+bwd"))          # (column prefix, label)
 MEMORY_COLUMNS = (("peak_bytes", "fwd"), ("peak_fwd_bwd_bytes", "fwd+bwd"))
@@ -40,6 +41,7 @@ class Side:
     frame: pd.DataFrame          # records.to_frame: one row per cell
     findings: list[dict]
     env: dict
+    noise_rel: float | None = None   # the run's canary noise figure (noise_rules.canary_summary); None: no canary
 
 
 def load_side(path: str | Path, label: str, out_dir: Path) -> Side:
@@ -64,7 +66,8 @@ def load_side(path: str | Path, label: str, out_dir: Path) -> Side:
     frame = to_frame(records)
     # Findings are recomputed with this code's rules on both sides, so a difference comes
     # from the records, never from a change of the rules between the two runs.
-    return Side(label, given, run_dir, run_info, frame, compute_findings(frame), env)
+    noise_rel = canary_summary(read_canaries(run_dir))["noise_rel"]
+    return Side(label, given, run_dir, run_info, frame, compute_findings(frame), env, noise_rel)
 
 
 # --------------------------------------------------------------------------- cells
@@ -112,8 +115,8 @@ def _nonfinite_change(a: pd.Series, b: pd.Series) -> str:
     return ", ".join(parts)
 
 
-def compare_cells(a: pd.DataFrame, b: pd.DataFrame, noise_sd: float | None = None
-                  ) -> tuple[pd.DataFrame, dict[str, dict]]:
+def compare_cells(a: pd.DataFrame, b: pd.DataFrame, noise_sd: float | None = None,
+                  floor_sd: float = stats.NOISE_FLOOR_SD) -> tuple[pd.DataFrame, dict[str, dict]]:
     """One row per matched cell (both runs have its id), in A's order, and per phase the
     run-to-run noise {phase: {"used": sd, "measured": sd or None, "cells": n}}.
 
@@ -148,11 +151,11 @@ def compare_cells(a: pd.DataFrame, b: pd.DataFrame, noise_sd: float | None = Non
     noise: dict[str, dict] = {}
     for phase, _ in PHASES:
         ratios = cells[f"{phase}_ratio"].tolist() if not cells.empty else []
-        used, measured = stats.run_noise_sd(ratios, cells["variant"].tolist() if not cells.empty else [])
+        used, measured = stats.run_noise_sd(ratios, cells["variant"].tolist() if not cells.empty else [], floor_sd)
         if noise_sd is not None:
             used = noise_sd
         n = sum(1 for r in ratios if r is not None and math.isfinite(r))
-        noise[phase] = {"used": used, "measured": measured, "cells": n}
+        noise[phase] = {"used": used, "measured": measured, "cells": n, "floor": floor_sd}
         if cells.empty:
             continue
         widened = [stats.widen(stats.RatioCI(r, lo, hi, m), used) for r, lo, hi, m in
@@ -342,7 +345,7 @@ def compare_runs(a_path: str | Path, b_path: str | Path, out_dir: Path,
                  thresholds: list[stats.Threshold], noise_sd: float | None = None) -> Comparison:
     a = load_side(a_path, "A", out_dir)
     b = load_side(b_path, "B", out_dir)
-    cells, noise = compare_cells(a.frame, b.frame, noise_sd)
+    cells, noise = compare_cells(a.frame, b.frame, noise_sd, stats.canary_floor_sd(a.noise_rel, b.noise_rel))
     only_a_findings, only_b_findings, changed = findings_diff(a.findings, b.findings)
     return Comparison(a, b, cells, noise, noise_sd is not None, only_in(a.frame, b.frame),
                       only_in(b.frame, a.frame), only_a_findings, only_b_findings, changed,

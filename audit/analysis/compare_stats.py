@@ -99,12 +99,22 @@ def normal_ratio(a_median: float, a_iqr: float | None, a_n: int | None,
     return RatioCI(ratio, ratio * math.exp(-half), ratio * math.exp(half), "normal (IQR, n)")
 
 
-def run_noise_sd(ratios: Sequence[float], variants: Sequence[str]) -> tuple[float, float | None]:
+def canary_floor_sd(noise_a: float | None, noise_b: float | None) -> float:
+    """The least run-to-run SD of log B/A the two runs' own canaries measured (each noise figure, a
+    95% bound on how far one of its times may be off for the machine alone, as log-SD log1p(n)/Z,
+    the two added in quadrature); NOISE_FLOOR_SD where either run has none (no canary readings)."""
+    if noise_a is None or noise_b is None:
+        return NOISE_FLOOR_SD
+    return math.hypot(math.log1p(noise_a), math.log1p(noise_b)) / Z
+
+
+def run_noise_sd(ratios: Sequence[float], variants: Sequence[str],
+                 floor_sd: float = NOISE_FLOOR_SD) -> tuple[float, float | None]:
     """(SD used, SD measured) of log(B/A) between runs, from the residuals: each cell's log ratio
     minus the median of its variant's (scaled by sqrt(n / (n - 1)) for a variant of n cells), so
     a change that shifts a whole variant is not noise. SD = the residuals' 90th percentile of
-    |residual| / 1.645. A variant with one cell says nothing. Never below NOISE_FLOOR_SD;
-    measured is None with too few cells to say."""
+    |residual| / 1.645. A variant with one cell says nothing. Never below `floor_sd` (the runs'
+    canaries: canary_floor_sd); measured is None with too few cells to say."""
     logs = np.log(np.asarray([r if r is not None and r > 0 else np.nan for r in ratios], dtype=float))
     names = np.asarray([str(v) for v in variants])
     residuals = []
@@ -114,9 +124,9 @@ def run_noise_sd(ratios: Sequence[float], variants: Sequence[str]) -> tuple[floa
             residuals.append((group - np.median(group)) * math.sqrt(group.size / (group.size - 1)))
     spread = np.concatenate(residuals) if residuals else np.empty(0)
     if spread.size < MIN_CELLS_FOR_NOISE:
-        return NOISE_FLOOR_SD, None
+        return floor_sd, None
     measured = float(np.quantile(np.abs(spread), NOISE_QUANTILE) / NOISE_QUANTILE_Z)
-    return max(NOISE_FLOOR_SD, measured), measured
+    return max(floor_sd, measured), measured
 
 
 def widen(ci: RatioCI, noise_sd: float) -> RatioCI:

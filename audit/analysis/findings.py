@@ -22,6 +22,7 @@ from ..core.runfolder import FINDINGS_FILE
 from .finding_rows import NEGATIVE_CONTROL_PREFIX, _finding, _num, _ok, _per_variant, _real_code, _rows_where, _where
 from .layout_rules import check_cross_document, check_invariance, check_paged_reads
 from .argument_rules import check_arguments
+from .noise_rules import check_timing_noise
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 FINFO_MIN_SCENARIO = "fully_masked_finfo_min"
@@ -449,7 +450,7 @@ RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
     check_finfo_min_masks, check_fp16_range, check_saturation, check_compiled_rewrite, check_graph_breaks,
     check_alignment, check_underflow, check_memory_leak, check_nondeterministic, check_invariance,
     check_deterministic_mode,
-    check_arguments, check_referee, check_failed_cells,
+    check_arguments, check_referee, check_failed_cells, check_timing_noise,
 )
 
 

@@ -62,6 +62,13 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                           "than S seconds (default: the preset's; none with --budget none)")
     run.add_argument("--min-samples", type=int, metavar="N",
                      help="timed samples per measurement, at least (default: the preset's)")
+    run.add_argument("--noise-target", type=float, metavar="PCT",
+                     help="after the minimum, keep sampling until each median's 95%% interval is within "
+                          "±PCT percent, or --noise-cap-s is spent; a cell still wider is flagged unstable "
+                          "(default 3; 0: the minimum only, nothing judged)")
+    run.add_argument("--noise-cap-s", type=float, metavar="S",
+                     help="the most seconds a measurement samples beyond its minimum to reach --noise-target "
+                          "(default: the preset's, 0.05 quick, gpu and gpu-check, 0.2 cpu)")
     run.add_argument("--energy-window-s", type=float, metavar="S",
                      help="CUDA: least seconds between the two NVML energy-counter updates that bound a "
                           "cell's energy window, lengthened where one counter read is over 5%% of it (default: "
@@ -171,6 +178,14 @@ def _preset(args: argparse.Namespace) -> Any:
         if args.min_samples < 1:
             raise UsageError(f"--min-samples: {args.min_samples!r} is not a positive integer")
         overrides["min_samples"] = args.min_samples
+    if args.noise_target is not None:
+        if not 0 <= args.noise_target < 100:
+            raise UsageError(f"--noise-target: {args.noise_target!r} is not a percentage from 0 to 100 (0: off)")
+        overrides["noise_target"] = args.noise_target / 100
+    if args.noise_cap_s is not None:
+        if not args.noise_cap_s >= 0:
+            raise UsageError(f"--noise-cap-s: {args.noise_cap_s!r} is not a non-negative number of seconds")
+        overrides["noise_cap_s"] = args.noise_cap_s
     if args.l2_flush:
         overrides["l2_flush"] = True
     if args.cuda_graph:
@@ -312,7 +327,22 @@ class WallSplit:
         path = self.run_dir / RUN_FILE
         info = json.loads(path.read_text()) if path.exists() else {}
         info["time_split"] = split
+        info["noise"] = _noise_summary(self.run_dir)
         path.write_text(json.dumps(info, indent=2, default=str) + "\n")
+
+
+def _noise_summary(run_dir: Path) -> dict:
+    """run.json's noise: the canary's readings and the run's noise figure (analysis.noise_rules),
+    and how many cells were judged and unstable."""
+    from ..analysis.noise_rules import canary_summary, cell_noise, unstable_mask
+    from ..core.records import load
+    from ..core.runfolder import read_canaries
+    summary = canary_summary(read_canaries(run_dir))
+    frame = load(run_dir)
+    if not frame.empty:
+        judged = frame[(frame["status"] == "ok") & cell_noise(frame).notna()]
+        summary.update(cells_judged=len(judged), cells_unstable=int(unstable_mask(frame).sum()))
+    return summary
 
 
 def _shard(args: argparse.Namespace, cases: list, preset: Any) -> tuple[list, dict]:
@@ -371,7 +401,8 @@ def _run_argv(worker_argv: list[str]) -> list[str]:
 
 def _prepare(cases: list, preset: Any, axes: dict, argv: list[str], extra: dict, run_dir: Path,
              started: float) -> dict[str, float]:
-    """In the run's first measuring process: measure the ceilings (once per run folder), write
+    """In the run's first measuring process: measure the ceilings (once per run folder) and time the
+    canary's start reading (measure/canary.py), write
     run.json, print the cell count, plan the budget (plan.json). Returns its seconds per part of
     the time split (core.timesplit: start-up, ceilings, plan), for workers.jsonl."""
     from ..execute import runner
@@ -380,6 +411,8 @@ def _prepare(cases: list, preset: Any, axes: dict, argv: list[str], extra: dict,
     spent: dict[str, float] = {}
     start = time.time()
     ceilings, measured = runner.ceilings_for(cases, run_dir, preset.ceilings_s)
+    from ..measure.canary import canary_device, record_canary
+    record_canary(run_dir, "start", canary_device(c.device for c in cases))   # the run's speed before its cells
     spent["ceilings"] = time.time() - start
     start = time.time()
     runner.write_run_file(run_dir, preset, axes, argv, environment(), len(cases), ceilings, extra)

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator
 from .referee import REFEREE_CHECKS, column as referee_column
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 # Every column a user can rely on, with its meaning. docs/output.md's column table is
@@ -45,6 +45,11 @@ COLUMNS: dict[str, str] = {
     "fwd_bwd_n": "number of forward+backward samples",
     "fwd_samples_s": "raw forward samples, seconds per call",
     "fwd_bwd_samples_s": "raw forward+backward samples, seconds per call",
+    "fwd_ci_rel": "how well fwd_ms is known: the half-width of its median's 95% confidence interval (order statistics of fwd_samples_s; under 6 samples, their range) over the median; 0.03 = ±3% (docs/measurement.md, Timing noise)",
+    "fwd_bwd_ci_rel": "the same for fwd_bwd_ms",
+    "fwd_extra_s": "seconds the forward measurement sampled beyond its fixed minimum, to bring fwd_ci_rel under noise_target (at most --noise-cap-s)",
+    "fwd_bwd_extra_s": "the same for forward+backward",
+    "noise_target": "the run's --noise-target as a fraction (0.03: ±3%): a cell whose fwd_ci_rel or fwd_bwd_ci_rel stays above it is unstable (the timing_unstable warning); null: not judged",
     "timer": "how time was measured (cpu: perf_counter around blocks of calls; cuda: CUDA events around blocks of calls queued behind a spin kernel, the device's own time)",
     "fwd_host_ms": "CUDA: median host time to issue one forward call (Python, dispatch, launches), ms",
     "fwd_bwd_host_ms": "CUDA: median host time to issue one forward+backward call, ms",
@@ -373,9 +378,22 @@ def _v14_to_v15(record: dict[str, Any]) -> dict[str, Any]:
     return _with_columns(record, 15)
 
 
+def _v15_to_v16(record: dict[str, Any]) -> dict[str, Any]:
+    """v16 added how well each median is known (fwd_ci_rel, fwd_bwd_ci_rel: computed here from the
+    raw samples), the extra sampling (fwd_extra_s, fwd_bwd_extra_s) and noise_target (null: an older
+    run had no target, so its cells are not judged unstable)."""
+    from .noise import ci_rel
+    out = _with_columns(record, 16)
+    for prefix in ("fwd", "fwd_bwd"):
+        samples = record.get(f"{prefix}_samples_s")
+        if out.get(f"{prefix}_ci_rel") is None and isinstance(samples, list) and samples:
+            out[f"{prefix}_ci_rel"] = ci_rel([float(x) for x in samples])
+    return out
+
+
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
               8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12, 12: _v12_to_v13,
-              13: _v13_to_v14, 14: _v14_to_v15}
+              13: _v13_to_v14, 14: _v14_to_v15, 15: _v15_to_v16}
 
 
 class NewerSchema(ValueError):

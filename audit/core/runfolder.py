@@ -12,6 +12,7 @@ RUN_FILE = "run.json"                          # the run: argv, preset, axes, en
 PLAN_FILE = "plan.json"                        # the budget's plan: predicted seconds, skipped cells
 INFLIGHT_FILE = "inflight"                     # the cell being measured now, and since when
 WORKERS_FILE = "workers.jsonl"                 # each measuring process's start-up (for the time split)
+CANARY_FILE = "canary.jsonl"                   # the reference cell timed at the run's start, middle and end
 LOCK_FILE = ".lock"                            # held by the process writing the folder
 SHARD_LOG_FILE = "console.log"                 # a Ray shard's console
 FAILURES_DIR = "failures"                      # a failed cell's whole failure, one file a cell
@@ -54,6 +55,12 @@ def read_jsonl(path: "str | object") -> list[dict]:
         if isinstance(item, dict):
             out.append(item)
     return out
+
+
+def read_canaries(run_dir: "str | object") -> list[dict]:
+    """DIR/CANARY_FILE's readings (measure/canary.py), in the order taken ([] where none)."""
+    from pathlib import Path
+    return read_jsonl(Path(run_dir) / CANARY_FILE)
 
 
 def read_model_records(run_dir: "str | object") -> list[dict]:

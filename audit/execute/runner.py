@@ -227,7 +227,8 @@ def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: 
             "timing": {"min_samples": preset.min_samples, "min_time_s": preset.min_time_s,
                        "max_cell_s": preset.max_cell_s, "energy_window_s": preset.energy_window_s,
                        "ceilings_s": preset.ceilings_s, "deterministic": preset.deterministic,
-                       "budget_s": preset.budget_s}, **(extra or {})}
+                       "budget_s": preset.budget_s, "noise_target": preset.noise_target or None,
+                       "noise_cap_s": preset.noise_cap_s}, **(extra or {})}
     (run_dir / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
 
 
@@ -265,6 +266,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     builds = BuildCache()
     variant_cells: dict[str, list[str]] = {}       # per variant, the cells this process measured (in order)
     keeper = Keeper(plan, [c.id for c in todo])
+    canary = CanaryTimes(run_dir, cases, len(cases) - len(todo))
     bar = None
     if progress:
         from .progress import Progress
@@ -295,10 +297,12 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
                     on_record(rec)
                 if bar is not None:
                     bar.end_cell(case.id)
+                canary.after_cell()
                 leaked = rec.get("leaked_bytes") or 0
                 if leaked > LEAK_REPORT_BYTES:
                     raise WorkerRestart(f"{case.id} kept {leaked / 2**20:.0f} MiB across its calls: the rest "
                                         "of the run goes on in a fresh process")
+        canary.at_end()
     finally:
         if bar is not None:
             bar.close()
@@ -328,6 +332,27 @@ def read_worker_timing(run_dir: Path, since_unix: float) -> list[dict[str, float
     from ..core.runfolder import read_jsonl
     return [item for item in read_jsonl(Path(run_dir) / WORKERS_FILE)
             if float(item.get("ready_unix") or 0.0) >= since_unix]
+
+
+class CanaryTimes:
+    """When a worker times the run's canary (measure/canary.py): its middle reading once the cells
+    recorded reach half the grid, its end reading after the last cell (the start's is the first
+    process's, before the plan). Each label once per run folder, whichever worker gets there."""
+
+    def __init__(self, run_dir: Path, cases: list[Case], recorded: int) -> None:
+        from ..measure.canary import canary_device
+        self.run_dir, self.total, self.recorded = run_dir, len(cases), recorded
+        self.device = canary_device(c.device for c in cases)
+
+    def after_cell(self) -> None:
+        from ..measure.canary import record_canary
+        self.recorded += 1
+        if self.total >= 4 and self.recorded == (self.total + 1) // 2:
+            record_canary(self.run_dir, "middle", self.device)
+
+    def at_end(self) -> None:
+        from ..measure.canary import record_canary
+        record_canary(self.run_dir, "end", self.device)
 
 
 def _energy_meter(cases: list[Case]) -> Any:

@@ -25,6 +25,7 @@ from typing import Any, Callable
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..core.timesplit import PhaseClock
+from ..core.noise import SamplingRule
 from ..workload.inputs import Inputs
 from ..workload.presets import Preset
 from ..workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
@@ -74,6 +75,8 @@ def _fill_timing(rec: dict[str, Any], prefix: str, samples: Samples) -> None:
     rec[f"{prefix}_iqr_ms"] = samples.iqr_s * 1e3
     rec[f"{prefix}_n"] = samples.n
     rec[f"{prefix}_samples_s"] = samples.per_call_s
+    rec[f"{prefix}_ci_rel"] = samples.ci_rel
+    rec[f"{prefix}_extra_s"] = samples.extra_s
 
 
 @dataclass
@@ -449,6 +452,7 @@ def _time_cell(case: Case, preset: Preset, forward: Callable[[], Any],
     """
     timed_fwd, timed_fb, method = _timing_method(case, preset, forward, forward_backward)
     flush = cache_flusher(case.device) if preset.l2_flush and case.device == "cuda" else None
+    rule = SamplingRule(preset.noise_target or None, preset.noise_cap_s)   # sample on until the median is known
     sync = sync_for(case.device)
     fallback = None
 
@@ -461,14 +465,14 @@ def _time_cell(case: Case, preset: Preset, forward: Callable[[], Any],
                 clock = cuda_clock()
                 samples = measure_device(fn, estimate_s=estimate, clock=clock,
                                          min_samples=preset.min_samples, min_time_s=preset.min_time_s,
-                                         before_sample=flush, host_clock=clock.host_clock)
+                                         before_sample=flush, host_clock=clock.host_clock, rule=rule)
                 # the same block of calls with a device-wide fence: work on another stream shows
                 fenced[key] = referee.fenced_time(fn, samples.calls_per_sample, sync, clock=clock.host_clock)
                 return samples
             except DeviceTimingFailed as exc:
                 fallback = str(exc)
         return measure(fn, estimate_s=estimate, min_samples=preset.min_samples,
-                       min_time_s=preset.min_time_s, sync=sync, before_sample=flush)
+                       min_time_s=preset.min_time_s, sync=sync, before_sample=flush, rule=rule)
 
     fwd = one(timed_fwd, warm_fwd, "fwd")
     fb = one(timed_fb, warm_fb, "fwd_bwd") if timed_fb is not None else None
@@ -481,7 +485,7 @@ def _time_cell(case: Case, preset: Preset, forward: Callable[[], Any],
         clock = f"perf_counter with torch.cuda.synchronize (device timing failed: {fallback})"
     timer = (f"{case.device}: {clock}, {method}, blocks of {blocks} calls"
              + (", L2 flushed before each sample" if flush is not None else ""))
-    return fwd, fb, {"timer": timer, "l2_flush": flush is not None,
+    return fwd, fb, {"timer": timer, "l2_flush": flush is not None, "noise_target": preset.noise_target or None,
                      "cuda_graph": method == "cuda-graph replay", "fenced_s": fenced or None}
 
 

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..core.noise import SamplingRule, ci_rel
+
 Clock = Callable[[], float]
 MIN_BLOCK_S = 1e-3        # calls faster than this are timed in blocks
 MAX_SAMPLES = 200         # samples per measurement, at most
@@ -24,6 +26,12 @@ class Samples:
     calls_per_sample: int = 1
     host_per_call_s: list[float] = field(default_factory=list)  # device timing: host issue time per call
     method: str = "host clock"
+    extra_s: float = 0.0            # seconds sampled beyond the fixed minimum (noise.SamplingRule)
+
+    @property
+    def ci_rel(self) -> float | None:
+        """The median's 95% interval half-width over the median (noise.ci_rel)."""
+        return ci_rel(self.per_call_s)
 
     @property
     def host_median_s(self) -> float | None:
@@ -113,8 +121,10 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
             min_time_s: float = 0.2, max_samples: int = MAX_SAMPLES, min_block_s: float = MIN_BLOCK_S,
             clock: Clock = time.perf_counter,
             sync: Callable[[], None] | None = None,
-            before_sample: Callable[[], None] | None = None) -> Samples:
-    """Time `fn` (already warmed up) until at least `min_samples` samples and `min_time_s`.
+            before_sample: Callable[[], None] | None = None,
+            rule: SamplingRule | None = None) -> Samples:
+    """Time `fn` (already warmed up) until at least `min_samples` samples and `min_time_s`, then
+    while `rule` asks for more (the median's interval wider than its target, up to its cap).
 
     Calls faster than `min_block_s` are timed in blocks of several calls so clock
     overhead stays negligible; each sample is the block time / calls. `estimate_s`
@@ -128,7 +138,10 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
         per_block = 1
     samples = Samples(calls_per_sample=per_block)
     spent = 0.0
-    while samples.n < max_samples and (samples.n < min_samples or spent < min_time_s):
+    while samples.n < max_samples:
+        extra = samples.n >= min_samples and spent >= min_time_s
+        if extra and (rule is None or not rule.more(samples.per_call_s, samples.extra_s)):
+            break
         if before_sample is not None:
             before_sample()
         if sync:
@@ -140,6 +153,7 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
             sync()
         elapsed = clock() - start
         spent += elapsed
+        samples.extra_s += elapsed if extra else 0.0
         samples.per_call_s.append(elapsed / per_block)
     return samples
 
@@ -202,7 +216,7 @@ class DeviceTimingFailed(RuntimeError):
 def measure_device(fn: Callable[[], object], *, estimate_s: float, clock, min_samples: int = 5,
                    min_time_s: float = 0.2, max_samples: int = MAX_SAMPLES, min_block_s: float = MIN_BLOCK_S,
                    before_sample: Callable[[], None] | None = None,
-                   host_clock: Clock = time.perf_counter) -> Samples:
+                   host_clock: Clock = time.perf_counter, rule: SamplingRule | None = None) -> Samples:
     """Time `fn` (already warmed up) with the device's own clock, as measure() does with the host's.
 
     Each sample: synchronize, spin the device for longer than the host needs to queue the
@@ -218,7 +232,7 @@ def measure_device(fn: Callable[[], object], *, estimate_s: float, clock, min_sa
     synchronizes is late every time, while a GC pause or a first-time kernel load is late
     once, and scattered hiccups over 200 samples must not switch a cell to host timing.
     `before_sample` runs once, untimed, before the first sample (its first call may load a
-    kernel), and its host time counts in the spin.
+    kernel), and its host time counts in the spin. `rule`: as in measure(), on the samples' wall time.
     """
     if min_samples < 1:
         raise ValueError("min_samples must be >= 1")
@@ -230,7 +244,10 @@ def measure_device(fn: Callable[[], object], *, estimate_s: float, clock, min_sa
         before_sample()
         clock.synchronize()
     spent, late = 0.0, 0
-    while samples.n < max_samples and (samples.n < min_samples or spent < min_time_s):
+    while samples.n < max_samples:
+        extra = samples.n >= min_samples and spent >= min_time_s
+        if extra and (rule is None or not rule.more(samples.per_call_s, samples.extra_s)):
+            break
         clock.synchronize()
         clock.hold(hold_s)
         t_flush = host_clock()
@@ -259,6 +276,7 @@ def measure_device(fn: Callable[[], object], *, estimate_s: float, clock, min_sa
         late = 0
         elapsed = start.elapsed_time(end) / 1e3
         spent += wall
+        samples.extra_s += wall if extra else 0.0
         samples.per_call_s.append(elapsed / per_block)
         samples.host_per_call_s.append(host_s / per_block)
         hold_s = max(HOLD_MARGIN * (host_s + flush_s) + HOLD_EXTRA_S, 1e-4)

@@ -69,6 +69,8 @@ class Plan:
     measured: int | None = None            # cells predicted to be measured (ok, not skipped)
     model_audit_s: float = 0.0             # the model audit after the cells, predicted (in report_s); 0: none
     model_audit_skip: str | None = None    # why the budget leaves it out (None: it runs, or none is asked for)
+    noise_s: float = 0.0                   # of the kept cells' time, sampling beyond the minimum (--noise-target)
+    noise_share: dict[str, float] = field(default_factory=dict)   # per device kind: the cap's share one measurement uses
 
     def write(self, run_dir: Path) -> None:
         (Path(run_dir) / PLAN_FILE).write_text(json.dumps(self.__dict__, indent=1) + "\n")
@@ -458,6 +460,10 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
         plan, _ = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix, measured=measured,
                         host=host, model_s=0.0)
         plan.model_audit_skip = reason
+    from .costmodel import CostModel, Settings
+    kept = forecast.pred[~forecast.pred["id"].isin(plan.skip)] if len(forecast.pred) else forecast.pred
+    plan.noise_s, plan.noise_share = CostModel(forecast.params, host=forecast.host).noise_s(
+        kept, Settings.of_preset(preset))
     return plan, forecast.pred, forecast.notes
 
 

@@ -102,8 +102,27 @@ def fit(runs: Iterable[RunData], priors: Params | None = None) -> Params:
     _fit_host(runs, fitted)
     _fit_constants(runs, fitted)
     fit_phases(runs, fitted)                  # records with phase_s: each part of a cell on its own seconds
+    _fit_noise(runs, fitted)
     fitted.overhead.update(fit_overheads(runs))
     return (priors or Params()).merged(fitted)
+
+
+def _fit_noise(runs: list[RunData], out: Params) -> None:
+    """Per device, the mean share of its cap a measurement sampled beyond its minimum (fwd_extra_s and
+    fwd_bwd_extra_s over the run's noise_cap_s), over the ok cells of runs that had a cap: what a
+    noisy machine costs each cell (and so fewer cells in a budget)."""
+    shares: dict[str, list[float]] = {}
+    for run in runs:
+        cap, frame = run.settings.noise_cap_s, run.frame
+        if not cap or frame is None or "fwd_extra_s" not in frame.columns:
+            continue
+        ok = frame[frame["status"] == "ok"]
+        for prefix in ("fwd", "fwd_bwd"):
+            for dev, extra in zip(ok["device"], ok[f"{prefix}_extra_s"]):
+                if isinstance(extra, (int, float)) and extra == extra:
+                    shares.setdefault(device_type(dev), []).append(min(1.0, float(extra) / cap))
+    for dev, values in shares.items():
+        out.noise_share[dev] = float(np.mean(values))
 
 
 def _fit_calls(runs: list[RunData], out: Params) -> None:

@@ -78,6 +78,9 @@ FAMILY_DEFAULTS: dict[str, dict[str, tuple[float, float, float, float]]] = {
 }
 BACKWARD_DEFAULT_FACTOR = 3.0
 HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
+# The share of --noise-cap-s a measurement samples beyond its minimum where no run fitted it (costfit.
+# _fit_noise); cuda: an H200's device-timed samples, 1 of 146 wider than ±3% (docs/measurement.md)
+NOISE_SHARE_DEFAULT = {"cpu": 0.1, "cuda": 1 / 146}
 # A diagnosed cell (measure/diagnosis.py), where nothing was fitted: a fixed part, plus every known
 # mistake's float64 forward over the diagnosis slices at this rate. Measured on 2 cores of an AMD
 # EPYC: 11 ms at T=64 (H=4, d=64), 47 ms at T=256 with GQA, 180 ms at T=1024 (one slice).
@@ -138,6 +141,9 @@ class Params:
     run_start_s: dict[str, float] = field(default_factory=dict)
     compile_start_s: dict[str, float] = field(default_factory=dict)  # the run's first compiled cell ("cpu|miss")
     skip_s: dict[str, float] = field(default_factory=dict)
+    # "cpu" -> the share of --noise-cap-s a measurement samples beyond its minimum on average (a noisy
+    # machine's near 1, an idle one's near 0): costfit._fit_noise, from records' fwd_extra_s
+    noise_share: dict[str, float] = field(default_factory=dict)
     # outside the cells (plan.overhead): "cpu|start_s", "cpu|report_s", "cpu|between_cell_s", ...
     overhead: dict[str, float] = field(default_factory=dict)
     fitted_on: list[str] = field(default_factory=list)
@@ -468,8 +474,26 @@ class CostModel:
         host = self._const("host_call_s", f"{dev}|{case.variant}", HOST_CALL_DEFAULT_S[dev])
         timed = (timed_wall_s(t_f, settings, device_timing=device_timing, host_call_s=host)
                  + timed_wall_s(t_fb, settings, device_timing=device_timing, host_call_s=2.5 * host))
+        if settings.noise_cap_s:     # sampling on until the median is known: this machine's usual share of the cap
+            passes = (t_f > 0) + (t_fb > 0)
+            timed += passes * settings.noise_cap_s * self._const("noise_share", dev, NOISE_SHARE_DEFAULT[dev])
         energy = energy_wall_s(t_f, settings) if dev == "cuda" and case.scenario == "normal" else 0.0
         return timed, energy
+
+    def noise_s(self, pred: Any, settings: Settings) -> tuple[float, dict[str, float]]:
+        """(seconds of sampling beyond the minimum over these predicted cells' ok rows, {device kind:
+        the share of the cap one measurement uses; "cpu (default)" where no run of this machine fitted
+        it}): what this machine's noise costs a run (in `timed`), for the plan's line."""
+        if not settings.noise_cap_s or pred is None or not len(pred):
+            return 0.0, {}
+        ok = pred[pred["status"] == "ok"]
+        shares = {dev: self._const("noise_share", dev, NOISE_SHARE_DEFAULT[dev])
+                  for dev in {device_type(d) for d in ok["device"]}}
+        shares.update({f"{dev} (default)": shares.pop(dev) for dev in list(shares) if dev not in self.params.noise_share})
+        passes = (ok["fwd_s"] > 0).astype(int) + (ok["fwd_bwd_s"] > 0).astype(int)
+        share = {k.split(" ")[0]: v for k, v in shares.items()}
+        total = sum(p * settings.noise_cap_s * share[device_type(d)] for p, d in zip(passes, ok["device"]))
+        return float(total), shares
 
     def _warmup_s(self, dev: str, settings: Settings, t_f: float, t_fb: float) -> float:
         """The warm-up calls: their steady-state seconds, times a fitted factor and plus a constant

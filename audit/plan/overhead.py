@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Mapping
 
+from ..measure.canary import CANARY_WALL_S, LABELS as CANARY_LABELS
 from ..measure.energy import COUNTER_CHECK_WALL_S
 from ..measure.roofline import CEILINGS_BUDGET_S
 
@@ -81,6 +82,7 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
     c = lambda name: constant(params, kind, name, host)    # noqa: E731 - a short local reader
     kept = n if kept is None else min(n, kept)
     before = c("start_s") + c("plan_per_cell_s") * n + c("between_cell_s") * kept + c("skip_record_s") * (n - kept)
+    before += CANARY_WALL_S * len(CANARY_LABELS) if n else 0.0     # the canary's readings (measure/canary.py)
     if ceilings_measured:
         before += c("ceilings_factor") * ceilings_s * len(devices) + COUNTER_CHECK_WALL_S * ("cuda" in devices)
     measured = int((pred["status"] == "ok").sum()) if n else 0

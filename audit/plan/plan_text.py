@@ -8,6 +8,9 @@ from .budget import PRIORITY_NAMES, Plan
 UNCOVERED_SHOWN = 8      # the plan line names this many uncovered kinds, then counts the rest
 
 
+NOISE_SAID_S = 1.0     # the plan's line names the noise's cost from this many seconds
+
+
 def describe(plan: Plan, n_cells: int) -> str:
     """One line for the console: what the plan measures and what it skips, and which variant ×
     dtype × mask kinds the budget left without a cell."""
@@ -20,6 +23,10 @@ def describe(plan: Plan, n_cells: int) -> str:
     if skipped:
         line += (f"; {skipped} cells skipped (predicted {format_duration(skipped_s)}): "
                  "listed in the report under Time budget")
+    if plan.noise_s >= NOISE_SAID_S:
+        shares = ", ".join(f"{dev} {share:.0%}" for dev, share in sorted(plan.noise_share.items()))
+        line += (f"; {format_duration(plan.noise_s)} of it samples beyond the minimum to know each median "
+                 f"(--noise-target), at the share of --noise-cap-s a measurement uses here ({shares})")
     if plan.measured == 0 and plan.budget_s is not None and plan.smallest_s:
         return (f"plan: nothing fits the {format_duration(plan.budget_s)} budget (--budget): "
                 f"{format_duration(plan.reserve_s)} of it goes to start-up, ceilings and report, and the smallest "

@@ -30,13 +30,15 @@ class Settings:
     golden_store: bool = True       # references read back from the golden store (schema 13 and before: none)
     arguments: bool = True          # the argument probes' calls (schema 14 and before: none)
     referee_golden_forward: bool = False   # the referee's shifted values had a float64 forward of their own (11-13)
+    noise_cap_s: float = 0.0        # seconds a measurement may sample beyond its minimum (0: none; schema 15 and before)
     cpu_chunk_bytes: int = 32 * 2**20
     cuda_chunk_bytes: int = 256 * 2**20
 
     @classmethod
     def of_preset(cls, preset: Preset) -> "Settings":
         return cls(min_samples=preset.min_samples, min_time_s=preset.min_time_s,
-                   max_cell_s=preset.max_cell_s, energy_window_s=preset.energy_window_s)
+                   max_cell_s=preset.max_cell_s, energy_window_s=preset.energy_window_s,
+                   noise_cap_s=preset.noise_cap_s if preset.noise_target else 0.0)
 
     @classmethod
     def of_run(cls, run_info: Mapping[str, Any]) -> "Settings":
@@ -46,7 +48,8 @@ class Settings:
         base = cls(min_samples=int(timing.get("min_samples", 5)),
                    min_time_s=float(timing.get("min_time_s", 0.2)),
                    max_cell_s=None if max_cell_s is None else float(max_cell_s),
-                   energy_window_s=float(timing.get("energy_window_s", 0.1)))
+                   energy_window_s=float(timing.get("energy_window_s", 0.1)),
+                   noise_cap_s=float(timing.get("noise_cap_s") or 0.0) if timing.get("noise_target") else 0.0)
         argv = list(run_info.get("argv") or [])
         if "--energy-window-s" in argv:
             base = replace(base, energy_window_s=float(argv[argv.index("--energy-window-s") + 1]))

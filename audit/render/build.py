@@ -5,11 +5,13 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.records import read_records, to_frame
-from ..core.runfolder import FINDINGS_FILE, PLAN_FILE, RUN_FILE
+from ..analysis.noise_rules import canary_summary
+from ..core.runfolder import FINDINGS_FILE, PLAN_FILE, RUN_FILE, read_canaries
 from .data import prepare
 from .figures import draw_figures
 from .argument_section import arguments_section
 from .model_section import FIGURE_FILE as MODEL_FIGURE_FILE, HEADING as MODEL_HEADING, draw_model_error, model_section
+from .noise_section import noise_blocks
 from .nothing_measured import nothing_measured_section
 from .page import Block, Contents, Heading, para, write_page
 from .sections import (compile_section, environment_section, findings_section, grid_section, memory_section,
@@ -41,14 +43,17 @@ def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = N
     run_info = read_json(run_dir / RUN_FILE)
 
     plan = read_json(run_dir / PLAN_FILE)
+    canaries = read_canaries(run_dir)
+    run_noise = canary_summary(canaries)["noise_rel"]
     sections: list[tuple[str, Callable[[], list[Block]]]] = [
         ("Title", lambda: title_section(run_dir, run_info, frame)),
         ("Overview", lambda: overview_section(findings, frame)),
-        (VERDICT_HEADING, lambda: verdict_section(frame, findings)),
+        (VERDICT_HEADING, lambda: verdict_section(frame, findings, run_noise)),
         ("Nothing measured", lambda: nothing_measured_section(frame, plan)),
         ("Contents", lambda: [Contents()]),
         ("Findings", lambda: findings_section(findings, frame)),
-        ("Environment", lambda: environment_section(run_info, records)),
+        ("Environment", lambda: environment_section(run_info, records)
+         + noise_blocks(canaries, frame, (run_info or {}).get("env"))),
         ("Grid", lambda: grid_section(run_info, frame)),
         ("Time budget", lambda: time_budget_section(run_info, frame)),
         ("Input scenarios", lambda: scenarios_section(frame)),

@@ -117,12 +117,21 @@ def _side_text(side: Side) -> list[Union[str, Mono]]:
             f"{len(side.frame)} cells)."]
 
 
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.1f}%"
+
+
 def _method_blocks(comparison: Comparison) -> list[Block]:
     noise = comparison.noise
     used = ", ".join(f"{label} {noise[p]['used']:.3f}" for p, label in PHASES)
+    floor = noise[PHASES[0][0]].get("floor", stats.NOISE_FLOOR_SD)
+    canaries = (f"the two runs' canaries: noise figures {_pct(comparison.a.noise_rel)} (A) and "
+                f"{_pct(comparison.b.noise_rel)} (B), as log-SD log(1 + n) / 1.96 added in quadrature"
+                if comparison.a.noise_rel is not None and comparison.b.noise_rel is not None else
+                f"{stats.NOISE_FLOOR_SD}, unmeasured: a run without canary readings")
     source = ("given with --noise" if comparison.noise_given else
-              f"measured here, at least {stats.NOISE_FLOOR_SD}; with fewer than "
-              f"{stats.MIN_CELLS_FOR_NOISE} cells {stats.NOISE_FLOOR_SD}")
+              f"measured here, at least {floor:.3f} ({canaries}); with fewer than "
+              f"{stats.MIN_CELLS_FOR_NOISE} cells {floor:.3f}")
     return [
         Heading(2, "How ratios and intervals are computed"),
         _p("Latency: B/A of the medians of the raw samples (", Mono("fwd_samples_s"), ", ",

@@ -12,7 +12,8 @@ import pandas as pd
 
 from ..core.defects import WARNING_DEFECTS
 from ..core.runfolder import SEED_CLAIMS_FILE
-from .page import slugify
+from ..analysis.noise_rules import cell_noise, unstable_mask
+from .page import format_value, slugify
 from .data import ALIGNMENT_SCENARIOS, FP16_RANGE_SCENARIO, GOLDEN_SOURCE_PREFERENCE, MASK_FORMS, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, OUTLIERS_SCENARIO, SCALED_PREFIX, SEVERITY_ORDER, describe_values, dtype_order, flag_equals, is_negative_control, normal_rows, numeric, ok_rows, representative_slice, scenario_alpha, scenario_descriptions, scenario_order, sorted_values, speed_rows, speedup_vs_baseline, variant_order
 
 
@@ -477,13 +478,19 @@ def host_bound_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def speedup_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Forward and forward+backward speed-up over the baseline per variant, fastest first."""
+    """Forward and forward+backward speed-up over the baseline per variant, fastest first; where a
+    cell is unstable (noise_rules.unstable_mask), how many of each variant's speed cells are."""
     fwd = speedup_vs_baseline(frame, "fwd_ms").rename(
         columns={"speedup": "fwd speed-up (x)", "cells": "fwd cells"})
     both = speedup_vs_baseline(frame, "fwd_bwd_ms").rename(
         columns={"speedup": "fwd+bwd speed-up (x)", "cells": "fwd+bwd cells"})
     merged = fwd.merge(both, on="variant", how="outer")
     merged = merged.astype({"fwd cells": "Int64", "fwd+bwd cells": "Int64"})
+    rows = speed_rows(frame)
+    shaky = rows[unstable_mask(rows)] if not rows.empty else rows
+    if len(shaky):
+        counts = shaky.groupby("variant").size()
+        merged["unstable cells"] = [int(counts.get(v, 0)) for v in merged["variant"]]
     return merged.sort_values("fwd speed-up (x)", ascending=False, kind="stable")
 
 
@@ -548,7 +555,7 @@ def rerun_command(shape: dict[str, Any]) -> str:
 
 def shape_table(rows: pd.DataFrame, metric: str, scale: float = 1.0) -> pd.DataFrame:
     """variant (rows) x one column per (causal, seq_len) of stated_shape's rows: metric / scale
-    of that one cell. Column names 'T=128' (with 'causal ' or 'full ' in front when both occur;
+    of that one cell; a latency an unstable cell measured (noise_rules.unstable_mask) reads "12.3 ±9%". Column names 'T=128' (with 'causal ' or 'full ' in front when both occur;
     ' B=32' after when the batch varies with T)."""
     if rows.empty:
         return pd.DataFrame(columns=["variant"])
@@ -559,10 +566,16 @@ def shape_table(rows: pd.DataFrame, metric: str, scale: float = 1.0) -> pd.DataF
         mask = ("causal " if causal else "full ") if both else ""
         return f"{mask}T={seq_len}" + (f" B={batch}" if varying_batch else "")
 
+    value: pd.Series = numeric(rows, metric) / scale
+    if metric in ("fwd_ms", "fwd_bwd_ms"):     # an unstable cell's time carries its width: "12.3 ±9%"
+        shaky = unstable_mask(rows)
+        width = cell_noise(rows)
+        value = value.astype(object)
+        value[shaky] = [f"{format_value(v)} ±{w * 100:.0f}%" for v, w in zip(value[shaky], width[shaky])]
     keyed = rows.assign(_col=[label(bool(c), int(t), int(b)) for c, t, b in
                               zip(rows["causal"], rows["seq_len"], rows["batch"])],
                         _order=[(bool(c), int(t)) for c, t in zip(rows["causal"], rows["seq_len"])],
-                        _value=numeric(rows, metric) / scale)
+                        _value=value)
     order = list(dict.fromkeys(keyed.sort_values("_order")["_col"]))
     wide = keyed.pivot_table(index="variant", columns="_col", values="_value", aggfunc="first")
     wide = wide.reindex(index=variant_order(keyed["variant"]), columns=order)

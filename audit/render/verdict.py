@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..analysis.argument_rules import ARGUMENT_CHECK, argument_summary
 from ..analysis.findings import FINFO_MIN_SCENARIO
+from ..analysis.noise_rules import cell_noise, tie_lead
 from ..core.defects import REPEATED_TENSORS
 from ..core.referee import refereed
 from ..workload.inputs import MASK_KIND_LABELS, PLAIN_MASK_KINDS, mask_kind
@@ -32,7 +33,7 @@ from .tables import anchored_findings
 VERDICT_HEADING = "Verdict"
 RECOMMENDATIONS_HEADING = "What to use"
 DEVICE_DTYPE = "device\u00a0dtype"        # one unbroken header: the column stays narrow
-CLOSE_LEAD = 1.10                   # a lead under 10% is within one run's noise (design notes: 10-40% on 2 cores)
+CLOSE_LEAD = 1.10                   # where no noise was measured (records without samples): a lead under 10% ties
 MIN_SHARED_FRACTION = 0.5           # a variant joins a comparison if the shared cells stay >= half of the slice's
 SEVERITY_RANK = {severity: rank for rank, severity in enumerate(SEVERITY_ORDER)}
 # Masks whose "fully masked" rows are finite (finfo.min): every variant attends uniformly there by
@@ -340,6 +341,21 @@ class Recommendation:
     left_out: list[tuple[str, int, int]] = field(default_factory=list)   # (variant, its cells, the slice's)
     flagged: dict[str, tuple[dict, str]] = field(default_factory=dict)   # variant -> (error finding, anchor)
     elsewhere: dict[str, tuple[dict, str]] = field(default_factory=dict)  # an error finding on other cells only
+    noise: dict[str, list[float]] = field(default_factory=dict)   # variant -> its pooled cells' ci_rel (cell_noise)
+    run_noise: float | None = None                                # the canary's noise figure (noise_rules)
+
+    @property
+    def tie_at(self) -> float:
+        """The lead under which the recommended variant and the runner-up are tied: the 95% interval of
+        their ratio from their cells' measured noise and the run's (noise_rules.tie_lead); CLOSE_LEAD
+        where neither was measured."""
+        runner = self.runner_up
+        if runner is None or self.recommended is None:
+            return CLOSE_LEAD
+        a, b = self.noise.get(self.recommended, []), self.noise.get(runner[0], [])
+        if not any(x == x for x in a + b) and self.run_noise is None:
+            return CLOSE_LEAD
+        return tie_lead(a, b, self.run_noise)
 
     @property
     def recommended(self) -> str | None:
@@ -394,7 +410,8 @@ def _error_cells(findings: list[dict] | None) -> list[tuple[dict, str, set[str]]
     return [(f, a, set(f.get("cells") or [])) for f, a in anchored_findings(findings) if f.get("severity") == "error"]
 
 
-def recommendations(frame: pd.DataFrame, findings: list[dict] | None) -> list[Recommendation]:
+def recommendations(frame: pd.DataFrame, findings: list[dict] | None,
+                    run_noise: float | None = None) -> list[Recommendation]:
     """Per device × dtype × mask kind present among the ok real cells: the variants ranked by the
     geometric mean of forward latency over the cells they share, and the error findings that cover a
     cell of that device, dtype and mask kind in any input scenario (fp16_range's NaN counts against
@@ -434,7 +451,9 @@ def recommendations(frame: pd.DataFrame, findings: list[dict] | None) -> list[Re
                     elif variant in chosen:
                         elsewhere.setdefault(variant, (finding, anchor))
                 elsewhere = {v: f for v, f in elsewhere.items() if v not in flagged}
-                out.append(Recommendation(device, dtype, kind, ranking, len(shared), left_out, flagged, elsewhere))
+                noise = {str(v): cell_noise(g).tolist() for v, g in pooled.groupby("variant")}
+                out.append(Recommendation(device, dtype, kind, ranking, len(shared), left_out, flagged, elsewhere,
+                                          noise, run_noise))
     return out
 
 
@@ -454,13 +473,13 @@ def _flagged_parts(rec: Recommendation) -> list[Inline]:
 
 
 def _lead_words(rec: Recommendation) -> str:
-    """'1.35× faster than sdpa_flash', 'tied with sdpa (1.05×)' under a 10% lead (within one run's
-    noise), or why there is no lead."""
+    """'1.35× faster than sdpa_flash', 'tied with sdpa (1.05×)' under the lead the measured noise
+    allows (Recommendation.tie_at), or why there is no lead."""
     if rec.recommended is None:
         return ""
     if rec.lead is None:
         return "the only variant without an error finding here"
-    if rec.lead < CLOSE_LEAD:
+    if rec.lead < rec.tie_at:
         return f"tied with {rec.runner_up[0]} ({format_value(rec.lead)}×)"
     return f"{format_value(rec.lead)}× faster than {rec.runner_up[0]}"
 
@@ -472,8 +491,8 @@ def _why(rec: Recommendation) -> Span:
     lead = _lead_words(rec)
     if lead:
         parts.append((" " if parts else "") + f"{rec.recommended}: {lead}")
-        if rec.lead is not None and rec.lead < CLOSE_LEAD:
-            parts.append(", a lead under 10%, within one run's noise")
+        if rec.lead is not None and rec.lead < rec.tie_at:
+            parts.append(f", a lead under the {format_value((rec.tie_at - 1) * 100)}% this run's measured noise allows")
         if rec.lead is not None:
             parts.append(f" (geometric mean of forward latency over the {rec.shared_cells} "
                          f"cell{'s' if rec.shared_cells != 1 else ''} the {len(rec.ranking)} variants compared share)")
@@ -517,8 +536,9 @@ def recommendation_table(recs: Iterable[Recommendation]) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- section
 
-def verdict_section(frame: pd.DataFrame, findings: list[dict] | None) -> list[Block]:
-    """The page's first section: the verdict table, then what to use per device × dtype × mask."""
+def verdict_section(frame: pd.DataFrame, findings: list[dict] | None, run_noise: float | None = None) -> list[Block]:
+    """The page's first section: the verdict table, then what to use per device × dtype × mask; ties
+    by the measured noise (`run_noise`: the canary's noise figure, noise_rules.canary_summary)."""
     blocks: list[Block] = [Heading(2, VERDICT_HEADING)]
     ok = ok_rows(frame)
     real = _real_variants(ok)
@@ -538,7 +558,7 @@ def verdict_section(frame: pd.DataFrame, findings: list[dict] | None) -> list[Bl
     unrun = [v for v in _real_variants(frame) if v not in real]
     unrun_note = ([para(f"No ok cell, so not in the verdict: {', '.join(unrun)} (see Grid for why).")]
                   if unrun else [])
-    recs = recommendations(frame, findings)
+    recs = recommendations(frame, findings, run_noise)
     if not recs:
         return blocks + unrun_note
     ignored = "" if findings is not None else " No findings.json: error findings were not taken into account."
@@ -546,7 +566,8 @@ def verdict_section(frame: pd.DataFrame, findings: list[dict] | None) -> list[Bl
         Heading(3, RECOMMENDATIONS_HEADING),
         para("The fastest variant with no error finding on a cell of that device, dtype and mask (any "
              "scenario; wrong gradients count: what is recommended is for training too); tied: a lead "
-             "under 10%, within noise." + ignored),
+             "inside the 95% interval of the two variants' ratio, from their cells' measured noise and the "
+             "run's canary drift (Environment: timing noise)." + ignored),
         Table(recommendation_matrix(recs)),
         Table(recommendation_table(recs), caption="Why, per device, dtype and mask"),
         *unrun_note,

@@ -36,6 +36,8 @@ class Preset:
     deterministic: bool = False   # measure under torch.use_deterministic_algorithms(True) (--deterministic)
     page_size: int = 16           # slots per page of the paged scenario's cache (a kernel declaring its own keeps it)
     models: tuple[str, ...] = ()  # the model audit's decoders after the cells (workload/model.py; docs/model.md)
+    noise_target: float = 0.03    # sample on until each median is known to ±this (0: the fixed minimum only)
+    noise_cap_s: float = 0.1      # ... for at most this many more seconds per measurement
 
     @property
     def axes(self) -> dict[str, tuple]:
@@ -252,7 +254,7 @@ def _quick(sets: _VariantSets) -> Preset:
             *sets.argument_cells(("fp32", "bf16")),
         ),
         # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
-        min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5,
+        min_samples=3, min_time_s=0.02, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5, noise_cap_s=0.05,
         models=("llama-tiny", "gpt-oss-tiny"),
     )
 
@@ -300,6 +302,7 @@ def _cpu(sets: _VariantSets) -> Preset:
                  d_k=ODD_HEAD_DIMS, seq_len=(128,), batch=(1,), heads=(2,), causal=(False, True), scenario=("normal",)),
         ),
         min_samples=5, min_time_s=0.05, max_cell_s=6.0, budget_s=600.0, models=("llama-small", "gpt-oss-small"),
+        noise_cap_s=0.2,
     )
 
 
@@ -395,7 +398,7 @@ def _gpu(sets: _VariantSets) -> Preset:
             dict(variant=("broken.batch_dependent_splits",), device=("cuda",), dtype=("bf16",), d_k=(128,),
                  seq_len=(1024,), batch=(2,), heads=(16,), causal=(False, True), scenario=("normal",)),
         ),
-        min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=480.0,
+        min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=480.0, noise_cap_s=0.05,
         models=("llama-medium", "gpt-oss-medium"),
     )
 
@@ -429,7 +432,7 @@ def _gpu_check() -> Preset:
                           "broken.strides_ignored"), device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,),
                  batch=(2,), heads=(16,), causal=(False, True), scenario=("strided_qkv",)),
         ),
-        min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=180.0,
+        min_samples=5, min_time_s=0.03, max_cell_s=20.0, energy_window_s=0.05, budget_s=180.0, noise_cap_s=0.05,
         models=("llama-medium", "gpt-oss-medium"),
     )
 
