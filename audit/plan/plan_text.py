@@ -14,8 +14,11 @@ NOISE_SAID_S = 1.0     # the plan's line names the noise's cost from this many s
 def describe(plan: Plan, n_cells: int) -> str:
     """One line for the console: what the plan measures and what it skips, and which variant ×
     dtype × mask kinds the budget left without a cell."""
-    skipped = len(plan.skip)
-    skipped_s = sum(plan.predicted.get(i, 0.0) for i in plan.skip)
+    # the cells the budget or the per-cell limit cut: plan.skip also holds cells that would not be
+    # measured anyway (a control left alone in its input set, say), which no budget decides
+    cut = [i for i, why in plan.skip.items() if why.startswith("over the budget") or "over the per-cell limit" in why]
+    skipped = len(cut)
+    skipped_s = sum(plan.predicted.get(i, 0.0) for i in cut)
     budget = "no budget" if plan.budget_s is None else f"budget {format_duration(plan.budget_s)}"
     outside = "start-up, ceilings, model audit and report" if plan.model_audit_s else "start-up, ceilings and report"
     line = (f"plan: {n_cells - skipped} cells predicted {format_duration(plan.predicted_total())} "
