@@ -75,6 +75,8 @@ USAGE_ERRORS = {
     "fractional heads": (["--heads", "1.5"], ["--heads", "'1.5'"]),
     "bad causal": (["--causal", "maybe"], ["--causal", "'maybe'"]),
     "bad min-samples": (["--min-samples", "0"], ["--min-samples", "0"]),
+    "noise target over 100%": (["--noise-target", "150"], ["--noise-target", "150", "0 to 100"]),
+    "negative noise cap": (["--noise-cap-s", "-1"], ["--noise-cap-s", "-1", "non-negative"]),
     "unimportable plug-in": (["--variant", "no_such_module_xyz_123:fn"], ["no_such_module_xyz_123"]),
     "bad plug-in form": (["--variant", "mod:"], ["'mod:'", "package.module:function"]),
 }
