@@ -69,6 +69,13 @@ def pytest_configure(config):
     os.environ[REPORTS_ENV] = os.path.join(home, "reports")
     os.environ[CACHE_ENV] = os.path.join(home, "cache")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(home, "inductor")
+    # Inductor takes the vector ISAs the CPU reports (/proc/cpuinfo) as usable instead of proving
+    # each one by building a test library and loading it from a new Python process that imports
+    # torch: four such processes, about 9 s, in the first compile of every process (each pytest-xdist
+    # worker, the shared quick run, every run or script a test starts that compiles; a cold compile
+    # took 14 s, now 5 s). It picks the same ISA (here avx512 with AMX); a compiler that could not
+    # build for it would make the compiles fail, not pass.
+    os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
     # The golden store off: a reference one test's run stores would change what another test's plan
     # predicts (the workers share the folder). Its own tests turn it on in a folder of their own.
     from audit.measure.golden_store import STORE_ENV
