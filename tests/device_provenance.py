@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 AUDIT_DIR = Path(__file__).resolve().parent.parent / "audit"
@@ -52,6 +51,22 @@ def _call_site() -> str:
     return "unknown"
 
 
+def _tensors(tree: Any, found: list | None = None) -> list:
+    """The tensors in `tree`, through lists, tuples (named ones and torch.return_types too) and
+    dicts, in order: what pytree's tree_flatten gives of an op's arguments and results, at a
+    fraction of its cost (the mode sees every op of a cell: pytree was 60% of the sweep's time)."""
+    found = [] if found is None else found
+    if isinstance(tree, torch.Tensor):
+        found.append(tree)
+    elif isinstance(tree, (list, tuple)):
+        for item in tree:
+            _tensors(item, found)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            _tensors(item, found)
+    return found
+
+
 def _names_device(args: tuple, kwargs: dict) -> bool:
     """`.to(...)` arguments that choose a device (a str, torch.device, or another tensor)."""
     if kwargs.get("device") is not None:
@@ -68,14 +83,13 @@ class HostProvenance(TorchFunctionMode):
         self.violations: list[str] = []
 
     def _mark(self, out: Any, site: str) -> None:
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.host[t] = site
+        for t in _tensors(out):
+            self.host[t] = site
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", str(func))
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        tensors = _tensors((args, kwargs))
         host = [t for t in tensors if t in self.host]
         if func in FACTORIES:
             out = func(*args, **kwargs)
