@@ -3,38 +3,42 @@ again, until stopped (a shared CI runner's neighbour, switching on and off every
 
     with burning():              # one process per core
         ...                      # whatever runs here shares the cores with it
+
+Each burner is a plain `python -c` process (not multiprocessing: its spawn re-imports the caller's
+main module, which a test runner's or a `python -` script's is not).
 """
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
+import subprocess
+import sys
 import time
 from typing import Iterator
 
-
-def _burn(period_s: float, stop_at: float) -> None:
-    while time.time() < stop_at:
-        began = time.perf_counter()
-        while time.perf_counter() - began < period_s:
-            pass
-        time.sleep(period_s)
+BURN = """
+import sys, time
+period, stop_at = float(sys.argv[1]), float(sys.argv[2])
+while time.time() < stop_at:
+    began = time.perf_counter()
+    while time.perf_counter() - began < period:
+        pass
+    time.sleep(period)
+"""
 
 
 @contextlib.contextmanager
 def burning(processes: int | None = None, period_s: float = 0.05, limit_s: float = 600.0) -> Iterator[None]:
     """`processes` burners (default: one per core) for the block, each stopping by itself after
     `limit_s` should the block never end (a killed test)."""
-    ctx = multiprocessing.get_context("spawn")
     stop_at = time.time() + limit_s
-    procs = [ctx.Process(target=_burn, args=(period_s, stop_at), daemon=True)
+    procs = [subprocess.Popen([sys.executable, "-c", BURN, str(period_s), str(stop_at)])
              for _ in range(processes or os.cpu_count() or 1)]
-    for p in procs:
-        p.start()
     try:
+        time.sleep(0.1)                     # running before the block starts
         yield
     finally:
         for p in procs:
-            p.terminate()
+            p.kill()
         for p in procs:
-            p.join(5)
+            p.wait(5)

@@ -1,0 +1,46 @@
+"""Timing noise end to end: the same small grid measured with a CPU-burning neighbour switching on and
+off every 50 ms (tests/cpu_burner.py, one burner per core), and on the idle machine. Serial: it
+times things, and an idle machine means no other test beside it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from audit.analysis.findings import compute_findings
+from audit.core.records import load
+from tests.cpu_burner import burning
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = ["--preset", "quick", "--variant", "sdpa", "eager", "--dtype", "fp32", "--scenario", "normal",
+        "--seq-len", "128", "256", "--causal", "false", "--budget", "none", "--no-progress"]
+
+
+def _run(out: Path, *extra: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "audit", "run", *GRID, "--out", str(out), *extra], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "run.json").read_text())["noise"]
+
+
+@pytest.mark.serial
+def test_a_burning_neighbour_makes_cells_unstable_and_the_noise_figure_rise(tmp_path):
+    with burning(period_s=0.05):
+        loud = _run(tmp_path / "loud")
+    quiet = _run(tmp_path / "quiet", "--no-report")
+    assert loud["cells_judged"] == quiet["cells_judged"] > 0
+    assert quiet["cells_unstable"] == 0, quiet                      # the idle machine: no cell flagged
+    assert loud["cells_unstable"] >= 1, loud
+    assert loud["noise_rel"] > quiet["noise_rel"], (loud, quiet)
+    assert [r["label"] for r in loud["readings"]] == ["start", "middle", "end"]
+    found = {f["check"]: f for f in compute_findings(load(tmp_path / "loud"))}
+    assert "timing_unstable" in found and "timing_unstable" not in {f["check"] for f in
+                                                                    compute_findings(load(tmp_path / "quiet"))}
+    page = (tmp_path / "loud" / "index.md").read_text()
+    assert "### Timing noise" in page and "unstable" in page
+    assert any(f" ±{n}%" in page for n in range(4, 1000))           # a speed table marks a cell's width
