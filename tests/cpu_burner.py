@@ -1,5 +1,8 @@
 """A CPU-burning neighbour for tests: processes that spin for `period_s`, sleep for `period_s`, and
-again, until stopped (a shared CI runner's neighbour, switching on and off every 50 ms).
+again, until stopped (a shared CI runner's neighbour, switching on and off every 50 ms). The burners
+switch together, on the wall clock's period boundaries: one neighbour, on or off, so what runs
+beside it is timed in two modes (independent burners would blur into a steady slowdown, which a
+median shrugs off).
 
     with burning():              # one process per core
         ...                      # whatever runs here shares the cores with it
@@ -20,10 +23,13 @@ BURN = """
 import sys, time
 period, stop_at = float(sys.argv[1]), float(sys.argv[2])
 while time.time() < stop_at:
-    began = time.perf_counter()
-    while time.perf_counter() - began < period:
-        pass
-    time.sleep(period)
+    now = time.time()
+    boundary = (int(now / period) + 1) * period
+    if int(now / period) % 2 == 0:          # on: spin until the next boundary (every burner together)
+        while time.time() < boundary:
+            pass
+    else:                                   # off: sleep until it
+        time.sleep(max(0.0, boundary - now))
 """
 
 

@@ -41,7 +41,7 @@ class Side:
     frame: pd.DataFrame          # records.to_frame: one row per cell
     findings: list[dict]
     env: dict
-    noise_rel: float | None = None   # the run's canary noise figure (noise_rules.canary_summary); None: no canary
+    noise_rel: float | None = None   # the run's canary figure (noise_rules.canary_summary canary_rel); None: no canary
 
 
 def load_side(path: str | Path, label: str, out_dir: Path) -> Side:
@@ -66,7 +66,7 @@ def load_side(path: str | Path, label: str, out_dir: Path) -> Side:
     frame = to_frame(records)
     # Findings are recomputed with this code's rules on both sides, so a difference comes
     # from the records, never from a change of the rules between the two runs.
-    noise_rel = canary_summary(read_canaries(run_dir))["noise_rel"]
+    noise_rel = canary_summary(read_canaries(run_dir))["canary_rel"]
     return Side(label, given, run_dir, run_info, frame, compute_findings(frame), env, noise_rel)
 
 

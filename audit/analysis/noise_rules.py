@@ -20,6 +20,7 @@ from .finding_rows import _finding, _num, _ok
 
 SLOW_DRIFT = 0.05        # a canary reading this much slower than the fastest (or 2x its spread): a slow period
 HIGH_NOISE = 0.10        # a run noise figure above this: the report gives advice
+CELLS_QUANTILE = 0.9     # the cells' part of the run's noise figure: one cell in ten is known worse than it
 Z = 1.959963984540054    # two-sided 95%
 
 
@@ -61,26 +62,33 @@ def _readings(canaries: Sequence[dict]) -> list[dict]:
     return [r for r in canaries if isinstance(r.get("median_s"), (int, float)) and r["median_s"] > 0]
 
 
-def canary_summary(canaries: Sequence[dict]) -> dict[str, Any]:
-    """The run's noise figure from its canary readings: drift_rel (slowest reading over fastest, - 1:
+def canary_summary(canaries: Sequence[dict], frame: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The run's noise figure. From the canary readings: drift_rel (slowest reading over fastest, - 1:
     how much the machine's speed changed), spread_rel (the readings' median ci_rel: the noise within
-    one), noise_rel (the larger: how far a time of this run may be off for the machine alone), and
-    slow (labels of readings slower than the fastest by more than max(SLOW_DRIFT, 2 spread))."""
+    one), canary_rel (the larger: how far one time may be off for the machine alone), slow (labels of
+    readings slower than the fastest by more than max(SLOW_DRIFT, 2 spread)); from the cells (`frame`):
+    cells_rel, the 90th percentile of the judged cells' interval widths (their median sits just under
+    the target the sampling stops at, whatever the machine). noise_rel, the run's figure, is the
+    largest: a neighbour that a 1-thread canary shrugs off still leaves cells unknown."""
     ok = _readings(canaries)
     out: dict[str, Any] = {"readings": [dict(r) for r in canaries], "drift_rel": None, "spread_rel": None,
-                           "noise_rel": None, "slow": []}
-    if not ok:
-        return out
-    medians = [float(r["median_s"]) for r in ok]
-    fastest = min(medians)
-    spreads = [float(r["ci_rel"]) for r in ok if isinstance(r.get("ci_rel"), (int, float))]
-    out["spread_rel"] = statistics.median(spreads) if spreads else None
-    out["drift_rel"] = max(medians) / fastest - 1 if len(ok) > 1 else None
-    out["noise_rel"] = max(v for v in (out["drift_rel"], out["spread_rel"], 0.0) if v is not None)
-    limit = max(SLOW_DRIFT, 2 * (out["spread_rel"] or 0.0))
-    out["slow"] = [r.get("label") for r in ok if float(r["median_s"]) > fastest * (1 + limit)]
-    out["slow_by_rel"] = {r.get("label"): float(r["median_s"]) / fastest - 1 for r in ok
-                          if r.get("label") in out["slow"]}
+                           "canary_rel": None, "cells_rel": None, "noise_rel": None, "slow": [], "slow_by_rel": {}}
+    if frame is not None and not frame.empty:
+        judged = cell_noise(frame[(frame["status"] == "ok") & _num(frame, "noise_target").gt(0)]).dropna()
+        out["cells_rel"] = float(judged.quantile(CELLS_QUANTILE)) if len(judged) else None
+    if ok:
+        medians = [float(r["median_s"]) for r in ok]
+        fastest = min(medians)
+        spreads = [float(r["ci_rel"]) for r in ok if isinstance(r.get("ci_rel"), (int, float))]
+        out["spread_rel"] = statistics.median(spreads) if spreads else None
+        out["drift_rel"] = max(medians) / fastest - 1 if len(ok) > 1 else None
+        out["canary_rel"] = max(v for v in (out["drift_rel"], out["spread_rel"], 0.0) if v is not None)
+        limit = max(SLOW_DRIFT, 2 * (out["spread_rel"] or 0.0))
+        out["slow"] = [r.get("label") for r in ok if float(r["median_s"]) > fastest * (1 + limit)]
+        out["slow_by_rel"] = {r.get("label"): float(r["median_s"]) / fastest - 1 for r in ok
+                              if r.get("label") in out["slow"]}
+    figures = [v for v in (out["canary_rel"], out["cells_rel"]) if v is not None]
+    out["noise_rel"] = max(figures) if figures else None
     return out
 
 

@@ -65,7 +65,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--noise-target", type=float, metavar="PCT",
                      help="after the minimum, keep sampling until each median's 95%% interval is within "
                           "±PCT percent, or --noise-cap-s is spent; a cell still wider is flagged unstable "
-                          "(default 3; 0: the minimum only, nothing judged)")
+                          "(default 5; 0: the minimum only, nothing judged)")
     run.add_argument("--noise-cap-s", type=float, metavar="S",
                      help="the most seconds a measurement samples beyond its minimum to reach --noise-target "
                           "(default: the preset's, 0.05 quick, gpu and gpu-check, 0.2 cpu)")
@@ -337,8 +337,8 @@ def _noise_summary(run_dir: Path) -> dict:
     from ..analysis.noise_rules import canary_summary, cell_noise, unstable_mask
     from ..core.records import load
     from ..core.runfolder import read_canaries
-    summary = canary_summary(read_canaries(run_dir))
     frame = load(run_dir)
+    summary = canary_summary(read_canaries(run_dir), frame)
     if not frame.empty:
         judged = frame[(frame["status"] == "ok") & cell_noise(frame).notna()]
         summary.update(cells_judged=len(judged), cells_unstable=int(unstable_mask(frame).sum()))

@@ -32,16 +32,18 @@ def canary_table(summary: dict) -> pd.DataFrame:
 
 def noise_blocks(canaries: list[dict], frame: pd.DataFrame, env: dict | None) -> list[Block]:
     """Timing noise: works on no canary (an older run) and on an empty frame."""
-    summary = canary_summary(canaries)
-    blocks: list[Block] = [Heading(3, "Timing noise")]
+    summary = canary_summary(canaries, frame)
+    blocks: list[Block] = [Heading(3, "Timing noise"), para(
+        "The run's noise figure is ", Mono(_pct(summary["noise_rel"])), ": the largest of the canary's drift "
+        f"({_pct(summary['drift_rel'])}: its slowest reading over its fastest), its spread "
+        f"({_pct(summary['spread_rel'])}: how well one reading's median is known) and the cells' intervals "
+        f"({_pct(summary['cells_rel'])}: one cell in ten knows its median, fwd_ci_rel, to worse than ± this).")]
     if not summary["readings"]:
         blocks.append(para("No canary readings (", Mono("canary.jsonl"), "): this run did not time its "
                            "reference cell, so how much the machine's speed moved is not known."))
     else:
-        blocks += [para("The canary, one small fp32 matmul timed the same way at the run's start, middle and "
-                        "end: the run's noise figure is ", Mono(_pct(summary["noise_rel"])),
-                        f" (drift {_pct(summary['drift_rel'])}: the slowest reading over the fastest; spread "
-                        f"{_pct(summary['spread_rel'])}: how well one reading's median is known)."),
+        blocks += [para("The canary is one small fp32 matmul timed the same way at the run's start, middle "
+                        "and end."),
                    Table(canary_table(summary), caption="canary readings (canary.jsonl; run.json: noise)")]
         slow = slow_period_cells(summary, frame)
         for label in summary["slow"]:

@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping
 
 from ..core.errors import UsageError
 from ..core.grid import AXES, DTYPES, OPTIONAL_AXES, Case, expand, sub_grid_values, validate_axes
+from ..core.noise import NOISE_TARGET
 from .inputs import check_scenario
 
 
@@ -36,7 +37,7 @@ class Preset:
     deterministic: bool = False   # measure under torch.use_deterministic_algorithms(True) (--deterministic)
     page_size: int = 16           # slots per page of the paged scenario's cache (a kernel declaring its own keeps it)
     models: tuple[str, ...] = ()  # the model audit's decoders after the cells (workload/model.py; docs/model.md)
-    noise_target: float = 0.03    # sample on until each median is known to ±this (0: the fixed minimum only)
+    noise_target: float = NOISE_TARGET  # sample on until each median is known to ±this (0: the fixed minimum only)
     noise_cap_s: float = 0.1      # ... for at most this many more seconds per measurement
 
     @property
