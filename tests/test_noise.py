@@ -234,10 +234,12 @@ def test_a_noisy_machines_runs_fit_a_larger_share_and_its_budget_buys_fewer_cell
 
 def test_the_run_noise_figure_takes_the_cells_widths_when_the_canary_shrugs_the_neighbour_off():
     """A 1-thread canary may read steady beside a burning neighbour while cells stay unknown: the
-    figure is the larger of the canary's and the cells' 90th percentile width."""
+    figure is the larger of the canary's and the cells' mean width (each at most ±100%)."""
     readings = _readings(1.0e-4, 1.005e-4, 1.0e-4)
     quiet = pd.DataFrame([_cell(id="a", fwd_ci_rel=0.01), _cell(id="b", fwd_ci_rel=0.02)])
     loud = pd.DataFrame([_cell(id="a", fwd_ci_rel=0.20), _cell(id="b", fwd_ci_rel=0.40)])
-    assert canary_summary(readings, quiet)["noise_rel"] == pytest.approx(0.019)
-    assert canary_summary(readings, loud)["noise_rel"] == pytest.approx(0.38)
+    assert canary_summary(readings, quiet)["noise_rel"] == pytest.approx(0.015)
+    assert canary_summary(readings, loud)["noise_rel"] == pytest.approx(0.30)
+    wild = pd.DataFrame([_cell(id="a", fwd_ci_rel=0.02), _cell(id="b", fwd_ci_rel=34.0)])      # one cell ±3400%
+    assert canary_summary(readings, wild)["cells_rel"] == pytest.approx(0.51)
     assert canary_summary(readings, loud)["canary_rel"] == pytest.approx(0.01)     # compare floors on this one

@@ -29,19 +29,37 @@ def _run(out: Path, *extra: str) -> dict:
     return json.loads((out / "run.json").read_text())["noise"]
 
 
+TRIES = 2     # this VM's own speed swings (an idle canary drifted 17% once): one more pair, as test_compare
+
+
+def _pair(base: Path) -> tuple[dict, dict, set, set, str]:
+    with burning(processes=3 * (os.cpu_count() or 1), period_s=0.05):   # three a core, on and off together
+        loud = _run(base / "loud")
+    quiet = _run(base / "quiet", "--no-report")
+    checks = [{f["check"] for f in compute_findings(load(base / name))} for name in ("loud", "quiet")]
+    return loud, quiet, checks[0], checks[1], (base / "loud" / "index.md").read_text()
+
+
+def _as_the_issue_says(loud: dict, quiet: dict, loud_checks: set, quiet_checks: set, page: str) -> bool:
+    return (quiet["cells_unstable"] == 0 and loud["cells_unstable"] >= 1 and loud["noise_rel"] > quiet["noise_rel"]
+            and "timing_unstable" in loud_checks and "timing_unstable" not in quiet_checks)
+
+
 @pytest.mark.serial
 def test_a_burning_neighbour_makes_cells_unstable_and_the_noise_figure_rise(tmp_path):
-    with burning(processes=2 * (os.cpu_count() or 1), period_s=0.05):   # two a core, on and off together
-        loud = _run(tmp_path / "loud")
-    quiet = _run(tmp_path / "quiet", "--no-report")
+    """Measured on a 2-core Xeon VM: with the burner 1 to 7 of 20 cells unstable; idle, 0 of 20 in each
+    of 8 runs (1, 6 and 7 with another test run beside it: not idle). A pair that misses is measured
+    again (TRIES): code that never flags, or always does, misses every time."""
+    for attempt in range(TRIES):
+        got = _pair(tmp_path / f"try{attempt}")
+        if _as_the_issue_says(*got):
+            break
+    loud, quiet, loud_checks, quiet_checks, page = got
     assert loud["cells_judged"] == quiet["cells_judged"] > 0
     assert quiet["cells_unstable"] == 0, quiet                      # the idle machine: no cell flagged
     assert loud["cells_unstable"] >= 1, loud
     assert loud["noise_rel"] > quiet["noise_rel"], (loud, quiet)
     assert [r["label"] for r in loud["readings"]] == ["start", "middle", "end"]
-    found = {f["check"]: f for f in compute_findings(load(tmp_path / "loud"))}
-    assert "timing_unstable" in found and "timing_unstable" not in {f["check"] for f in
-                                                                    compute_findings(load(tmp_path / "quiet"))}
-    page = (tmp_path / "loud" / "index.md").read_text()
+    assert "timing_unstable" in loud_checks and "timing_unstable" not in quiet_checks
     assert "### Timing noise" in page and "unstable" in page
-    assert any(f" ±{n}%" in page for n in range(4, 1000))           # a speed table marks a cell's width
+    assert any(f" ±{n}%" in page for n in range(6, 10000))          # a speed table marks a cell's width

@@ -20,7 +20,6 @@ from .finding_rows import _finding, _num, _ok
 
 SLOW_DRIFT = 0.05        # a canary reading this much slower than the fastest (or 2x its spread): a slow period
 HIGH_NOISE = 0.10        # a run noise figure above this: the report gives advice
-CELLS_QUANTILE = 0.9     # the cells' part of the run's noise figure: one cell in ten is known worse than it
 Z = 1.959963984540054    # two-sided 95%
 
 
@@ -67,15 +66,16 @@ def canary_summary(canaries: Sequence[dict], frame: pd.DataFrame | None = None) 
     how much the machine's speed changed), spread_rel (the readings' median ci_rel: the noise within
     one), canary_rel (the larger: how far one time may be off for the machine alone), slow (labels of
     readings slower than the fastest by more than max(SLOW_DRIFT, 2 spread)); from the cells (`frame`):
-    cells_rel, the 90th percentile of the judged cells' interval widths (their median sits just under
-    the target the sampling stops at, whatever the machine). noise_rel, the run's figure, is the
-    largest: a neighbour that a 1-thread canary shrugs off still leaves cells unknown."""
+    cells_rel, the mean of the judged cells' interval widths, each at most 1 (±100%): their median sits
+    just under the target the sampling stops at whatever the machine, while the mean takes the cells
+    that never got there. noise_rel, the run's figure, is the largest: a neighbour that a 1-thread
+    canary shrugs off still leaves cells unknown."""
     ok = _readings(canaries)
     out: dict[str, Any] = {"readings": [dict(r) for r in canaries], "drift_rel": None, "spread_rel": None,
                            "canary_rel": None, "cells_rel": None, "noise_rel": None, "slow": [], "slow_by_rel": {}}
     if frame is not None and not frame.empty:
         judged = cell_noise(frame[(frame["status"] == "ok") & _num(frame, "noise_target").gt(0)]).dropna()
-        out["cells_rel"] = float(judged.quantile(CELLS_QUANTILE)) if len(judged) else None
+        out["cells_rel"] = float(judged.clip(upper=1.0).mean()) if len(judged) else None
     if ok:
         medians = [float(r["median_s"]) for r in ok]
         fastest = min(medians)

@@ -37,7 +37,7 @@ def noise_blocks(canaries: list[dict], frame: pd.DataFrame, env: dict | None) ->
         "The run's noise figure is ", Mono(_pct(summary["noise_rel"])), ": the largest of the canary's drift "
         f"({_pct(summary['drift_rel'])}: its slowest reading over its fastest), its spread "
         f"({_pct(summary['spread_rel'])}: how well one reading's median is known) and the cells' intervals "
-        f"({_pct(summary['cells_rel'])}: one cell in ten knows its median, fwd_ci_rel, to worse than ± this).")]
+        f"({_pct(summary['cells_rel'])}: the mean ± of a cell's median, fwd_ci_rel, each counted at most ±100%).")]
     if not summary["readings"]:
         blocks.append(para("No canary readings (", Mono("canary.jsonl"), "): this run did not time its "
                            "reference cell, so how much the machine's speed moved is not known."))
