@@ -80,6 +80,11 @@ def pytest_configure(config):
     # predicts (the workers share the folder). Its own tests turn it on in a folder of their own.
     from audit.measure.golden_store import STORE_ENV
     os.environ[STORE_ENV] = "0"
+    # Timing noise not judged (--noise-target's default 0): the tests share a loaded machine by design,
+    # where a timing_unstable finding would join every run's findings; the tests of the noise set
+    # their own target (tests/test_noise_run.py: --noise-target 5).
+    from audit.core.noise import NOISE_TARGET_ENV
+    os.environ.setdefault(NOISE_TARGET_ENV, "0")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         # pytest-xdist workers share the cores: an OpenMP team each, as wide as its share (two

@@ -243,3 +243,16 @@ def test_the_run_noise_figure_takes_the_cells_widths_when_the_canary_shrugs_the_
     wild = pd.DataFrame([_cell(id="a", fwd_ci_rel=0.02), _cell(id="b", fwd_ci_rel=34.0)])      # one cell ±3400%
     assert canary_summary(readings, wild)["cells_rel"] == pytest.approx(0.51)
     assert canary_summary(readings, loud)["canary_rel"] == pytest.approx(0.01)     # compare floors on this one
+
+
+def test_the_default_target_comes_from_the_environment_or_refuses_it(monkeypatch):
+    from audit.core.errors import UsageError
+    from audit.core.noise import NOISE_TARGET, NOISE_TARGET_ENV
+    from audit.workload import presets
+    monkeypatch.delenv(NOISE_TARGET_ENV, raising=False)
+    assert presets.presets()["quick"].noise_target == NOISE_TARGET == 0.05
+    monkeypatch.setenv(NOISE_TARGET_ENV, "2.5")
+    assert presets.presets()["cpu"].noise_target == pytest.approx(0.025)
+    monkeypatch.setenv(NOISE_TARGET_ENV, "lots")
+    with pytest.raises(UsageError, match="ATTN_AUDIT_NOISE_TARGET: 'lots' is not a percentage"):
+        presets.presets()

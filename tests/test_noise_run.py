@@ -18,7 +18,7 @@ from tests.cpu_burner import burning
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ["--preset", "quick", "--variant", "sdpa", "eager", "--dtype", "fp32", "--scenario", "normal",
-        "--seq-len", "128", "256", "--causal", "false", "--budget", "none", "--noise-cap-s", "0.2", "--no-progress"]
+        "--seq-len", "128", "256", "--causal", "false", "--budget", "none", "--noise-target", "5", "--noise-cap-s", "0.2", "--no-progress"]
 
 
 def _run(out: Path, *extra: str) -> dict:

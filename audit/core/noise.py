@@ -10,6 +10,7 @@ Pure Python: nothing here imports torch (measure/canary.py times the reference c
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -19,6 +20,23 @@ CONFIDENCE = 0.95        # the median's interval: two-sided, at least this cover
 # and 14 of 20 beside one busy core; ±5% flagged 0 of 20 twice (docs/measurement.md, Timing noise).
 # An H200's device-timed medians: ±0.3% median, 1 of 146 over ±3%.
 NOISE_TARGET = 0.05
+NOISE_TARGET_ENV = "ATTN_AUDIT_NOISE_TARGET"   # percent: another default (0: judge nothing; the tests' own)
+
+
+def default_noise_target() -> float:
+    """--noise-target's default, a fraction: $ATTN_AUDIT_NOISE_TARGET (percent) where set, else
+    NOISE_TARGET. Raises UsageError naming a value that is not a percentage from 0 to 100."""
+    raw = os.environ.get(NOISE_TARGET_ENV, "").strip()
+    if not raw:
+        return NOISE_TARGET
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 100:
+        from .errors import UsageError
+        raise UsageError(f"{NOISE_TARGET_ENV}: {raw!r} is not a percentage from 0 to 100 (0: judge nothing)")
+    return value / 100
 CHECK_EVERY = 4          # samples between two looks at the interval (sorting 200 samples: ~30 µs)
 
 

@@ -5,12 +5,12 @@ above grid (the axes and their parsing), inputs (scenarios) and variants (varian
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..core.errors import UsageError
 from ..core.grid import AXES, DTYPES, OPTIONAL_AXES, Case, expand, sub_grid_values, validate_axes
-from ..core.noise import NOISE_TARGET
+from ..core.noise import default_noise_target
 from .inputs import check_scenario
 
 
@@ -37,7 +37,8 @@ class Preset:
     deterministic: bool = False   # measure under torch.use_deterministic_algorithms(True) (--deterministic)
     page_size: int = 16           # slots per page of the paged scenario's cache (a kernel declaring its own keeps it)
     models: tuple[str, ...] = ()  # the model audit's decoders after the cells (workload/model.py; docs/model.md)
-    noise_target: float = NOISE_TARGET  # sample on until each median is known to ±this (0: the fixed minimum only)
+    # sample on until each median is known to ±this (0: the fixed minimum only); $ATTN_AUDIT_NOISE_TARGET
+    noise_target: float = field(default_factory=default_noise_target)
     noise_cap_s: float = 0.1      # ... for at most this many more seconds per measurement
 
     @property
