@@ -88,9 +88,12 @@ def _live_tensor_bytes(device: str) -> int:
         warnings.simplefilter("ignore", FutureWarning)
         tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
     for tensor in tensors:
-        if tensor.device.type != "meta":
-            storage = tensor.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
+        try:
+            if tensor.device.type != "meta":
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        except RuntimeError:     # a compile's FakeTensor, left in the process: no memory of its own
+            continue
     return sum(storages.values())
 
 
