@@ -65,7 +65,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--noise-target", type=float, metavar="PCT",
                      help="after the minimum, keep sampling until each median's 95%% interval is within "
                           "±PCT percent, or --noise-cap-s is spent; a cell still wider is flagged unstable "
-                          "(default 5; 0: the minimum only, nothing judged)")
+                          "(default 5, or $ATTN_AUDIT_NOISE_TARGET; 0: the minimum only, nothing judged, no canary)")
     run.add_argument("--noise-cap-s", type=float, metavar="S",
                      help="the most seconds a measurement samples beyond its minimum to reach --noise-target "
                           "(default: the preset's, 0.05 quick, gpu and gpu-check, 0.2 cpu)")
@@ -412,7 +412,8 @@ def _prepare(cases: list, preset: Any, axes: dict, argv: list[str], extra: dict,
     start = time.time()
     ceilings, measured = runner.ceilings_for(cases, run_dir, preset.ceilings_s)
     from ..measure.canary import canary_device, record_canary
-    record_canary(run_dir, "start", canary_device(c.device for c in cases))   # the run's speed before its cells
+    if preset.noise_target:                    # the run's speed before its cells (--noise-target 0: none)
+        record_canary(run_dir, "start", canary_device(c.device for c in cases))
     spent["ceilings"] = time.time() - start
     start = time.time()
     runner.write_run_file(run_dir, preset, axes, argv, environment(), len(cases), ceilings, extra)

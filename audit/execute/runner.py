@@ -266,7 +266,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     builds = BuildCache()
     variant_cells: dict[str, list[str]] = {}       # per variant, the cells this process measured (in order)
     keeper = Keeper(plan, [c.id for c in todo])
-    canary = CanaryTimes(run_dir, cases, len(cases) - len(todo))
+    canary = CanaryTimes(run_dir, cases, len(cases) - len(todo), on=bool(preset.noise_target))
     bar = None
     if progress:
         from .progress import Progress
@@ -337,22 +337,24 @@ def read_worker_timing(run_dir: Path, since_unix: float) -> list[dict[str, float
 class CanaryTimes:
     """When a worker times the run's canary (measure/canary.py): its middle reading once the cells
     recorded reach half the grid, its end reading after the last cell (the start's is the first
-    process's, before the plan). Each label once per run folder, whichever worker gets there."""
+    process's, before the plan). Each label once per run folder, whichever worker gets there; none
+    with --noise-target 0 (nothing judged)."""
 
-    def __init__(self, run_dir: Path, cases: list[Case], recorded: int) -> None:
+    def __init__(self, run_dir: Path, cases: list[Case], recorded: int, on: bool = True) -> None:
         from ..measure.canary import canary_device
-        self.run_dir, self.total, self.recorded = run_dir, len(cases), recorded
+        self.run_dir, self.total, self.recorded, self.on = run_dir, len(cases), recorded, on
         self.device = canary_device(c.device for c in cases)
 
     def after_cell(self) -> None:
         from ..measure.canary import record_canary
         self.recorded += 1
-        if self.total >= 4 and self.recorded == (self.total + 1) // 2:
+        if self.on and self.total >= 4 and self.recorded == (self.total + 1) // 2:
             record_canary(self.run_dir, "middle", self.device)
 
     def at_end(self) -> None:
         from ..measure.canary import record_canary
-        record_canary(self.run_dir, "end", self.device)
+        if self.on:
+            record_canary(self.run_dir, "end", self.device)
 
 
 def _energy_meter(cases: list[Case]) -> Any:
