@@ -130,7 +130,8 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
     Calls faster than `min_block_s` are timed in blocks of several calls so clock
     overhead stays negligible; each sample is the block time / calls. `estimate_s`
     is the time of one warm call, used to size blocks; a first block under half of
-    `min_block_s` re-sizes them and is not kept. `before_sample` (a cache
+    `min_block_s` re-sizes them and is not kept (the minimum time then at most `max_samples`
+    calls' time, as one call a sample took). `before_sample` (a cache
     flush, say) runs untimed before every sample, and then every sample is one call.
     """
     if min_samples < 1:
@@ -158,8 +159,12 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
             reblocked = True
             # the estimate was long (a warm call measured with memory tracking around it): re-block
             # from this first sample, and drop it (one 30 µs call a sample read ±4% at 200 samples)
-            per_block = max(per_block, min(MAX_BLOCK, math.ceil(min_block_s * per_block / max(elapsed, 1e-9))))
+            per_call = elapsed / per_block
+            per_block = max(per_block, min(MAX_BLOCK, math.ceil(min_block_s / per_call)))
             samples.calls_per_sample = per_block
+            # the minimum's time stays what MAX_SAMPLES single calls took before the re-blocking (beyond
+            # it, the SamplingRule samples on where the median is not known well enough)
+            min_time_s = min(min_time_s, max_samples * per_call)
             continue
         spent += elapsed
         samples.extra_s += elapsed if extra else 0.0
