@@ -105,9 +105,3 @@ class SamplingRule:
             return True                       # between two looks: keep going
         width = ci_rel(per_call_s)
         return width is None or width > self.target
-
-
-def unstable(width: float | None, target: float | None) -> bool:
-    """A median known to worse than ±target (the measurement reached its cap first). A cell
-    timed without a target, or of one sample, is not judged."""
-    return bool(target) and width is not None and width > target

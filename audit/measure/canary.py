@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..core.noise import SamplingRule
 from ..core.runfolder import CANARY_FILE, read_canaries
 from .timing import measure, measure_device, sync_for
 
@@ -48,7 +47,7 @@ def time_canary(device: str = "cpu", *, seconds: float = CANARY_S) -> dict[str, 
             from .measurement import cuda_clock
             clock = cuda_clock()
             samples = measure_device(fn, estimate_s=estimate, clock=clock, min_samples=11, min_time_s=seconds,
-                                     host_clock=clock.host_clock, rule=SamplingRule())
+                                     host_clock=clock.host_clock)
         else:
             samples = measure(fn, estimate_s=estimate, min_samples=11, min_time_s=seconds, sync=sync)
         return {"at_unix": started, "device": device, "median_s": samples.median_s, "ci_rel": samples.ci_rel,

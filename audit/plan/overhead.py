@@ -70,7 +70,7 @@ def constant(params: Any, device: str, name: str, host: float = 1.0) -> float:
 
 def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
                ceilings_s: float = CEILINGS_BUDGET_S, host: float = 1.0, kept: int | None = None,
-               model_audit_s: float = 0.0) -> tuple[float, float]:
+               model_audit_s: float = 0.0, canary: bool = True) -> tuple[float, float]:
     """(seconds before the first cell, seconds after the last) of a run of these cells (a
     costmodel prediction: its cells' devices and statuses); ceilings_s: the seconds the preset
     gives each device's ceilings; host: this host's host_factor; kept: how many of them the
@@ -82,7 +82,7 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
     c = lambda name: constant(params, kind, name, host)    # noqa: E731 - a short local reader
     kept = n if kept is None else min(n, kept)
     before = c("start_s") + c("plan_per_cell_s") * n + c("between_cell_s") * kept + c("skip_record_s") * (n - kept)
-    before += CANARY_WALL_S * len(CANARY_LABELS) if n else 0.0     # the canary's readings (measure/canary.py)
+    before += CANARY_WALL_S * len(CANARY_LABELS) if n and canary else 0.0   # its readings (none with --noise-target 0)
     if ceilings_measured:
         before += c("ceilings_factor") * ceilings_s * len(devices) + COUNTER_CHECK_WALL_S * ("cuda" in devices)
     measured = int((pred["status"] == "ok").sum()) if n else 0
