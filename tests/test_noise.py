@@ -13,8 +13,8 @@ import pytest
 
 from audit.analysis import compare_stats
 from audit.analysis.findings import compute_findings
-from audit.analysis.noise_rules import (canary_summary, check_timing_noise, slow_period_cells, tie_lead,
-                                        unstable_mask)
+from audit.analysis.noise_rules import (canary_summary, check_timing_noise, rerun_rel, slow_period_cells,
+                                        tie_lead, unstable_mask)
 from audit.core.noise import SamplingRule, ci_rel, median_ci, _coverage
 from audit.measure.timing import measure
 
@@ -137,6 +137,26 @@ def test_a_steady_canary_gives_a_small_noise_figure_and_no_slow_period():
     assert slow_period_cells(summary, frame).empty
 
 
+def test_the_rerun_interval_adds_the_machines_drift_to_each_cells_own():
+    """A cell's samples never see the machine's speed move between measurements: the interval a rerun
+    lands in is the cell's own and the canary's drift combined; with a steady canary, the cell's own."""
+    assert rerun_rel(0.03, 0.04) == pytest.approx(0.05)
+    assert rerun_rel(0.03, None) == pytest.approx(0.03)
+    frame = pd.DataFrame([_cell(id="a", fwd_ci_rel=0.03), _cell(id="b", fwd_ci_rel=0.02, fwd_bwd_ci_rel=0.03),
+                          _cell(id="c", fwd_ci_rel=0.09), _cell(id="d", status="error", fwd_ci_rel=0.9)])
+    drifting = canary_summary(_readings(1.00e-4, 1.04e-4, 1.02e-4), frame)
+    assert drifting["canary_rel"] == pytest.approx(0.04)
+    assert drifting["rerun_rel"] == pytest.approx(0.05)           # median of 0.05, 0.05, hypot(0.09, 0.04)
+    steady = canary_summary(_readings(1.00e-4, 1.00e-4, 1.00e-4, ci=0.0), frame)
+    assert steady["rerun_rel"] == pytest.approx(0.03)
+    assert canary_summary(_readings(1.00e-4, 1.04e-4))["rerun_rel"] is None     # no cells: nothing to say
+    from audit.render.noise_section import noise_blocks
+    from audit.render.page import render_markdown
+    text = render_markdown(noise_blocks(_readings(1.00e-4, 1.04e-4, 1.02e-4), frame, None))
+    assert "A rerun on this machine should land within" in text and "±5.0%" in text
+    assert "A rerun" not in render_markdown(noise_blocks(_readings(1.0e-4), pd.DataFrame(), None))
+
+
 def test_a_canary_that_slowed_names_the_cells_measured_around_it():
     """The end reading 40% slower: the cells that started after the middle reading ran slow."""
     summary = canary_summary(_readings(1.0e-4, 1.02e-4, 1.4e-4))
@@ -226,7 +246,7 @@ def test_a_noisy_machines_runs_fit_a_larger_share_and_its_budget_buys_fewer_cell
     noisy, (noisy_s, noisy_share) = plan(1.0)
     assert quiet_s == 0.0 and noisy_s == pytest.approx(len(cases) * 2 * 0.2) and noisy_share == {"cpu": 1.0}
     assert (noisy["timed"] - quiet["timed"]).tolist() == pytest.approx([0.4] * len(cases))
-    budget = float(quiet["total_s"].sum()) + 1.0
+    budget = float(quiet["total_s"].sum()) + 1.0 + 0.1     # the reserve, and slack for the sums' rounding
     kept = {name: len(pred) - len(choose(pred, budget_s=budget, reserve_s=1.0, max_cell_s=None).skip)
             for name, pred in (("quiet", quiet), ("noisy", noisy))}
     assert kept["quiet"] == len(cases) and kept["noisy"] < len(cases)

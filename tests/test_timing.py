@@ -351,11 +351,12 @@ def test_a_first_flush_that_loads_its_kernel_costs_no_sample():
 
 def test_a_long_estimate_is_corrected_by_the_first_block():
     """A 30 µs call whose warm-up read 1 ms (memory tracking around it): one call a sample would time
-    the clock and the interrupts as much as the call. The first block re-sizes the blocks to ~1 ms
-    and is dropped; every kept sample is a block of 34 calls."""
+    the clock and the interrupts as much as the call. The first block re-sizes the blocks to the host
+    clock's minimum (0.2 ms) and is dropped; every kept sample is a block of 7 calls."""
+    from audit.measure.timing import MIN_HOST_BLOCK_S
     clock = FakeClock()
     fn = workload(clock, [30e-6])
     s = measure(fn, estimate_s=1e-3, min_samples=5, min_time_s=0.0, clock=clock)
-    assert s.calls_per_sample == math.ceil(1e-3 / 30e-6) and s.n == 5
+    assert s.calls_per_sample == math.ceil(MIN_HOST_BLOCK_S / 30e-6) == 7 and s.n == 5
     assert len(fn.calls) == 1 + 5 * s.calls_per_sample
     assert s.per_call_s == pytest.approx([30e-6] * 5)

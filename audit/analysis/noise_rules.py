@@ -28,6 +28,18 @@ def cell_noise(frame: pd.DataFrame) -> pd.Series:
     return pd.concat([_num(frame, "fwd_ci_rel"), _num(frame, "fwd_bwd_ci_rel")], axis=1).max(axis=1)
 
 
+def rerun_rel(cell_rel: pd.Series | float, canary_rel: float | None) -> pd.Series | float:
+    """How far a rerun's median may land from this one (half-width over the median): the cell's own
+    interval (its samples: noise within the measurement) and the run's canary_rel (the machine's speed
+    moving between measurements, which no cell's samples see) combined, sqrt(a² + b²). Two quick runs
+    back to back on a 2-core Xeon VM agreed within these on 278 of 284 timings (cell intervals alone:
+    229; docs/measurement.md, Timing noise)."""
+    run = float(canary_rel or 0.0)
+    if isinstance(cell_rel, pd.Series):
+        return (cell_rel.pow(2) + run ** 2).pow(0.5)
+    return math.hypot(float(cell_rel), run)
+
+
 def unstable_mask(frame: pd.DataFrame) -> pd.Series:
     """Per row: an ok cell whose times stayed wider than its run's noise_target (False where not judged)."""
     if frame.empty:
@@ -68,11 +80,14 @@ def canary_summary(canaries: Sequence[dict], frame: pd.DataFrame | None = None) 
     readings slower than the fastest by more than max(SLOW_DRIFT, 2 spread)); from the cells (`frame`):
     cells_rel, the mean of the judged cells' interval widths, each at most 1 (±100%): their median sits
     just under the target the sampling stops at whatever the machine, while the mean takes the cells
-    that never got there. noise_rel, the run's figure, is the largest: a neighbour that a 1-thread
-    canary shrugs off still leaves cells unknown."""
+    that never got there; rerun_rel, the judged cells' median rerun interval (rerun_rel()). noise_rel,
+    the run's figure, is the largest of canary_rel and cells_rel: a neighbour that a 1-thread canary
+    shrugs off still leaves cells unknown."""
     ok = _readings(canaries)
     out: dict[str, Any] = {"readings": [dict(r) for r in canaries], "drift_rel": None, "spread_rel": None,
-                           "canary_rel": None, "cells_rel": None, "noise_rel": None, "slow": [], "slow_by_rel": {}}
+                           "canary_rel": None, "cells_rel": None, "rerun_rel": None, "noise_rel": None, "slow": [],
+                           "slow_by_rel": {}}
+    judged = pd.Series([], dtype=float)
     if frame is not None and not frame.empty:
         judged = cell_noise(frame[(frame["status"] == "ok") & _num(frame, "noise_target").gt(0)]).dropna()
         out["cells_rel"] = float(judged.clip(upper=1.0).mean()) if len(judged) else None
@@ -87,6 +102,8 @@ def canary_summary(canaries: Sequence[dict], frame: pd.DataFrame | None = None) 
         out["slow"] = [r.get("label") for r in ok if float(r["median_s"]) > fastest * (1 + limit)]
         out["slow_by_rel"] = {r.get("label"): float(r["median_s"]) / fastest - 1 for r in ok
                               if r.get("label") in out["slow"]}
+    if len(judged):
+        out["rerun_rel"] = float(rerun_rel(judged, out["canary_rel"]).median())
     figures = [v for v in (out["canary_rel"], out["cells_rel"]) if v is not None]
     out["noise_rel"] = max(figures) if figures else None
     return out

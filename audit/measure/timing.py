@@ -14,7 +14,13 @@ from typing import Callable, Sequence
 from ..core.noise import SamplingRule, ci_rel
 
 Clock = Callable[[], float]
-MIN_BLOCK_S = 1e-3        # calls faster than this are timed in blocks
+MIN_BLOCK_S = 1e-3        # calls faster than this are timed in blocks (a device sync or spin per block)
+# ... and on the host clock alone (CPU cells): the shorter the block, the more samples a measurement's
+# seconds buy, and the fewer calls one interruption of the machine spoils. The quick preset on a 2-core
+# Xeon VM, idle: 1 ms blocks left 36 to 130 of ~155 cells wider than ±5% after their cap; 0.2 ms
+# blocks left 3 of 272, sampling 1.4 s beyond the minimum where 1 ms blocks took 6 to 11 s
+# (docs/measurement.md, Timing noise). perf_counter's ~0.1 µs is 0.05% of a 0.2 ms block.
+MIN_HOST_BLOCK_S = 2e-4
 MAX_SAMPLES = 200         # samples per measurement, at most
 MAX_BLOCK = 100_000       # calls per block, at most
 
@@ -106,6 +112,13 @@ def sync_for(device: str) -> Callable[[], None] | None:
     return None
 
 
+def min_block_for(synced: bool) -> float:
+    """The shortest block of calls one sample times: MIN_BLOCK_S where every block pays a device
+    sync (its ~10 µs would be 5% of a 0.2 ms block, inside the time), MIN_HOST_BLOCK_S on the host
+    clock alone."""
+    return MIN_BLOCK_S if synced else MIN_HOST_BLOCK_S
+
+
 def time_call(fn: Callable[[], object], *, clock: Clock = time.perf_counter,
               sync: Callable[[], None] | None = None) -> float:
     """Seconds for one call, synchronizing the device before each clock read."""
@@ -119,7 +132,7 @@ def time_call(fn: Callable[[], object], *, clock: Clock = time.perf_counter,
 
 
 def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5,
-            min_time_s: float = 0.2, max_samples: int = MAX_SAMPLES, min_block_s: float = MIN_BLOCK_S,
+            min_time_s: float = 0.2, max_samples: int = MAX_SAMPLES, min_block_s: float | None = None,
             clock: Clock = time.perf_counter,
             sync: Callable[[], None] | None = None,
             before_sample: Callable[[], None] | None = None,
@@ -127,8 +140,8 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
     """Time `fn` (already warmed up) until at least `min_samples` samples and `min_time_s`, then
     while `rule` asks for more (the median's interval wider than its target, up to its cap).
 
-    Calls faster than `min_block_s` are timed in blocks of several calls so clock
-    overhead stays negligible; each sample is the block time / calls. `estimate_s`
+    Calls faster than `min_block_s` are timed in blocks of several calls so clock (and sync)
+    overhead stays negligible (default: min_block_for(sync)); each sample is the block time / calls. `estimate_s`
     is the time of one warm call, used to size blocks; a first block under half of
     `min_block_s` re-sizes them and is not kept (the minimum time then at most `max_samples`
     calls' time, as one call a sample took). `before_sample` (a cache
@@ -136,6 +149,7 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
     """
     if min_samples < 1:
         raise ValueError("min_samples must be >= 1")
+    min_block_s = min_block_for(sync is not None) if min_block_s is None else min_block_s
     per_block = max(1, math.ceil(min_block_s / estimate_s)) if estimate_s > 0 else 1
     if before_sample is not None:
         per_block = 1

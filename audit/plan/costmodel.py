@@ -43,7 +43,7 @@ from ..core.units import format_duration
 from ..measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from ..measure.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, MIN_QUEUED_S as ENERGY_QUEUED_S
 from ..measure.roofline import DTYPE_BYTES
-from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S
+from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S, min_block_for
 from ..workload.inputs import invariance_applies
 from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
 from .cell_work import (REFEREE_CALLS, REFUSAL_S, argument_compile_default_s, argument_compile_keys, argument_probes,  # noqa: F401
@@ -239,15 +239,17 @@ def cudnn_config(shape: CellShape) -> tuple | None:
     return case.dtype, case.d_k, case.d_v, case.causal, shape.mask
 
 
-def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call_s: float) -> float:
-    """Wall time of one measurement (timing.measure / measure_device) of a call taking t seconds."""
+def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call_s: float,
+                 synced: bool = False) -> float:
+    """Wall time of one measurement (timing.measure / measure_device) of a call taking t seconds
+    (`synced`: host-timed with a device sync per block, CUDA without device timing)."""
     if t <= 0:
         return 0.0
     if device_timing:
         block = min(MAX_DEVICE_BLOCK, max(1, math.ceil(MIN_BLOCK_S / t)))
         per_sample = HOLD_MARGIN * block * host_call_s + HOLD_EXTRA_S + block * t   # the spin, then the block
     else:
-        block = max(1, math.ceil(MIN_BLOCK_S / t))
+        block = max(1, math.ceil(min_block_for(synced) / t))
         per_sample = block * t
     n = min(MAX_SAMPLES, max(settings.min_samples, math.ceil(settings.min_time_s / per_sample)))
     return n * per_sample
@@ -472,8 +474,9 @@ class CostModel:
         dev = device_type(case.device)
         device_timing = dev == "cuda" and settings.timing == "device"
         host = self._const("host_call_s", f"{dev}|{case.variant}", HOST_CALL_DEFAULT_S[dev])
-        timed = (timed_wall_s(t_f, settings, device_timing=device_timing, host_call_s=host)
-                 + timed_wall_s(t_fb, settings, device_timing=device_timing, host_call_s=2.5 * host))
+        synced = dev == "cuda"
+        timed = (timed_wall_s(t_f, settings, device_timing=device_timing, host_call_s=host, synced=synced)
+                 + timed_wall_s(t_fb, settings, device_timing=device_timing, host_call_s=2.5 * host, synced=synced))
         if settings.noise_cap_s:     # sampling on until the median is known: this machine's usual share of the cap
             passes = (t_f > 0) + (t_fb > 0)
             timed += passes * settings.noise_cap_s * self._const("noise_share", dev, NOISE_SHARE_DEFAULT[dev])

@@ -52,6 +52,12 @@ def noise_blocks(canaries: list[dict], frame: pd.DataFrame, env: dict | None) ->
                                + (": " + ", ".join(slow["id"].head(LISTED_CELLS))
                                   + (f" and {len(slow) - LISTED_CELLS} more" if len(slow) > LISTED_CELLS else "")
                                   if len(slow) else "") + ". Their times may read slow by as much."))
+    if summary["rerun_rel"] is not None:
+        blocks.append(para(
+            "A rerun on this machine should land within ", Mono(f"±{_pct(summary['rerun_rel'])}"),
+            " of a time here (the median cell; each cell's own: its interval, fwd_ci_rel or fwd_bwd_ci_rel, and "
+            f"the canary's {_pct(summary['canary_rel'])} combined as sqrt(a² + b²)). Differences within it, "
+            "between runs or between variants, are the machine's, not the kernels'."))
     unstable = frame[unstable_mask(frame)] if not frame.empty else frame
     if len(unstable):
         blocks.append(para(f"{len(unstable)} cell(s) are unstable (their median known to worse than ± the "
