@@ -315,7 +315,12 @@ def test_a_negative_control_gets_the_cell_its_defect_shows_in_and_its_other_cell
                 for causal in (False, True)]
     cases = real + controls
     pred = _predict(cases)
-    room = float(_predict(real)["total_s"].sum()) + 2.0      # every real cell, and two seconds more
+    self_checks = [c.id for c in controls if c.dtype == "fp32" and (c.variant, c.scenario) in
+                   {("broken.no_max_subtraction", "scaled_x64"), ("broken.clamped", "padding")}]
+    costs = pred.set_index("id")["total_s"]
+    others = [c.id for c in controls if c.id not in self_checks]
+    # every real cell, the four self-check cells, and half of the cheapest other control cell
+    room = float(_predict(real)["total_s"].sum() + costs[self_checks].sum() + 0.5 * costs[others].min())
     chosen = choose(pred, budget_s=room, reserve_s=0.0, max_cell_s=None, repredict=_repredict(cases))
     kept = set(pred["id"]) - set(chosen.skip)
     assert {c.id for c in real} <= kept                        # the real variants' cells first

@@ -124,9 +124,9 @@ def test_unstable_cells_give_one_warning_saying_how_many_and_how_bad():
 T0 = datetime(2026, 12, 4, 12, tzinfo=timezone.utc).timestamp()
 
 
-def _readings(*medians, ci=0.01):
+def _readings(*medians, ci=0.01, labels=("start", "middle", "end")):
     return [{"label": label, "at_unix": T0 + 100 * i, "median_s": m, "ci_rel": ci}
-            for i, (label, m) in enumerate(zip(("start", "middle", "end"), medians))]
+            for i, (label, m) in enumerate(zip(labels, medians))]
 
 
 def test_a_steady_canary_gives_a_small_noise_figure_and_no_slow_period():
@@ -169,6 +169,26 @@ def test_a_canary_that_slowed_names_the_cells_measured_around_it():
                           _cell(id="later", started_at=at(199))])
     assert slow_period_cells(summary, frame)["id"].tolist() == ["late", "later"]
     assert canary_summary([])["noise_rel"] is None
+
+
+def test_each_slow_reading_names_only_the_cells_between_its_neighbours():
+    """Five readings (a run's start, quarters and end), the start and the end slow: each names the
+    cells of its own period, not the run's every cell (three readings named 745 of 745)."""
+    from audit.measure.canary import LABELS
+    from audit.render.noise_section import noise_blocks
+    from audit.render.page import render_markdown
+    summary = canary_summary(_readings(1.3e-4, 1.0e-4, 1.0e-4, 1.01e-4, 1.2e-4, labels=LABELS))
+    assert summary["slow"] == ["start", "end"]
+
+    def at(seconds):
+        return datetime.fromtimestamp(T0 + seconds, timezone.utc).isoformat()
+    frame = pd.DataFrame([_cell(id=f"c{t}", started_at=at(t)) for t in (10, 90, 150, 250, 350, 390)])
+    assert slow_period_cells(summary, frame, "start")["id"].tolist() == ["c10", "c90"]
+    assert slow_period_cells(summary, frame, "end")["id"].tolist() == ["c350", "c390"]
+    assert slow_period_cells(summary, frame)["id"].tolist() == ["c10", "c90", "c350", "c390"]
+    page = render_markdown(noise_blocks(summary["readings"], frame, None))
+    assert "30.0% slower at the start reading: 2 ok cell(s)" in page and "c10, c90." in page
+    assert "20.0% slower at the end reading: 2 ok cell(s)" in page
 
 
 # --------------------------------------------------------------------------- ties

@@ -59,7 +59,7 @@ def test_a_burning_neighbour_makes_cells_unstable_and_the_noise_figure_rise(tmp_
     assert quiet["cells_unstable"] == 0, quiet                      # the idle machine: no cell flagged
     assert loud["cells_unstable"] >= 1, loud
     assert loud["noise_rel"] > quiet["noise_rel"], (loud, quiet)
-    assert [r["label"] for r in loud["readings"]] == ["start", "middle", "end"]
+    assert [r["label"] for r in loud["readings"]] == ["start", "25%", "middle", "75%", "end"]
     assert "timing_unstable" in loud_checks and "timing_unstable" not in quiet_checks
     assert "### Timing noise" in page and "unstable" in page
     assert any(f" ±{n}%" in page for n in range(6, 10000))          # a speed table marks a cell's width

@@ -3,7 +3,7 @@ from its canary, the period a slowed machine measured, what a tie is, and what h
 
 A cell is unstable when its median's 95% interval (fwd_ci_rel, fwd_bwd_ci_rel: core/noise.py) is
 still wider than the run's noise_target after sampling up to its cap. The canary (measure/canary.py)
-is the same small cell timed at the run's start, middle and end: its drift is how much the machine's
+is the same small cell timed at the run's start, each quarter and end: its drift is how much the machine's
 speed changed while the cells ran. Pure pandas: no torch, no measuring, no formatting beyond the
 finding's sentence.
 """
@@ -116,9 +116,10 @@ def _unix(value: Any) -> float | None:
         return None
 
 
-def slow_period_cells(summary: dict[str, Any], frame: pd.DataFrame) -> pd.DataFrame:
+def slow_period_cells(summary: dict[str, Any], frame: pd.DataFrame, label: str | None = None) -> pd.DataFrame:
     """The ok cells that started while the machine was slow: between the readings on either side of
-    a slow canary reading (from the run's first cell, to its last). Empty without a slow reading."""
+    a slow canary reading (from the run's first cell, to its last); of reading `label` alone where
+    given, else of every slow one. Empty without a slow reading."""
     ok = _readings(summary.get("readings") or [])
     if not summary.get("slow") or frame.empty or "started_at" not in frame.columns:
         return frame.iloc[0:0]
@@ -126,7 +127,7 @@ def slow_period_cells(summary: dict[str, Any], frame: pd.DataFrame) -> pd.DataFr
     started = frame["started_at"].map(_unix)
     inside = pd.Series(False, index=frame.index)
     for i, reading in enumerate(ok):
-        if reading.get("label") not in summary["slow"]:
+        if reading.get("label") not in summary["slow"] or (label is not None and reading.get("label") != label):
             continue
         lo = times[i - 1] if i > 0 else -math.inf
         hi = times[i + 1] if i + 1 < len(times) else math.inf

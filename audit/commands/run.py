@@ -68,7 +68,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                           "(default 5, or $ATTN_AUDIT_NOISE_TARGET; 0: the minimum only, nothing judged, no canary)")
     run.add_argument("--noise-cap-s", type=float, metavar="S",
                      help="the most seconds a measurement samples beyond its minimum to reach --noise-target "
-                          "(default: the preset's, 0.05 quick, gpu and gpu-check, 0.2 cpu)")
+                          "(default: the preset's, 0.2 quick and cpu, 0.05 gpu and gpu-check)")
     run.add_argument("--energy-window-s", type=float, metavar="S",
                      help="CUDA: least seconds between the two NVML energy-counter updates that bound a "
                           "cell's energy window, lengthened where one counter read is over 5%% of it (default: "

@@ -335,10 +335,10 @@ def read_worker_timing(run_dir: Path, since_unix: float) -> list[dict[str, float
 
 
 class CanaryTimes:
-    """When a worker times the run's canary (measure/canary.py): its middle reading once the cells
-    recorded reach half the grid, its end reading after the last cell (the start's is the first
-    process's, before the plan). Each label once per run folder, whichever worker gets there; none
-    with --noise-target 0 (nothing judged)."""
+    """When a worker times the run's canary (measure/canary.py): a reading once the cells recorded
+    reach each quarter of the grid (25%, middle, 75%), its end reading after the last cell (the
+    start's is the first process's, before the plan). Each label once per run folder, whichever
+    worker gets there; none with --noise-target 0 (nothing judged)."""
 
     def __init__(self, run_dir: Path, cases: list[Case], recorded: int, on: bool = True) -> None:
         from ..measure.canary import canary_device
@@ -346,10 +346,13 @@ class CanaryTimes:
         self.device = canary_device(c.device for c in cases)
 
     def after_cell(self) -> None:
-        from ..measure.canary import record_canary
+        from ..measure.canary import QUARTERS, record_canary
         self.recorded += 1
-        if self.on and self.total >= 4 and self.recorded == (self.total + 1) // 2:
-            record_canary(self.run_dir, "middle", self.device)
+        if not self.on or self.total < 4:
+            return
+        for quarter, label in enumerate(QUARTERS, start=1):
+            if self.recorded == (self.total * quarter + 3) // 4:
+                record_canary(self.run_dir, label, self.device)
 
     def at_end(self) -> None:
         from ..measure.canary import record_canary

@@ -1,4 +1,5 @@
-"""The run's canary: one small, fixed reference cell timed at the run's start, middle and end.
+"""The run's canary: one small, fixed reference cell timed at the run's start, at each quarter of its
+cells, and at its end.
 
 Its readings say whether the machine kept its speed while the cells were measured (a neighbour
 starting, a CPU clocking down): the same work, timed the same way, should take the same time.
@@ -18,7 +19,11 @@ from .timing import measure, measure_device, sync_for
 CANARY_N = 256             # an n×n fp32 matmul: ~0.1 ms on a 2-core CPU, microseconds on a GPU
 CANARY_S = 0.15            # timed seconds per reading (blocks of 1 ms: ~150 samples)
 WARM_S = 0.1               # calls before timing: a process's first reading was 50% slow with 3 (2-core Xeon)
-LABELS = ("start", "middle", "end")
+# start: before the plan; "25%", "middle", "75%": once that share of the grid is recorded; end: after
+# the last cell. Five, not three: a slow reading names the cells measured between its neighbours, and
+# with three, a slow start or end named every cell of the run (a cpu preset run: 745 of 745)
+QUARTERS = ("25%", "middle", "75%")
+LABELS = ("start", *QUARTERS, "end")
 CANARY_WALL_S = 0.3        # one reading's wall time, warm-up included (0.25 s on a 2-core Xeon): plan/overhead.py
 
 
@@ -58,7 +63,7 @@ def time_canary(device: str = "cpu", *, seconds: float = CANARY_S) -> dict[str, 
 
 
 def record_canary(run_dir: str | Path, label: str, device: str = "cpu") -> dict[str, Any] | None:
-    """Time the canary and append it to DIR/canary.jsonl as reading `label` (start, middle, end),
+    """Time the canary and append it to DIR/canary.jsonl as reading `label` (one of LABELS),
     once per label and run folder (a resumed run keeps its start); the reading, or None if the
     folder already has one of that label."""
     if any(r.get("label") == label for r in read_canaries(run_dir)):

@@ -21,7 +21,11 @@ MIN_BLOCK_S = 1e-3        # calls faster than this are timed in blocks (a device
 # blocks left 3 of 272, sampling 1.4 s beyond the minimum where 1 ms blocks took 6 to 11 s
 # (docs/measurement.md, Timing noise). perf_counter's ~0.1 µs is 0.05% of a 0.2 ms block.
 MIN_HOST_BLOCK_S = 2e-4
-MAX_SAMPLES = 200         # samples per measurement, at most
+# samples per measurement, at most: with 0.2 ms blocks, 200 stopped a tenth of a quick run's noisy
+# cells before their --noise-cap-s (their medians still ±6-8%); raw samples are kept in the records
+# (500 of both passes: ~20 kB a cell)
+MAX_SAMPLES = 500
+REBLOCKED_MIN_CALLS = 200  # a re-blocked measurement's minimum time: this many single calls' (as before)
 MAX_BLOCK = 100_000       # calls per block, at most
 
 
@@ -143,7 +147,7 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
     Calls faster than `min_block_s` are timed in blocks of several calls so clock (and sync)
     overhead stays negligible (default: min_block_for(sync)); each sample is the block time / calls. `estimate_s`
     is the time of one warm call, used to size blocks; a first block under half of
-    `min_block_s` re-sizes them and is not kept (the minimum time then at most `max_samples`
+    `min_block_s` re-sizes them and is not kept (the minimum time then at most REBLOCKED_MIN_CALLS
     calls' time, as one call a sample took). `before_sample` (a cache
     flush, say) runs untimed before every sample, and then every sample is one call.
     """
@@ -176,9 +180,9 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
             per_call = elapsed / per_block
             per_block = max(per_block, min(MAX_BLOCK, math.ceil(min_block_s / per_call)))
             samples.calls_per_sample = per_block
-            # the minimum's time stays what MAX_SAMPLES single calls took before the re-blocking (beyond
-            # it, the SamplingRule samples on where the median is not known well enough)
-            min_time_s = min(min_time_s, max_samples * per_call)
+            # the minimum's time stays what REBLOCKED_MIN_CALLS single calls took before the re-blocking
+            # (beyond it, the SamplingRule samples on where the median is not known well enough)
+            min_time_s = min(min_time_s, min(max_samples, REBLOCKED_MIN_CALLS) * per_call)
             continue
         spent += elapsed
         samples.extra_s += elapsed if extra else 0.0

@@ -42,11 +42,11 @@ def noise_blocks(canaries: list[dict], frame: pd.DataFrame, env: dict | None) ->
         blocks.append(para("No canary readings (", Mono("canary.jsonl"), "): this run did not time its "
                            "reference cell, so how much the machine's speed moved is not known."))
     else:
-        blocks += [para("The canary is one small fp32 matmul timed the same way at the run's start, middle "
-                        "and end."),
+        blocks += [para("The canary is one small fp32 matmul timed the same way at the run's start, once "
+                        "each quarter of its cells is recorded, and at its end."),
                    Table(canary_table(summary), caption="canary readings (canary.jsonl; run.json: noise)")]
-        slow = slow_period_cells(summary, frame)
         for label in summary["slow"]:
+            slow = slow_period_cells(summary, frame, label)
             blocks.append(para(f"The machine was {_pct(summary['slow_by_rel'].get(label))} slower at the {label} "
                                f"reading: {len(slow)} ok cell(s) started in the period around it"
                                + (": " + ", ".join(slow["id"].head(LISTED_CELLS))
