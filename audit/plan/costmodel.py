@@ -79,8 +79,9 @@ FAMILY_DEFAULTS: dict[str, dict[str, tuple[float, float, float, float]]] = {
 BACKWARD_DEFAULT_FACTOR = 3.0
 HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
 # The share of --noise-cap-s a measurement samples beyond its minimum where no run fitted it (costfit.
-# _fit_noise); cuda: an H200's device-timed samples, 1 of 146 wider than ±3% (docs/measurement.md)
-NOISE_SHARE_DEFAULT = {"cpu": 0.1, "cuda": 1 / 146}
+# _fit_noise); cpu: three quick runs on an idle 2-core Xeon VM used 1.9-2.4% of a 0.2 s cap (0.2 ms
+# blocks); cuda: an H200's device-timed samples, 1 of 146 wider than ±3% (docs/measurement.md)
+NOISE_SHARE_DEFAULT = {"cpu": 0.03, "cuda": 1 / 146}
 # A diagnosed cell (measure/diagnosis.py), where nothing was fitted: a fixed part, plus every known
 # mistake's float64 forward over the diagnosis slices at this rate. Measured on 2 cores of an AMD
 # EPYC: 11 ms at T=64 (H=4, d=64), 47 ms at T=256 with GQA, 180 ms at T=1024 (one slice).
