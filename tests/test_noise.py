@@ -69,11 +69,15 @@ def _work(clock: Clock, times):
     return fn
 
 
-def test_a_steady_call_stops_at_its_minimum_and_a_noisy_one_samples_until_its_cap():
-    clock = Clock()
-    steady = measure(_work(clock, [0.01] * 1000), estimate_s=0.01, min_samples=5, min_time_s=0.0, clock=clock,
-                     rule=SamplingRule(0.03, 1.0))
-    assert steady.n == 5 and steady.extra_s == 0.0 and steady.ci_rel == pytest.approx(0.0, abs=1e-12)
+def test_a_steady_call_stops_at_its_first_95_percent_interval_and_a_noisy_one_samples_until_its_cap():
+    """A steady call samples on only to the 6 samples a 95% interval takes (3 or 5 agreeing samples'
+    range covers the median 75% or 94% of the time); a noisy one until its cap."""
+    for minimum in (3, 5, 8):
+        clock = Clock()
+        steady = measure(_work(clock, [0.01] * 1000), estimate_s=0.01, min_samples=minimum, min_time_s=0.0,
+                         clock=clock, rule=SamplingRule(0.03, 1.0))
+        assert steady.n == max(minimum, 6) and steady.ci_rel == pytest.approx(0.0, abs=1e-12)
+        assert steady.extra_s == pytest.approx(0.01 * max(0, 6 - minimum))
     rng = random.Random(1)
     noisy_times = [0.01 * (1 + 3 * (rng.random() < 0.5)) for _ in range(1000)]    # 10 or 40 ms, at random
     clock = Clock()

@@ -65,6 +65,12 @@ def _rank(n: int, confidence: float) -> int:
     return j
 
 
+@lru_cache(maxsize=8)
+def _first_interval_n(confidence: float) -> int:
+    """The fewest samples with a `confidence` interval of the median (6 at 95%)."""
+    return next(n for n in range(1, 64) if _rank(n, confidence))
+
+
 def median_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
     """(low, high): the order statistics x_(j) and x_(n+1-j) with the largest j whose coverage is at
     least `confidence`; None for fewer samples than that takes (6 at 95%)."""
@@ -102,7 +108,10 @@ class SamplingRule:
         """Whether to take another sample after the minimum, `extra_s` seconds spent beyond it."""
         if not self.target or extra_s >= self.cap_s:
             return False
-        if len(per_call_s) % max(CHECK_EVERY, len(per_call_s) // 20) and extra_s > 0:
+        n, first = len(per_call_s), _first_interval_n(CONFIDENCE)
+        if n < first:                         # no 95% interval yet (under 6 samples): three samples' narrow
+            return True                       # range covers the median 75% of the time, not 95%
+        if (n - first) % max(CHECK_EVERY, n // 20) and extra_s > 0:
             return True                       # between two looks: keep going
         width = ci_rel(per_call_s)
         return width is None or width > self.target

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.runfolder import CANARY_FILE, read_canaries
-from .timing import measure, measure_device, sync_for
+from .timing import MIN_BLOCK_S, measure, measure_device, sync_for
 
 CANARY_N = 256             # an n×n fp32 matmul: ~0.1 ms on a 2-core CPU, microseconds on a GPU
 CANARY_S = 0.15            # timed seconds per reading (blocks of 1 ms: ~150 samples)
@@ -54,7 +54,10 @@ def time_canary(device: str = "cpu", *, seconds: float = CANARY_S) -> dict[str, 
             samples = measure_device(fn, estimate_s=estimate, clock=clock, min_samples=11, min_time_s=seconds,
                                      host_clock=clock.host_clock)
         else:
-            samples = measure(fn, estimate_s=estimate, min_samples=11, min_time_s=seconds, sync=sync)
+            # blocks of 1 ms, not the cells' 0.2 ms: a neighbour then disturbs a good share of the
+            # canary's samples, so its spread shows the neighbour that the cells' shorter blocks get under
+            samples = measure(fn, estimate_s=estimate, min_samples=11, min_time_s=seconds, sync=sync,
+                              min_block_s=MIN_BLOCK_S)
         return {"at_unix": started, "device": device, "median_s": samples.median_s, "ci_rel": samples.ci_rel,
                 "n": samples.n, "calls_per_sample": samples.calls_per_sample, "seconds": time.time() - started,
                 "threads": torch.get_num_threads()}
