@@ -79,8 +79,8 @@ FAMILY_DEFAULTS: dict[str, dict[str, tuple[float, float, float, float]]] = {
 BACKWARD_DEFAULT_FACTOR = 3.0
 HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
 # The share of --noise-cap-s a measurement samples beyond its minimum where no run fitted it (costfit.
-# _fit_noise); cpu: three quick runs on an idle 2-core Xeon VM used 1.9-2.4% of a 0.2 s cap (0.2 ms
-# blocks); cuda: an H200's device-timed samples, 1 of 146 wider than ±3% (docs/measurement.md)
+# _fit_noise); cpu: 3 idle quick runs (2-core Xeon VM, 0.2 ms blocks) used 1.9-2.4% of a 0.2 s cap;
+# cuda: an H200's device-timed samples, 1 of 146 wider than ±3% (docs/measurement.md)
 NOISE_SHARE_DEFAULT = {"cpu": 0.03, "cuda": 1 / 146}
 # A diagnosed cell (measure/diagnosis.py), where nothing was fitted: a fixed part, plus every known
 # mistake's float64 forward over the diagnosis slices at this rate. Measured on 2 cores of an AMD
@@ -240,18 +240,13 @@ def cudnn_config(shape: CellShape) -> tuple | None:
     return case.dtype, case.d_k, case.d_v, case.causal, shape.mask
 
 
-def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call_s: float,
-                 synced: bool = False) -> float:
-    """Wall time of one measurement (timing.measure / measure_device) of a call taking t seconds
-    (`synced`: host-timed with a device sync per block, CUDA without device timing)."""
+def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call_s: float, synced: bool) -> float:
+    """Wall time of one measurement (timing.measure / measure_device) of a t-second call (synced: a sync a block)."""
     if t <= 0:
         return 0.0
-    if device_timing:
-        block = min(MAX_DEVICE_BLOCK, max(1, math.ceil(MIN_BLOCK_S / t)))
-        per_sample = HOLD_MARGIN * block * host_call_s + HOLD_EXTRA_S + block * t   # the spin, then the block
-    else:
-        block = max(1, math.ceil(min_block_for(synced) / t))
-        per_sample = block * t
+    block = min(MAX_DEVICE_BLOCK, max(1, math.ceil(MIN_BLOCK_S / t))) if device_timing else \
+        max(1, math.ceil(min_block_for(synced) / t))
+    per_sample = HOLD_MARGIN * block * host_call_s + HOLD_EXTRA_S + block * t if device_timing else block * t
     n = min(MAX_SAMPLES, max(settings.min_samples, math.ceil(settings.min_time_s / per_sample)))
     return n * per_sample
 
@@ -475,9 +470,8 @@ class CostModel:
         dev = device_type(case.device)
         device_timing = dev == "cuda" and settings.timing == "device"
         host = self._const("host_call_s", f"{dev}|{case.variant}", HOST_CALL_DEFAULT_S[dev])
-        synced = dev == "cuda"
-        timed = (timed_wall_s(t_f, settings, device_timing=device_timing, host_call_s=host, synced=synced)
-                 + timed_wall_s(t_fb, settings, device_timing=device_timing, host_call_s=2.5 * host, synced=synced))
+        timed = sum(timed_wall_s(t, settings, device_timing=device_timing, host_call_s=h, synced=dev == "cuda")
+                    for t, h in ((t_f, host), (t_fb, 2.5 * host)))
         if settings.noise_cap_s:     # sampling on until the median is known: this machine's usual share of the cap
             passes = (t_f > 0) + (t_fb > 0)
             timed += passes * settings.noise_cap_s * self._const("noise_share", dev, NOISE_SHARE_DEFAULT[dev])
