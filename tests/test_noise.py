@@ -17,6 +17,7 @@ from audit.analysis.noise_rules import (canary_summary, check_timing_noise, reru
                                         tie_lead, unstable_mask)
 from audit.core.noise import SamplingRule, ci_rel, median_ci, _coverage
 from audit.measure.timing import measure
+from pathlib import Path
 
 
 # --------------------------------------------------------------------------- the median's interval
@@ -300,3 +301,33 @@ def test_the_default_target_comes_from_the_environment_or_refuses_it(monkeypatch
     monkeypatch.setenv(NOISE_TARGET_ENV, "lots")
     with pytest.raises(UsageError, match="ATTN_AUDIT_NOISE_TARGET: 'lots' is not a percentage"):
         presets.presets()
+
+
+def test_the_quarter_readings_follow_the_planned_work_measured_not_the_records(monkeypatch):
+    """The plan's skipped cells are recorded last: quarters of every record all fell at the run's end
+    (a quick run's 25%, middle and 75% readings came 0.5 s apart, 25 s in). Readings follow the share
+    of the planned work measured (Keeper.progress, by predicted seconds; a cell cut at run time leaves
+    the whole), each once."""
+    from audit.core.grid import Case
+    from audit.execute.runner import CanaryTimes
+    from audit.measure import canary
+    from audit.plan.budget import Plan
+    from audit.plan.keeper import Keeper
+    taken = []
+    ids = [f"c{i}" for i in range(8)]
+    plan = Plan(skip={"c7": "over the budget"}, tier={}, predicted={i: 1.0 for i in ids}, deadline_unix=None,
+                budget_s=None)
+    keeper = Keeper(plan, ids)
+    monkeypatch.setattr(canary, "record_canary", lambda run_dir, label, device: taken.append((label, keeper.done_cells)))
+    times = CanaryTimes(Path("."), [Case("sdpa", "cpu", "fp32", 32, 64, 1, 2, False, "normal")])
+    for cell in ids[:7]:
+        keeper.done(cell, 1.0)
+        times.after_cell(keeper.progress())
+    assert taken == [("25%", 2), ("middle", 4), ("75%", 6)]              # of the 7 kept cells' 7 s
+    off = CanaryTimes(Path("."), [], on=False)
+    off.after_cell(1.0)
+    assert len(taken) == 3                                              # --noise-target 0: no canary
+    unplanned = Keeper(None, ids)                                       # nothing predicted: by count
+    for cell in ids[:2]:
+        unplanned.done(cell, 1.0)
+    assert unplanned.progress() == pytest.approx(2 / 8)

@@ -401,8 +401,8 @@ def _run_argv(worker_argv: list[str]) -> list[str]:
 
 def _prepare(cases: list, preset: Any, axes: dict, argv: list[str], extra: dict, run_dir: Path,
              started: float) -> dict[str, float]:
-    """In the run's first measuring process: measure the ceilings (once per run folder) and time the
-    canary's start reading (measure/canary.py), write
+    """In the run's first measuring process: time the canary's start reading (measure/canary.py:
+    before the ceilings, whose matmuls left it 10-15% slow), measure the ceilings (once per run folder), write
     run.json, print the cell count, plan the budget (plan.json). Returns its seconds per part of
     the time split (core.timesplit: start-up, ceilings, plan), for workers.jsonl."""
     from ..execute import runner
@@ -410,10 +410,10 @@ def _prepare(cases: list, preset: Any, axes: dict, argv: list[str], extra: dict,
 
     spent: dict[str, float] = {}
     start = time.time()
-    ceilings, measured = runner.ceilings_for(cases, run_dir, preset.ceilings_s)
     from ..measure.canary import canary_device, record_canary
     if preset.noise_target:                    # the run's speed before its cells (--noise-target 0: none)
         record_canary(run_dir, "start", canary_device(c.device for c in cases))
+    ceilings, measured = runner.ceilings_for(cases, run_dir, preset.ceilings_s)
     spent["ceilings"] = time.time() - start
     start = time.time()
     runner.write_run_file(run_dir, preset, axes, argv, environment(), len(cases), ceilings, extra)

@@ -266,7 +266,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     builds = BuildCache()
     variant_cells: dict[str, list[str]] = {}       # per variant, the cells this process measured (in order)
     keeper = Keeper(plan, [c.id for c in todo])
-    canary = CanaryTimes(run_dir, cases, len(cases) - len(todo), on=bool(preset.noise_target))
+    canary = CanaryTimes(run_dir, cases, on=bool(preset.noise_target))
     bar = None
     if progress:
         from .progress import Progress
@@ -297,7 +297,8 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
                     on_record(rec)
                 if bar is not None:
                     bar.end_cell(case.id)
-                canary.after_cell()
+                if skip is None:
+                    canary.after_cell(keeper.progress())
                 leaked = rec.get("leaked_bytes") or 0
                 if leaked > LEAK_REPORT_BYTES:
                     raise WorkerRestart(f"{case.id} kept {leaked / 2**20:.0f} MiB across its calls: the rest "
@@ -335,24 +336,23 @@ def read_worker_timing(run_dir: Path, since_unix: float) -> list[dict[str, float
 
 
 class CanaryTimes:
-    """When a worker times the run's canary (measure/canary.py): a reading once the cells recorded
-    reach each quarter of the grid (25%, middle, 75%), its end reading after the last cell (the
-    start's is the first process's, before the plan). Each label once per run folder, whichever
-    worker gets there; none with --noise-target 0 (nothing judged)."""
+    """When a worker times the run's canary (measure/canary.py): a reading as this process's
+    measuring passes each quarter of its planned work (25%, middle, 75%: Keeper.progress, by the cells'
+    predicted seconds; quarters of every record all fell at a run's end, its cells skipped for time
+    being recorded last), its end reading after the last cell (the start's is the first process's,
+    before the plan). Each label once per run folder, whichever worker gets there; none with
+    --noise-target 0 (nothing judged)."""
 
-    def __init__(self, run_dir: Path, cases: list[Case], recorded: int, on: bool = True) -> None:
-        from ..measure.canary import canary_device
-        self.run_dir, self.total, self.recorded, self.on = run_dir, len(cases), recorded, on
+    def __init__(self, run_dir: Path, cases: list[Case], on: bool = True) -> None:
+        from ..measure.canary import QUARTERS, canary_device
+        self.run_dir, self.on, self.due = run_dir, on, list(QUARTERS)
         self.device = canary_device(c.device for c in cases)
 
-    def after_cell(self) -> None:
+    def after_cell(self, progress: float) -> None:
+        """After a measured cell, `progress` (0-1) of the planned work done."""
         from ..measure.canary import QUARTERS, record_canary
-        self.recorded += 1
-        if not self.on or self.total < 4:
-            return
-        for quarter, label in enumerate(QUARTERS, start=1):
-            if self.recorded == (self.total * quarter + 3) // 4:
-                record_canary(self.run_dir, label, self.device)
+        while self.on and self.due and progress >= (QUARTERS.index(self.due[0]) + 1) / 4:
+            record_canary(self.run_dir, self.due.pop(0), self.device)
 
     def at_end(self) -> None:
         from ..measure.canary import record_canary

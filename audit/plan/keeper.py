@@ -40,6 +40,7 @@ class Keeper:
         self.done_predicted_s = 0.0        # predicted seconds of the cells measured so far ...
         self.done_elapsed_s = 0.0          # ... and what they took
         self.cut: list[str] = []           # the cells skipped at run time, in the order they were
+        self.done_cells = 0                # cells measured so far
 
     def _cuttable(self, cell_id: str) -> bool:
         return self.predicted.get(cell_id, 0.0) >= FREE_CELL_S
@@ -92,7 +93,16 @@ class Keeper:
                 f"of what cells took against their predictions) with {max(left, 0):.0f} s left "
                 f"of the {format_duration(self.plan.budget_s or 0)} budget (--budget)")
 
+    def progress(self) -> float:
+        """The share of this process's cells measured: by predicted seconds, measured over measured
+        plus remaining (a cell cut at run time leaves the whole), or by count where none was predicted."""
+        total = self.done_predicted_s + max(0.0, self._remaining_s)
+        if total > 0:
+            return self.done_predicted_s / total
+        return self.done_cells / max(1, self.done_cells + len(self._remaining))
+
     def done(self, cell_id: str, elapsed_s: float) -> None:
+        self.done_cells += 1
         if cell_id in self._remaining:
             self._remaining.discard(cell_id)
             self._remaining_s -= self.predicted.get(cell_id, 0.0)
