@@ -360,3 +360,15 @@ def test_a_long_estimate_is_corrected_by_the_first_block():
     assert s.calls_per_sample == math.ceil(MIN_HOST_BLOCK_S / 30e-6) == 7 and s.n == 5
     assert len(fn.calls) == 1 + 5 * s.calls_per_sample
     assert s.per_call_s == pytest.approx([30e-6] * 5)
+
+
+def test_host_clock_blocks_are_0_2_ms_and_a_block_that_pays_a_sync_stays_1_ms():
+    """On the host clock alone a 20 µs call is timed 10 to a sample (more samples for the time, fewer
+    calls spoiled by one interruption); where every block pays a device sync, 50, so the sync's ~10 µs
+    stays a small part of what a sample reads."""
+    from audit.measure.timing import MIN_BLOCK_S, MIN_HOST_BLOCK_S, min_block_for
+    assert (min_block_for(False), min_block_for(True)) == (MIN_HOST_BLOCK_S, MIN_BLOCK_S) == (2e-4, 1e-3)
+    for sync, calls in ((None, 10), (lambda: None, 50)):
+        clock = FakeClock()
+        s = measure(workload(clock, [20e-6]), estimate_s=20e-6, min_samples=4, min_time_s=0.0, clock=clock, sync=sync)
+        assert s.calls_per_sample == calls and s.per_call_s == pytest.approx([20e-6] * 4)
