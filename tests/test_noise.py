@@ -331,3 +331,19 @@ def test_the_quarter_readings_follow_the_planned_work_measured_not_the_records(m
     for cell in ids[:2]:
         unplanned.done(cell, 1.0)
     assert unplanned.progress() == pytest.approx(2 / 8)
+
+
+def test_advice_comes_where_the_run_was_noisy_and_names_fewer_threads_only_where_all_cores_were_used():
+    from audit.analysis.noise_rules import advice
+    quiet = canary_summary(_readings(1.0e-4, 1.01e-4, 1.0e-4))
+    cells = [_cell(id=f"c{i}") for i in range(200)]
+    one_bad = pd.DataFrame(cells + [_cell(id="bad", fwd_ci_rel=0.5)])           # 1 of 201: a control's own noise
+    assert advice(quiet, one_bad, {"cpu_count": 2}) == []
+    many_bad = pd.DataFrame(cells[:20] + [_cell(id=f"bad{i}", fwd_ci_rel=0.5) for i in range(3)])
+    threads = dict(quiet, readings=[dict(r, threads=2) for r in quiet["readings"]])
+    tips = advice(threads, many_bad, {"cpu_count": 2})
+    assert len(tips) == 2 and "OMP_NUM_THREADS=1" in tips[0] and "idle machine" in tips[1]
+    assert [t for t in advice(threads, many_bad, {"cpu_count": 4}) if "threads" in t] == []   # 2 of 4: spare cores
+    drifting = canary_summary(_readings(1.0e-4, 1.3e-4, 1.0e-4))                 # a 30% drift alone
+    assert any("idle machine" in t for t in advice(drifting, pd.DataFrame(cells[:3]), None))
+    assert advice(quiet, pd.DataFrame(), None) == []

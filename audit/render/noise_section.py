@@ -42,8 +42,8 @@ def noise_blocks(canaries: list[dict], frame: pd.DataFrame, env: dict | None) ->
         blocks.append(para("No canary readings (", Mono("canary.jsonl"), "): this run did not time its "
                            "reference cell, so how much the machine's speed moved is not known."))
     else:
-        blocks += [para("The canary is one small fp32 matmul timed the same way at the run's start, once "
-                        "each quarter of its cells is recorded, and at its end."),
+        blocks += [para("The canary is one small fp32 matmul timed the same way at the run's start, as the "
+                        "measuring passes each quarter of the planned work, and at its end."),
                    Table(canary_table(summary), caption="canary readings (canary.jsonl; run.json: noise)")]
         for label in summary["slow"]:
             slow = slow_period_cells(summary, frame, label)
