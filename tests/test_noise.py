@@ -347,3 +347,14 @@ def test_advice_comes_where_the_run_was_noisy_and_names_fewer_threads_only_where
     drifting = canary_summary(_readings(1.0e-4, 1.3e-4, 1.0e-4))                 # a 30% drift alone
     assert any("idle machine" in t for t in advice(drifting, pd.DataFrame(cells[:3]), None))
     assert advice(quiet, pd.DataFrame(), None) == []
+
+
+def test_a_negative_controls_own_noise_is_marked_but_not_the_runs_warning():
+    """broken.background_thread leaves a thread running after it returns: its times are its own
+    noise, not the machine's (12 of 13 unstable cells of six idle quick runs)."""
+    frame = pd.DataFrame([_cell(id="a"), _cell(id="ctl", variant="broken.background_thread", fwd_ci_rel=0.4)])
+    assert unstable_mask(frame).tolist() == [False, True]
+    assert check_timing_noise(frame) == []
+    frame = pd.concat([frame, pd.DataFrame([_cell(id="b", fwd_ci_rel=0.4)])], ignore_index=True)
+    (finding,) = check_timing_noise(frame)
+    assert list(finding["cells"]) == ["b"] and "1 of 2 timed cells" in finding["message"]
