@@ -318,7 +318,8 @@ def test_the_quarter_readings_follow_the_planned_work_measured_not_the_records(m
     plan = Plan(skip={"c7": "over the budget"}, tier={}, predicted={i: 1.0 for i in ids}, deadline_unix=None,
                 budget_s=None)
     keeper = Keeper(plan, ids)
-    monkeypatch.setattr(canary, "record_canary", lambda run_dir, label, device: taken.append((label, keeper.done_cells)))
+    monkeypatch.setattr(canary, "record_canary",
+                        lambda run_dir, label, device: taken.append((label, keeper.done_cells)))
     times = CanaryTimes(Path("."), [Case("sdpa", "cpu", "fp32", 32, 64, 1, 2, False, "normal")])
     for cell in ids[:7]:
         keeper.done(cell, 1.0)

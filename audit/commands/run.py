@@ -402,9 +402,10 @@ def _run_argv(worker_argv: list[str]) -> list[str]:
 def _prepare(cases: list, preset: Any, axes: dict, argv: list[str], extra: dict, run_dir: Path,
              started: float) -> dict[str, float]:
     """In the run's first measuring process: time the canary's start reading (measure/canary.py:
-    before the ceilings, whose matmuls left it 4-15% slower than every later reading), measure the ceilings (once per run folder), write
-    run.json, print the cell count, plan the budget (plan.json). Returns its seconds per part of
-    the time split (core.timesplit: start-up, ceilings, plan), for workers.jsonl."""
+    before the ceilings, whose matmuls left it 4-15% slower than every later reading), measure the
+    ceilings (once per run folder), write run.json, print the cell count, plan the budget (plan.json).
+    Returns its seconds per part of the time split (core.timesplit: start-up, ceilings, plan), for
+    workers.jsonl."""
     from ..execute import runner
     from ..measure.environment import environment
 
