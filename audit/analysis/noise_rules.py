@@ -30,12 +30,19 @@ def cell_noise(frame: pd.DataFrame) -> pd.Series:
     return pd.concat([_num(frame, "fwd_ci_rel"), _num(frame, "fwd_bwd_ci_rel")], axis=1).max(axis=1)
 
 
+def judged_mask(frame: pd.DataFrame) -> pd.Series:
+    """Per row: an ok cell of a run with a noise_target whose interval is known (the cells judged)."""
+    if frame.empty:
+        return pd.Series([], dtype=bool)
+    return (frame["status"] == "ok") & _num(frame, "noise_target").gt(0) & cell_noise(frame).notna()
+
+
 def rerun_rel(cell_rel: pd.Series | float, canary_rel: float | None) -> pd.Series | float:
     """How far a rerun's median may land from this one (half-width over the median): the cell's own
     interval (its samples: noise within the measurement) and the run's canary_rel (the machine's speed
-    moving between measurements, which no cell's samples see) combined, sqrt(a² + b²). Two quick runs
-    back to back on a 2-core Xeon VM agreed within these on 278 of 284 timings (cell intervals alone:
-    229; docs/measurement.md, Timing noise)."""
+    moving between measurements, which no cell's samples see) combined, sqrt(a² + b²). Five pairs of
+    quick runs back to back on a 2-core Xeon VM agreed within these on 94.8-100% of the timings (their
+    cells' intervals alone: 68-83%; docs/measurement.md, Timing noise)."""
     run = float(canary_rel or 0.0)
     if isinstance(cell_rel, pd.Series):
         return (cell_rel.pow(2) + run ** 2).pow(0.5)
@@ -55,7 +62,7 @@ def check_timing_noise(frame: pd.DataFrame) -> list[dict]:
     worst. A negative control's own defect can be its noise (broken.background_thread leaves a thread
     running: 12 of the 13 unstable cells of six idle quick runs); the speed tables still mark it."""
     ok = _real_code(_ok(frame))
-    judged = ok[_num(ok, "noise_target").gt(0) & cell_noise(ok).notna()]
+    judged = ok[judged_mask(ok)]
     rows = ok[unstable_mask(ok)]
     if rows.empty:
         return []
@@ -93,7 +100,7 @@ def canary_summary(canaries: Sequence[dict], frame: pd.DataFrame | None = None) 
                            "slow_by_rel": {}}
     judged = pd.Series([], dtype=float)
     if frame is not None and not frame.empty:
-        judged = cell_noise(frame[(frame["status"] == "ok") & _num(frame, "noise_target").gt(0)]).dropna()
+        judged = cell_noise(frame[judged_mask(frame)])
         out["cells_rel"] = float(judged.clip(upper=1.0).mean()) if len(judged) else None
     if ok:
         medians = [float(r["median_s"]) for r in ok]
@@ -158,9 +165,7 @@ def advice(summary: dict[str, Any], frame: pd.DataFrame, env: dict[str, Any] | N
     judged cells unstable); only what was measured to help (docs/measurement.md, Timing noise: a
     2-core Xeon with a neighbour burning CPU 50 ms on, 50 ms off)."""
     real = _real_code(frame) if not frame.empty else frame       # a control's own noise is not the machine's
-    judged = int((_num(real, "noise_target").gt(0) & cell_noise(real).notna()
-                  & (real["status"] == "ok")).sum()) if not real.empty else 0
-    unstable = int(unstable_mask(real).sum()) if not real.empty else 0
+    judged, unstable = int(judged_mask(real).sum()), int(unstable_mask(real).sum())
     noise = summary.get("noise_rel") or 0.0
     noisy_cells = judged > 0 and unstable / judged > HIGH_UNSTABLE
     if noise <= HIGH_NOISE and not noisy_cells:

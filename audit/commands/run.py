@@ -334,14 +334,13 @@ class WallSplit:
 def _noise_summary(run_dir: Path) -> dict:
     """run.json's noise: the canary's readings and the run's noise figure (analysis.noise_rules),
     and how many cells were judged and unstable."""
-    from ..analysis.noise_rules import canary_summary, cell_noise, unstable_mask
+    from ..analysis.noise_rules import canary_summary, judged_mask, unstable_mask
     from ..core.records import load
     from ..core.runfolder import read_canaries
     frame = load(run_dir)
     summary = canary_summary(read_canaries(run_dir), frame)
     if not frame.empty:
-        judged = frame[(frame["status"] == "ok") & cell_noise(frame).notna()]
-        summary.update(cells_judged=len(judged), cells_unstable=int(unstable_mask(frame).sum()))
+        summary.update(cells_judged=int(judged_mask(frame).sum()), cells_unstable=int(unstable_mask(frame).sum()))
     return summary
 
 

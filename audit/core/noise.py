@@ -1,5 +1,5 @@
-"""How well a timed median is known: the distribution-free confidence interval of a median, the
-rule that keeps a measurement sampling until that interval is narrow enough, and the run's canary.
+"""How well a timed median is known: the distribution-free confidence interval of a median, and the
+rule that keeps a measurement sampling until that interval is narrow enough.
 
 A shared machine's neighbour makes one cell's five samples read 179, 292, 392, 181 and 223 ms
 (a 2-core EPYC runner): the median, 223 ms, is then known to no better than ±40%. The
@@ -38,6 +38,8 @@ def default_noise_target() -> float:
         from .errors import UsageError
         raise UsageError(f"{NOISE_TARGET_ENV}: {raw!r} is not a percentage from 0 to 100 (0: judge nothing)")
     return value / 100
+
+
 CHECK_EVERY = 4          # samples between two looks at the interval, or a twentieth of those taken,
                          # whichever is more (sorting 500 samples: ~60 µs; ~60 looks at most)
 
@@ -89,10 +91,10 @@ def ci_rel(values: Sequence[float], confidence: float = CONFIDENCE) -> float | N
     n = len(values)
     if n < 2:
         return None
-    ci = median_ci(values, confidence) or (min(values), max(values))
-    ordered = sorted(values)
+    ordered = sorted(values)                  # once: the sampling rule asks this every few samples
+    j = _rank(n, confidence) or 1             # no 95% interval: the whole range
     median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
-    return (ci[1] - ci[0]) / 2 / median if median > 0 else None
+    return (ordered[n - j] - ordered[j - 1]) / 2 / median if median > 0 else None
 
 
 @dataclass(frozen=True)

@@ -345,14 +345,15 @@ class CanaryTimes:
 
     def __init__(self, run_dir: Path, cases: list[Case], on: bool = True) -> None:
         from ..measure.canary import QUARTERS, canary_device
-        self.run_dir, self.on, self.due = run_dir, on, list(QUARTERS)
+        self.run_dir, self.on = run_dir, on
+        self.due = [(quarter / 4, label) for quarter, label in enumerate(QUARTERS, start=1)]   # (share, label)
         self.device = canary_device(c.device for c in cases)
 
     def after_cell(self, progress: float) -> None:
         """After a measured cell, `progress` (0-1) of the planned work done."""
-        from ..measure.canary import QUARTERS, record_canary
-        while self.on and self.due and progress >= (QUARTERS.index(self.due[0]) + 1) / 4:
-            record_canary(self.run_dir, self.due.pop(0), self.device)
+        from ..measure.canary import record_canary
+        while self.on and self.due and progress >= self.due[0][0]:
+            record_canary(self.run_dir, self.due.pop(0)[1], self.device)
 
     def at_end(self) -> None:
         from ..measure.canary import record_canary

@@ -19,8 +19,8 @@ from .timing import MIN_BLOCK_S, measure, measure_device, sync_for
 CANARY_N = 256             # an n×n fp32 matmul: ~0.1 ms on a 2-core CPU, microseconds on a GPU
 CANARY_S = 0.15            # timed seconds per reading (blocks of 1 ms: ~150 samples)
 WARM_S = 0.1               # calls before timing: a process's first reading was 50% slow with 3 (2-core Xeon)
-# start: before the plan; "25%", "middle", "75%": once that share of the grid is recorded; end: after
-# the last cell. Five, not three: a slow reading names the cells measured between its neighbours, and
+# start: before the ceilings; "25%", "middle", "75%": as the measuring passes that share of the planned
+# work (execute/runner.CanaryTimes); end: after the last cell. Five, not three: a slow reading names the cells measured between its neighbours, and
 # with three, a slow start or end named every cell of the run (a cpu preset run: 745 of 745)
 QUARTERS = ("25%", "middle", "75%")
 LABELS = ("start", *QUARTERS, "end")

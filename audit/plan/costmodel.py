@@ -485,13 +485,12 @@ class CostModel:
         if not settings.noise_cap_s or pred is None or not len(pred):
             return 0.0, {}
         ok = pred[pred["status"] == "ok"]
-        shares = {dev: self._const("noise_share", dev, NOISE_SHARE_DEFAULT[dev])
-                  for dev in {device_type(d) for d in ok["device"]}}
-        shares.update({f"{dev} (default)": shares.pop(dev) for dev in list(shares) if dev not in self.params.noise_share})
+        share = {dev: self._const("noise_share", dev, NOISE_SHARE_DEFAULT[dev])
+                 for dev in set(map(device_type, ok["device"]))}
         passes = (ok["fwd_s"] > 0).astype(int) + (ok["fwd_bwd_s"] > 0).astype(int)
-        share = {k.split(" ")[0]: v for k, v in shares.items()}
         total = sum(p * settings.noise_cap_s * share[device_type(d)] for p, d in zip(passes, ok["device"]))
-        return float(total), shares
+        labels = {dev if dev in self.params.noise_share else f"{dev} (default)": v for dev, v in share.items()}
+        return float(total), labels
 
     def _warmup_s(self, dev: str, settings: Settings, t_f: float, t_fb: float) -> float:
         """The warm-up calls: their steady-state seconds, times a fitted factor and plus a constant

@@ -44,7 +44,7 @@ def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = N
 
     plan = read_json(run_dir / PLAN_FILE)
     canaries = read_canaries(run_dir)
-    run_noise = canary_summary(canaries)["drift_rel"]    # the machine's speed change between variants' cells
+    run_noise = canary_summary(canaries)["canary_rel"]   # the machine's speed change between variants' cells
     sections: list[tuple[str, Callable[[], list[Block]]]] = [
         ("Title", lambda: title_section(run_dir, run_info, frame)),
         ("Overview", lambda: overview_section(findings, frame)),

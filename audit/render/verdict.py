@@ -538,7 +538,7 @@ def recommendation_table(recs: Iterable[Recommendation]) -> pd.DataFrame:
 
 def verdict_section(frame: pd.DataFrame, findings: list[dict] | None, run_noise: float | None = None) -> list[Block]:
     """The page's first section: the verdict table, then what to use per device × dtype × mask; ties
-    by the measured noise (`run_noise`: the canary's noise figure, noise_rules.canary_summary)."""
+    by the measured noise (`run_noise`: the canary's canary_rel, noise_rules.canary_summary)."""
     blocks: list[Block] = [Heading(2, VERDICT_HEADING)]
     ok = ok_rows(frame)
     real = _real_variants(ok)
