@@ -33,8 +33,9 @@ MIN_COPY_BYTES = 4 * 2**20
 CEILINGS_BUDGET_S = 2.5           # per device, every dtype and the copy together (issue: at most 3 s)
 GROW_FRACTION = 0.25              # the growing probes may use this share of a measurement's time
 STATISTIC = "max of repeats"
-CEILINGS_METHOD = 3               # bump when a change makes earlier (cached) ceilings wrong: 2 = setup call
-                                  # not growth; 3 = host_probe_s added
+CEILINGS_METHOD = 4               # bump when a change makes earlier (cached) ceilings wrong: 2 = setup call
+                                  # not growth; 3 = host_probe_s added; 4 = growth as observed (_grow),
+                                  # the CPU's attention probe
 
 # Columns cell_roofline() produces, for the record schema.
 ROOFLINE_COLUMNS: tuple[str, ...] = (
@@ -70,9 +71,17 @@ def _timed_call(fn: Callable[[], object], sync: Callable[[], None] | None) -> fl
 def _grow(make: Callable[[int], Callable[[], object]], size: int, max_size: int, factor: int,
           cost_growth: float, budget_s: float, sync: Callable[[], None] | None
           ) -> tuple[Callable[[], object], int, float, float, float]:
-    """Grow a problem from `size` by `factor` while the next one's warm call (this one's
-    times `cost_growth`) still fits GROW_FRACTION of the budget. Returns (the call, its
-    size, one warm call's time, time spent growing, the setup call's time).
+    """Grow a problem from `size` by `factor` while the next one's warm call still fits
+    GROW_FRACTION of the budget. Returns (the call, its size, one warm call's time, time spent
+    growing, the setup call's time).
+
+    The next call's time is this one's times the growth the last step showed (observed_growth):
+    between MIN_OBSERVED_GROWTH and `cost_growth` (the work's own growth). A call whose time is
+    overhead, not work, barely grows with the work: on a 2-core machine with the other core busy,
+    a 2-thread 128³ fp32 matmul waits ~10 ms on its thread pool's barrier, and predicted as 8x
+    that the probe stopped there and read 0.4 GFLOP/s for a 127 GFLOP/s machine (and the plan,
+    from it, found not one cell that fits a 30 s budget). The first step, with no growth seen
+    yet, is taken when its call at the work's own growth fits the whole share.
 
     The very first call is a warm-up left out of the growth budget: as the first CUDA work
     of a process it carries cuBLAS/cuBLASLt setup, workspace allocation and lazy kernel
@@ -81,15 +90,33 @@ def _grow(make: Callable[[int], Callable[[], object]], size: int, max_size: int,
     allocation) does count."""
     fn = make(size)
     setup = _timed_call(fn, sync)                  # library init, workspace, kernel loading
-    spent = 0.0
+    spent, previous = 0.0, None
     while True:
         warm = _timed_call(fn, sync)
         spent += warm
-        if size * factor > max_size or spent + warm * cost_growth * 2 > GROW_FRACTION * budget_s:
+        if previous is None:
+            fits = spent + warm * cost_growth <= budget_s
+        else:
+            growth = observed_growth(previous, warm, cost_growth)
+            fits = spent + warm * growth * 2 <= GROW_FRACTION * budget_s
+        if size * factor > max_size or not fits:
             return fn, size, warm, spent, setup
         size *= factor
         fn = make(size)
         spent += _timed_call(fn, sync)             # first call at this size: allocation
+        previous = warm
+
+
+# The least growth of a call's time a step of the probe is predicted with: where the last step grew it
+# less (the time was overhead, not work), the next step is still taken as at least doubling it.
+MIN_OBSERVED_GROWTH = 2.0
+
+
+def observed_growth(before_s: float, after_s: float, cost_growth: float) -> float:
+    """The factor the next step of a growing probe is predicted to multiply its call's time by: what the
+    last step did (after_s over before_s), within MIN_OBSERVED_GROWTH and the work's own growth."""
+    seen = after_s / before_s if before_s > 0 else cost_growth
+    return min(cost_growth, max(MIN_OBSERVED_GROWTH, seen))
 
 
 def _matmul_rate(device: str, dtype: str, max_n: int, budget_s: float,
@@ -114,6 +141,34 @@ def _matmul_rate(device: str, dtype: str, max_n: int, budget_s: float,
     rate = _best_rate(fn, 2.0 * n ** 3, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm,
                       spread=spread)
     return rate, n, setup
+
+
+# The attention probe (CPU): the fused kernel SDPA dispatches to, on (1, ATTENTION_HEADS, T, ATTENTION_D)
+# inputs, T growing from MIN_ATTENTION_T. A fused kernel's speed in a dtype does not follow that dtype's
+# matmul: with oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, an AVX2-only CPU's matmul) a bf16 matmul
+# runs at 1.2 GFLOP/s and SDPA's bf16 flash kernel at 300 (2-core Xeon with AMX, one thread).
+MIN_ATTENTION_T, CPU_ATTENTION_T = 128, 4096
+ATTENTION_HEADS, ATTENTION_D = 2, 64
+
+
+def _attention_rate(device: str, dtype: str, max_t: int, budget_s: float,
+                    sync: Callable[[], None] | None) -> tuple[float, int]:
+    """(FLOP/s, T used) of SDPA's forward in `dtype` (its default dispatch, no mask, no grad), the
+    sequence growing from MIN_ATTENTION_T while the next fits the budget (_grow), FLOPs counted as
+    every cell's are (numerics.attention_flops)."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def make(t: int) -> Callable[[], object]:
+        q, k, v = (torch.randn(1, ATTENTION_HEADS, t, ATTENTION_D, generator=gen, device=device)
+                   .to(torch_dtype(dtype)) for _ in range(3))                   # (1, H, T, d)
+        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)   # (1, H, T, d)
+
+    with torch.no_grad():
+        fn, t, warm, spent, _setup = _grow(make, min(MIN_ATTENTION_T, max_t), max_t, 2, 4.0, budget_s, sync)
+        flops = attention_flops(1, ATTENTION_HEADS, t, t, ATTENTION_D, causal=False)
+        return _best_rate(fn, flops, budget_s=max(0.0, budget_s - spent), sync=sync, warm_s=warm), t
 
 
 def matmul_rate_now(device: str, dtype: str, expected_flops_per_s: float | None, *, repeats: int = 3,
@@ -193,7 +248,9 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
                      budget_s: float = CEILINGS_BUDGET_S, matmul_n: Mapping[str, int] | int | None = None,
                      copy_bytes: int | None = None) -> dict[str, Any]:
     """Measure this machine's matmul FLOP/s per dtype and copy bandwidth, once per run,
-    in about `budget_s` seconds for the device whatever it is.
+    in about `budget_s` seconds for the device whatever it is; on a CPU also SDPA's forward per
+    dtype (`attention_flops_per_s`, `attention_t`, `attention_reason`: _attention_rate), which the
+    cost model predicts the fused kernels' cells from (their speed in a dtype is not its matmul's).
 
     Each matmul and the copy get an equal share of the budget: the problem grows from a
     small probe while the next size fits its share (_grow), then the call is repeated
@@ -233,12 +290,13 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "host_probe_s": host_probe_s(),
         "spread": {},          # per dtype and "copy": best repeat's rate over the median's (the referee's margin)
+        "attention_flops_per_s": {}, "attention_t": {}, "attention_reason": {},   # CPU: the attention probe
     }
     # Each probe gets an equal share of what is left when it starts, not of the whole budget: the
     # setup calls, allocations and the host probe otherwise come on top (an H200 took 3.01 s of a
     # 2.5 s budget with fixed shares); 10% of the budget stays for the last probe's overrun.
     deadline = started + 0.9 * budget_s
-    probes_left = len(dtypes) + 1
+    probes_left = len(dtypes) * (1 + (not cuda)) + 1
 
     def next_share() -> float:
         nonlocal probes_left
@@ -265,6 +323,15 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
         except Exception as exc:  # unsupported dtype on this device, OOM, ...
             out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = None, None
             out["matmul_reason"][dt] = f"{type(exc).__name__}: {exc}"[:500]
+    for dt in dtypes if not cuda else ():
+        try:
+            rate, used_t = _attention_rate(device, dt, CPU_ATTENTION_T, next_share(), sync)
+            if not (math.isfinite(rate) and rate > 0):
+                raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
+            out["attention_flops_per_s"][dt], out["attention_t"][dt], out["attention_reason"][dt] = rate, used_t, None
+        except Exception as exc:  # noqa: BLE001 - a dtype this CPU's kernels refuse (pack_vnni2 without AVX-512)
+            out["attention_flops_per_s"][dt], out["attention_t"][dt] = None, None
+            out["attention_reason"][dt] = f"{type(exc).__name__}: {exc}"[:500]
     try:
         out["copy_bytes_max"] = copy_bytes or (CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES)
         spread = []
