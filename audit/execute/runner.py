@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -275,40 +276,60 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
         on_start()
     try:
         with records.RecordWriter(run_dir) as writer:
-            for case in todo:
-                skip = keeper.reason(case.id)
-                if bar is not None and skip is None:
+            def measure(case: Case) -> None:
+                """Measure one cell and write its record at once (durable)."""
+                if bar is not None:
                     bar.start_cell(case.id)
-                if skip is not None:
-                    rec = records.new_record(case.axes(), case.id)
-                    rec.update(status="skipped", reason=skip, started_at=_utc_now(), env=env, elapsed_s=0.0)
-                else:
-                    mark_inflight(run_dir, case.id)
-                    rec = run_cell(case, cache, preset, env, ceilings=ceilings, meter=meter, builds=builds)
-                    keeper.done(case.id, rec["elapsed_s"])
-                    write_failure(run_dir, rec, after=variant_cells.get(case.variant, []))
-                    if rec["status"] in ("ok", "error"):
-                        variant_cells.setdefault(case.variant, []).append(case.id)
+                mark_inflight(run_dir, case.id)
+                rec = run_cell(case, cache, preset, env, ceilings=ceilings, meter=meter, builds=builds)
+                keeper.done(case.id, rec["elapsed_s"])
+                write_failure(run_dir, rec, after=variant_cells.get(case.variant, []))
+                if rec["status"] in ("ok", "error"):
+                    variant_cells.setdefault(case.variant, []).append(case.id)
+                finish(case, rec, durable=True)
+                canary.after_cell(keeper.progress())
+                leaked = rec.get("leaked_bytes") or 0
+                if leaked > LEAK_REPORT_BYTES:
+                    raise WorkerRestart(f"{case.id} kept {leaked / 2**20:.0f} MiB across its calls: the rest "
+                                        "of the run goes on in a fresh process")
+
+            def finish(case: Case, rec: dict[str, Any], durable: bool) -> None:
                 rec["predicted_s"] = keeper.predicted.get(case.id)
-                writer.write(rec, durable=skip is None)        # a lost skip is planned again by a rerun
+                writer.write(rec, durable=durable)        # a lost skip is planned again by a rerun
                 mark_inflight(run_dir, None)
                 counts[rec["status"]] = counts.get(rec["status"], 0) + 1
                 if on_record:
                     on_record(rec)
                 if bar is not None:
                     bar.end_cell(case.id)
-                if skip is None:
-                    canary.after_cell(keeper.progress())
-                leaked = rec.get("leaked_bytes") or 0
-                if leaked > LEAK_REPORT_BYTES:
-                    raise WorkerRestart(f"{case.id} kept {leaked / 2**20:.0f} MiB across its calls: the rest "
-                                        "of the run goes on in a fresh process")
+
+            # The cells skipped for time are recorded last: the time the measured ones leave may buy
+            # them after all (keeper.Keeper.admit), tier 0's first, then the cheapest.
+            deferred: list[Case] = []
+            for case in todo:
+                if keeper.reason(case.id) is None:
+                    measure(case)
+                else:
+                    deferred.append(case)
+            by_id = {c.id: c for c in deferred}
+            for cell_id in keeper.reclaim_order(list(by_id)):
+                if keeper.admit(cell_id):
+                    measure(by_id[cell_id])
+            for case in deferred:
+                if case.id in keeper.skip:
+                    rec = records.new_record(case.axes(), case.id)
+                    rec.update(status="skipped", reason=keeper.skip[case.id], started_at=_utc_now(), env=env,
+                               elapsed_s=0.0)
+                    finish(case, rec, durable=False)
         canary.at_end()
     finally:
         if bar is not None:
             bar.close()
         if meter is not None:
             meter.close()
+    line = keeper.reclaimed_line()
+    if line and progress:
+        print(f"attn-audit: {line}", file=sys.stderr)
     return counts
 
 

@@ -71,6 +71,13 @@ class Plan:
     model_audit_skip: str | None = None    # why the budget leaves it out (None: it runs, or none is asked for)
     noise_s: float = 0.0                   # of the kept cells' time, sampling beyond the minimum (--noise-target)
     noise_share: dict[str, float] = field(default_factory=dict)   # per device kind: the cap's share one measurement uses
+    # the cells skipped for time, in the order time the others leave goes to them (keeper.Keeper.reclaim_order),
+    # with their tiers; and what the keeper weighs a cell by: id -> [its own seconds, [indices into groups]],
+    # groups: [name, seconds] of each cost cells share (an input set's golden, a compile, a first use)
+    standby: list[str] = field(default_factory=list)
+    standby_tier: dict[str, int] = field(default_factory=dict)
+    work: dict[str, list] = field(default_factory=dict)
+    groups: list[list] = field(default_factory=list)
 
     def write(self, run_dir: Path) -> None:
         (Path(run_dir) / PLAN_FILE).write_text(json.dumps(self.__dict__, indent=1) + "\n")
@@ -137,6 +144,8 @@ class Selection:
     smallest: tuple[str, ...] = ()         # their cells
     coverage: tuple[str, ...] = ()
     per_dtype: tuple[str, ...] = ()        # tier 0's first two priority levels: a cell of every real variant per dtype
+    standby: tuple[str, ...] = ()          # the cells cut for the budget, in the order time left over goes to them
+    standby_tier: dict[str, int] = field(default_factory=dict)
 
 
 def _self_check_candidates(rows: list[dict], control: str, reveals: tuple[str, ...]) -> dict[str, list[str]]:
@@ -302,11 +311,10 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     measurable = {keys[i] for i in candidates if i in costs}      # input sets with a cell predicted to run
 
     def with_sets(measured: set[str]) -> list[str]:
-        """The measured cells, the cells predicted not to run of the input sets they keep, and those
-        alone in a set where none runs (each recorded with its own reason, in milliseconds)."""
+        """The measured cells and the cells predicted not to run of the input sets they keep (each
+        recorded with its own reason, in milliseconds, the set's inputs and golden drawn already)."""
         sets = {keys[i] for i in measured}
-        return [i for i in candidates if i in measured
-                or (i not in costs and (keys[i] in sets or keys[i] not in measurable))]
+        return [i for i in candidates if i in measured or (i not in costs and keys[i] in sets)]
 
     def seconds(measured: set[str]) -> float:
         ids = run_order(with_sets(measured), tier)
@@ -359,17 +367,33 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
             if m < len(levels):                  # this tier did not fit whole: later tiers get nothing
                 break
     why.update({i: _over(budget_s, room, costs[i], tier[i]) for i in later if i not in kept})
-    measured_sets = {keys[i] for i in candidates if i in costs}
     kept_all = set(with_sets(kept))
+    reasons = {row["id"]: row.get("reason") for row in rows}
     for i in candidates:
-        if i in kept_all or (i not in costs and keys[i] not in measured_sets):
-            continue                  # a cell predicted not to run, alone in its set: its own reason
-        skip[i] = why[i] if i in costs else "over the budget: every cell of its input set that would be measured was cut"
+        if i in kept_all:
+            continue
+        if i in costs:
+            skip[i] = why[i]
+        elif keys[i] in measurable:
+            skip[i] = "over the budget: every cell of its input set that would be measured was cut"
+        else:
+            skip[i] = not_tried(reasons.get(i))
     covered = {kinds[i] for i in kept}
     uncovered = list(dict.fromkeys(kinds[i] for i in coverage if i not in kept
                                    and kinds[i] not in covered and not kinds[i].endswith("(self-check)")))
+    standby = [i for i in coverage if i not in kept] + sorted(
+        (i for i in costs if i not in kept and tier.get(i) != COVERAGE), key=lambda i: (tier.get(i, REAL), costs[i]))
     return Selection(skip, {i: t for i, t in tier.items() if i not in skip}, uncovered, smallest_s, coverage_s,
-                     tuple(essential), tuple(coverage), per_dtype)
+                     tuple(essential), tuple(coverage), per_dtype, tuple(standby),
+                     {i: tier.get(i, REAL) for i in standby})
+
+
+def not_tried(predicted_reason: str | None) -> str:
+    """The reason of a cell predicted not to run (a backend the device lacks, a refusal) in an input set
+    where no cell is measured: it is not tried, since trying it would draw the set's inputs and build
+    its float64 golden first (4 s at T 2048 on 2 cores) to record what the plan already knows."""
+    return (f"not tried: predicted not to run here ({predicted_reason or 'unknown'}), and no cell of its input "
+            "set is measured (trying it would build the set's float64 golden for nothing)")
 
 
 def _too_slow(rows: list[dict], budget_s: float | None, max_cell_s: float | None) -> dict[str, str]:
@@ -521,5 +545,25 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
                 smallest_s=None if chosen.smallest_s is None else chosen.smallest_s + sum(reserve(chosen.smallest)),
                 coverage_s=None if chosen.coverage_s is None else chosen.coverage_s + sum(reserve(chosen.coverage)),
                 measured=int(((forecast.pred["status"] == "ok") & ~forecast.pred["id"].isin(skip)).sum()),
-                model_audit_s=model_s * host)
+                model_audit_s=model_s * host, standby=list(chosen.standby), standby_tier=dict(chosen.standby_tier))
+    plan.work, plan.groups = _work(forecast.pred, set(kept) | set(chosen.standby)) if chosen.standby else ({}, [])
     return plan, not any(i in skip for i in chosen.per_dtype)
+
+
+def _work(pred: Any, ids: set[str]) -> tuple[dict[str, list], list[list]]:
+    """(Plan.work, Plan.groups) of the cells `ids`: each cell's own seconds and the shared costs it takes
+    part in (costmodel's `shares`), numbered, so the keeper knows what a cell skipped for time would cost
+    once others have paid for its golden or its compile."""
+    index: dict[str, int] = {}
+    groups: list[list] = []
+    work: dict[str, list] = {}
+    for row in pred[pred["id"].isin(list(ids))].to_dict("records"):
+        mine = []
+        for group, seconds in row.get("shares") or ():
+            name = repr(group)
+            if name not in index:
+                index[name] = len(groups)
+                groups.append([name, float(seconds)])
+            mine.append(index[name])
+        work[row["id"]] = [own_cost(row), mine]
+    return work, groups

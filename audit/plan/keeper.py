@@ -7,7 +7,7 @@ import time
 from typing import Callable, Sequence
 
 from ..core.units import format_duration
-from .budget import CORRECTION_MIN_CELLS, CORRECTION_RANGE, FREE_CELL_S, LATE_MARGIN, REAL, Plan
+from .budget import COVERAGE, CORRECTION_MIN_CELLS, CORRECTION_RANGE, FREE_CELL_S, LATE_MARGIN, REAL, TIER_NAMES, Plan
 
 
 class Keeper:
@@ -24,15 +24,22 @@ class Keeper:
     mostly ones the runner refuses in milliseconds (a backend the device lacks): cut, their
     record said "over the budget at run time" instead of why they cannot run, and the report
     listed sdpa_efficient and sdpa_cudnn on the CPU as left without a cell for time.
+
+    Tier 0 (coverage: sdpa and eager in every dtype first, then every variant per dtype and mask
+    kind, each control's self-check) is never cut at run time: the plan bought it as what the run
+    is for, and it runs first. Time the cells leave (a cell faster than predicted, a cell cut) goes
+    back to the cells skipped for time (reclaim_order, admit), in priority order, once the planned
+    cells are done: a cpu-preset run on a CPU whose bf16 ran slower than planned cut 263 cells and
+    then ended 97 s before its budget.
     """
 
     def __init__(self, plan: Plan | None, order: Sequence[str], clock: Callable[[], float] = time.time):
         self.plan, self.clock = plan, clock
         self.skip: dict[str, str] = dict(plan.skip) if plan else {}
         self.predicted = dict(plan.predicted) if plan else {}
-        tier = plan.tier if plan else {}
+        self.tier = plan.tier if plan else {}
         kept = [i for i in order if i not in self.skip]
-        self._heap = [(-tier.get(i, REAL), -self.predicted.get(i, 0.0), i) for i in kept if self._cuttable(i)]
+        self._heap = [(-self.tier.get(i, REAL), -self.predicted.get(i, 0.0), i) for i in kept if self._cuttable(i)]
         heapq.heapify(self._heap)
         self._remaining = set(kept)
         self._remaining_s = sum(self.predicted.get(i, 0.0) for i in self._remaining)
@@ -41,9 +48,11 @@ class Keeper:
         self.done_elapsed_s = 0.0          # ... and what they took
         self.cut: list[str] = []           # the cells skipped at run time, in the order they were
         self.done_cells = 0                # cells measured so far
+        self.bought: set[int] = set()      # the shared costs (Plan.groups) the measured cells paid
+        self.admitted: list[str] = []      # cells skipped for time, measured after all (admit)
 
     def _cuttable(self, cell_id: str) -> bool:
-        return self.predicted.get(cell_id, 0.0) >= FREE_CELL_S
+        return self.predicted.get(cell_id, 0.0) >= FREE_CELL_S and self.tier.get(cell_id, REAL) != COVERAGE
 
     def factor(self) -> float:
         if len(self.ratios) < CORRECTION_MIN_CELLS:
@@ -103,6 +112,9 @@ class Keeper:
 
     def done(self, cell_id: str, elapsed_s: float) -> None:
         self.done_cells += 1
+        work = self.plan.work.get(cell_id) if self.plan else None
+        if work:
+            self.bought.update(work[1])
         if cell_id in self._remaining:
             self._remaining.discard(cell_id)
             self._remaining_s -= self.predicted.get(cell_id, 0.0)
@@ -111,3 +123,60 @@ class Keeper:
             self.ratios.append(elapsed_s / predicted)
             self.done_predicted_s += predicted
             self.done_elapsed_s += elapsed_s
+
+    # ----------------------------------------------------------------------- time given back
+
+    def added_s(self, cell_id: str) -> float:
+        """A cell's predicted seconds measured now: its own, plus the shared costs (its input set's
+        golden, its compile, its variant's first use: Plan.groups) no cell measured so far paid,
+        scaled by factor(); its prediction where the plan has no work for it."""
+        work = self.plan.work.get(cell_id) if self.plan else None
+        if not work:
+            return self.predicted.get(cell_id, 0.0) * self.factor()
+        own, groups = work
+        return (own + sum(self.plan.groups[g][1] for g in groups if g not in self.bought)) * self.factor()
+
+    def reclaim_order(self, deferred: Sequence[str]) -> list[str]:
+        """The cells of `deferred` skipped for time (the plan's budget cuts: Plan.standby; and this
+        run's cuts), in the order time left over goes to them: by tier (coverage, then the real
+        variants' other cells, then the controls' extra cells), tier 0 in the order the plan bought
+        it, the others cheapest first as they would be measured now (added_s)."""
+        if self.plan is None:
+            return []
+        rank = {i: n for n, i in enumerate(self.plan.standby)}
+        eligible = [i for i in deferred if (i in rank or i in self.cut) and i in self.skip]
+
+        def key(cell_id: str) -> tuple:
+            tier = self.plan.standby_tier.get(cell_id, self.tier.get(cell_id, REAL))
+            return (tier, rank.get(cell_id, 0) if tier == COVERAGE else self.added_s(cell_id))
+        return sorted(eligible, key=key)
+
+    def admit(self, cell_id: str) -> bool:
+        """Whether a cell skipped for time is measured now: when LATE_MARGIN × added_s fits what is left
+        before the deadline (the planned cells are done by then). It then leaves the skips (its
+        record is a measurement) and counts as remaining until done()."""
+        if cell_id not in self.skip or self.plan is None or self.plan.deadline_unix is None:
+            return False
+        left = self.plan.deadline_unix - self.clock() - self.remaining_s()
+        cost = self.added_s(cell_id)
+        if cost * LATE_MARGIN > left:
+            return False
+        del self.skip[cell_id]
+        if cell_id in self.cut:
+            self.cut.remove(cell_id)
+        self.admitted.append(cell_id)
+        self._remaining.add(cell_id)
+        self.predicted[cell_id] = cost / self.factor()
+        self._remaining_s += self.predicted[cell_id]
+        return True
+
+    def reclaimed_line(self) -> str | None:
+        """What the time left over bought: "N cells skipped for time measured after all (tier: n, ...)"."""
+        if not self.admitted:
+            return None
+        per: dict[str, int] = {}
+        for i in self.admitted:
+            name = TIER_NAMES[self.plan.standby_tier.get(i, self.tier.get(i, REAL))]
+            per[name] = per.get(name, 0) + 1
+        return (f"{len(self.admitted)} cells skipped for time measured after all, in the time the others "
+                "left (" + ", ".join(f"{name}: {n}" for name, n in per.items()) + ")")
