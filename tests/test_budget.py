@@ -459,6 +459,23 @@ def test_the_time_outside_the_cells_scales_with_the_host_but_the_ceilings_and_ca
     assert slow_before - ceilings == pytest.approx(3.0 * (ref_before - ceilings))
 
 
+def test_a_run_planning_itself_counts_its_start_up_and_ceilings_as_measured():
+    """A cold first start (torch's libraries read from disk, the ceilings measured) takes what it takes:
+    the seconds it has spent replace start_s and the ceilings in the reserve where they are more, the
+    rest is predicted; a start quicker than predicted keeps the prediction (the dry-run's plan)."""
+    from audit.measure.canary import CANARY_WALL_S, LABELS
+    from audit.plan.overhead import DEFAULTS, overhead_s
+    pred = _pred([("a", 1, "ok", 1.0, 0.0), ("b", 2, "ok", 1.0, 0.0), ("c", 3, "skipped", 0.0, 0.0)])
+    predicted, _ = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0)
+    rest = (DEFAULTS["plan_per_cell_s"] * 3 + DEFAULTS["between_cell_s"] * 3)
+    assert predicted == pytest.approx(DEFAULTS["start_s"] + DEFAULTS["ceilings_factor"] * 2.0
+                                      + CANARY_WALL_S * len(LABELS) + rest)
+    cold, _ = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0, spent_s=14.0)
+    assert cold == pytest.approx(14.0 + CANARY_WALL_S * (len(LABELS) - 1) + rest)   # the start reading is taken
+    warm, _ = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0, spent_s=0.5)
+    assert warm == pytest.approx(predicted)
+
+
 def test_fitted_overheads_are_kept_in_the_reference_hosts_seconds():
     """A run made on a host twice as slow (its probe says so) took twice the reference seconds;
     fitted, its constants are the reference host's, and planned again there, its own."""

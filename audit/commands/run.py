@@ -433,7 +433,7 @@ def _plan(cases: list, preset: Any, run_dir: Path, started: float, ceilings_meas
 
     todo = _not_recorded(cases, run_dir)
     plan, _pred, _notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started,
-                                   measure=False, ceilings_measured=ceilings_measured)
+                                   measure=False, ceilings_measured=ceilings_measured, now_unix=time.time())
     plan.write(run_dir)
     smallest = smallest_plan_line(plan)
     if smallest and (plan.uncovered or plan.measured == 0):

@@ -455,15 +455,16 @@ def _over(budget_s: float, room: float, cost: float, level: int) -> str:
 
 
 def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_s: float | None,
-             started_unix: float, measure: bool = True, ceilings_measured: bool | None = None
-             ) -> tuple[Plan, Any, list[str]]:
+             started_unix: float, measure: bool = True, ceilings_measured: bool | None = None,
+             now_unix: float | None = None) -> tuple[Plan, Any, list[str]]:
     """The plan for `cases` (those not yet recorded): prediction, skips, tiers and deadline; also
     the prediction itself and the cost model's notes, for printing.
 
     A dry-run and the run it previews plan alike: the same ceilings (forecast.machine_ceilings)
     and the same reserve for start-up, ceilings and report. `ceilings_measured`: the run
     measured its ceilings at its start (default: run_dir's run.json has none yet, as before
-    a run that will)."""
+    a run that will). `now_unix`: a run planning itself (not a dry-run): what it has spent since
+    started_unix (start-up, ceilings) is measured, not predicted (overhead.overhead_s's spent_s)."""
     from .forecast import plan as predict
     from .overhead import device_kind, host_factor, model_audit_seconds
 
@@ -473,8 +474,9 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
                                   device_kind(c.device for c in cases), forecast.params)
     measured = forecast.ceilings_measured if ceilings_measured is None else ceilings_measured
     host = host_factor(forecast.ceilings)           # the run's outside-the-cells work scales with it
+    spent_s = None if now_unix is None else max(0.0, now_unix - started_unix)
     plan, per_dtype_whole = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix,
-                                  measured=measured, host=host, model_s=model_s)
+                                  measured=measured, host=host, model_s=model_s, spent_s=spent_s)
     if budget_s is not None and model_s and not per_dtype_whole:
         # the model audit comes after a cell of every real variant per dtype (tier 0's first two priority
         # levels), before the rest: where those do not all fit with it, it is left out (a record in
@@ -482,7 +484,7 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
         reason = (f"over the budget: the {format_duration(budget_s)} budget (--budget) does not hold the model audit "
                   f"(predicted {model_s * host:.1f} s) after a cell of every real variant per dtype")
         plan, _ = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix, measured=measured,
-                        host=host, model_s=0.0)
+                        host=host, model_s=0.0, spent_s=spent_s)
         plan.model_audit_skip = reason
     from .costmodel import CostModel, Settings
     kept = forecast.pred[~forecast.pred["id"].isin(plan.skip)] if len(forecast.pred) else forecast.pred
@@ -492,14 +494,15 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
 
 
 def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float | None, started_unix: float,
-          measured: bool, host: float, model_s: float) -> tuple[Plan, bool]:
+          measured: bool, host: float, model_s: float, spent_s: float | None = None) -> tuple[Plan, bool]:
     """plan_run's plan with a model audit of model_s reference-host seconds after the cells (0: none), and
     whether it keeps a cell of every real variant per dtype (Selection.per_dtype)."""
     from .costmodel import CostModel, Settings
     from .overhead import overhead_s as overhead_of
 
     def overhead_s(*args: Any, **kwargs: Any) -> tuple[float, float]:     # with the model audit after the cells
-        return overhead_of(*args, model_audit_s=model_s, canary=bool(preset.noise_target), **kwargs)
+        return overhead_of(*args, model_audit_s=model_s, canary=bool(preset.noise_target), spent_s=spent_s,
+                           **kwargs)
     before, after = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
                                ceilings_s=preset.ceilings_s, host=host)
     by_id = {c.id: c for c in cases}

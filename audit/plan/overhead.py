@@ -70,21 +70,30 @@ def constant(params: Any, device: str, name: str, host: float = 1.0) -> float:
 
 def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
                ceilings_s: float = CEILINGS_BUDGET_S, host: float = 1.0, kept: int | None = None,
-               model_audit_s: float = 0.0, canary: bool = True) -> tuple[float, float]:
+               model_audit_s: float = 0.0, canary: bool = True, spent_s: float | None = None) -> tuple[float, float]:
     """(seconds before the first cell, seconds after the last) of a run of these cells (a
     costmodel prediction: its cells' devices and statuses); ceilings_s: the seconds the preset
     gives each device's ceilings; host: this host's host_factor; kept: how many of them the
     budget keeps (default all): the others cost a skip's record only; model_audit_s: the model audit's
-    reference-host seconds after the cells (model_audit_seconds), host-scaled."""
+    reference-host seconds after the cells (model_audit_seconds), host-scaled.
+
+    spent_s: a run planning itself has started already (its processes, torch's first import, the
+    canary's start reading, the ceilings): where those seconds, measured, are more than predicted (a
+    cold start: a first import of torch after an install reads its libraries from disk; a busy
+    machine), they stand for the prediction, so the cells are not planned into time already spent;
+    where less, the prediction stands, and the run makes the plan its dry-run showed."""
     n = len(pred)
     devices = {str(d).split(":")[0] for d in pred["device"]} if n else set()
     kind = device_kind(devices)
     c = lambda name: constant(params, kind, name, host)    # noqa: E731 - a short local reader
     kept = n if kept is None else min(n, kept)
-    before = c("start_s") + c("plan_per_cell_s") * n + c("between_cell_s") * kept + c("skip_record_s") * (n - kept)
-    before += CANARY_WALL_S * len(CANARY_LABELS) if n and canary else 0.0   # its readings (none with --noise-target 0)
+    readings = len(CANARY_LABELS) if n and canary else 0   # the canary's (none with --noise-target 0)
+    before = c("start_s") + CANARY_WALL_S * readings
     if ceilings_measured:
         before += c("ceilings_factor") * ceilings_s * len(devices) + COUNTER_CHECK_WALL_S * ("cuda" in devices)
+    if spent_s is not None:                         # its start reading is taken: the others are ahead
+        before = max(before, spent_s + CANARY_WALL_S * max(0, readings - 1))
+    before += c("plan_per_cell_s") * n + c("between_cell_s") * kept + c("skip_record_s") * (n - kept)
     measured = int((pred["status"] == "ok").sum()) if n else 0
     return before, c("report_s") + c("report_per_cell_s") * measured + model_audit_s * host
 
