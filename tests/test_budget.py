@@ -378,7 +378,7 @@ def test_too_small_a_budget_names_the_kinds_left_without_a_cell():
         Plan(budget_s=1e6, deadline_unix=None), len(cases))
 
 
-def test_keeper_cuts_the_controls_extra_cells_then_other_cells_and_never_coverage():
+def test_keeper_cuts_the_controls_extra_cells_then_other_cells_then_coverage_and_never_the_smallest_plan():
     clock = Clock()
     predicted = {"cover": 3.0, "real": 1.0, "extra": 2.0, "after": 1.0}
     plan = Plan(budget_s=100.0, deadline_unix=clock.now + 5.5, predicted=predicted,
@@ -393,8 +393,12 @@ def test_keeper_cuts_the_controls_extra_cells_then_other_cells_and_never_coverag
     assert keeper.remaining_s() == pytest.approx(1.0)
     late = Keeper(Plan(budget_s=100.0, deadline_unix=clock.now + 0.5, predicted=predicted,
                        tier={"cover": 0, "real": 1, "extra": 2, "after": 1}), ["real", "cover"], clock=clock)
-    assert late.reason("real") is not None                    # nothing fits: the real variant's other cell goes,
-    assert late.reason("cover") is None and list(late.skip) == ["real"]   # tier 0 never: the plan bought it first
+    assert late.reason("cover") is not None and late.reason("real") is not None   # coverage too, when nothing fits
+    assert list(late.skip) == ["real", "cover"]                                     # ... but last
+    smallest = Keeper(Plan(budget_s=100.0, deadline_unix=clock.now + 0.5, predicted=predicted, smallest=["cover"],
+                           tier={"cover": 0, "real": 1, "extra": 2, "after": 1}), ["real", "cover"], clock=clock)
+    assert smallest.reason("real") is not None                 # the smallest useful plan's cells: never
+    assert smallest.reason("cover") is None and list(smallest.skip) == ["real"]
 
 
 def test_the_progress_bar_moves_by_predicted_seconds_and_its_time_left_is_the_plans():

@@ -74,6 +74,7 @@ class Plan:
     # the cells skipped for time, in the order time the others leave goes to them (keeper.Keeper.reclaim_order),
     # with their tiers; and what the keeper weighs a cell by: id -> [its own seconds, [indices into groups]],
     # groups: [name, seconds] of each cost cells share (an input set's golden, a compile, a first use)
+    smallest: list[str] = field(default_factory=list)     # the smallest useful plan's cells: never cut at run time
     standby: list[str] = field(default_factory=list)
     standby_tier: dict[str, int] = field(default_factory=dict)
     work: dict[str, list] = field(default_factory=dict)
@@ -548,7 +549,8 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
                 smallest_s=None if chosen.smallest_s is None else chosen.smallest_s + sum(reserve(chosen.smallest)),
                 coverage_s=None if chosen.coverage_s is None else chosen.coverage_s + sum(reserve(chosen.coverage)),
                 measured=int(((forecast.pred["status"] == "ok") & ~forecast.pred["id"].isin(skip)).sum()),
-                model_audit_s=model_s * host, standby=list(chosen.standby), standby_tier=dict(chosen.standby_tier))
+                model_audit_s=model_s * host, smallest=[i for i in chosen.smallest if i not in skip],
+                standby=list(chosen.standby), standby_tier=dict(chosen.standby_tier))
     plan.work, plan.groups = _work(forecast.pred, set(kept) | set(chosen.standby)) if chosen.standby else ({}, [])
     return plan, not any(i in skip for i in chosen.per_dtype)
 

@@ -25,12 +25,11 @@ class Keeper:
     record said "over the budget at run time" instead of why they cannot run, and the report
     listed sdpa_efficient and sdpa_cudnn on the CPU as left without a cell for time.
 
-    Tier 0 (coverage: sdpa and eager in every dtype first, then every variant per dtype and mask
-    kind, each control's self-check) is never cut at run time: the plan bought it as what the run
-    is for, and it runs first. Time the cells leave (a cell faster than predicted, a cell cut) goes
-    back to the cells skipped for time (reclaim_order, admit), in priority order, once the planned
-    cells are done: a cpu-preset run on a CPU whose bf16 ran slower than planned cut 263 cells and
-    then ended 97 s before its budget.
+    The smallest useful plan (Plan.smallest: a cell of sdpa and of eager in every dtype, tier 0's
+    first priority level) is never cut at run time: without it a run has nothing to say. Time the
+    cells leave (a cell faster than predicted, a cell cut) goes back to the cells skipped for time
+    (reclaim_order, admit), in priority order, once the planned cells are done: a cpu-preset run on
+    a CPU whose bf16 ran slower than planned cut 263 cells and then ended 97 s before its budget.
     """
 
     def __init__(self, plan: Plan | None, order: Sequence[str], clock: Callable[[], float] = time.time):
@@ -38,6 +37,7 @@ class Keeper:
         self.skip: dict[str, str] = dict(plan.skip) if plan else {}
         self.predicted = dict(plan.predicted) if plan else {}
         self.tier = plan.tier if plan else {}
+        self.smallest = set(plan.smallest) if plan else set()
         kept = [i for i in order if i not in self.skip]
         self._heap = [(-self.tier.get(i, REAL), -self.predicted.get(i, 0.0), i) for i in kept if self._cuttable(i)]
         heapq.heapify(self._heap)
@@ -52,7 +52,7 @@ class Keeper:
         self.admitted: list[str] = []      # cells skipped for time, measured after all (admit)
 
     def _cuttable(self, cell_id: str) -> bool:
-        return self.predicted.get(cell_id, 0.0) >= FREE_CELL_S and self.tier.get(cell_id, REAL) != COVERAGE
+        return self.predicted.get(cell_id, 0.0) >= FREE_CELL_S and cell_id not in self.smallest
 
     def factor(self) -> float:
         if len(self.ratios) < CORRECTION_MIN_CELLS:
