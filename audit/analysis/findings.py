@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 
 from ..core.defects import BUDGETED_GRADIENTS, REPEATED_TENSORS, grad_outside_budget, leaks, nonfinite
+from ..core.diagnosis_names import agrees, members, title_of
 from ..core.grid import INPUT_AXES
 from ..core.referee import REFEREE_CHECKS
 from ..core.referee import column as referee_column
@@ -491,24 +492,28 @@ def _add_diagnosis(finding: dict, frame: pd.DataFrame) -> None:
                                f"in the {len(cells)} diagnosed cell(s) (docs/numerics.md, Diagnosis).")
         return
     counts = matched[column].value_counts()
-    name = str(sorted(counts.index, key=lambda n: (-counts[n], n))[0])
-    best = matched[matched[column] == name]
+    # a cell that could not tell a from b ("a or b") agrees with a cell named a: the name most cells
+    # agree with, then the one most cells have, then the fewest names
+    agreeing = {n: int(matched[column].map(lambda m, n=n: agrees(m, n)).sum()) for n in counts.index}
+    name = str(sorted(counts.index, key=lambda n: (-agreeing[n], -counts[n], len(members(n)), n))[0])
+    best = matched[matched[column].map(lambda m: agrees(m, name))]
     golden_err = _num(best, f"{column}_golden_err")
     example = best.loc[golden_err.idxmax()] if golden_err.notna().any() else best.iloc[0]
-    known = library.get(name)
-    title = known.title if known else name
-    lead = f"{what} a known mistake,"
-    if column == "grad_diagnosis" and name in MISTAKES and name not in BACKWARD_MISTAKES:
+    known = [library[n] for n in members(name) if n in library]
+    title = title_of(name, library)
+    lead = f"{what} a known mistake," if len(members(name)) < 2 else \
+        f"{what} known mistakes its inputs cannot tell apart,"
+    if column == "grad_diagnosis" and all(n in MISTAKES and n not in BACKWARD_MISTAKES for n in members(name)):
         lead = "no backward mistake explains its gradients: they are those of the forward's mistake, differentiated,"
     finding.update(diagnosis=name, diagnosis_title=title, diagnosis_cells=int(len(best)),
                    diagnosis_err=_float(example.get(f"{column}_err")),
                    diagnosis_golden_err=_float(example.get(f"{column}_golden_err")))
-    others = [f"{n} ({int(counts[n])})" for n in counts.index if n != name]
+    others = [f"{n} ({int(counts[n])})" for n in counts.index if not agrees(n, name)]
     text = (f" Diagnosis: in {len(best)} of {len(cells)} diagnosed cell(s) {lead} "
             f"{title} (RMSE {_fmt(finding['diagnosis_err'])} against it, {_fmt(finding['diagnosis_golden_err'])} "
             f"against the correct golden, at {example['id']}).")
-    if known:
-        text += f" {known.what} Usually {known.where}"
+    for m in known:
+        text += f" {m.what} Usually {m.where}"
         if not text.endswith("."):
             text += "."
     if others:

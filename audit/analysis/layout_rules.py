@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..core.defects import crosses_documents, reads_unused_slots
+from ..core.diagnosis_names import members, title_of
 from .finding_rows import _finding, _num, _ok, _per_variant, _rows_where, _where
 
 
@@ -29,21 +30,29 @@ def check_paged_reads(frame: pd.DataFrame) -> list[dict]:
     rows = ok[_rows_where(ok, reads_unused_slots)]
 
     def make(variant: str, g: pd.DataFrame) -> dict:
-        names = [n for n in g.get("paged_diagnosis", pd.Series(dtype=object)).dropna().astype(str) if n != "none"]
+        names = [n for n in g.get("paged_diagnosis", pd.Series(dtype=object)).dropna().astype(str) if members(n)]
         found, named = ".", {"diagnosis": "none", "diagnosis_cells": 0}
         if names:
-            top = max(set(names), key=names.count)
-            m = PAGED_MISTAKES[top]
-            found = (f". Diagnosis: in {names.count(top)} of {len(g)} cell(s) the output matches a known mistake, "
-                     f"{m.title}: {m.what} Usually {m.where}")
+            top = max(sorted(set(names)), key=names.count)
+            title = title_of(top, PAGED_MISTAKES)
+            what = "a known mistake" if len(members(top)) < 2 else "known mistakes its inputs cannot tell apart"
+            found = (f". Diagnosis: in {names.count(top)} of {len(g)} cell(s) the output matches {what}, {title}: "
+                     + _explained([PAGED_MISTAKES[n] for n in members(top) if n in PAGED_MISTAKES]))
             errs = _num(g[g["paged_diagnosis"] == top], "paged_diagnosis_err")
-            named = {"diagnosis": top, "diagnosis_title": m.title, "diagnosis_cells": names.count(top),
+            named = {"diagnosis": top, "diagnosis_title": title, "diagnosis_cells": names.count(top),
                      "diagnosis_err": float(errs.min()), "diagnosis_golden_err": None}
         return {**_finding("paged_reads", "error", variant,
                            f"{variant} reads slots of its paged KV cache that no sequence uses in {len(g)} cell(s): "
                            f"its output changes by up to {_num(g, 'paged_unread_max_change').max():.3g} with their "
                            f"contents ({_where(g)}); on a fresh pool their zeros hide it{found}", g["id"]), **named}
     return _per_variant(rows, make)
+
+
+def _explained(known: list) -> str:
+    """What each paged mistake does and where it usually sits, one after another (the last without its
+    closing period: the finding's message ends there)."""
+    texts = [f"{m.what} Usually {m.where}" for m in known]
+    return " ".join(t if i == len(texts) - 1 or t.endswith(".") else t + "." for i, t in enumerate(texts))
 
 
 def check_invariance(frame: pd.DataFrame) -> list[dict]:

@@ -16,9 +16,13 @@ on the cell's own inputs, on a bounded subset of the golden's (batch, head) slic
 - the variant's output is nearer to it than to the golden, with at least one compared row
   finite in both (a NaN pattern alone is no evidence).
 
-The best match (smallest error) wins, except that the matches whose outputs are within their
-tolerance of the best's (the two mistakes are indistinguishable on this cell) tie with it, and
-a tie goes to the higher specificity, then to the mistake registered first.
+Every match is named (named_matches): a mistake is named alone only where no other explains the
+output, and where two do (two budgets overlap, or the two are the same on this cell's inputs) the
+diagnosis says both, "a or b" (core.diagnosis_names), in the order registered, never the one
+whose error came out smaller in the last bits. A mistake the cell cannot tell from a match (its
+output within their tolerances of the match's) is named with it though its own error was just
+over its budget; and of two mistakes the cell cannot tell apart, the more specific (a special
+case of the other, or not fitted) is named alone.
 
 A cell no mistake matches is diagnosed again on its leak probes when the caller can run the
 variant (diagnose_cell's `call`): the keys some rows must not see changed, by enough that their
@@ -33,6 +37,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
+from ..core.diagnosis_names import NONE, joined, members
 from ..workload.backward_mistakes import BACKWARD_MISTAKES, backward_of, full_groups
 from ..workload.inputs import Inputs, read_as_contiguous, torch_dtype
 from ..workload.mistakes import MISTAKES, Attempt, Mistake, sq_diff
@@ -67,6 +72,33 @@ class Diagnosis:
     # every evaluated mistake: (err against it, its distance from the golden, its tolerance, matched)
     scores: dict[str, tuple[float, float, float, bool]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)   # mistakes whose function raised
+
+
+@dataclass
+class Candidate:
+    """A mistake compared with a variant's result: whether it matched, how well (score: smaller is
+    better), and its own result (evidence: what `close` compares between two candidates)."""
+
+    name: str
+    order: int                             # registration order
+    specificity: int
+    score: float
+    matched: bool
+    evidence: Any = None
+
+
+def named_matches(candidates: list[Candidate], close: Callable[[Candidate, Candidate], bool]) -> list[Candidate]:
+    """The candidates a diagnosis names, in registration order: every match; every candidate the
+    cell cannot tell from a match (close: their results within tolerance of each other); less those
+    the cell cannot tell from a more specific one so named (a fitted pairing that came out as the
+    interleaved one, causal ignored where bottom-right alignment sees every key). [] when none
+    matched. The name is core.diagnosis_names.joined of theirs."""
+    matched = [c for c in candidates if c.matched]
+    if not matched:
+        return []
+    tied = matched + [c for c in candidates if not c.matched and any(close(c, m) for m in matched)]
+    kept = [c for c in tied if not any(o.specificity > c.specificity and close(c, o) for o in tied)]
+    return sorted(kept, key=lambda c: c.order)
 
 
 def _rmse(x: Any, y: Any, rows: Any) -> float:
@@ -114,12 +146,12 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
     within = (torch.ones(shape, dtype=torch.bool, device=observed.device) if within is None
               else within.expand(shape))                                     # (b, h, Tq)
     seen = attempt.seen().expand(shape) & within
-    result = Diagnosis("none", None, error_vs_reference(observed, golden_out, seen)["rmse"], tol)
+    result = Diagnosis(NONE, None, error_vs_reference(observed, golden_out, seen)["rmse"], tol)
     if attempt.observed is None:
         attempt.observed = observed
     twin = attempt.in_dtype()                                                # q, k, v in the cell dtype
     finite_obs = torch.isfinite(observed).all(-1)                            # (b, h, Tq)
-    matches = []
+    candidates = []
     for order, m in enumerate((MISTAKES if mistakes is None else mistakes).values()):
         try:
             in_dtype = m.precision == "cell"
@@ -146,16 +178,18 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
                 continue
             if math.isfinite(own):
                 tol_m = max(tol, BUDGET_FACTOR * own + BUDGET_ATOL[attempt.dtype])
-        ok = err <= tol_m and dist > tol + tol_m and err < _rmse(observed, golden_out, rows)
+        distinct = dist > tol + tol_m
+        ok = err <= tol_m and distinct and err < _rmse(observed, golden_out, rows)
         result.scores[m.name] = (err, dist, tol_m, ok)
-        if ok:
-            matches.append((err, -m.specificity, order, m.name, out, rows, tol_m))
-    if matches:
-        best = min(matches, key=lambda t: t[:3])
-        tied = [t for t in matches if t is best or
-                _rmse(t[4], best[4], t[5] & best[5]) <= max(t[6], best[6])]   # indistinguishable here
-        name = min(tied, key=lambda t: (t[1], t[2]))[3]
-        result.name, result.err = name, result.scores[name][0]
+        if distinct:
+            candidates.append(Candidate(m.name, order, m.specificity, err, ok, (out, rows, tol_m)))
+
+    def close(a: Candidate, b: Candidate) -> bool:                           # indistinguishable here
+        (out_a, rows_a, tol_a), (out_b, rows_b, tol_b) = a.evidence, b.evidence
+        return _rmse(out_a, out_b, rows_a & rows_b) <= max(tol_a, tol_b)
+    named = named_matches(candidates, close)
+    if named:
+        result.name, result.err = joined(c.name for c in named), min(c.score for c in named)
     return result
 
 
@@ -364,9 +398,8 @@ def diagnose_grads(attempt: Attempt, golden: dict[str, Any], observed: dict[str,
     than its tolerance and the budget together from the golden's: no correct gradient can be
     within both), and the gradients are nearer to it than to the golden's (in tolerances). A
     mistake's tolerance on a gradient is the budget's times how much larger its gradient is than
-    the right one (its own rounding grows with it). The best match (the
-    smallest largest error in tolerances) wins; matches whose gradients are within tolerance of
-    the best's tie with it, and a tie goes to the higher specificity, then to the first registered."""
+    the right one (its own rounding grows with it). Every match is named, with the mistakes whose
+    gradients are within tolerance of a match's (named_matches: the forward's rule)."""
     kv = full_groups(attempt)
     names = ["dq"] + (["dk", "dv"] if kv else [])
 
@@ -377,8 +410,8 @@ def diagnose_grads(attempt: Attempt, golden: dict[str, Any], observed: dict[str,
     obs = {g: pick(observed, g) for g in names}
     size = {g: _grad_rmse(gold[g], gold[g] * 0.0) for g in names}
     golden_err = {g: _grad_rmse(obs[g], gold[g]) for g in names}
-    result = GradDiagnosis("none", None, max(golden_err.values()), names)
-    matches = []
+    result = GradDiagnosis(NONE, None, max(golden_err.values()), names)
+    candidates = []
     for order, m in enumerate((BACKWARD_MISTAKES if mistakes is None else mistakes).values()):
         try:
             grads = memo_run(memo, tag + (m.name,), m.fn, attempt)
@@ -393,19 +426,17 @@ def diagnose_grads(attempt: Attempt, golden: dict[str, Any], observed: dict[str,
         own = {g: tol[g] * max(1.0, _grad_rmse(mine[g], mine[g] * 0.0) / size[g]) if size[g] else tol[g]
                for g in names}
         per = {g: (_grad_rmse(obs[g], mine[g]), _grad_rmse(mine[g], gold[g]), own[g]) for g in names}
-        ok = (all(err <= t for err, _, t in per.values())
-              and any(dist > tol[g] + t for g, (_, dist, t) in per.items())
+        distinct = any(dist > tol[g] + t for g, (_, dist, t) in per.items())
+        ok = (all(err <= t for err, _, t in per.values()) and distinct
               and sum(err / t for err, _, t in per.values()) < sum(golden_err[g] / tol[g] for g in names))
         result.scores[m.name] = (per, ok)
-        if ok:
-            matches.append((max(err / t for err, _, t in per.values()), -m.specificity, order, m.name, mine))
-    if matches:
-        best = min(matches, key=lambda t: t[:3])
-        tied = [t for t in matches if t is best
-                or all(_grad_rmse(t[4][g], best[4][g]) <= tol[g] for g in names)]
-        name = min(tied, key=lambda t: (t[1], t[2]))[3]
-        result.name = name
-        result.err = max(err for err, _, _ in result.scores[name][0].values())
+        if distinct:
+            candidates.append(Candidate(m.name, order, m.specificity, max(err for err, _, _ in per.values()), ok,
+                                        mine))
+    named = named_matches(candidates, lambda a, b: all(_grad_rmse(a.evidence[g], b.evidence[g]) <= tol[g]
+                                                       for g in names))
+    if named:
+        result.name, result.err = joined(c.name for c in named), min(c.score for c in named)
     return result
 
 
@@ -494,20 +525,21 @@ def forward_mistake_grads(a: Attempt, name: str) -> dict[str, Any] | None:
 
 def diagnose_grads_as_forward(evidence: GradEvidence, inputs: Inputs, ref: Any, dtype: str, forward: str,
                               out: Any) -> dict[str, Any] | None:
-    """The gradient diagnosis columns naming the forward's mistake `forward`, where the cell's
-    gradients (evidence) match that mistake's own gradients (forward_mistake_grads) by
-    diagnose_grads' rule and budgets; None where they do not. out: the variant's (B, H, Tq, d)
-    output (a mistake fitted to it, e.g. the form of a document-range mistake, is fitted again)."""
+    """The gradient diagnosis columns naming the forward's mistake `forward` (a diagnosis: one name,
+    or several the cell could not tell apart, each tried), where the cell's gradients (evidence)
+    match that mistake's own gradients (forward_mistake_grads) by diagnose_grads' rule and budgets;
+    None where they do not. out: the variant's (B, H, Tq, d) output (a mistake fitted to it, e.g.
+    the form of a document-range mistake, is fitted again)."""
     import torch
-    mistake = MISTAKES.get(forward)
-    if mistake is None:
+    entries = {name: replace(MISTAKES[name], fn=lambda a, name=name: forward_mistake_grads(a, name))
+               for name in members(forward) if name in MISTAKES}
+    if not entries:
         return None
     with torch.no_grad():
         attempt = attempt_for(inputs, evidence.batches, evidence.heads, alignment=ref.alignment, dtype=dtype,
                               observed=out)
         attempt.grad_out = evidence.grad_out
-    entry = replace(mistake, fn=lambda a: forward_mistake_grads(a, forward))
-    found = diagnose_grads(attempt, evidence.golden, evidence.observed, evidence.tol, mistakes={forward: entry})
-    if found.name != forward:
+    found = diagnose_grads(attempt, evidence.golden, evidence.observed, evidence.tol, mistakes=entries)
+    if found.name == NONE:
         return None
-    return {"grad_diagnosis": forward, "grad_diagnosis_err": found.err, "grad_diagnosis_golden_err": found.golden_err}
+    return {"grad_diagnosis": found.name, "grad_diagnosis_err": found.err, "grad_diagnosis_golden_err": found.golden_err}

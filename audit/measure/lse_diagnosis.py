@@ -13,8 +13,10 @@ lse_outside_budget), on the diagnosis slices of measure.diagnosis, in float64:
 A mistake matches when every comparison it can make is within its tolerance (the budget of
 that comparison: 2 × the baseline's RMSE + atol, measure.diagnosis.tolerance), it is
 distinguishable (further than two tolerances from the right answer on one of them) and the
-variant is nearer to it than to the right answer. The nearest match wins; ties go to the higher
-specificity, then to the first registered.
+variant is nearer to it than to the right answer. Every match is named, with the mistakes the
+cell cannot tell from one (their results within tolerance of each other on every comparison), as
+the output's diagnosis names them (measure.diagnosis.named_matches): "a or b", never the one whose
+error came out smaller in the last bits.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from ..workload.backward_mistakes import full_groups
 from ..workload.lse_mistakes import LSE_GRAD_MISTAKES, LSE_MISTAKES, lse_grads_of, lse_of
 from ..workload.mistakes import Attempt, sq_diff
 from ..workload.variants import apply_sinks_by_lse
-from .diagnosis import attempt_for, diagnosis_slices, tolerance
+from ..core.diagnosis_names import NONE, joined
+from .diagnosis import Candidate, attempt_for, diagnosis_slices, named_matches, tolerance
 from .lse import keys_only_lse, merge_partials, split_point
 from .mistake_memo import run as memo_run
 from .numerics import GRAD_BUDGET_FACTOR
@@ -117,7 +120,7 @@ def diagnose_lse_cell(cell: Any) -> dict[str, Any]:
                       lambda m: {"lse": (lambda: memo_run(memo, tag + ("lse", m.name), m.fn, a)),
                                  "merge": (lambda: memo_run(memo, tag + ("merge", m.name),
                                                             lambda x: _merged(x, m.fn), a))})
-    name, err, golden_err = found if found is not None else ("none", None, _golden_err(comparisons))
+    name, err, golden_err = found if found is not None else (NONE, None, _golden_err(comparisons))
     return {"lse_diagnosis": name, "lse_diagnosis_err": err, "lse_diagnosis_golden_err": golden_err}
 
 
@@ -132,7 +135,7 @@ def diagnose_lse_grads_cell(cell: Any) -> dict[str, Any]:
         a = attempt_for(inputs, batches, heads, alignment=ref.alignment, dtype=cell.case.dtype)
         found = _grad_match(cell, a, b_index, pick, ("lse_grad", cell.case.dtype, tuple(batches), tuple(heads)))
     if found is None:
-        return {"lse_grad_diagnosis": "none", "lse_grad_diagnosis_err": None, "lse_grad_diagnosis_golden_err": None}
+        return {"lse_grad_diagnosis": NONE, "lse_grad_diagnosis_err": None, "lse_grad_diagnosis_golden_err": None}
     name, err, golden_err = found
     return {"lse_grad_diagnosis": name, "lse_grad_diagnosis_err": err, "lse_grad_diagnosis_golden_err": golden_err}
 
@@ -143,10 +146,11 @@ def _golden_err(comparisons: dict) -> float | None:
 
 
 def _best(comparisons: dict, mistakes: dict, evaluate: Any) -> tuple[str, float, float] | None:
-    """(name, err against it, err against the right answer) of the best-matching mistake, or None."""
-    matches = []
+    """(name, err against it, err against the right answer) of the matching mistakes (one, or
+    several the cell cannot tell apart, joined), or None."""
+    candidates = []
     for order, m in enumerate(mistakes.values()):
-        scores = []
+        scores, mines = [], {}
         for kind, (observed, right, rows, tol) in comparisons.items():
             try:
                 mine = evaluate(m)[kind]()
@@ -154,19 +158,25 @@ def _best(comparisons: dict, mistakes: dict, evaluate: Any) -> tuple[str, float,
                 mine = None
             if mine is None:
                 continue
+            mines[kind] = mine
             scores.append((_rmse(observed, mine, rows), _rmse(mine, right, rows), _rmse(observed, right, rows), tol))
         if not scores:
             continue
-        ok = (all(err <= tol for err, _, _, tol in scores)
-              and any(dist > 2 * tol for _, dist, _, tol in scores)
+        distinct = any(dist > 2 * tol for _, dist, _, tol in scores)
+        ok = (all(err <= tol for err, _, _, tol in scores) and distinct
               and all(err < golden for err, _, golden, _ in scores))
-        if ok:
-            worst = max(err / tol for err, _, _, tol in scores)
-            matches.append((worst, -m.specificity, order, m.name, max(s[0] for s in scores), max(s[2] for s in scores)))
-    if not matches:
+        if distinct:
+            candidates.append(Candidate(m.name, order, m.specificity, max(s[0] for s in scores), ok,
+                                        (mines, max(s[2] for s in scores))))
+
+    def close(a: Candidate, b: Candidate) -> bool:      # within tolerance on every comparison both make
+        kinds = set(a.evidence[0]) & set(b.evidence[0])
+        return bool(kinds) and all(_rmse(a.evidence[0][k], b.evidence[0][k], comparisons[k][2]) <= comparisons[k][3]
+                                   for k in kinds)
+    named = named_matches(candidates, close)
+    if not named:
         return None
-    best = min(matches)
-    return best[3], best[4], best[5]
+    return joined(c.name for c in named), min(c.score for c in named), max(c.evidence[1] for c in named)
 
 
 def _grad_match(cell: Any, a: Attempt, b_index: Any, pick: Any, tag: tuple = ()) -> tuple[str, float, float] | None:
@@ -186,7 +196,7 @@ def _grad_match(cell: Any, a: Attempt, b_index: Any, pick: Any, tag: tuple = ())
 
     tol = {g: tolerance(cell.ref.baseline_extra.get(f"lse_{g}"), cell.case.dtype, sel(right, g),
                         factor=GRAD_BUDGET_FACTOR[g]) for g in names}
-    matches = []
+    candidates = []
     for order, m in enumerate(LSE_GRAD_MISTAKES.values()):
         try:
             mine = memo_run(memo, tag + (m.name,), m.fn, a)
@@ -196,13 +206,14 @@ def _grad_match(cell: Any, a: Attempt, b_index: Any, pick: Any, tag: tuple = ())
             continue
         per = {g: (_rmse(sel(observed, g), sel(mine, g)), _rmse(sel(mine, g), sel(right, g)),
                    _rmse(sel(observed, g), sel(right, g))) for g in names}
-        ok = (all(err <= tol[g] for g, (err, _, _) in per.items())
-              and any(dist > 2 * tol[g] for g, (_, dist, _) in per.items())
+        distinct = any(dist > 2 * tol[g] for g, (_, dist, _) in per.items())
+        ok = (all(err <= tol[g] for g, (err, _, _) in per.items()) and distinct
               and all(err < golden for err, _, golden in per.values()))
-        if ok:
-            matches.append((max(per[g][0] / tol[g] for g in names), -m.specificity, order, m.name,
-                            max(p[0] for p in per.values()), max(p[2] for p in per.values())))
-    if not matches:
+        if distinct:
+            candidates.append(Candidate(m.name, order, m.specificity, max(p[0] for p in per.values()), ok,
+                                        (mine, max(p[2] for p in per.values()))))
+    named = named_matches(candidates, lambda x, y: all(_rmse(sel(x.evidence[0], g), sel(y.evidence[0], g)) <= tol[g]
+                                                       for g in names))
+    if not named:
         return None
-    best = min(matches)
-    return best[3], best[4], best[5]
+    return joined(c.name for c in named), min(c.score for c in named), max(c.evidence[1] for c in named)

@@ -4,15 +4,18 @@ The variant is called on two pools holding the cell's used keys and values where
 different finite values (seeded N(0, 1) · 4) in every other slot: a kernel that never reads those
 slots returns the same output on both. Where it does not, each paged mistake
 (workload/paged_mistakes.py: which table row and how many slots it reads) is computed in float64
-on the first pool, and the one the output matches within the cell's error budget is named.
+on the first pool, and the one the output matches within the cell's error budget is named (every
+one that matches, and those the cell cannot tell from one: measure.diagnosis.named_matches).
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from ..core.diagnosis_names import joined
 from ..workload.paged_mistakes import PAGED_MISTAKES
 from ..workload.packing import gather_dense, pool_from_dense
+from .diagnosis import Candidate, named_matches
 from .numerics import budget_bound, changed_max
 
 POISON_SEEDS = (97, 98)     # the two fills of the slots a kernel must not read
@@ -73,14 +76,18 @@ def paged_reads_columns(cell: Any) -> dict[str, Any]:
     bound = budget_bound(base if base is not None and math.isfinite(base) else 0.0, cell.case.dtype)
     observed = outs[0].double()
     golden = mistaken_output(cell.q, *pools[0], layout, lambda b, used, *_: (b, used), kwargs.get("scale"))
-    best, best_err = "none", None
-    for name, m in PAGED_MISTAKES.items():
+    candidates = []
+    for order, (name, m) in enumerate(PAGED_MISTAKES.items()):
         expected = mistaken_output(cell.q, *pools[0], layout, m.reads, kwargs.get("scale"))
         own = mistaken_output(cell.q, *pools[0], layout, m.reads, kwargs.get("scale"), cell.q.dtype)
         err = float(((observed - expected) ** 2).mean().sqrt())
         tolerance = max(bound, budget_bound(float(((own - expected) ** 2).mean().sqrt()), cell.case.dtype))
-        distinct = float(((golden - expected) ** 2).mean().sqrt()) > 2 * tolerance
-        if distinct and err <= tolerance and (best_err is None or err < best_err):
-            best, best_err = name, err
-    columns.update(paged_diagnosis=best, paged_diagnosis_err=best_err)
+        if float(((golden - expected) ** 2).mean().sqrt()) > 2 * tolerance:           # distinguishable
+            candidates.append(Candidate(name, order, 1, err, err <= tolerance, (expected, tolerance)))
+
+    def close(a: Candidate, b: Candidate) -> bool:
+        return float(((a.evidence[0] - b.evidence[0]) ** 2).mean().sqrt()) <= max(a.evidence[1], b.evidence[1])
+    named = named_matches(candidates, close)
+    columns.update(paged_diagnosis=joined(c.name for c in named),
+                   paged_diagnosis_err=min((c.score for c in named), default=None))
     return columns

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from ..analysis.findings import INPUT_SATURATION, SATURATION_EXCESS, UNDERFLOW_FRAC
 from ..core.defects import LEAK_OVER_NOISE
+from ..core.diagnosis_names import NONE, agrees, members
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..measure.cellcache import build_reference
@@ -143,12 +144,12 @@ def _rediagnosed(defect: bool, lines: list[str], measured: dict, recorded: dict,
     `found`) is made again: it must name the mistake the audit recorded in `column`."""
     measured.update({k: found[k] for k in (column, f"{column}_err", f"{column}_golden_err")})
     name = found[column]
-    if name == "none":
+    if name == NONE:
         lines.append(f"diagnosis: no known mistake matches {of}")
     else:
         lines.append(f"diagnosis: {of} matches the known mistake {name} (RMSE {found[f'{column}_err']:.4g} "
                      f"against it, {found[f'{column}_golden_err']:.4g} against the correct golden)")
-    same = name == recorded[column]
+    same = agrees(recorded[column], name)        # "a or b" holds where a (or b) is named again
     if not same:
         lines.append(f"the audit diagnosed {recorded[column]}: the diagnosis no longer holds")
     return defect and same, lines, measured
@@ -238,7 +239,7 @@ def verify_grad_error_budget(case: Any, inputs: Any, load_variant: Callable, rec
     if recorded.get("grad_diagnosis") is None:
         return defect, lines, measured
     found, evidence = diagnose_grads_cell(grads, inputs, ref, case.dtype)
-    if found["grad_diagnosis"] == "none" and recorded.get("diagnosis") not in (None, "none"):
+    if found["grad_diagnosis"] == NONE and members(recorded.get("diagnosis")):
         found = diagnose_grads_as_forward(evidence, inputs, ref, case.dtype, recorded["diagnosis"], out) or found
     return _rediagnosed(defect, lines, measured, recorded, found, "grad_diagnosis", "the gradients")
 

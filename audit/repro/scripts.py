@@ -23,6 +23,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
+from ..core.diagnosis_names import agrees, members
 from ..core.referee import REFEREE_COLUMNS, failed_checks
 from ..core.runfolder import FINDINGS_FILE, REPRO_DIR, RUN_FILE
 
@@ -108,7 +109,7 @@ def ranked_cells(finding: dict, by_id: dict[str, dict]) -> list[dict]:
                                             *(-x for x in key(r))))
     named = finding.get("diagnosis")     # a diagnosed finding: shown on a cell of its diagnosis first
     column = {"grad_error_budget": "grad_diagnosis", "paged_reads": "paged_diagnosis"}.get(finding["check"], "diagnosis")
-    return sorted(cells, key=lambda r: (named not in (None, "none") and r.get(column) != named,
+    return sorted(cells, key=lambda r: (bool(members(named)) and not agrees(r.get(column), named),
                                         *(-x for x in key(r))))
 
 

@@ -47,7 +47,7 @@ from typing import Any
 from .inputs import causal_offset
 from .packing import v_at_k_stride
 from .mistake_base import (MISTAKES, PRECISIONS, ROWS, _SAME, Attempt, Member, Mistake, family_members,  # noqa: F401
-                           mistake, mistake_family, register, sq_diff)
+                           mistake, mistake_family, nearest_form, register, sq_diff)
 
 
 # --------------------------------------------------------------------------- GQA
@@ -204,7 +204,7 @@ def fully_masked_uniform(a: Attempt) -> Any:
     fills = [torch.where(empty, f, out) for f in forms]
     if a.observed is None or len(fills) == 1:
         return fills[-1]
-    return min(fills, key=lambda f: float(sq_diff(f, a.observed).sum()))     # the form it uses
+    return nearest_form(fills, a.observed)                                   # the form it uses
 
 
 @mistake("zero_keys_as_padding", title="all-zero keys taken for padding",
@@ -438,7 +438,6 @@ def document_ranges(a: Attempt, *, key_start: int = 0, key_end: int = 0, query_s
     """A member of the document-range family: the documents' key ranges or query boundaries off by
     one (_document_ranges); of its two forms (keys within the row, or over the flattened tokens),
     the one nearer the variant's output when there is one to compare with."""
-    import torch
     if a.cu_seqlens is None or not a.batches:
         return None
     forms = [_document_ranges(a, key_start=key_start, key_end=key_end, query_shift=query_shift,
@@ -446,11 +445,9 @@ def document_ranges(a: Attempt, *, key_start: int = 0, key_end: int = 0, query_s
              for flat in ((False, True) if a.flat_kv is not None else (False,))]
     if a.observed is None or len(forms) == 1:
         return forms[0]
-    # compared where every form has a key (a row one form empties is NaN there, and not compared
-    # by the diagnosis): the forms differ only where a document's range crosses its row's end
-    rows = torch.stack([torch.isfinite(f).all(-1) for f in forms]).all(0)               # (b, h, T)
-    rows &= torch.isfinite(a.observed).all(-1)
-    return min(forms, key=lambda f: float(sq_diff(f.detach(), a.observed)[rows].sum()))
+    # the forms differ only where a document's range crosses its row's end, where one of them may
+    # leave a query no key: compared there too, by the variant's convention (nearest_form)
+    return nearest_form(forms, a.observed)
 
 
 WINDOW_BOUNDS = (
