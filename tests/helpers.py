@@ -58,3 +58,11 @@ def out_only(variant):
         result = fn(*args, **kwargs)
         return result[0] if isinstance(result, tuple) else result
     return call
+
+
+def platform_skipped(rec) -> bool:
+    """A cell torch refuses on this machine (core.errors.PLATFORM_REFUSALS: compiled flex under
+    ATEN_CPU_CAPABILITY=default, CPU flash attention's bf16 packing without the AVX-512 capability):
+    skipped with torch's words, as such a cell must be."""
+    from audit.core.errors import refused_by_platform
+    return rec["status"] == "skipped" and refused_by_platform(rec["reason"])

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..core.errors import BackwardUnsupported
+from ..core.errors import BackwardUnsupported, skip_platform_refusals
 from ..core.grid import Case
 from ..core.timesplit import PhaseClock
 from ..core.noise import SamplingRule
@@ -147,10 +147,12 @@ class _Cell(CellState):
         self.lse_loss_grads = self.grad_evidence = None
 
 
+@skip_platform_refusals()
 def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
                  preset: Preset, *, ceilings: dict | None = None, meter: Any = None,
                  builds: "BuildCache | None" = None, phases: PhaseClock | None = None) -> dict[str, Any]:
-    """Measure one cell; return the measurement columns. Raises Unsupported/CellSkipped.
+    """Measure one cell; return the measurement columns. Raises Unsupported/CellSkipped (torch's
+    refusal of this machine as PlatformRefusal, an Unsupported: core.errors.PLATFORM_REFUSALS).
 
     ceilings: the run's measured limits for this device (roofline columns);
     meter: a energy.EnergyMeter for CUDA cells (energy and power columns);

@@ -1,6 +1,6 @@
 """What a cell asks of the plan beyond its calls: whether a built-in variant refuses it (skipped in
 milliseconds), the extra forwards of its leak probes and masked rows, a paged call (forward only), and
-the invariance checks' compiles. Pure functions of the Case and its shape (costmodel.CellShape)."""
+the invariance checks' compiles. Pure functions of the Case and its shape (cell_shape.CellShape)."""
 from __future__ import annotations
 
 from typing import Any
@@ -24,14 +24,16 @@ def declared_refusal(case: Case) -> str | None:
 
 
 def predicted_unsupported(case: Case, shape: Any) -> str | None:
-    """Cells a forced SDPA backend refuses (design.md §5, §5b), and those a built-in variant
+    """Cells a forced SDPA backend refuses (design.md §5, §5b), those a built-in variant
     declares it cannot run (variants.Variant.refusal: soft-capping on SDPA, the GQA control on
-    multi-head cells): skipped in milliseconds."""
+    multi-head cells), and those torch refuses on this machine (platform_limits: compiled flex on a
+    CPU Inductor's flex lowering refuses): skipped in milliseconds."""
     from ..workload.inputs import cell_needs
+    from ..workload.platform_limits import predicted_refusal
     from ..workload.variants import builtin_variants
     builtin = builtin_variants().get(case.variant)
     refusal = builtin.refusal(cell_needs(case)) if builtin is not None else None
-    if refusal:
+    if refusal or (refusal := predicted_refusal(case.variant, case.device)):
         return refusal
     v, dev = case.variant, device_type(case.device)
     form = SCENARIOS[case.scenario].form            # the layout this cell hands a variant taking it

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..core.errors import PlatformRefusal
+from .platform_limits import compiled_flex_refusal
+
 RECOMPILE_LIMIT = 1024   # a safety margin: each build compiles its own copy of the function
 
 
@@ -65,6 +68,23 @@ def _compiled_fn(fn: Callable[..., Any], options: dict | None, *, fullgraph: boo
     fn = _private_copy(fn)
     extra = {"options": options} if options else {}
     return torch.compile(fn, dynamic=False, fullgraph=fullgraph, **extra)
+
+
+def compiled_flex_attention() -> Callable[..., Any]:
+    """torch.compile(flex_attention, fullgraph=True) (_compiled_fn) that refuses, before compiling, a
+    CPU whose lowering torch refuses (platform_limits.compiled_flex_refusal): PlatformRefusal, the
+    words torch's own refusal would give after a second or more of tracing."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    compiled = _compiled_fn(flex_attention, None, fullgraph=True)
+    cpu_refusal = compiled_flex_refusal("cpu")             # the machine does not change under a run
+
+    def call(q: Any, *args: Any, **kwargs: Any) -> Any:
+        if cpu_refusal is not None and q.device.type == "cpu":
+            raise PlatformRefusal(cpu_refusal)
+        return compiled(q, *args, **kwargs)
+
+    return call
 
 
 def fused_attention_count() -> int:

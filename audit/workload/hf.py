@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from ..core.errors import BackwardUnsupported, Unsupported, UsageError
 from .inputs import causal_keep
+from .platform_limits import compiled_flex_refusal
 
 HF_PREFIX = "hf:"
 EAGER = "eager"     # not registered in ALL_ATTENTION_FUNCTIONS: each model defines its own
@@ -87,6 +88,8 @@ def unavailable(name: str, device: str | None = None) -> str | None:
             return f"transformers' {name} needs {package}, which is not installed here"
         if device is not None and not device.startswith("cuda"):
             return f"transformers' {name} runs on CUDA only"
+    if name == "flex_attention" and device is not None:      # it compiles flex: a CPU Inductor refuses
+        return compiled_flex_refusal(device)
     return None
 
 

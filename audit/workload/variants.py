@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from ..core.errors import BackwardUnsupported, Unsupported, UsageError
-from .compiling import (_compiled_fn, _private_copy, compiled_graph_count, configure_dynamo,  # noqa: F401
-                        fused_attention_count, graph_break_count)
+from .compiling import (_compiled_fn, _private_copy, compiled_flex_attention, compiled_graph_count,  # noqa: F401
+                        configure_dynamo, fused_attention_count, graph_break_count)
 from .controls import (BACKWARD_CONTROLS, LSE_CONTROLS, broken_lse_base2, broken_lse_no_grad, broken_sink_ignored,
                        broken_sink_ignored_probs,
                        broken_clamped_probs, broken_gqa_wrong_head_probs, broken_mask_after_softmax_probs,
@@ -202,7 +202,7 @@ def _flex(compiled_flex: bool = True) -> AttentionFn:
     import torch
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
-    compiled = _compiled_fn(flex_attention, None, fullgraph=True) if compiled_flex else flex_attention
+    compiled = compiled_flex_attention() if compiled_flex else flex_attention   # torch's refusals first
     block_mask_for: list = []     # [(mask tensor, causal, BlockMask)]: the last one built
 
     def call(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None, cu_seqlens=None,

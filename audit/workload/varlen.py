@@ -259,8 +259,8 @@ def paged_flex(compiled_flex: bool = True) -> Any:
     from torch.nn.attention.experimental._paged_attention import PagedAttention
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from .compiling import _compiled_fn
-    run = _compiled_fn(flex_attention, None, fullgraph=True) if compiled_flex else flex_attention
+    from .compiling import compiled_flex_attention
+    run = compiled_flex_attention() if compiled_flex else flex_attention     # refuses where torch does
     held: dict[str, tuple] = {}
 
     def physical(name: str, pool: Any) -> Any:
