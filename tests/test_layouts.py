@@ -14,6 +14,7 @@ import torch
 
 from audit.core.errors import UsageError
 from audit.core.grid import Case
+from tests.helpers import platform_skipped
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "plugins"
@@ -168,7 +169,9 @@ def test_a_paged_kernel_reading_the_extra_page_or_another_row_is_caught_and_name
     recs = _run([_cell(v, "paged") for v in ("paged_gather", "paged_flex", "sdpa", "broken.paged_extra_page",
                                              "broken.paged_wrong_sequence")])
     by = {r["variant"]: r for r in recs.values()}
-    for right in ("paged_gather", "paged_flex"):
+    refused = [f"{r['variant']}: {r['reason']}" for r in by.values() if platform_skipped(r)]
+    assert not refused or refused == [f"paged_flex: {by['paged_flex']['reason']}"], refused
+    for right in ("paged_gather", "paged_flex") if not refused else ("paged_gather",):
         assert by[right]["paged_unread_max_change"] == 0.0 and by[right]["within_budget"], by[right]["reason"]
     assert by["paged_gather"]["page_size"] == 16 and by["sdpa"]["paged_unread_max_change"] is None
     assert by["broken.paged_extra_page"]["paged_diagnosis"] == "reads_past_used"
@@ -178,6 +181,8 @@ def test_a_paged_kernel_reading_the_extra_page_or_another_row_is_caught_and_name
     assert ("paged_reads", "broken.paged_extra_page") in found
     assert ("paged_reads", "broken.paged_wrong_sequence") in found
     assert not {f for f in found if not f[1].startswith("broken.")}, found
+    if refused:                                   # compiled flex under ATEN_CPU_CAPABILITY=default, say
+        pytest.skip(refused[0])
 
 
 def test_page_edge_lengths_sit_on_and_around_a_page_boundary():
@@ -365,7 +370,7 @@ def test_a_kernel_reading_views_as_contiguous_is_caught_and_named_and_correct_on
     control = [r for r in records.values() if r["variant"] == "broken.strides_ignored"]
     assert len(control) == 6 and all(r["status"] == "ok" and r["within_budget"] is False for r in control)
     assert {r["diagnosis"] for r in control} == {"strides_ignored"}
-    right = [r for r in records.values() if r["variant"] != "broken.strides_ignored"]
+    right = [r for r in records.values() if r["variant"] != "broken.strides_ignored" and not platform_skipped(r)]
     assert all(r["status"] == "ok" and r["within_budget"] and all(r[f"{g}_within_budget"] for g in ("dq", "dk", "dv")) for r in right), [
         (r["id"], r["status"], r["reason"]) for r in right]
     # on contiguous inputs the control reads what it is handed: right
