@@ -339,7 +339,8 @@ def test_the_controls_extra_cells_get_a_small_share_even_when_all_would_fit():
     """Room for every cell: the real ones all run, the controls' self-checks too, and their other
     cells only within CONTROL_EXTRA_SHARE of the time of the cells bought before them (eight
     controls took 9.7% of a cold quick run)."""
-    from audit.plan.budget import CONTROL_EXTRA_SHARE, cell_cost
+    from audit.plan.budget import CONTROL_EXTRA_SHARE
+    from audit.plan.tiers import cell_cost
     real = _speed_grid("eager", dtypes=("fp32", "bf16"), seq_lens=(256, 512, 1024, 2048), batches=(1, 2))
     controls = [Case(c, "cpu", dtype, 32, 64, 1, 2, causal, s) for c in ("broken.unscaled", "broken.clamped")
                 for s in ("normal", "scaled_x4", "padding", "outliers") for dtype in ("fp16", "fp32")

@@ -258,8 +258,8 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     meter = _energy_meter(cases)
     done = records.completed_ids(run_dir)
     todo = [c for c in cases if c.id not in done]
-    if plan is not None:                    # the plan's order: its coverage cells first (budget.run_order)
-        from ..plan.budget import run_order
+    if plan is not None:                    # the plan's order: its coverage cells first (tiers.run_order)
+        from ..plan.tiers import run_order
         by_id = {c.id: c for c in todo}
         todo = [by_id[i] for i in run_order(list(by_id), plan.tier)]
     counts = {"resumed": len(cases) - len(todo)}

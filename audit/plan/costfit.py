@@ -19,9 +19,10 @@ import numpy as np
 from ..core.runfolder import RUN_FILE
 from ..measure.numerics import BACKWARD_FLOP_FACTOR
 from .fitbase import case_of as _case_of, golden_read_s, mean_of_most as _mean_of_most, nnls as _nnls, run_host
-from .costmodel import (CALL_WEIGHT_POWER, COMPILED_VARIANTS, REFEREE_CALLS, REFEREE_DEFAULT_S, CellShape,
-                        CostModel, Params, Settings, call_features, call_variant, cudnn_config, device_type, exposes_weights,
-                        golden_cost_inputs, kernel_key, leak_probe_count, masked_rows_checked, returns_lse)
+from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,
+                         measured_attention)
+from .costmodel import (COMPILED_VARIANTS, REFEREE_CALLS, REFEREE_DEFAULT_S, CostModel, Params, Settings, call_variant,
+                        device_type, kernel_key, leak_probe_count, masked_rows_checked, returns_lse)
 
 
 
@@ -125,7 +126,16 @@ def _fit_noise(runs: list[RunData], out: Params) -> None:
         out.noise_share[dev] = float(np.mean(values))
 
 
+CALL_WEIGHT_POWER = 0.25  # fit weights 1/t^p: 1 balances relative errors, 0 absolute ones (wall time)
+
+
 def _fit_calls(runs: list[RunData], out: Params) -> None:
+    """Per "device|variant|dtype|pass" (and "|*|" over every dtype), call_features' factors of the
+    recorded per-call times. Where some runs of a device kind carry the attention probe
+    (costmodel.measured_attention), that kind's factors are fitted on those runs alone: a fused kernel
+    does not follow its dtype's matmul rate, which is all the others have. Without a probe the probe's
+    feature is 0 (it would only repeat the matmul's), so factors fitted on such runs leave it 0."""
+    probed = {device_type(d) for run in runs for d, c in (run.ceilings or {}).items() if measured_attention(c)}
     groups: dict[str, list[tuple[np.ndarray, float]]] = {}
     for run in runs:
         for _, row in run.frame.iterrows():
@@ -134,8 +144,12 @@ def _fit_calls(runs: list[RunData], out: Params) -> None:
             case = _case_of(row)
             dev = device_type(case.device)
             ceil = run.ceilings.get(case.device) or run.ceilings.get(dev)
+            if dev in probed and not measured_attention(ceil):
+                continue
             shape = CellShape.of(case)
             x = call_features(shape, ceil)
+            if not measured_attention(ceil):
+                x[-1] = 0.0          # no probe: its feature would only repeat the dtype's matmul rate
             for pass_, col in (("fwd", "fwd_ms"), ("fwd_bwd", "fwd_bwd_ms")):
                 t = row.get(col)
                 if isinstance(t, (int, float)) and t == t and t > 0:

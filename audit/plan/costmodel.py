@@ -42,10 +42,11 @@ from ..core.grid import AXES, Case
 from ..core.units import format_duration
 from ..measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from ..measure.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, MIN_QUEUED_S as ENERGY_QUEUED_S
-from ..measure.roofline import DTYPE_BYTES
 from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S, min_block_for
 from ..workload.inputs import invariance_applies
 from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
+from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,
+                         N_CALL_FEATURES)
 from .cell_work import (REFEREE_CALLS, REFUSAL_S, argument_compile_default_s, argument_compile_keys, argument_probes,  # noqa: F401
                         refusal_probes, call_variant, compile_key, kernel_key, score_mod_of,
                         checks_calls, declared_refusal, device_type, invariance_compile_keys, leak_probe_count,
@@ -54,8 +55,6 @@ from ..workload.variants import BROKEN_PREFIX, builtin_variants
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
 PRIORS_FILE = Path(__file__).with_name("cost_priors.json")
-PROBS_VARIANTS_PREFIX = "broken."
-PROBS_VARIANTS = ("eager", "eager_fp32")
 # The variants whose code is compiled per shape: the built-ins declaring it (Variant.compiled), and
 # transformers' flex_attention (a plug-in's or an hf: name's compiling is not known before it runs).
 COMPILED_VARIANTS: tuple[str, ...] = tuple(n for n, v in builtin_variants().items() if v.compiled) + (
@@ -68,13 +67,14 @@ TOO_SLOW = "too slow for this device (--max-cell-s)"   # a predicted status's re
 # --------------------------------------------------------------------------- parameters
 
 # Where nothing was fitted: how a family of variants spends its time, per device type.
-# (c0 seconds, a, b, m): hand-written code runs its matmuls in the input dtype and passes
-# over the score matrix a few times; fused kernels run near the fp32-or-better rate.
-FAMILY_DEFAULTS: dict[str, dict[str, tuple[float, float, float, float]]] = {
-    "cpu": {"eager": (2e-5, 1.5, 0.0, 6.0), "fused": (2e-5, 0.0, 2.0, 0.5),
-            "compiled": (5e-5, 1.0, 0.0, 4.0)},
-    "cuda": {"eager": (5e-5, 3.0, 0.0, 6.0), "fused": (3e-5, 1.5, 0.0, 0.2),
-             "compiled": (5e-5, 2.0, 0.0, 3.0)},
+# (c0 seconds, a, b, m, e) on call_features: hand-written code runs its matmuls in the input dtype and
+# passes over the score matrix a few times; fused kernels run near the attention probe's rate (on a GPU,
+# where none is measured, the dtype's matmul's).
+FAMILY_DEFAULTS: dict[str, dict[str, tuple[float, float, float, float, float]]] = {
+    "cpu": {"eager": (2e-5, 1.5, 0.0, 6.0, 0.0), "fused": (2e-5, 0.0, 0.0, 0.5, 1.5),
+            "compiled": (5e-5, 1.0, 0.0, 4.0, 0.0)},
+    "cuda": {"eager": (5e-5, 3.0, 0.0, 6.0, 0.0), "fused": (3e-5, 0.0, 0.0, 0.2, 1.5),
+             "compiled": (5e-5, 2.0, 0.0, 3.0, 0.0)},
 }
 BACKWARD_DEFAULT_FACTOR = 3.0
 HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
@@ -172,74 +172,6 @@ def load_priors(path: Path = PRIORS_FILE) -> Params:
     return Params.from_json(path.read_text()) if path.exists() else Params()
 
 
-# --------------------------------------------------------------------------- cells
-
-@dataclass(frozen=True)
-class CellShape:
-    """What a cell's cost depends on, without torch."""
-
-    case: Case
-    q_len: int
-    flops: float          # forward FLOPs (per query head: GQA does not change them)
-    score_elems: float    # B·H·Tq·Tk, plus GQA's copies of k and v per query head where made
-    mask: tuple | None    # (kind, shape) of the mask tensor, or None
-
-    @classmethod
-    def of(cls, case: Case) -> "CellShape":
-        from ..workload.inputs import mask_shape, q_len
-        from .memory_model import kv_copy_elements
-        tq = q_len(case)
-        return cls(case, tq, float(attention_flops(case.batch, case.heads, tq, case.seq_len, case.d_k,
-                                                   case.causal, d_v=case.effective_d_v)),
-                   float(case.batch * case.heads * tq * case.seq_len + kv_copy_elements(case)),
-                   mask_shape(case))
-
-
-CALL_WEIGHT_POWER = 0.25  # fit weights 1/t^p: 1 balances relative errors, 0 absolute ones (wall time)
-
-
-def call_features(shape: CellShape, ceilings: Mapping[str, Any] | None) -> np.ndarray:
-    """[1, F/P_dtype, F/P_fp32, S·size/BW] for one forward, from the device's ceilings."""
-    c = ceilings or {}
-    rates = c.get("matmul_flops_per_s") or {}
-    p_dt = rates.get(shape.case.dtype) or rates.get("fp32") or 1e11
-    p_32 = rates.get("fp32") or p_dt
-    bw = c.get("copy_bytes_per_s") or 2e10
-    size = DTYPE_BYTES[shape.case.dtype]
-    return np.array([1.0, shape.flops / p_dt, shape.flops / p_32, shape.score_elems * size / bw])
-
-
-def golden_cost_inputs(shape: CellShape, settings: Settings) -> tuple[float, float, float]:
-    """(slices covered, float64 FLOPs, chunks) of the golden of this cell's input set."""
-    from ..measure.reference import golden_flops, golden_slices
-    case = shape.case
-    dev = device_type(case.device)
-    slices = (golden_slices(case.batch, case.heads, shape.q_len, case.seq_len, case.d_k, case.causal, dev,
-                            kv_heads=case.effective_kv_heads, d_v=case.effective_d_v)
-              if settings.golden == "subset" else None)
-    n = case.batch * case.heads if slices is None else len(slices)
-    flops = n * golden_flops(shape.q_len, case.seq_len, case.d_k, case.causal, case.effective_d_v)
-    chunk_bytes = settings.cuda_chunk_bytes if dev == "cuda" else settings.cpu_chunk_bytes
-    rows = max(1, chunk_bytes // max(1, n * case.seq_len * 8))
-    return float(n), flops, float(math.ceil(shape.q_len / rows))
-
-
-def exposes_weights(variant: str) -> bool:
-    return variant in PROBS_VARIANTS or variant.startswith(PROBS_VARIANTS_PREFIX)
-
-
-CUDNN_VARIANTS = ("sdpa", "sdpa_cudnn")
-
-
-def cudnn_config(shape: CellShape) -> tuple | None:
-    """The configuration cuDNN builds an execution plan for (the H200 records: a new one costs
-    1-2 s in the first `sdpa` or `sdpa_cudnn` cell that uses it); None for other cells."""
-    case = shape.case
-    if device_type(case.device) != "cuda" or case.variant not in CUDNN_VARIANTS or case.dtype == "fp32":
-        return None
-    return case.dtype, case.d_k, case.d_v, case.causal, shape.mask
-
-
 def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call_s: float, synced: bool) -> float:
     """Wall time of one measurement (timing.measure / measure_device) of a t-second call (synced: a sync a block)."""
     if t <= 0:
@@ -305,8 +237,8 @@ class CostModel:
         """Fitted for this dtype, else for the variant's other dtypes, else the family default."""
         p = self.params.call
         for key in (f"{dev}|{variant}|{dtype}|{pass_}", f"{dev}|{variant}|*|{pass_}"):
-            if key in p:
-                return np.array(p[key])
+            if key in p:      # (factors fitted before the attention feature: 0 on it)
+                return np.pad(np.array(p[key], dtype=float), (0, N_CALL_FEATURES - len(p[key])))
         base = np.array(FAMILY_DEFAULTS[dev][_family(variant)])
         return base * BACKWARD_DEFAULT_FACTOR if pass_ == "fwd_bwd" else base
 

@@ -7,7 +7,8 @@ import time
 from typing import Callable, Sequence
 
 from ..core.units import format_duration
-from .budget import COVERAGE, CORRECTION_MIN_CELLS, CORRECTION_RANGE, FREE_CELL_S, LATE_MARGIN, REAL, TIER_NAMES, Plan
+from .budget import CORRECTION_MIN_CELLS, CORRECTION_RANGE, FREE_CELL_S, LATE_MARGIN, Plan
+from .tiers import COVERAGE, REAL, TIER_NAMES
 
 
 class Keeper:

@@ -43,9 +43,8 @@ def _lstsq_nonneg(X: np.ndarray, y: np.ndarray, relative: bool = False) -> np.nd
 def fit_phases(runs: Sequence[Any], out: Any) -> None:
     """Set out's cell_s, golden_chunk_s, golden_flops_per_s, golden_read_s, warmup_call, checks_call,
     diagnosis_s and real_diagnosis_s per device from the runs' ok records with phase_s."""
-    from .cell_work import argument_compile_keys
-    from .costmodel import (CellShape, checks_calls, device_type, exposes_weights, golden_cost_inputs,
-                            leak_probe_count, tensor_elems)
+    from .cell_shape import CellShape, exposes_weights, golden_cost_inputs
+    from .cell_work import argument_compile_keys, checks_calls, device_type, leak_probe_count, tensor_elems
     per: dict[str, dict[str, list]] = {}
     for run in runs:
         frame = run.frame

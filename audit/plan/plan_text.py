@@ -3,7 +3,8 @@ dtype × mask kinds left without a cell, the smallest useful plan and the --budg
 from __future__ import annotations
 
 from ..core.units import format_budget, format_duration
-from .budget import PRIORITY_NAMES, Plan
+from .budget import Plan
+from .tiers import PRIORITY_NAMES
 
 UNCOVERED_SHOWN = 8      # the plan line names this many uncovered kinds, then counts the rest
 
