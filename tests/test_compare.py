@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from audit import cli
 from audit.analysis import compare
 from audit.analysis import compare_stats as stats
-from audit.core import records, runfolder
+from audit.core import noise, records, runfolder
 from audit.core.grid import Case
 from audit.render import compare_page
 from audit.render import overflowing_artists
@@ -143,6 +144,75 @@ def test_a_3x_slower_variant_fails_and_only_its_cells_are_named():
     unchanged, _ = compare.compare_cells(a_frame, records.to_frame(grid_cells(seed=1)))
     assert noise["fwd"]["measured"] == pytest.approx(
         stats.run_noise_sd(unchanged["fwd_ratio"], unchanged["variant"])[1], rel=0.25)
+
+
+# Seven samples of one measurement: resampling knows their median to ~1% (a resampled median reaches the
+# late 1.4 only when four of seven draws do), while its order-statistic interval, the record's ci_rel
+# (core.noise.ci_rel), spans them all: ±21%. A busy neighbour leaves measurements like this.
+WIDE = (0.98, 0.99, 1.0, 1.0, 1.0, 1.01, 1.4)
+TIGHT = (0.995, 0.998, 1.0, 1.0, 1.0, 1.002, 1.005)
+
+
+def patterned(variant: str, k: int, factor: float, pattern: tuple = WIDE) -> dict:
+    """Cell k of `variant` (T 64·(k+1)) timed `factor` x its base time, its samples `pattern`,
+    with the ci_rel columns a run records for them."""
+    rec = cell(variant, 64 * (k + 1), latency_s=1e-3 * (k + 1))
+    for phase, base in (("fwd", 1e-3 * (k + 1)), ("fwd_bwd", 3e-3 * (k + 1))):
+        samples = [base * factor * x for x in pattern]
+        rec.update({f"{phase}_samples_s": samples, f"{phase}_ms": float(np.median(samples)) * 1e3,
+                    f"{phase}_n": len(samples), f"{phase}_ci_rel": noise.ci_rel(samples)})
+    return rec
+
+
+def noisy_unchanged_pair(slowdown: float = 1.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One plug-in's ten cells measured twice, its code unchanged: B's cells moved as a block (1.1x) and
+    spread ±10% around it, one of them caught by a burst (1.45x, measured steadily through it), and
+    every cell's own interval wide (WIDE). `slowdown`: the plug-in made that much slower in B too."""
+    moves = [1.1 * m for m in (0.9, 0.93, 0.96, 0.98, 1.0, 1.01, 1.04, 1.07, 1.1)] + [1.45]
+    a = [patterned("plug", k, 1.0) for k in range(len(moves))]
+    b = [patterned("plug", k, move * slowdown) for k, move in enumerate(moves)]
+    return records.to_frame(a), records.to_frame(b)
+
+
+def test_unchanged_but_noisy_cells_pass_the_gate_and_a_2x_slowdown_with_the_same_noise_fails():
+    """The floor takes what the cells show: their spread read from its tail as ten cells allow (the
+    90th percentile of ten by the linear rule is 90% the 9th largest, and read the burst cell as a
+    regression: 1.45 [1.24, 1.70]), and each cell's own intervals in both runs. A 2x slowdown under the
+    same noise still fails, every cell of it."""
+    rule = stats.parse_fail_on(["latency:+20%"])
+    cells, noise_by_phase = compare.compare_cells(*noisy_unchanged_pair())
+    assert compare.failures(cells, rule).empty, cells[["id", "fwd_ratio", "fwd_low", "fwd_high"]]
+    fwd = noise_by_phase["fwd"]
+    assert fwd["measured"] > 0.1 and fwd["per_cell"] > fwd["used"]          # the tail, and the cells' own intervals
+    assert cells["fwd_noise_sd"].min() > fwd["used"]
+    slowed, _ = compare.compare_cells(*noisy_unchanged_pair(slowdown=2.0))
+    failed = compare.failures(slowed, rule)
+    assert set(failed["id"]) == set(slowed["id"]) and set(failed["metric"]) == {"latency fwd", "latency fwd+bwd"}
+
+
+def test_a_variant_measured_through_a_burst_is_as_unsure_as_its_own_intervals_say():
+    """Twenty quiet cells of sdpa, and a plug-in whose two cells B measured while a neighbour was busy
+    (each median's order-statistic interval ±21%, resampling's ±1%) 1.4x slower: the plug-in moved
+    as a whole, so the spread does not cover it; its own intervals do, and it does not fail +20%.
+    The same plug-in 2x slower fails."""
+    rule = stats.parse_fail_on(["latency:+20%"])
+    quiet = [patterned("sdpa", k, 1.0 + 0.002 * (k % 5 - 2), TIGHT) for k in range(20)]
+    a = records.to_frame([patterned("sdpa", k, 1.0, TIGHT) for k in range(20)]
+                         + [patterned("plug", k, 1.0, TIGHT) for k in range(2)])
+    for move, should_fail in ((1.4, False), (2.0, True)):
+        b = records.to_frame(quiet + [patterned("plug", k, move, WIDE) for k in range(2)])
+        cells, _ = compare.compare_cells(a, b)
+        failed = compare.failures(cells, rule)
+        assert (not failed.empty) is should_fail, cells.loc[cells["variant"] == "plug", ["fwd_ratio", "fwd_low"]]
+        assert set(failed["id"]) <= set(cells.loc[cells["variant"] == "plug", "id"])
+
+
+def test_cell_noise_sd_adds_each_runs_own_interval_in_quadrature():
+    assert stats.cell_sd(None, None) == 0.0 == stats.cell_sd(float("nan"), 0.0)
+    assert stats.cell_sd(0.2, None) == pytest.approx(math.log(1.2) / stats.Z)
+    assert stats.cell_sd(0.2, 0.2) == pytest.approx(math.hypot(math.log(1.2), math.log(1.2)) / stats.Z)
+    assert stats.cell_noise_sd(0.05, None, None) == 0.05
+    assert stats.cell_noise_sd(0.05, 0.2, 0.2) == pytest.approx(math.hypot(0.05, stats.cell_sd(0.2, 0.2)))
 
 
 def test_bootstrap_is_deterministic_and_seeded_per_cell():

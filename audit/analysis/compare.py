@@ -118,12 +118,14 @@ def _nonfinite_change(a: pd.Series, b: pd.Series) -> str:
 def compare_cells(a: pd.DataFrame, b: pd.DataFrame, noise_sd: float | None = None,
                   floor_sd: float = stats.NOISE_FLOOR_SD) -> tuple[pd.DataFrame, dict[str, dict]]:
     """One row per matched cell (both runs have its id), in A's order, and per phase the
-    run-to-run noise {phase: {"used": sd, "measured": sd or None, "cells": n}}.
+    run-to-run noise {phase: {"used": the run's part (the spread measured or `floor_sd`, the
+    larger; `noise_sd` where given), "measured": the spread or None, "cells": n, "floor": floor_sd,
+    "per_cell": the median over the cells of that part with each cell's own intervals added}}.
 
     Latency columns: {phase}_ratio, {phase}_low, {phase}_high (the interval widened by the
-    run-to-run term), {phase}_method. memory_peak_bytes, memory_peak_fwd_bwd_bytes and error:
-    floored ratios (compare_stats.floored_ratio); energy; status_a, status_b; nonfinite (what
-    changed)."""
+    cell's run-to-run noise, compare_stats.cell_noise_sd), {phase}_noise_sd (that noise),
+    {phase}_method. memory_peak_bytes, memory_peak_fwd_bwd_bytes and error: floored ratios
+    (compare_stats.floored_ratio); energy; status_a, status_b; nonfinite (what changed)."""
     a_rows = a.set_index("id", drop=False)
     b_rows = b.set_index("id", drop=False)
     matched = [i for i in a["id"] if i in b_rows.index]
@@ -135,7 +137,8 @@ def compare_cells(a: pd.DataFrame, b: pd.DataFrame, noise_sd: float | None = Non
         for phase, _ in PHASES:
             ci = latency_ratio(cell_id, phase, ra, rb)
             row.update({f"{phase}_ratio": ci.ratio, f"{phase}_low": ci.low, f"{phase}_high": ci.high,
-                        f"{phase}_method": ci.method})
+                        f"{phase}_method": ci.method,
+                        f"{phase}_ci_rel": (_value(ra, f"{phase}_ci_rel"), _value(rb, f"{phase}_ci_rel"))})
         both_ok = ra["status"] == "ok" and rb["status"] == "ok"
         for column, _label in MEMORY_COLUMNS:
             row[f"memory_{column}"] = (stats.floored_ratio(_value(ra, column), _value(rb, column),
@@ -154,15 +157,19 @@ def compare_cells(a: pd.DataFrame, b: pd.DataFrame, noise_sd: float | None = Non
         used, measured = stats.run_noise_sd(ratios, cells["variant"].tolist() if not cells.empty else [], floor_sd)
         if noise_sd is not None:
             used = noise_sd
-        n = sum(1 for r in ratios if r is not None and math.isfinite(r))
-        noise[phase] = {"used": used, "measured": measured, "cells": n, "floor": floor_sd}
+        intervals = cells.pop(f"{phase}_ci_rel").tolist() if not cells.empty else []   # (A's, B's) ci_rel
+        sds = [stats.cell_noise_sd(used, *pair) for pair in intervals]
+        judged = [sd for sd, r in zip(sds, ratios) if math.isfinite(r)]
+        noise[phase] = {"used": used, "measured": measured, "cells": len(judged), "floor": floor_sd,
+                        "per_cell": float(np.median(judged)) if judged else None}
         if cells.empty:
             continue
-        widened = [stats.widen(stats.RatioCI(r, lo, hi, m), used) for r, lo, hi, m in
+        widened = [stats.widen(stats.RatioCI(r, lo, hi, m), sd) for r, lo, hi, m, sd in
                    zip(cells[f"{phase}_ratio"], cells[f"{phase}_low"], cells[f"{phase}_high"],
-                       cells[f"{phase}_method"])]
+                       cells[f"{phase}_method"], sds)]
         cells[f"{phase}_low"] = [w.low for w in widened]
         cells[f"{phase}_high"] = [w.high for w in widened]
+        cells[f"{phase}_noise_sd"] = sds
         cells[f"{phase}_method"] = [w.method for w in widened]
     return cells, noise
 
@@ -330,14 +337,16 @@ class Comparison:
 
     @property
     def warnings(self) -> list[str]:
-        """The environment's warnings, and a run-to-run noise that could not be measured."""
+        """The environment's warnings, and a run-to-run noise measured from too few cells to trust."""
         out = list(self.env.warnings)
-        unmeasured = [label for phase, label in PHASES
-                      if not self.noise_given and self.noise[phase]["cells"] and self.noise[phase]["measured"] is None]
-        if unmeasured:
-            out.append(f"Too few matched cells to measure run-to-run noise ({', '.join(unmeasured)}): "
-                       f"{stats.NOISE_FLOOR_SD} is assumed, which understates it on a busy machine; "
-                       f"pass --noise SD measured on this machine (docs/compare.md).")
+        few = [f"{label} {self.noise[phase]['cells']}" for phase, label in PHASES
+               if not self.noise_given and 0 < self.noise[phase]["cells"] < stats.MIN_CELLS_FOR_NOISE]
+        if few:
+            out.append(f"Too few matched cells to measure run-to-run noise well ({', '.join(few)}; "
+                       f"{stats.MIN_CELLS_FOR_NOISE} or more read it): the spread of so few is their largest "
+                       f"moves, or nothing under {stats.MIN_CELLS_FOR_SPREAD}, and with the canaries and the "
+                       f"cells' own intervals it may understate a busy machine's; pass --noise SD measured "
+                       f"on this machine (docs/compare.md).")
         return out
 
 

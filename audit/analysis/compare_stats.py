@@ -9,8 +9,10 @@ The latency statistic is a percentile bootstrap of the ratio of medians: A's and
 samples are resampled independently (with replacement, as many as each has), the ratio
 median(B*) / median(A*) is taken N_BOOTSTRAP times, and the central CONFIDENCE of those
 ratios is the interval. Samples within one process only show within-run noise; the
-run-to-run part (another process, a busy neighbour) is estimated from the spread of the
-matched cells' ratios (run_noise_sd) and added in log space (widen).
+run-to-run part (another process, a busy neighbour) is added in log space (widen), per cell
+(cell_noise_sd): the run's part, the larger of the matched cells' spread around their variant's
+median (run_noise_sd) and the two runs' canaries (canary_floor_sd), with the cell's own timing
+intervals in both runs in quadrature.
 """
 from __future__ import annotations
 
@@ -29,9 +31,16 @@ Z = 1.959963984540054            # two-sided 95% normal quantile, for the run-to
 # Run-to-run noise is heavy-tailed (blocks of cells measured while a neighbour was busy), so its
 # SD is read from the tail: the SD of the normal distribution with the same 90th percentile of
 # |residual|. A change in more than 10% of the cells beyond whole-variant shifts widens it.
+# The quantile is the median-unbiased estimate (Hyndman and Fan's type 8): numpy's default
+# interpolation reads a small sample's tail low (of 10 cells it is 90% the 9th largest, so one cell
+# 1.5x off in one run of ten unchanged cells failed `latency:+20%`); type 8 reads 63% of the way to
+# the largest of 10, the largest of 6 or fewer, and of 36 or more it still lets 8-10% of the cells
+# move without setting the figure.
 NOISE_QUANTILE = 0.9
+NOISE_QUANTILE_METHOD = "median_unbiased"
 NOISE_QUANTILE_Z = 1.6448536269514722   # |N(0, 1)|'s 90th percentile
-MIN_CELLS_FOR_NOISE = 8          # fewer matched cells: the spread says little, use the floor
+MIN_CELLS_FOR_SPREAD = 3         # fewer residuals say nothing of the spread: the canaries' floor alone
+MIN_CELLS_FOR_NOISE = 8          # fewer matched cells: the spread is a rough figure, and the page says so
 # Least run-to-run noise assumed (standard deviation of log B/A): two processes on one H200
 # gave 0.021 (fwd) and 0.007 (fwd+bwd) over 48 cells, a 2-core CPU 0.08-0.34 (docs/compare.md).
 # A comparison's own, larger estimate replaces it.
@@ -110,11 +119,13 @@ def canary_floor_sd(noise_a: float | None, noise_b: float | None) -> float:
 
 def run_noise_sd(ratios: Sequence[float], variants: Sequence[str],
                  floor_sd: float = NOISE_FLOOR_SD) -> tuple[float, float | None]:
-    """(SD used, SD measured) of log(B/A) between runs, from the residuals: each cell's log ratio
-    minus the median of its variant's (scaled by sqrt(n / (n - 1)) for a variant of n cells), so
-    a change that shifts a whole variant is not noise. SD = the residuals' 90th percentile of
-    |residual| / 1.645. A variant with one cell says nothing. Never below `floor_sd` (the runs'
-    canaries: canary_floor_sd); measured is None with too few cells to say."""
+    """(the run's part of the noise, the spread measured) as SDs of log(B/A), from the residuals:
+    each cell's log ratio minus the median of its variant's (scaled by sqrt(n / (n - 1)) for a
+    variant of n cells), so a change that shifts a whole variant is not noise. Spread = the
+    residuals' 90th percentile of |residual| (median-unbiased: NOISE_QUANTILE_METHOD) / 1.645. A
+    variant with one cell says nothing. The run's part is the larger of the spread and `floor_sd`
+    (the runs' canaries: canary_floor_sd; the spread already holds what they see, so the two are
+    not added); measured is None under MIN_CELLS_FOR_SPREAD residuals."""
     logs = np.log(np.asarray([r if r is not None and r > 0 else np.nan for r in ratios], dtype=float))
     names = np.asarray([str(v) for v in variants])
     residuals = []
@@ -123,10 +134,28 @@ def run_noise_sd(ratios: Sequence[float], variants: Sequence[str],
         if group.size > 1:
             residuals.append((group - np.median(group)) * math.sqrt(group.size / (group.size - 1)))
     spread = np.concatenate(residuals) if residuals else np.empty(0)
-    if spread.size < MIN_CELLS_FOR_NOISE:
+    if spread.size < MIN_CELLS_FOR_SPREAD:
         return floor_sd, None
-    measured = float(np.quantile(np.abs(spread), NOISE_QUANTILE) / NOISE_QUANTILE_Z)
+    measured = float(np.quantile(np.abs(spread), NOISE_QUANTILE, method=NOISE_QUANTILE_METHOD) / NOISE_QUANTILE_Z)
     return max(floor_sd, measured), measured
+
+
+def cell_sd(ci_a: float | None, ci_b: float | None) -> float:
+    """A cell's own timing intervals in both runs as one SD of log(B/A): each run's ci_rel (its
+    median's 95% half-width over the median, core.noise.ci_rel) as log(1 + ci) / 1.96, the two in
+    quadrature; a missing interval (records without one, pytest-benchmark JSON) counts 0."""
+    parts = [math.log1p(float(c)) if c is not None and math.isfinite(float(c)) and c > 0 else 0.0
+             for c in (ci_a, ci_b)]
+    return math.hypot(*parts) / Z
+
+
+def cell_noise_sd(run_sd: float, ci_a: float | None, ci_b: float | None) -> float:
+    """The run-to-run SD of log(B/A) one cell's interval is widened by, the one definition the
+    significance and --fail-on read: the run's part (run_noise_sd's, or --noise) and the cell's own
+    intervals in both runs (cell_sd) in quadrature, as noise_rules.rerun_rel combines a cell's
+    interval with its run's canary: a cell measured less surely than its neighbours may move
+    further than their spread, and a burst a canary missed shows in the cells' intervals."""
+    return math.hypot(run_sd, cell_sd(ci_a, ci_b))
 
 
 def widen(ci: RatioCI, noise_sd: float) -> RatioCI:

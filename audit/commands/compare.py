@@ -25,7 +25,8 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
                           "or error (e.g. latency:+20%%); repeatable or comma-separated")
     cmp.add_argument("--noise", type=float, metavar="SD",
                      help="run-to-run noise to assume, as the standard deviation of log(B/A) (e.g. 0.1 for "
-                          "about 10%%), instead of measuring it from the matched cells")
+                          "about 10%%), instead of measuring it from the matched cells' spread and the canaries; "
+                          "each cell's own timing intervals still add to it")
 
 
 def compare(a: str | Path, b: str | Path, out: str | Path | None = None, *, fail_on: Sequence[str] = (),

@@ -91,11 +91,13 @@ def summary_lines(comparison: Comparison) -> list[str]:
             continue
         slower = int((c.cells[f"{phase}_low"] > 1).sum())
         faster = int((c.cells[f"{phase}_high"] < 1).sum())
-        measured = ("" if n["measured"] is None else f", measured {n['measured']:.3f}")
+        measured = ("" if n["measured"] is None else f", spread measured {n['measured']:.3f}")
+        own = ("" if n.get("per_cell") is None or n["per_cell"] <= n["used"] else
+               f"; with each cell's own intervals added, median {n['per_cell']:.3f}")
         median = _median_ratio(c.cells, phase)
         lines.append(f"Latency {label}: median B/A {format_value(median)} over "
                      f"{n['cells']} cells; {slower} significantly slower, {faster} significantly faster "
-                     f"(run-to-run noise SD of log B/A used {n['used']:.3f}{measured}).")
+                     f"(run-to-run noise SD of log B/A used {n['used']:.3f}{measured}{own}).")
         if not 1 / WHOLE_RUN_SHIFT <= median <= WHOLE_RUN_SHIFT:
             shifted.append(f"{format_value(median)} ({label})")
     if shifted:
@@ -131,7 +133,7 @@ def _method_blocks(comparison: Comparison) -> list[Block]:
                 f"{stats.NOISE_FLOOR_SD}, unmeasured: a run without canary readings")
     source = ("given with --noise" if comparison.noise_given else
               f"measured here, at least {floor:.3f} ({canaries}); with fewer than "
-              f"{stats.MIN_CELLS_FOR_NOISE} cells {floor:.3f}")
+              f"{stats.MIN_CELLS_FOR_SPREAD} cells of a variant {floor:.3f}")
     return [
         Heading(2, "How ratios and intervals are computed"),
         _p("Latency: B/A of the medians of the raw samples (", Mono("fwd_samples_s"), ", ",
@@ -140,8 +142,12 @@ def _method_blocks(comparison: Comparison) -> list[Block]:
            "the same every time), widened by run-to-run noise, which the samples of one process do not "
            "show. That noise is read from the matched cells: each cell's log B/A minus the median of its "
            "variant's (a whole variant moving is a change, not noise); the SD is the 90th percentile of "
-           "those residuals' size / 1.645, from the tail because the noise is heavy-tailed. Each half-width "
-           f"in log space becomes sqrt(half² + (1.96 × SD)²). SD used: {used} ({source}). Without raw "
+           "those residuals' size / 1.645, from the tail because the noise is heavy-tailed, by the "
+           "median-unbiased estimate (of 10 cells nearer the largest, of 6 or fewer the largest). To it, "
+           "in quadrature, each cell's own timing intervals in both runs (", Mono("fwd_ci_rel"), ", ",
+           Mono("fwd_bwd_ci_rel"), ": log(1 + ci) / 1.96 each): a cell measured less surely than its "
+           "neighbours may move further. Each half-width in log space becomes sqrt(half² + (1.96 × SD)²), "
+           f"the SD per cell in cells.csv. SD of the run's part: {used} ({source}). Without raw "
            "samples (pytest-benchmark JSON saved without data) the interval comes from each median's "
            "standard error, 1.253 × (IQR / 1.349) / √n."),
         _p("Peak memory and error are deterministic: their ratios have no interval. Ratios are "
