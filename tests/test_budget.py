@@ -15,6 +15,15 @@ from audit.plan.plan_text import describe as budget_describe
 from audit.workload import presets
 
 
+@pytest.fixture(autouse=True)
+def _flex_compiles_here(monkeypatch):
+    """These tests take flex as the variant whose every cell carries a compile; where torch refuses to
+    compile it (ATEN_CPU_CAPABILITY=default) the plan predicts its cells skipped in milliseconds
+    instead (workload.platform_limits), so the plans here are made for a CPU it compiles on."""
+    from audit.workload import platform_limits
+    monkeypatch.setattr(platform_limits, "flex_cpu_supported", lambda: True)
+
+
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("10m", 600), ("1h", 3600), ("1m30s", 90),
                                            ("45", 45), ("2.5min", 150), ("none", None), ("0", None)])
 def test_durations(text, seconds):
