@@ -133,6 +133,29 @@ def test_mistakes_the_cell_cannot_tell_apart_are_named_together_and_a_special_ca
     assert diagnose(same, attempt, golden, tol, mistakes=far, own_error=False).name == "a"
 
 
+def test_a_mistake_is_named_where_the_output_is_told_from_correct_attention():
+    """The edges of naming sit where the defect's own do: an output making a mistake 1.5 budgets from
+    the golden is named (the rule before issue 54 wanted it two budgets away: `none`); an output within
+    the budget never is, though within the mistake's; a mistake nearer the golden than its own budget
+    is no mistake to name."""
+    attempt, golden, tol, u, _ = _shifted_cell()
+    near = {"m": _offset("m", 1.5 * tol * u)}
+    assert diagnose(golden + 1.5 * tol * u, attempt, golden, tol, mistakes=near, own_error=False).name == "m"
+    assert diagnose(golden + 0.8 * tol * u, attempt, golden, tol, mistakes=near, own_error=False).name == "none"
+    slight = {"t": _offset("t", 0.5 * tol * u)}
+    assert diagnose(golden + 1.2 * tol * u, attempt, golden, tol, mistakes=slight, own_error=False).name == "none"
+
+
+def test_a_kernel_clamping_its_probabilities_is_named_on_a_cell_where_the_clamp_is_two_budgets_away():
+    """Measured: on this fp32 cell the clamp moves the output 0.97 (native Xeon) to 1.01 (=default) times
+    two budgets from the golden; the kernel is named on both, a correct one on neither."""
+    case, inputs, ref = cell(scenario="scaled_x64", causal=True)
+    for fn, expect in ((mistaken.probs_clamped, "probs_clamped"), (mistaken.correct, "none")):
+        with torch.no_grad():
+            out = fn(inputs.q, inputs.k, inputs.v, **inputs.call_kwargs())
+        assert diagnose_cell(out, inputs, ref, "fp32", ref.baseline_rmse)["diagnosis"] == expect
+
+
 def test_named_matches_names_nothing_without_a_match():
     c = [Candidate("x", 0, 1, 1.0, False, 0.0), Candidate("y", 1, 1, 1.0, False, 0.0)]
     assert named_matches(c, lambda a, b: True) == []
@@ -153,6 +176,18 @@ def test_gradients_two_backward_mistakes_explain_are_both_named():
     assert diagnosis.diagnose_grads(attempt, gold, observed, tol, mistakes={"y": both["y"]}).name == "none"
 
 
+def test_gradients_of_a_mistake_nearer_than_two_budgets_are_named_and_right_ones_not():
+    attempt, _, _, _, _ = _shifted_cell()
+    torch.manual_seed(3)
+    gold = {g: torch.randn(2, 2, 32, 16, dtype=torch.float64) for g in ("dq", "dk", "dv")}
+    tol = {g: 1e-3 for g in gold}
+    shift = torch.ones_like(gold["dq"]) * 1.5e-3                             # 1.5 budgets (RMS)
+    near = {"near": Mistake("near", "near", "w.", "w", lambda a: {**gold, "dq": gold["dq"] + shift})}
+    made = {**gold, "dq": gold["dq"] + shift}
+    assert diagnosis.diagnose_grads(attempt, gold, made, tol, mistakes=near).name == "near"
+    assert diagnosis.diagnose_grads(attempt, gold, dict(gold), tol, mistakes=near).name == "none"
+
+
 def test_the_lse_names_every_match():
     """lse_diagnosis._best: two lse mistakes alike on the compared rows are both named."""
     torch.manual_seed(2)
@@ -166,6 +201,11 @@ def test_the_lse_names_every_match():
     assert got[0] == "plus_one or plus_one_again" and got[1] == 0.0
     del found["plus_one_again"]
     assert lse_diagnosis._best(comparisons, found, lambda m: {"lse": lambda: m.fn(None)})[0] == "plus_one"
+    # a mistake 1.5 budgets from the right lse, made exactly: named; the right lse: not
+    near = {"near": Mistake("near", "near", "w.", "w", lambda a: right + 1.5 * tol)}
+    made = {"lse": (right + 1.5 * tol, right, rows, tol)}
+    assert lse_diagnosis._best(made, near, lambda m: {"lse": lambda: m.fn(None)})[0] == "near"
+    assert lse_diagnosis._best({"lse": (right, right, rows, tol)}, near, lambda m: {"lse": lambda: m.fn(None)}) is None
 
 
 # --------------------------------------------------------------------------- measured cells

@@ -57,6 +57,13 @@ NEW_CONTROLS = {"broken.window_left_inclusive", "broken.strides_ignored"}   # la
 NEW_SCENARIOS = ("sinks_prefill", "paged_edges", "sinks_window", "strided_qkv")     # their cells are new: left out of the comparison
 
 
+# Named since issue 54, where the rule before named nothing: a mistake is named where the output is told from
+# correct attention (over its budget) and the mistake is one (over its own), not only where the mistake sits two
+# budgets from the golden. The clamp on this cell sits 0.97 (a native Xeon) to 1.01 (ATEN_CPU_CAPABILITY=default)
+# times two budgets from it: the old rule named it on one CPU kind and not the other.
+NAMED_SINCE = {"broken.clamped-cpu-fp32-d32-T64-B1-H2-full-scaled_x64": ("diagnosis", "probs_clamped")}
+
+
 def _old_cell(cell_id: str) -> bool:
     return not cell_id.endswith(tuple("-" + s for s in NEW_SCENARIOS))
 
@@ -85,5 +92,8 @@ def test_the_quick_preset_finds_and_diagnoses_what_it_did_before(quick_run):
     for i, cell in now.items():                       # gradients named by the forward's mistake, where none was
         if stored.get(i, {}).get("grad_diagnosis") == "none" and cell.get("grad_diagnosis") == cell.get("diagnosis"):
             cell["grad_diagnosis"] = "none"
+        column, named = NAMED_SINCE.get(i, (None, None))
+        if column and stored.get(i, {}).get(column) == "none" and cell.get(column) == named:
+            cell[column] = "none"
     assert {i: (stored.get(i), now.get(i)) for i in set(stored) | set(now) if stored.get(i) != now.get(i)} == {}
     assert sum(1 for f in before["findings"] if f["variant"].startswith("broken.")) >= 60   # the data is the real one

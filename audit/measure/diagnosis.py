@@ -11,10 +11,21 @@ on the cell's own inputs, on a bounded subset of the golden's (batch, head) slic
   — or of the mistake's own budget, when larger: BUDGET_FACTOR × the error the mistaken code
   itself has in the cell's dtype (the mistake run in that dtype against float64) + atol
   (a mistake of precision "cell" is evaluated in the cell's dtype only, at the cell's budget),
-- the mistake is distinguishable on this cell: its output is further from the golden than
-  the two budgets together, so no output can be within both (triangle inequality), and
+- the variant's output is not correct attention's: further from the golden than the cell's
+  budget, so a correct output never matches; and the mistake is one: its output further from
+  the golden than its own budget, and
 - the variant's output is nearer to it than to the golden, with at least one compared row
   finite in both (a NaN pattern alone is no evidence).
+
+Every edge of that rule sits where the defect's own does. A mistake the output makes has its
+error at the variant's rounding, a fraction of its budget, and its distance from the golden is
+the output's; an output at the edge of naming it is at the edge of the cell's error budget, so
+the diagnosis flips only where the finding it explains flips too. (Requiring the mistake to be
+further from the golden than both budgets together, as this rule did, put an edge where the
+defect is clear: a kernel clamping its probabilities on a causal scaled_x64 fp32 cell, twice
+the budget from the golden and at rounding from the mistake, was named under
+ATEN_CPU_CAPABILITY=default and not natively, the mistake 0.97 and 1.01 times the two budgets
+from the golden.)
 
 Every match is named (named_matches): a mistake is named alone only where no other explains the
 output, and where two do (two budgets overlap, or the two are the same on this cell's inputs) the
@@ -133,9 +144,8 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
     BUDGET_FACTOR × the error of the mistaken code itself in the cell's dtype (the mistake run
     on the attempt in that dtype, against float64) + atol: unscaled scores, say, carry sqrt(d)
     times the rounding of scaled ones, so the correct code's baseline would be too tight. It is
-    computed only where it can decide (tol < err < distance - tol): any budget b a match is
-    judged at needs distance > tol + b, so a correct output (within tol of the golden) never
-    matches, whatever b.
+    computed only where it can decide (tol < err < distance: a match needs err <= its budget <
+    distance). Whatever the budget, a correct output (within tol of the golden) never matches.
     A mistake of precision "cell" is evaluated in the cell's dtype only (its tolerance is tol).
     memo: the input set's mistake_memo.MistakeMemo (each mistake's output computed once for every
     variant diagnosed there), with `tag` naming this attempt in it (the cell's slices, a probe).
@@ -170,7 +180,7 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
             continue                                                         # no finite evidence
         err, dist = _rmse(observed, out, rows), _rmse(out, golden_out, rows)
         tol_m = tol
-        if own_error and m.precision != "cell" and tol < err < dist - tol:  # only where it can decide
+        if own_error and m.precision != "cell" and tol < err < dist:      # only where it can decide
             try:
                 own = _rmse(memo_run(memo, tag + (m.name, True), m.fn, twin).double(), out, rows)
             except Exception as exc:  # noqa: BLE001
@@ -178,8 +188,9 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
                 continue
             if math.isfinite(own):
                 tol_m = max(tol, BUDGET_FACTOR * own + BUDGET_ATOL[attempt.dtype])
-        distinct = dist > tol + tol_m
-        ok = err <= tol_m and distinct and err < _rmse(observed, golden_out, rows)
+        wrong = _rmse(observed, golden_out, rows)                            # the output against correct
+        distinct = dist > tol_m                                              # a mistake, not a rounding
+        ok = err <= tol_m and distinct and wrong > tol and err < wrong
         result.scores[m.name] = (err, dist, tol_m, ok)
         if distinct:
             candidates.append(Candidate(m.name, order, m.specificity, err, ok, (out, rows, tol_m)))
@@ -394,9 +405,10 @@ def diagnose_grads(attempt: Attempt, golden: dict[str, Any], observed: dict[str,
     (golden: its right float64 gradients, backward_mistakes.backward_of). dq is compared
     everywhere, dk and dv on the key/value heads whose whole group the attempt holds. A mistake
     matches when every compared gradient is within its tolerance of the mistake's (tol: the
-    gradient budget), the mistake is distinguishable on this cell (some gradient of it further
-    than its tolerance and the budget together from the golden's: no correct gradient can be
-    within both), and the gradients are nearer to it than to the golden's (in tolerances). A
+    gradient budget), on some gradient the variant's is outside its budget (no correct gradient
+    matches) and the mistake's further from the golden's than its tolerance (the forward's rule:
+    each edge where the defect's own is), and the gradients are nearer to it than to the golden's
+    (in tolerances). A
     mistake's tolerance on a gradient is the budget's times how much larger its gradient is than
     the right one (its own rounding grows with it). Every match is named, with the mistakes whose
     gradients are within tolerance of a match's (named_matches: the forward's rule)."""
@@ -426,15 +438,16 @@ def diagnose_grads(attempt: Attempt, golden: dict[str, Any], observed: dict[str,
         own = {g: tol[g] * max(1.0, _grad_rmse(mine[g], mine[g] * 0.0) / size[g]) if size[g] else tol[g]
                for g in names}
         per = {g: (_grad_rmse(obs[g], mine[g]), _grad_rmse(mine[g], gold[g]), own[g]) for g in names}
-        distinct = any(dist > tol[g] + t for g, (_, dist, t) in per.items())
-        ok = (all(err <= t for err, _, t in per.values()) and distinct
+        distinct = any(dist > t for _, dist, t in per.values())             # a mistake, not a rounding
+        ok = (all(err <= t for err, _, t in per.values())
+              and any(dist > t and golden_err[g] > tol[g] for g, (_, dist, t) in per.items())
               and sum(err / t for err, _, t in per.values()) < sum(golden_err[g] / tol[g] for g in names))
         result.scores[m.name] = (per, ok)
         if distinct:
             candidates.append(Candidate(m.name, order, m.specificity, max(err for err, _, _ in per.values()), ok,
-                                        mine))
-    named = named_matches(candidates, lambda a, b: all(_grad_rmse(a.evidence[g], b.evidence[g]) <= tol[g]
-                                                       for g in names))
+                                        (mine, own)))
+    named = named_matches(candidates, lambda a, b: all(                     # within their tolerances
+        _grad_rmse(a.evidence[0][g], b.evidence[0][g]) <= max(a.evidence[1][g], b.evidence[1][g]) for g in names))
     if named:
         result.name, result.err = joined(c.name for c in named), min(c.score for c in named)
     return result

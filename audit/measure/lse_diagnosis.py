@@ -11,9 +11,10 @@ lse_outside_budget), on the diagnosis slices of measure.diagnosis, in float64:
   variant's.
 
 A mistake matches when every comparison it can make is within its tolerance (the budget of
-that comparison: 2 × the baseline's RMSE + atol, measure.diagnosis.tolerance), it is
-distinguishable (further than two tolerances from the right answer on one of them) and the
-variant is nearer to it than to the right answer. Every match is named, with the mistakes the
+that comparison: 2 × the baseline's RMSE + atol, measure.diagnosis.tolerance), on one of them the
+variant is outside the budget and the mistake further than a tolerance from the right answer
+(measure.diagnosis's rule: its edges where the defect's are), and the variant is nearer to it
+than to the right answer on each. Every match is named, with the mistakes the
 cell cannot tell from one (their results within tolerance of each other on every comparison), as
 the output's diagnosis names them (measure.diagnosis.named_matches): "a or b", never the one whose
 error came out smaller in the last bits.
@@ -162,8 +163,9 @@ def _best(comparisons: dict, mistakes: dict, evaluate: Any) -> tuple[str, float,
             scores.append((_rmse(observed, mine, rows), _rmse(mine, right, rows), _rmse(observed, right, rows), tol))
         if not scores:
             continue
-        distinct = any(dist > 2 * tol for _, dist, _, tol in scores)
-        ok = (all(err <= tol for err, _, _, tol in scores) and distinct
+        distinct = any(dist > tol for _, dist, _, tol in scores)             # a mistake, not a rounding
+        ok = (all(err <= tol for err, _, _, tol in scores)
+              and any(dist > tol < golden for _, dist, golden, tol in scores)
               and all(err < golden for err, _, golden, _ in scores))
         if distinct:
             candidates.append(Candidate(m.name, order, m.specificity, max(s[0] for s in scores), ok,
@@ -206,8 +208,9 @@ def _grad_match(cell: Any, a: Attempt, b_index: Any, pick: Any, tag: tuple = ())
             continue
         per = {g: (_rmse(sel(observed, g), sel(mine, g)), _rmse(sel(mine, g), sel(right, g)),
                    _rmse(sel(observed, g), sel(right, g))) for g in names}
-        distinct = any(dist > 2 * tol[g] for g, (_, dist, _) in per.items())
-        ok = (all(err <= tol[g] for g, (err, _, _) in per.items()) and distinct
+        distinct = any(dist > tol[g] for g, (_, dist, _) in per.items())     # a mistake, not a rounding
+        ok = (all(err <= tol[g] for g, (err, _, _) in per.items())
+              and any(dist > tol[g] < golden for g, (_, dist, golden) in per.items())
               and all(err < golden for err, _, golden in per.values()))
         if distinct:
             candidates.append(Candidate(m.name, order, m.specificity, max(p[0] for p in per.values()), ok,

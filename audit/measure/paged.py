@@ -76,14 +76,16 @@ def paged_reads_columns(cell: Any) -> dict[str, Any]:
     bound = budget_bound(base if base is not None and math.isfinite(base) else 0.0, cell.case.dtype)
     observed = outs[0].double()
     golden = mistaken_output(cell.q, *pools[0], layout, lambda b, used, *_: (b, used), kwargs.get("scale"))
+    wrong = float(((observed - golden) ** 2).mean().sqrt())                            # against correct
     candidates = []
     for order, (name, m) in enumerate(PAGED_MISTAKES.items()):
         expected = mistaken_output(cell.q, *pools[0], layout, m.reads, kwargs.get("scale"))
         own = mistaken_output(cell.q, *pools[0], layout, m.reads, kwargs.get("scale"), cell.q.dtype)
         err = float(((observed - expected) ** 2).mean().sqrt())
         tolerance = max(bound, budget_bound(float(((own - expected) ** 2).mean().sqrt()), cell.case.dtype))
-        if float(((golden - expected) ** 2).mean().sqrt()) > 2 * tolerance:           # distinguishable
-            candidates.append(Candidate(name, order, 1, err, err <= tolerance, (expected, tolerance)))
+        if float(((golden - expected) ** 2).mean().sqrt()) > tolerance:              # a mistake, not a rounding
+            candidates.append(Candidate(name, order, 1, err, err <= tolerance and bound < wrong and err < wrong,
+                                        (expected, tolerance)))
 
     def close(a: Candidate, b: Candidate) -> bool:
         return float(((a.evidence[0] - b.evidence[0]) ** 2).mean().sqrt()) <= max(a.evidence[1], b.evidence[1])
