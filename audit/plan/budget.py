@@ -190,12 +190,7 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     for i in candidates:
         if i in kept_all:
             continue
-        if i in costs:
-            skip[i] = why[i]
-        elif keys[i] in measurable:
-            skip[i] = "over the budget: every cell of its input set that would be measured was cut"
-        else:
-            skip[i] = not_tried(reasons.get(i))
+        skip[i] = why[i] if i in costs else not_tried(reasons.get(i), set_cut=keys[i] in measurable)
     covered = {kinds[i] for i in kept}
     uncovered = list(dict.fromkeys(kinds[i] for i in coverage if i not in kept
                                    and kinds[i] not in covered and not kinds[i].endswith("(self-check)")))
@@ -206,12 +201,14 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
                      {i: tier.get(i, REAL) for i in standby})
 
 
-def not_tried(predicted_reason: str | None) -> str:
-    """The reason of a cell predicted not to run (a backend the device lacks, a refusal) in an input set
-    where no cell is measured: it is not tried, since trying it would draw the set's inputs and build
-    its float64 golden first (4 s at T 2048 on 2 cores) to record what the plan already knows."""
-    return (f"not tried: predicted not to run here ({predicted_reason or 'unknown'}), and no cell of its input "
-            "set is measured (trying it would build the set's float64 golden for nothing)")
+def not_tried(predicted_reason: str | None, *, set_cut: bool) -> str:
+    """The reason of a cell predicted not to run (a backend the device lacks, torch refusing this machine)
+    in an input set where no cell is measured: it is not tried, since trying it would draw the set's
+    inputs and build its float64 golden first (4 s at T 2048 on 2 cores) to record what the plan knows.
+    set_cut: the set's cells were cut for the budget (else none of them runs at all)."""
+    why = ("its input set's cells were cut for the budget" if set_cut else "no cell of its input set is measured")
+    return (f"not tried: predicted not to run here ({predicted_reason or 'unknown'}), and {why} (trying it would "
+            "build the set's float64 golden for nothing)")
 
 
 def _too_slow(rows: list[dict], budget_s: float | None, max_cell_s: float | None) -> dict[str, str]:

@@ -35,6 +35,9 @@ DEFAULTS: dict[str, float] = {
 }
 FITTED = ("start_s", "ceilings_factor", "between_cell_s", "report_s")
 HOST_SCALED = ("start_s", "plan_per_cell_s", "between_cell_s", "skip_record_s", "report_s", "report_per_cell_s")
+# A run's start counts as cold (its measured seconds replace the predicted ones) past this factor of the
+# prediction plus these seconds: a first import of torch after an install took 10-20 s more than warm ones.
+COLD_START = (1.5, 2.0)
 # measure.roofline.host_probe_s on the reference host (30 probes: 5.05-5.44 ms, median 5.24), and
 # the range a host factor is kept in (a probe disturbed for a moment must not plan a run 100x off)
 REFERENCE_HOST_PROBE_S = 0.0052
@@ -78,10 +81,10 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
     reference-host seconds after the cells (model_audit_seconds), host-scaled.
 
     spent_s: a run planning itself has started already (its processes, torch's first import, the
-    canary's start reading, the ceilings): where those seconds, measured, are more than predicted (a
-    cold start: a first import of torch after an install reads its libraries from disk; a busy
-    machine), they stand for the prediction, so the cells are not planned into time already spent;
-    where less, the prediction stands, and the run makes the plan its dry-run showed."""
+    canary's start reading, the ceilings): where those seconds, measured, are well over the prediction
+    (COLD_START: a first import of torch after an install reads its libraries from disk), they stand
+    for it, so the cells are not planned into time already spent; else the prediction stands, and the
+    run makes the plan its dry-run showed (a start a little slower, a busy moment, is the keeper's)."""
     n = len(pred)
     devices = {str(d).split(":")[0] for d in pred["device"]} if n else set()
     kind = device_kind(devices)
@@ -92,7 +95,9 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
     if ceilings_measured:
         before += c("ceilings_factor") * ceilings_s * len(devices) + COUNTER_CHECK_WALL_S * ("cuda" in devices)
     if spent_s is not None:                         # its start reading is taken: the others are ahead
-        before = max(before, spent_s + CANARY_WALL_S * max(0, readings - 1))
+        spent = spent_s + CANARY_WALL_S * max(0, readings - 1)
+        if spent > before * COLD_START[0] + COLD_START[1]:
+            before = spent
     before += c("plan_per_cell_s") * n + c("between_cell_s") * kept + c("skip_record_s") * (n - kept)
     measured = int((pred["status"] == "ok").sum()) if n else 0
     return before, c("report_s") + c("report_per_cell_s") * measured + model_audit_s * host
