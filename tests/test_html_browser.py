@@ -50,10 +50,18 @@ PROBE = """<script>window.addEventListener('load', function () {
     return null;}
   var verdict = wrapAfter('verdict'), heads = verdict ? verdict.querySelectorAll('th') : [];
   var referee = Array.prototype.filter.call(heads, function (h) { return h.textContent === 'referee'; })[0];
+  var verdictMin = null;   // the verdict table's width laid out as narrow as its contents allow
+  if (verdict) {
+    var box = document.createElement('div'), clone = verdict.querySelector('table').cloneNode(true);
+    box.style.cssText = 'position: absolute; left: 0; top: 0; visibility: hidden';
+    clone.style.width = 'min-content'; box.appendChild(clone); document.body.appendChild(box);
+    verdictMin = clone.getBoundingClientRect().width; box.remove();
+  }
   var probe = document.createElement('pre'); probe.id = 'probe';
   probe.textContent = JSON.stringify({scroll: doc.scrollWidth, client: doc.clientWidth,
     fold: window.innerHeight, verdict_bottom: tableBottomAfter('verdict'),
     verdict_scroll: verdict ? verdict.scrollWidth : null, verdict_client: verdict ? verdict.clientWidth : null,
+    verdict_min: verdictMin,
     referee_right: referee ? referee.getBoundingClientRect().right : null,
     recommendations_bottom: tableBottomAfter('what-to-use'),
     toc: links.length, toc_width: document.querySelector('nav.toc') ?
@@ -104,6 +112,28 @@ def test_a_stored_runs_report_at_1400px(unpack, name, tmp_path):
     assert_above_the_fold(seen)
 
 
+def test_a_run_whose_masked_rows_differ_by_scenario_at_1400px(tmp_path):
+    """The stored CPU run of 2026-12-04, where eager and the compiled variants return NaN on the
+    masked rows of some scenarios and zero on others (bool, -inf float, left_padding, packed, sinks),
+    with argument probes as today's runs record them, so the verdict has every column: its fully
+    masked rows cells listed each scenario and left the table 16 px inside its frame, which another
+    machine's Chromium cut. Counted, with the list one link away, the table fits with room."""
+    run = cpu_run("2026-12-04/cpu", tmp_path / "runs")
+    lines = (run / "records.jsonl").read_text().splitlines()
+    probed = []
+    for line in lines:
+        rec = json.loads(line)
+        if rec.get("status") == "ok" and rec.get("scenario") == "normal":
+            rec["arguments"] = {"scale": "honoured", "causal": "honoured", "mask": "honoured"}
+        probed.append(json.dumps(rec))
+    (run / "records.jsonl").write_text("\n".join(probed) + "\n")
+    seen = check_page(_report(run), tmp_path)
+    verdict_md = (run / "index.md").read_text().split("## Verdict", 1)[-1].split("\n## ", 1)[0]
+    assert "| args |" in verdict_md and "| fully masked rows |" in verdict_md
+    assert "NaN in 4 scenarios; zero in 1](#fully-masked-rows" in verdict_md
+    assert seen["verdict_min"] < seen["verdict_client"]
+
+
 def check_page(report_dir: Path, tmp_path: Path) -> dict:
     """No sideways scroll, a contents link per section landing on its section, and a drawn,
     coloured badge for every severity among the findings. Returns what the probe saw."""
@@ -139,16 +169,28 @@ def test_the_probe_sees_a_page_that_scrolls_sideways_and_a_verdict_pushed_down(t
     narrow = probe_page(report, tmp_path / "browser2", '<style>body { max-width: 700px; }</style>')
     with pytest.raises(AssertionError, match="the verdict table is"):
         assert_verdict_fits(narrow)
+    tight = dict(seen, verdict_scroll=1000, verdict_client=1000, verdict_min=990)   # fits, without room
+    with pytest.raises(AssertionError, match="at its narrowest"):
+        assert_verdict_fits(tight, referee=False)
+
+
+# Fonts differ between machines: a Chromium elsewhere cut the verdict's last column ("3 runs") off a
+# table this probe laid out 16 px (1.4%) inside its 1162 px frame. The table must fit with room to spare.
+FONT_ROOM = 0.025
 
 
 def assert_verdict_fits(seen: dict, referee: bool = True) -> None:
-    """The verdict table scrolls not sideways in its frame, and its referee column (whether a
-    variant's numbers can be trusted at all; records from before the referee have none) is within
-    the window."""
+    """The verdict table scrolls not sideways in its frame, would not at its narrowest either with
+    FONT_ROOM to spare for another machine's fonts, and its referee column (whether a variant's numbers
+    can be trusted at all; records from before the referee have none) is within the window."""
     if seen["verdict_scroll"] is None:             # a run with no real variant's ok cell: no table
         return
     assert seen["verdict_scroll"] <= seen["verdict_client"], (
         f"the verdict table is {seen['verdict_scroll']} px wide in its {seen['verdict_client']} px frame")
+    room = seen["verdict_client"] * (1 - FONT_ROOM)
+    assert seen["verdict_min"] <= room, (
+        f"the verdict table is {seen['verdict_min']:.0f} px wide at its narrowest, over the {room:.0f} px "
+        f"that leaves {FONT_ROOM:.1%} of its {seen['verdict_client']} px frame for another machine's fonts")
     if referee:
         assert seen["referee_right"] is not None and seen["referee_right"] <= seen["client"], seen["referee_right"]
 

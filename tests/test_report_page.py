@@ -15,7 +15,8 @@ from audit.core.records import load
 from audit.render import Contents, Heading, Table, build_report, findings_table, negative_control_check, numeric_columns, para, render_html, render_markdown, write_page
 from audit.render.data import prepare
 from audit.render.sections import findings_section, overview_section
-from audit.render.verdict import determinism_text, masked_rows_text, recommendations, verdict_rows, verdict_section
+from audit.render.masked_rows import masked_rows_summary, masked_rows_text
+from audit.render.verdict import determinism_text, recommendations, verdict_rows, verdict_section
 from audit.workload.variants import NEGATIVE_CONTROLS
 from tests.helpers import cpu_run
 from tests.test_report import _cell, _section, _write, _write_run
@@ -455,6 +456,21 @@ def test_masked_rows_text_pools_cells_with_fully_masked_rows() -> None:
     assert masked_rows_text(rows.drop(columns="masked_rows")) == "not tested"
     by_form = rows.assign(dtype="fp32", masked_rows=["other", "other", "zero", "zero", "uniform"])
     assert masked_rows_text(by_form) == "bool: other; -inf float: zero"
+    assert masked_rows_summary(by_form) == ("bool: other; -inf float: zero", "")
+
+
+def test_masked_rows_over_many_scenarios_are_counted_and_listed_in_full_once() -> None:
+    """Where scenarios beyond the mask forms answer differently, the verdict counts them (one short
+    phrase, whatever the grid) and names them in the detail, the link's title."""
+    scenarios = ["fully_masked_bool", "fully_masked_neginf", "left_padding", "packed", "sinks", "sinks_prefill",
+                 "fully_masked_finfo_min"]
+    rows = pd.DataFrame({"variant": "eager", "status": "ok", "causal": True, "dtype": "fp32", "scenario": scenarios,
+                         "masked_rows": ["nan", "nan", "nan", "nan", "zero", "zero", "uniform"]})
+    text, detail = masked_rows_summary(rows)
+    assert text == "NaN in 4 scenarios; zero in 2"
+    assert detail == "NaN: bool, -inf float, left_padding, packed; zero: sinks, sinks_prefill"
+    assert masked_rows_text(rows) == text
+    assert masked_rows_summary(rows.assign(masked_rows="nan")) == ("NaN", "")    # one answer: nothing to list
 
 
 def test_the_worst_finding_names_its_diagnosis_and_links_to_its_row(tmp_path: Path) -> None:

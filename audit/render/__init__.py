@@ -22,11 +22,11 @@ from .page import (MISSING, Badge, Block, Code, Contents, Figure, Heading, Link,
 from .plotting import DTYPE_COLORS, legend_below, overflowing_artists, save_figure, suptitle, variant_colors
 from .tables import (alignment_table, budget_cuts_table, budget_table, ceilings_table, findings_summary,
                      findings_table, fp16_overflow_table, gradient_table, host_bound_table,
-                     is_control_finding, leakage_table, masked_rows_table, negative_control_check,
+                     is_control_finding, leakage_table, negative_control_check,
                      saturation_sweep_table, saturation_table, scenario_table, seed_claims_table, shape_table,
                      stated_shape)
-from .verdict import (Recommendation, determinism_text, masked_rows_text, recommendations, verdict_rows,
-                      verdict_section)
+from .masked_rows import masked_rows_table, masked_rows_text
+from .verdict import Recommendation, determinism_text, recommendations, verdict_rows, verdict_section
 
 # Old private names that tests still use.
 _save = save_figure

@@ -16,8 +16,9 @@ from .nothing_measured import nothing_measured_section
 from .page import Block, Contents, Heading, para, write_page
 from .sections import (compile_section, environment_section, findings_section, grid_section, memory_section,
                        numerics_section, overview_section, read_json, speed_section, title_section)
+from .masked_rows import masked_rows_section
 from .stability_sections import (budget_section, figures_section, fp16_section, leakage_section, lse_section,
-                                 masked_rows_section, saturation_section, scenarios_section, seed_section)
+                                 saturation_section, scenarios_section, seed_section)
 from .time_budget import time_budget_section
 from .verdict import VERDICT_HEADING, verdict_section
 

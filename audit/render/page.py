@@ -35,10 +35,12 @@ class Mono:
 
 @dataclass(frozen=True)
 class Link:
-    """A link to a file of the same folder (relative path) or a heading (#id)."""
+    """A link to a file of the same folder (relative path) or a heading (#id); title: what a
+    pointer resting on it shows (HTML's title, Markdown's link title)."""
 
     text: str
     href: str
+    title: str = ""
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,8 @@ def _markdown_inline(parts: Iterable[Inline], in_table: bool = False) -> str:
         elif isinstance(part, Mono):
             out.append(f"`{part.text}`")
         elif isinstance(part, Link):
-            out.append(f"[{part.text}]({quote(part.href, safe='/#.-_~')})")
+            title = ' "{}"'.format(part.title.replace('"', "'")) if part.title else ""
+            out.append(f"[{part.text}]({quote(part.href, safe='/#.-_~')}{title})")
         elif isinstance(part, Badge):
             out.append(f"**{part.text}**")
         else:
@@ -292,7 +295,8 @@ def _html_inline(parts: Iterable[Inline]) -> str:
         elif isinstance(part, Mono):
             out.append(f"<code>{html.escape(part.text)}</code>")
         elif isinstance(part, Link):
-            out.append(f'<a href="{html.escape(part.href)}">{html.escape(part.text)}</a>')
+            title = f' title="{html.escape(part.title)}"' if part.title else ""
+            out.append(f'<a href="{html.escape(part.href)}"{title}>{html.escape(part.text)}</a>')
         elif isinstance(part, Badge):
             kind = part.kind or part.text
             kind = kind if kind in SEVERITIES else "other"

@@ -1,5 +1,5 @@
 """The report's sections about numerical stability (scenarios, error budget, fp16 overflow,
-masked rows, leakage, saturation), the seed's claims and the figures. Never measures.
+leakage, saturation; fully masked rows: masked_rows.py), the seed's claims and the figures. Never measures.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .data import BASELINE_VARIANT, FP16_MAX, FP16_RANGE_SCENARIO, MASK_FORMS, N
 from .page import MISSING, Block, Figure, Heading, Mono, Table, format_value, para
 from .tables import (alignment_table, budget_table, fp16_overflow_table, gradient_budget_table, gradient_table, leakage_table,
                      lse_table,
-                     masked_rows_table, saturation_table, scenario_table, seed_claims_table, wide_by_variant)
+                     saturation_table, scenario_table, seed_claims_table, wide_by_variant)
 
 def _names_or_none(values: Iterable[str]) -> str:
     names = list(values)
@@ -146,26 +146,6 @@ def fp16_section(frame: pd.DataFrame) -> list[Block]:
              "that see a key (", Mono("out_nonfinite_visible"), "), where float64 is finite."),
         summary,
         Table(wide),
-    ]
-
-
-def masked_rows_section(frame: pd.DataFrame) -> list[Block]:
-    table = masked_rows_table(frame)
-    if table.empty or len(table.columns) < 2:
-        return []
-    return [
-        Heading(2, "Fully masked rows"),
-        para("Hand-written softmax gives NaN for query rows that see no key; SDPA returns 0 "
-             "for them. A finfo.min float mask is finite, so such rows are not masked at all: "
-             "they attend uniformly to the masked keys."),
-        para("Where the table says other under finfo.min, the rows are finite but not exactly "
-             "the mean of all values, for example because causal masking still limits a row to "
-             "the keys before it."),
-        para("Per variant and mask form, what the fully masked rows hold: nan, zero, uniform "
-             "(the mean of all values), other (finite, neither zero nor uniform) or mixed (more "
-             "than one in a cell). A split such as \"nan (fp32), other (fp16)\" names the axis "
-             "along which the answer changes; {a, b}: differs with no single axis."),
-        Table(table),
     ]
 
 

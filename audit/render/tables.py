@@ -14,7 +14,7 @@ from ..core.defects import WARNING_DEFECTS
 from ..core.runfolder import SEED_CLAIMS_FILE
 from ..analysis.noise_rules import cell_noise, unstable_mask
 from .page import format_value, slugify
-from .data import ALIGNMENT_SCENARIOS, FP16_RANGE_SCENARIO, GOLDEN_SOURCE_PREFERENCE, MASK_FORMS, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, OUTLIERS_SCENARIO, SCALED_PREFIX, SEVERITY_ORDER, describe_values, dtype_order, flag_equals, is_negative_control, normal_rows, numeric, ok_rows, representative_slice, scenario_alpha, scenario_descriptions, scenario_order, sorted_values, speed_rows, speedup_vs_baseline, variant_order
+from .data import ALIGNMENT_SCENARIOS, FP16_RANGE_SCENARIO, GOLDEN_SOURCE_PREFERENCE, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, OUTLIERS_SCENARIO, SCALED_PREFIX, SEVERITY_ORDER, describe_values, dtype_order, flag_equals, is_negative_control, normal_rows, numeric, ok_rows, representative_slice, scenario_alpha, scenario_descriptions, scenario_order, sorted_values, speed_rows, speedup_vs_baseline, variant_order
 
 
 def scenario_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -125,27 +125,6 @@ def negative_control_check(frame: pd.DataFrame, findings: list[dict]) -> pd.Data
         rows.append({"control": control, "flagged": bool(checks), "checks": ", ".join(checks),
                      "diagnosed": ", ".join(diagnosed)})
     return pd.DataFrame(rows, columns=columns)
-
-
-def masked_rows_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """What each variant returns on fully masked rows, per mask form.
-
-    Columns: variant, then one per form present (bool, -inf float, finfo.min float);
-    values nan, zero, uniform, other, mixed, or a split such as "nan (fp32), other (fp16)".
-    """
-    ok = ok_rows(frame)
-    if "masked_rows" not in ok.columns:
-        return pd.DataFrame(columns=["variant"])
-    ok = ok[ok["masked_rows"].notna()]
-    forms = [(s, label) for s, label in MASK_FORMS if (ok["scenario"] == s).any()]
-    ok = ok[ok["scenario"].isin([s for s, _ in forms])]
-    out = []
-    for variant in variant_order(ok["variant"]):
-        rows = ok[ok["variant"] == variant]
-        out.append({"variant": variant, **{label: describe_values(rows[rows["scenario"] == s],
-                                                                  "masked_rows")
-                                           for s, label in forms}})
-    return pd.DataFrame(out, columns=["variant", *[label for _, label in forms]])
 
 
 def fp16_overflow_table(frame: pd.DataFrame) -> pd.DataFrame:

@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.argument_rules import ARGUMENT_CHECK, argument_summary
-from ..analysis.findings import FINFO_MIN_SCENARIO
 from ..analysis.noise_rules import cell_noise, tie_lead
 from ..core.defects import REPEATED_TENSORS
 from ..core.referee import refereed
@@ -27,6 +26,7 @@ from .data import (BASELINE_VARIANT, MATCH_AXES, NEGATIVE_CONTROL_PREFIX, NORMAL
                    describe_values, dtype_order, is_negative_control,
                    memory_ratio_vs_baseline, numeric, ok_rows, speedup_vs_baseline, variant_order)
 from .argument_section import NOT_PROBED, argument_text
+from .masked_rows import masked_rows_cell, masked_rows_summary
 from .page import MISSING, Badge, Block, Heading, Inline, Link, Mono, Span, Table, format_value, para
 from .tables import anchored_findings
 
@@ -36,10 +36,6 @@ DEVICE_DTYPE = "device\u00a0dtype"        # one unbroken header: the column stay
 CLOSE_LEAD = 1.10                   # where no noise was measured (records without samples): a lead under 10% ties
 MIN_SHARED_FRACTION = 0.5           # a variant joins a comparison if the shared cells stay >= half of the slice's
 SEVERITY_RANK = {severity: rank for rank, severity in enumerate(SEVERITY_ORDER)}
-# Masks whose "fully masked" rows are finite (finfo.min): every variant attends uniformly there by
-# design, so they say nothing about what a variant does with a row that sees no key.
-FINITE_MASK_SCENARIOS = (FINFO_MIN_SCENARIO,)
-MASK_FORM_LABELS = {"fully_masked_bool": "bool", "fully_masked_neginf": "-inf float"}
 
 
 # --------------------------------------------------------------------------- mask kinds
@@ -111,27 +107,6 @@ def finding_part(finding: dict, anchor: str) -> Span:
                 keep_together=len(words) <= VERDICT_UNBROKEN_CH)
 
 
-def masked_rows_text(rows: pd.DataFrame) -> str:
-    """What a variant returns on rows that see no key, over its ok cells that have such rows
-    (finite finfo.min masks left out): "zero", "NaN", "NaN (fp16), zero (fp32)", split by mask
-    form when forms differ ("bool: other; -inf float: zero"); "not tested" when none ran."""
-    if "masked_rows" not in rows.columns:
-        return "not tested"
-    rows = rows[rows["masked_rows"].notna() & ~rows["scenario"].astype(str).isin(FINITE_MASK_SCENARIOS)]
-    if rows.empty:
-        return "not tested"
-    whole = describe_values(rows, "masked_rows") or "not tested"
-    if not whole.startswith("{"):
-        return _nan_word(whole)
-    by_form = [(MASK_FORM_LABELS.get(s, s), describe_values(g, "masked_rows"))
-               for s, g in rows.groupby(rows["scenario"].astype(str), sort=True)]
-    return _nan_word("; ".join(f"{label}: {text}" for label, text in by_form if text))
-
-
-def _nan_word(text: str) -> str:
-    return re.sub(r"\bnan\b", "NaN", text)
-
-
 def _is_tensor_list(value: Any) -> bool:
     return isinstance(value, (list, tuple, np.ndarray))
 
@@ -185,9 +160,11 @@ def verdict_rows(frame: pd.DataFrame, baseline: str = VERDICT_BASELINE) -> pd.Da
     """The verdict's numbers, one row per real variant with an ok cell: speedup and fwd_bwd_speedup
     (baseline time / variant time, geometric mean over matched cells; above 1 is faster), memory
     and fwd_bwd_memory (variant peak / baseline peak; below 1 is smaller), the matched cells of
-    each, masked_rows and determinism (text). The baseline itself reads 1 with its own cell count."""
+    each, masked_rows (text) and masked_rows_detail (the scenarios behind its counts, or ""), and
+    determinism (text). The baseline itself reads 1 with its own cell count."""
     columns = ["variant", "speedup", "fwd_cells", "fwd_bwd_speedup", "fwd_bwd_cells", "memory", "memory_cells",
-               "fwd_bwd_memory", "fwd_bwd_memory_cells", "masked_rows", "determinism", "refereed", "arguments"]
+               "fwd_bwd_memory", "fwd_bwd_memory_cells", "masked_rows", "masked_rows_detail", "determinism",
+               "refereed", "arguments"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
     measured = _real_variants(ok_rows(frame))
@@ -219,7 +196,7 @@ def verdict_rows(frame: pd.DataFrame, baseline: str = VERDICT_BASELINE) -> pd.Da
             else:
                 row[name], row[cells_column[name]] = None, 0
         own = frame[frame["variant"] == variant]
-        row["masked_rows"] = masked_rows_text(ok_rows(own))
+        row["masked_rows"], row["masked_rows_detail"] = masked_rows_summary(ok_rows(own))
         row["determinism"] = determinism_text(own)
         row["refereed"] = any(refereed(r) for r in ok_rows(own).to_dict("records"))
         row["arguments"] = argument_text(arguments.get(variant, {}))
@@ -322,7 +299,8 @@ def verdict_display(rows: pd.DataFrame, findings: list[dict] | None, baseline: s
         "worst finding": [finding_cell(v) for v in rows["variant"]],
         **({"args": [argument_cell(r) for r in records]}                       # records before probes: none
            if "arguments" in rows and (rows["arguments"] != NOT_PROBED).any() else {}),
-        "fully masked rows": [_unbroken(t) for t in rows["masked_rows"]],
+        "fully masked rows": [_unbroken(t) if not d else masked_rows_cell(t, d)
+                              for t, d in zip(rows["masked_rows"], rows["masked_rows_detail"])],
         "3 runs": [_unbroken(t) for t in rows["determinism"]],
     })
 
