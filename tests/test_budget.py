@@ -231,7 +231,9 @@ def test_a_dry_run_and_the_run_make_one_plan(tmp_path):
     grid = [sys.executable, "-m", "audit", "run", "--preset", "quick", "--variant", "eager", "sdpa", "--dtype",
             "fp32", "--seq-len", "64", "128", "--heads", "2", "--kv-heads", "2", "--no-report", "--no-progress",
             "--out", str(tmp_path / "run")]
-    env = dict(os.environ, PYTHONPATH=str(root))
+    # a cache of its own: another test measuring this machine's ceilings meanwhile (pytest-xdist) must not
+    # change the host factor between the dry-run and the run
+    env = dict(os.environ, PYTHONPATH=str(root), ATTN_AUDIT_CACHE=str(tmp_path / "cache"))
 
     def dry_run(budget: str) -> subprocess.CompletedProcess:
         done = subprocess.run([*grid, "--budget", budget, "--dry-run"], cwd=root, capture_output=True, text=True,
