@@ -20,6 +20,8 @@ from audit.workload import presets
 from audit.workload.backward_mistakes import BACKWARD_MISTAKES, backward_of
 from audit.workload.inputs import make_inputs
 
+from tests.helpers import platform_skipped
+
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0, max_cell_s=None,
                         energy_window_s=0.0)
@@ -38,7 +40,11 @@ def plugin_run():
         recs = [runner.run_cell(c, cache, PRESET, {}) for c in cases]
     finally:
         sys.path.remove(str(PLUGINS))
+    # cells torch refuses on this machine (bf16 SDPA's packing under ATEN_CPU_CAPABILITY=default or avx2 on
+    # an AMX CPU): skipped with torch's words; the others must run, fp32 everywhere
+    recs = [r for r in recs if not platform_skipped(r)]
     assert all(r["status"] == "ok" for r in recs), [r["reason"] for r in recs]
+    assert len(recs) == len(cases) or {r["dtype"] for r in recs} == {"fp32"}
     return recs, compute_findings(to_frame(recs))
 
 
@@ -63,7 +69,8 @@ def test_a_wrong_gradient_is_an_error_naming_it_and_its_mistake(plugin_run, vari
     (finding,) = [f for f in found if f["variant"] == variant]
     assert finding["check"] == "grad_error_budget" and finding["severity"] == "error"
     assert sorted(finding["cells"]) == sorted(r["id"] for r in mine)
-    assert f"{grad} in 8 cell(s)" in finding["message"]
+    assert len(mine) == 8 or {r["dtype"] for r in mine} == {"fp32"}   # bf16 refused here: fp32's 4
+    assert f"{grad} in {len(mine)} cell(s)" in finding["message"]
     others = {"dq", "dk", "dv"} - {grad}
     assert not any(f"{g} in " in finding["message"] for g in others)
     assert finding["diagnosis"] == mistake and BACKWARD_MISTAKES[mistake].title in finding["message"]
