@@ -3,6 +3,7 @@ built-ins and transformers' compiled flex_attention) runs under. One place, so t
 variants and audit.workload.hf share it without importing each other."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from ..core.errors import PlatformRefusal
@@ -34,6 +35,47 @@ def configure_dynamo() -> None:
     if hasattr(config, "fail_on_recompile_limit_hit"):
         # Past the recompile limit Dynamo silently runs eager; make that an error instead.
         config.fail_on_recompile_limit_hit = True
+    if trusted_vec_isa():
+        inductor_config.cpp.vec_isa_ok = True
+
+
+VEC_ISA_ENV = "TORCHINDUCTOR_VEC_ISA_OK"
+
+
+@functools.cache
+def trusted_vec_isa() -> bool:
+    """Whether Inductor may take the vector ISAs this x86 CPU reports (torch.cpu's cpuinfo, which asks the
+    OS too) without building a check of each in every process (config.cpp.vec_isa_ok): when the C++
+    compiler Inductor uses accepts every one of their flags, which one compile of an empty program
+    shows (about 50 ms). Inductor's own check builds a probe against ATen's vector headers per ISA and
+    loads it in a child process: 6.5 s of a process's first compile with its cache cold (14 s -> 7.5 s
+    on 2 cores of a Xeon with AMX), 1 s warm; a quick run's compiles were most of its cell time on a
+    slower CPU. AMX and AVX-512 bf16 are still checked by Inductor (their own probes follow). False
+    where $TORCHINDUCTOR_VEC_ISA_OK is set (the user's choice stands), off x86, or where the compiler
+    refuses a flag (Inductor then checks as it would)."""
+    import os
+    import platform
+    import subprocess
+    import tempfile
+    if os.environ.get(VEC_ISA_ENV) is not None or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        import torch
+        from torch._inductor import cpp_builder, cpu_vec_isa
+        reported = cpu_vec_isa.x86_isa_checker()
+        flags = {f for isa in cpu_vec_isa.supported_vec_isa_list if all(x in reported for x in str(isa).split())
+                 for f in isa._arch_flags.split()}
+        if torch.cpu._is_avx512_bf16_supported():
+            flags.add("-mavx512bf16")
+        if not flags:
+            return False
+        with tempfile.TemporaryDirectory() as folder:
+            done = subprocess.run([cpp_builder.get_cpp_compiler(), *sorted(flags), "-x", "c++", "-",
+                                   "-o", os.path.join(folder, "probe")], input="int main() { return 0; }\n",
+                                  capture_output=True, text=True, timeout=60)
+        return done.returncode == 0
+    except Exception:  # noqa: BLE001 - no compiler, an Inductor without these names: Inductor checks as it would
+        return False
 
 
 def _private_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
