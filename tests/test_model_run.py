@@ -106,9 +106,9 @@ def test_the_model_audit_time_is_fitted_from_a_runs_records():
     """What a run's model audit took (its time split, its records' seconds) predicts the next one: the
     same models and variants are predicted at what they took."""
     from audit.plan.overhead import fit_overheads, model_audit_seconds
-    from audit.workload.model import model_variants, predicted_runs, MODEL_SPECS
+    from audit.workload.model import MODEL_DTYPES, model_variants, predicted_runs, MODEL_SPECS
     runs = ["sdpa", "eager"]
-    n = predicted_runs(MODEL_SPECS["llama-tiny"], model_variants(runs))
+    n = predicted_runs(MODEL_SPECS["llama-tiny"], model_variants(runs)) * len(MODEL_DTYPES)
     records = [{"kind": "reference", "model": "llama-tiny", "status": "ok", "seconds": 0.9}]
     records += [{"kind": "variant", "model": "llama-tiny", "status": "ok", "seconds": 0.02 + 0.01 * (i % 2)}
                 for i in range(n)]
@@ -123,6 +123,35 @@ def test_the_model_audit_time_is_fitted_from_a_runs_records():
     assert predicted == pytest.approx(1.5 + 0.9 + n * fitted["cpu|model:llama-tiny|run_s"])
     assert abs(predicted - (spent + 1.5)) < 0.01 * n
     assert model_audit_seconds((), runs, "cpu") == 0.0
+
+
+def test_a_slower_matmul_adds_what_the_models_flops_lose_and_the_fit_takes_it_out():
+    """bf16 on a CPU whose matmul is 1000x slower (an AVX2-only machine's oneDNN): each bf16 run takes its
+    prior plus the model's FLOPs at the rate lost (a cpu-preset run's model audit took 34 s where 7 were
+    planned); fp32 at the reference's rate adds nothing. A run made there, fitted, gives back the prior."""
+    from audit.plan.overhead import fit_overheads, model_audit_seconds
+    from audit.workload.model import MODEL_SPECS, model_variants, predicted_runs
+    spec = MODEL_SPECS["llama-tiny"]
+    reference = {"fp32": 2e11, "bf16": 4e11}
+    params = SimpleNamespace(overhead={}, reference={"cpu": {"ceilings": {"matmul_flops_per_s": reference}}})
+    slow = {"matmul_flops_per_s": {"fp32": 2e11, "bf16": 4e8}}
+    runs = ["sdpa", "eager"]
+    per_dtype = predicted_runs(spec, model_variants(runs))
+    same = model_audit_seconds(("llama-tiny",), runs, "cpu", params, ceilings={"matmul_flops_per_s": reference})
+    slower = model_audit_seconds(("llama-tiny",), runs, "cpu", params, ceilings=slow)
+    lost = spec.forward_flops() * (1 / 4e8 - 1 / 4e11)
+    assert slower - same == pytest.approx(per_dtype * lost)
+    assert model_audit_seconds(("llama-tiny",), runs, "cpu", params, ceilings=None) == pytest.approx(same)
+    build_s, run_s = spec.prior("cpu")
+    records = [{"kind": "reference", "model": "llama-tiny", "status": "ok", "seconds": build_s}]
+    records += [{"kind": "variant", "model": "llama-tiny", "status": "ok", "dtype": dtype,
+                 "seconds": run_s + (lost if dtype == "bf16" else 0.0)} for dtype in ("fp32", "bf16")] * per_dtype
+    spent = sum(r["seconds"] for r in records)
+    run = SimpleNamespace(time_split={"parts_s": {"model audit": spent + 1.0}}, ceilings={"cpu": slow},
+                          frame=pd.DataFrame({"device": ["cpu"], "status": ["ok"], "reason": [None]}),
+                          model_records=records, ceilings_s=None)
+    fitted = fit_overheads([run], params)
+    assert fitted["cpu|model:llama-tiny|run_s"] == pytest.approx(run_s)
 
 
 def _write(run_dir: Path, records: list[dict]) -> Path:

@@ -285,10 +285,12 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
 
     forecast = predict(cases, preset, run_dir, measure=measure)
     models = tuple(getattr(preset, "models", ()))
-    model_s = model_audit_seconds(models, list(dict.fromkeys(c.variant for c in cases)),
-                                  device_kind(c.device for c in cases), forecast.params)
     measured = forecast.ceilings_measured if ceilings_measured is None else ceilings_measured
     host = host_factor(forecast.ceilings)           # the run's outside-the-cells work scales with it
+    kind = device_kind(c.device for c in cases)
+    model_s = model_audit_seconds(models, list(dict.fromkeys(c.variant for c in cases)), kind, forecast.params,
+                                  host=host, ceilings=next((c for d, c in forecast.ceilings.items()
+                                                            if str(d).split(":")[0] == kind), None))
     spent_s = None if now_unix is None else max(0.0, now_unix - started_unix)
     plan, per_dtype_whole = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix,
                                   measured=measured, host=host, model_s=model_s, spent_s=spent_s)
@@ -297,7 +299,7 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
         # levels), before the rest: where those do not all fit with it, it is left out (a record in
         # model.jsonl says why) and the cells get its time
         reason = (f"over the budget: the {format_duration(budget_s)} budget (--budget) does not hold the model audit "
-                  f"(predicted {model_s * host:.1f} s) after a cell of every real variant per dtype")
+                  f"(predicted {model_s:.1f} s) after a cell of every real variant per dtype")
         plan, _ = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix, measured=measured,
                         host=host, model_s=0.0, spent_s=spent_s)
         plan.model_audit_skip = reason
@@ -310,7 +312,7 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
 
 def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float | None, started_unix: float,
           measured: bool, host: float, model_s: float, spent_s: float | None = None) -> tuple[Plan, bool]:
-    """plan_run's plan with a model audit of model_s reference-host seconds after the cells (0: none), and
+    """plan_run's plan with a model audit of model_s seconds (this host's) after the cells (0: none), and
     whether it keeps a cell of every real variant per dtype (Selection.per_dtype)."""
     from .costmodel import CostModel, Settings
     from .overhead import overhead_s as overhead_of
@@ -363,7 +365,7 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
                 smallest_s=None if chosen.smallest_s is None else chosen.smallest_s + sum(reserve(chosen.smallest)),
                 coverage_s=None if chosen.coverage_s is None else chosen.coverage_s + sum(reserve(chosen.coverage)),
                 measured=int(((forecast.pred["status"] == "ok") & ~forecast.pred["id"].isin(skip)).sum()),
-                model_audit_s=model_s * host, smallest=[i for i in chosen.smallest if i not in skip],
+                model_audit_s=model_s, smallest=[i for i in chosen.smallest if i not in skip],
                 standby=list(chosen.standby), standby_tier=dict(chosen.standby_tier))
     plan.work, plan.groups = _work(forecast.pred, set(kept) | set(chosen.standby)) if chosen.standby else ({}, [])
     return plan, not any(i in skip for i in chosen.per_dtype)

@@ -104,7 +104,7 @@ def fit(runs: Iterable[RunData], priors: Params | None = None) -> Params:
     _fit_constants(runs, fitted)
     fit_phases(runs, fitted)                  # records with phase_s: each part of a cell on its own seconds
     _fit_noise(runs, fitted)
-    fitted.overhead.update(fit_overheads(runs))
+    fitted.overhead.update(fit_overheads(runs, priors))
     return (priors or Params()).merged(fitted)
 
 

@@ -78,7 +78,7 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
     costmodel prediction: its cells' devices and statuses); ceilings_s: the seconds the preset
     gives each device's ceilings; host: this host's host_factor; kept: how many of them the
     budget keeps (default all): the others cost a skip's record only; model_audit_s: the model audit's
-    reference-host seconds after the cells (model_audit_seconds), host-scaled.
+    seconds after the cells on this host (model_audit_seconds).
 
     spent_s: a run planning itself has started already (its processes, torch's first import, the
     canary's start reading, the ceilings): where those seconds, measured, are well over the prediction
@@ -100,35 +100,68 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
             before = spent
     before += c("plan_per_cell_s") * n + c("between_cell_s") * kept + c("skip_record_s") * (n - kept)
     measured = int((pred["status"] == "ok").sum()) if n else 0
-    return before, c("report_s") + c("report_per_cell_s") * measured + model_audit_s * host
+    return before, c("report_s") + c("report_per_cell_s") * measured + model_audit_s
 
 
 def model_audit_seconds(models: Iterable[str], run_variants: list[str], device: str = "cpu",
-                        params: Any = None) -> float:
-    """The reference-host seconds of a run's model audit after its cells (measure/model_audit.py:
-    write_run_audit) on `device` (cpu | cuda): importing transformers, then per model its build and
-    float64 run and each (variant, dtype) run not refused up front. Each constant is this machine's,
-    fitted on its earlier runs' model.jsonl (fit_overheads: "<device>|model_import_s",
-    "<device>|model:<name>|build_s", "...|run_s"), else the model's prior (workload.model.ModelSpec.priors)."""
-    from ..workload.model import MODEL_SPECS, TRANSFORMERS_IMPORT_S, model_variants, predicted_runs
+                        params: Any = None, *, host: float = 1.0, ceilings: Mapping[str, Any] | None = None) -> float:
+    """The seconds on this host (host: its host_factor) of a run's model audit after its cells
+    (measure/model_audit.py: write_run_audit) on `device` (cpu | cuda): importing transformers, then per
+    model its build and float64 run and each (variant, dtype) run not refused up front. Each constant is
+    this machine's, fitted on its earlier runs' model.jsonl (fit_overheads: "<device>|model_import_s",
+    "<device>|model:<name>|build_s", "...|run_s"), else the model's prior (workload.model.ModelSpec.priors),
+    in the reference host's seconds, times `host`. A run in a dtype whose matmul `ceilings` (this
+    device's, measured) say is slower than the reference machine's (params.reference) also takes what
+    the model's FLOPs (ModelSpec.forward_flops) lose there: bf16 on a CPU without AVX-512 bf16 or AMX
+    runs its matmuls at 1-2 GFLOP/s, and a cpu-preset run's model audit took 34 s where 7 were planned."""
+    from ..workload.model import MODEL_DTYPES, MODEL_SPECS, TRANSFORMERS_IMPORT_S, model_variants, predicted_runs
     specs = [MODEL_SPECS[m] for m in models if m in MODEL_SPECS]
     if not specs:
         return 0.0
     table = getattr(params, "overhead", None) or {}
+    slower = slower_per_flop(ceilings, reference_ceilings(params, device))
     variants = model_variants(run_variants)
-    total = float(table.get(f"{device}|model_import_s", TRANSFORMERS_IMPORT_S))
+    total = float(table.get(f"{device}|model_import_s", TRANSFORMERS_IMPORT_S)) * host
     for spec in specs:
         build_s, run_s = spec.prior(device)
         build_s = float(table.get(f"{device}|model:{spec.name}|build_s", build_s))
         run_s = float(table.get(f"{device}|model:{spec.name}|run_s", run_s))
-        total += build_s + run_s * predicted_runs(spec, variants)
+        runs = predicted_runs(spec, variants)
+        lost = sum(spec.forward_flops() * slower.get(d, 0.0) for d in MODEL_DTYPES)
+        total += build_s * host + runs * (run_s * host * len(MODEL_DTYPES) + lost)
     return total
 
 
-def _fit_model_audit(run: Any, kind: str, host: float, parts: Mapping[str, Any]) -> dict[str, list[float]]:
+def reference_ceilings(params: Any, device: str) -> Mapping[str, Any]:
+    """The ceilings of the machine the priors' constants are in (params.reference), {} where none."""
+    return ((getattr(params, "reference", None) or {}).get(device) or {}).get("ceilings") or {}
+
+
+def slower_per_flop(ceilings: Mapping[str, Any] | None, reference: Mapping[str, Any] | None) -> dict[str, float]:
+    """Per dtype, the seconds a matmul FLOP costs on the machine of `ceilings` beyond what it costs on the
+    reference machine's (0 where faster, or where either rate is unknown)."""
+    here = (ceilings or {}).get("matmul_flops_per_s") or {}
+    there = (reference or {}).get("matmul_flops_per_s") or {}
+    return {dtype: max(0.0, 1.0 / here[dtype] - 1.0 / there[dtype]) if here.get(dtype) and there.get(dtype) else 0.0
+            for dtype in set(here) | set(there)}
+
+
+def _fit_model_audit(run: Any, kind: str, host: float, parts: Mapping[str, Any],
+                     reference: Mapping[str, Any] | None = None) -> dict[str, list[float]]:
     """A run's model audit constants in reference-host seconds (model_audit_seconds' names): per model the
-    float64 run's build (its reference record's seconds) and the median variant run, and the import as
-    what the audit's time split holds beyond its records' seconds."""
+    float64 run's build (its reference record's seconds) and the mean variant run, less what the model's
+    FLOPs lost to a matmul slower than the reference machine's (`reference`: its ceilings; the run's own
+    from run.ceilings), and the import as what the audit's time split holds beyond its records' seconds."""
+    from ..workload.model import MODEL_SPECS
+    ceilings = next((c for d, c in (getattr(run, "ceilings", None) or {}).items()
+                     if isinstance(c, Mapping) and str(d).split(":")[0] == kind), None)
+    slower = slower_per_flop(ceilings, reference)
+
+    def own_seconds(r: Mapping[str, Any]) -> float:
+        spec = MODEL_SPECS.get(str(r.get("model")))
+        lost = spec.forward_flops() * slower.get(str(r.get("dtype")), 0.0) if spec is not None else 0.0
+        return max(0.0, float(r["seconds"]) - lost) / host
+
     records = [r for r in (getattr(run, "model_records", None) or []) if isinstance(r, Mapping)]
     timed = [r for r in records if r.get("status", "ok") == "ok" and r.get("seconds") is not None]
     total = float(parts.get("model audit", 0.0) or 0.0)
@@ -138,7 +171,7 @@ def _fit_model_audit(run: Any, kind: str, host: float, parts: Mapping[str, Any])
     for model in dict.fromkeys(str(r.get("model")) for r in timed):
         mine = [r for r in timed if r.get("model") == model]
         builds = [float(r["seconds"]) / host for r in mine if r.get("kind") == "reference"]
-        runs = [float(r["seconds"]) / host for r in mine if r.get("kind") == "variant"]
+        runs = [own_seconds(r) for r in mine if r.get("kind") == "variant"]
         if builds:
             found[f"{kind}|model:{model}|build_s"] = [builds[0]]
         if runs:                # the mean: the audit's time is their sum, one slow variant included
@@ -148,11 +181,12 @@ def _fit_model_audit(run: Any, kind: str, host: float, parts: Mapping[str, Any])
     return found
 
 
-def fit_overheads(runs: Iterable[Any]) -> dict[str, float]:
+def fit_overheads(runs: Iterable[Any], reference: Any = None) -> dict[str, float]:
     """The FITTED constants per device kind, medians over the runs whose run.json has a
     time_split (a RunData: time_split, frame, ceilings, ceilings_s): {"cpu|report_s": ..., ...},
     in the reference host's seconds (each run's divided by its host_factor: a run made while
-    the machine was busy counts as the machine's speed then)."""
+    the machine was busy counts as the machine's speed then). reference: the priors (Params), whose
+    reference machine's ceilings the model audit's runs are set against (_fit_model_audit)."""
     values: dict[str, list[float]] = {}
     for run in runs:
         split: Mapping[str, Any] = getattr(run, "time_split", None) or {}
@@ -181,6 +215,6 @@ def fit_overheads(runs: Iterable[Any]) -> dict[str, float]:
             found["ceilings_factor"] = max(0.0, get("ceilings") - COUNTER_CHECK_WALL_S * checked) / ceilings_s
         for name, value in found.items():
             values.setdefault(f"{kind}|{name}", []).append(max(0.0, value))
-        for key, fitted in _fit_model_audit(run, kind, host, parts).items():
+        for key, fitted in _fit_model_audit(run, kind, host, parts, reference_ceilings(reference, kind)).items():
             values.setdefault(key, []).extend(fitted)
     return {key: statistics.median(v) for key, v in values.items()}

@@ -58,6 +58,23 @@ class ModelSpec:
     def intermediate(self) -> int:
         return 2 * self.hidden
 
+    @property
+    def experts_per_token(self) -> int:
+        """The MLPs a token runs through: gpt-oss routes each to 2 of its 4 experts (_config)."""
+        return 2 if self.family == "gpt_oss" else 1
+
+    def forward_flops(self) -> float:
+        """FLOPs of one forward of the batch of prompts, in the model's dtype: the layers' projections
+        (q, k, v, o), their MLPs (gate, up, down per expert a token runs through), the attention
+        (4·B·H·T²·d, every key: an upper bound for the windowed layers) and lm_head. What the
+        model audit's run of one (variant, dtype) costs beyond its prior on a slower matmul
+        (plan/overhead.py: model_audit_seconds)."""
+        tokens = self.batch * self.seq_len
+        projections = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate * self.experts_per_token
+        attention = 4.0 * self.batch * self.heads * self.seq_len ** 2 * self.head_dim
+        return 2.0 * tokens * (self.layers * (projections + mlp) + self.hidden * self.vocab) + self.layers * attention
+
     def needs(self) -> set[str]:
         """What its attention asks of a variant (variants.FEATURES): sinks (gpt-oss), GQA."""
         return ({"sinks"} if self.family == "gpt_oss" else set()) | ({"gqa"} if self.kv_heads < self.heads else set())
@@ -115,11 +132,12 @@ def model_variants(run_variants: list[str]) -> list[str]:
 
 
 def predicted_runs(spec: ModelSpec, variants: list[str]) -> int:
-    """How many (variant, dtype) runs of `spec` are not refused up front (a built-in's declared refusal)."""
+    """How many runs of `spec` in each of MODEL_DTYPES are not refused up front (a built-in's declared
+    refusal)."""
     from .variants import builtin_variants
     table = builtin_variants()
     refused = sum(1 for v in variants if v in table and table[v].refusal(spec.needs()))
-    return (len(variants) - refused) * len(MODEL_DTYPES)
+    return len(variants) - refused
 FAMILIES: tuple[str, ...] = ("llama", "gpt_oss")
 
 
