@@ -18,7 +18,6 @@ DATA = __import__("pathlib").Path(__file__).resolve().parent / "data"
 H200_RUNS = DATA / "h200-2026-11-30"
 CPU_RUNS = DATA / "cpu-2026-11-30"
 CPU_COMPILE_RUNS = DATA / "cpu-2026-12-01"      # the quick preset with Inductor's cache cold, then warm
-CPU_PHASE_RUNS = DATA / "cpu-2026-12-04"        # schema 14: the cpu and quick presets with phase_s, golden_source
 
 
 def unpack_run(src, dest):
@@ -42,10 +41,12 @@ def h200_run(name: str, dest):
 
 
 def cpu_run(name: str, dest):
-    """Unpack the stored CPU run folder `name` (cpu, quick; quick-cold, quick-warm; and of 2026-12-04,
-    "2026-12-04/cpu", "2026-12-04/quick-cold", "2026-12-04/quick-warm") under `dest`; its path."""
-    if name.startswith("2026-12-04/"):
-        return unpack_run(CPU_PHASE_RUNS / name.split("/", 1)[1], Path(dest) / "2026-12-04")
+    """Unpack the stored CPU run folder `name` (cpu, quick; quick-cold, quick-warm; and of 2026-12-04 or
+    2026-12-05, "<day>/cpu", "<day>/quick-cold", "<day>/quick-warm", and "2026-12-05/cpu-avx2") under
+    `dest`; its path."""
+    day, _, folder = name.partition("/")
+    if folder:
+        return unpack_run(DATA / f"cpu-{day}" / folder, Path(dest) / day)
     return unpack_run((CPU_COMPILE_RUNS if name.startswith("quick-") else CPU_RUNS) / name, dest)
 
 

@@ -32,13 +32,14 @@ REFIT_REL_TOL = 1e-9
 
 
 PRIOR_CPU_RUNS = ("cpu", "quick", "quick-cold", "quick-warm", "2026-12-04/cpu", "2026-12-04/quick-cold",
-                  "2026-12-04/quick-warm")
+                  "2026-12-04/quick-warm", "2026-12-05/cpu", "2026-12-05/cpu-avx2", "2026-12-05/quick-cold",
+                  "2026-12-05/quick-warm")
 
 
 def test_shipped_priors_are_the_fit_of_the_stored_records(h200, tmp_path):
     """cost_priors.json is `python -m audit fit-costs fit` of tests/data/h200-2026-11-30,
-    tests/data/cpu-2026-11-30, tests/data/cpu-2026-12-01 and tests/data/cpu-2026-12-04 (README
-    there): refitting gives the
+    tests/data/cpu-2026-11-30, tests/data/cpu-2026-12-01, tests/data/cpu-2026-12-04 and
+    tests/data/cpu-2026-12-05 (README there): refitting gives the
     same constants within what a refit moves between environments (REFIT_REL_TOL), so the file
     cannot drift from its data, whatever numpy, pandas or BLAS a fresh install gets."""
     from tests.helpers import cpu_run
