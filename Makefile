@@ -27,8 +27,14 @@ TEST_BENCH_OPTS ?= --benchmark-min-rounds=3 --benchmark-max-time=0.05
 TEST_OPTS ?=
 # The files holding serial tests (a `mark.serial` in them): the serial phase collects only these.
 SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/*.py suites/*.py)
+# The other CPU kinds, emulated on this one (docs/testing.md): the tests whose outcome rests on floating-point
+# results (marked cpu_kinds) run again under each setting, `;` between settings: ATen's kernels without a
+# vector ISA, then an AVX2-only CPU (ATen's AVX2 kernels and oneDNN's matmul capped at AVX2: bf16 at 1-2
+# GFLOP/s). Empty: no emulated phase.
+EMULATED_CPUS ?= ATEN_CPU_CAPABILITY=default;ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+CPU_KINDS_FILES = $(shell grep -l 'mark\.cpu_kinds' tests/*.py suites/*.py)
 
-.PHONY: deps test-deps audit quick test report bench-save bench-check gpu-check clean
+.PHONY: deps test-deps audit quick test test-cpu-kinds report bench-save bench-check gpu-check clean
 
 deps:  ## install whatever is missing (nothing when all is importable)
 	$(PYTHON) -m audit deps
@@ -42,12 +48,26 @@ audit: deps  ## run the default preset and write the report under reports/
 quick: deps  ## the quick preset (60 s budget; 49-58 s on a 2-core AMD EPYC with AVX2 only, Inductor's cache warm or cold)
 	$(PYTHON) -m audit run --preset quick $(AUDIT_ARGS)
 
-test: test-deps  ## unit tests and quick suites: in parallel what times nothing, then alone what times things
+test: test-deps  ## unit tests and quick suites: in parallel what times nothing, then alone what times things, then the other CPU kinds emulated
 	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS) TORCHINDUCTOR_COMPILE_THREADS=$(TEST_COMPILE_THREADS); \
 	export PYTHONDONTWRITEBYTECODE=; $(PYTHON) -m compileall -q audit tests suites conftest.py > /dev/null; \
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(TEST_OPTS) tests suites; parallel=$$?; \
 	$(PYTHON) -m pytest -q -p no:xdist -m serial $(TEST_BENCH_OPTS) $(TEST_OPTS) $(SERIAL_FILES); serial=$$?; \
-	exit $$(( parallel != 0 || serial != 0 ))
+	$(MAKE) --no-print-directory test-cpu-kinds-here; emulated=$$?; \
+	exit $$(( parallel != 0 || serial != 0 || emulated != 0 ))
+
+test-cpu-kinds:  ## only the tests marked cpu_kinds, natively then under each of EMULATED_CPUS (another CPU's results, here)
+	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS) TORCHINDUCTOR_COMPILE_THREADS=$(TEST_COMPILE_THREADS); \
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "cpu_kinds and not serial" $(TEST_OPTS) $(CPU_KINDS_FILES); native=$$?; \
+	$(MAKE) --no-print-directory test-cpu-kinds-here; emulated=$$?; \
+	exit $$(( native != 0 || emulated != 0 ))
+
+# (in the test session's own folder, ATTN_AUDIT_TEST_HOME: the emulated phase of `make test` and of test-cpu-kinds)
+test-cpu-kinds-here:
+	@failed=0; IFS=';'; for cpu in $(EMULATED_CPUS); do \
+	  echo "CPU kind emulated: $$cpu"; \
+	  ( IFS=' '; env $$cpu $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "cpu_kinds and not serial" $(TEST_OPTS) $(CPU_KINDS_FILES) ) || failed=1; \
+	done; exit $$failed
 
 report:  ## rebuild the report of DIR (default reports/latest)
 	$(PYTHON) -m audit report $(DIR)

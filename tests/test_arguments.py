@@ -20,6 +20,8 @@ from audit.workload import presets
 from audit.workload.argument_controls import ARGUMENT_CONTROL_CELLS, ARGUMENT_CONTROLS
 from audit.workload.arguments import ARGUMENTS, probed_arguments, shifted_documents
 
+pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
+
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0, max_cell_s=None,
                         energy_window_s=0.0)

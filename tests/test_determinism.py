@@ -18,6 +18,8 @@ from audit.analysis.findings import compute_findings
 from audit.core.grid import Case
 from audit.measure.repeats import Repeats, bitwise_equal, largest_difference, refuses_determinism
 
+pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
+
 RACY, ORDERED, STUBBORN = "tests.plugins.racy:racy", "tests.plugins.racy:ordered", "tests.plugins.racy:stubborn"
 VARIANTS = (RACY, ORDERED, STUBBORN, "eager", "sdpa")
 

@@ -25,6 +25,8 @@ from audit.workload.variants import builtin_variants
 from tests.device_provenance import HostProvenance
 from tests.plugins import mistaken
 
+pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # mistake -> the cell (Case fields over BASE) where an implementation making it is wrong

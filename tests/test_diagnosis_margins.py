@@ -25,6 +25,8 @@ from audit.workload.mistake_base import Mistake, nearest_form
 
 from tests.plugins import mistaken
 
+pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
+
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 BASE = dict(variant="x", device="cpu", dtype="fp32", d_k=16, seq_len=32, batch=2, heads=2, causal=False,
             scenario="normal")

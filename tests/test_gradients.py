@@ -22,6 +22,8 @@ from audit.workload.inputs import make_inputs
 
 from tests.helpers import platform_skipped
 
+pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
+
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0, max_cell_s=None,
                         energy_window_s=0.0)

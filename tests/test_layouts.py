@@ -16,6 +16,8 @@ from audit.core.errors import UsageError
 from audit.core.grid import Case
 from tests.helpers import platform_skipped
 
+pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
+
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
+
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[1]

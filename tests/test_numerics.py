@@ -13,6 +13,8 @@ from audit.measure import reference
 from audit.measure.numerics import SaturationAccumulator, attention_flops, error_vs_reference, nonfinite_counts
 from audit.measure.reference import golden_attention
 
+pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
+
 NAN, INF = float("nan"), float("inf")
 
 

@@ -352,3 +352,21 @@ def test_a_long_module_in_a_subpackage_is_found(tmp_path):
     root = _package(tmp_path, {"ok.py": "x = 1\n" * MAX_LINES, "sub/__init__.py": "",
                                "sub/long.py": "x = 1\n" * (MAX_LINES + 1)})
     assert modules_over(root, MAX_LINES) == {"pkg.sub.long": MAX_LINES + 1}
+
+
+# The tests whose outcome rests on floating-point results that CI runs again under the other CPU kinds
+# (issue 54: a diagnosis flipped with ATen's vectorised kernels, and CI ran on one CPU kind only).
+CPU_KINDS_MODULES = ("test_diagnosis", "test_arguments", "test_layouts", "test_gradients", "test_lse")
+
+
+def test_the_floating_point_tests_run_again_under_every_emulated_cpu_kind():
+    """Each module of CPU_KINDS_MODULES is marked cpu_kinds, and `make test` runs the marked tests under
+    ATen's kernels without a vector ISA and as an AVX2-only CPU (oneDNN's matmul too)."""
+    tests = Path(__file__).resolve().parent
+    for name in CPU_KINDS_MODULES:
+        assert re.search(r"^pytestmark = pytest\.mark\.cpu_kinds", (tests / f"{name}.py").read_text(), re.M), name
+    makefile = (tests.parent / "Makefile").read_text()
+    emulated = re.search(r"^EMULATED_CPUS \?= (.+)$", makefile, re.M).group(1).split(";")
+    assert {"ATEN_CPU_CAPABILITY=default", "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"} <= set(emulated)
+    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "test-cpu-kinds-here" in recipe and "emulated != 0" in recipe
