@@ -58,15 +58,15 @@ test: test-deps  ## unit tests and quick suites: in parallel what times nothing,
 
 test-cpu-kinds:  ## only the tests marked cpu_kinds, natively then under each of EMULATED_CPUS (another CPU's results, here)
 	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS) TORCHINDUCTOR_COMPILE_THREADS=$(TEST_COMPILE_THREADS); \
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "cpu_kinds and not serial" $(TEST_OPTS) $(CPU_KINDS_FILES); native=$$?; \
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "cpu_kinds and not serial and not shared_run" $(TEST_OPTS) $(CPU_KINDS_FILES); native=$$?; \
 	$(MAKE) --no-print-directory test-cpu-kinds-here; emulated=$$?; \
 	exit $$(( native != 0 || emulated != 0 ))
 
 # (in the test session's own folder, ATTN_AUDIT_TEST_HOME: the emulated phase of `make test` and of test-cpu-kinds)
 test-cpu-kinds-here:
-	@failed=0; IFS=';'; for cpu in $(EMULATED_CPUS); do \
+	@failed=0; cpus='$(EMULATED_CPUS)'; IFS=';'; for cpu in $$cpus; do \
 	  echo "CPU kind emulated: $$cpu"; \
-	  ( IFS=' '; env $$cpu $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "cpu_kinds and not serial" $(TEST_OPTS) $(CPU_KINDS_FILES) ) || failed=1; \
+	  ( IFS=' '; env $$cpu $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "cpu_kinds and not serial and not shared_run" $(TEST_OPTS) $(CPU_KINDS_FILES) ) || failed=1; \
 	done; exit $$failed
 
 report:  ## rebuild the report of DIR (default reports/latest)

@@ -151,7 +151,8 @@ def _uses_a_module_fixture(item) -> bool:
 def pytest_collection_modifyitems(config, items):
     """The tests that read the shared quick run go last (in collection order, which every
     pytest-xdist worker keeps alike): by the time one is reached the run, started in the
-    background when collection ends, is made, and no worker waits for it.
+    background when collection ends, is made, and no worker waits for it. They are marked
+    `shared_run`: `make test`'s emulated CPU kinds leave them out (the run is the whole quick preset).
 
     The tests of a module that use a module-scoped fixture (a run of faulty plug-ins, a built
     report) go to one pytest-xdist worker (`make test`: `--dist loadgroup`): spread over two,
@@ -159,6 +160,8 @@ def pytest_collection_modifyitems(config, items):
     cores of an AVX2-only AMD EPYC, was made twice)."""
     items.sort(key=_uses_shared_run)
     for item in items:
+        if _uses_shared_run(item):
+            item.add_marker(pytest.mark.shared_run)
         if _uses_a_module_fixture(item):
             group = item.nodeid.split("::")[0]
             item.add_marker(pytest.mark.xdist_group(group))
