@@ -302,8 +302,12 @@ def test_each_ceiling_probe_shares_what_is_left_so_overruns_do_not_add_up(monkey
         now[0] += share + 0.15                                  # its share, and a setup call on top
 
     monkeypatch.setattr(roofline, "_matmul_rate", lambda device, dt, n, share, sync, spread: (probe(share), 1e12, n, 0.15)[1:])
+    monkeypatch.setattr(roofline, "_attention_rate", lambda device, dt, t, share, sync: (probe(share), 1e11, t)[1:])
     monkeypatch.setattr(roofline, "_copy_rate", lambda device, nbytes, share, sync, spread: (probe(share), 1e11, nbytes)[1:])
     out = roofline.measure_ceilings("cpu", ("fp32", "fp16", "bf16"), budget_s=2.5)
-    assert len(shares) == 4 and shares == sorted(shares, reverse=True)      # later probes absorb the overruns
+    matmuls, attention = shares[:3], shares[3:6]          # (the order measure_ceilings takes them; the copy last)
+    assert len(shares) == 7 and matmuls == sorted(matmuls, reverse=True)    # later probes absorb the overruns
+    assert max(attention) < min(matmuls)          # the attention probes' smaller share
+    assert out["attention_flops_per_s"] == {"fp32": 1e11, "fp16": 1e11, "bf16": 1e11}
     assert out["elapsed_s"] <= 2.5, (shares, out["elapsed_s"])
     assert out["matmul_flops_per_s"] == {"fp32": 1e12, "fp16": 1e12, "bf16": 1e12}

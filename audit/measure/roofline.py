@@ -149,6 +149,9 @@ def _matmul_rate(device: str, dtype: str, max_n: int, budget_s: float,
 # runs at 1.2 GFLOP/s and SDPA's bf16 flash kernel at 300 (2-core Xeon with AMX, one thread).
 MIN_ATTENTION_T, CPU_ATTENTION_T = 128, 4096
 ATTENTION_HEADS, ATTENTION_D = 2, 64
+# Its share of the ceilings' time against a matmul's or the copy's: the cost model's per-call times need
+# its rate to ~10%, the roofline's ceilings theirs as large as they grow.
+ATTENTION_SHARE = 0.4
 
 
 def _attention_rate(device: str, dtype: str, max_t: int, budget_s: float,
@@ -296,12 +299,12 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
     # setup calls, allocations and the host probe otherwise come on top (an H200 took 3.01 s of a
     # 2.5 s budget with fixed shares); 10% of the budget stays for the last probe's overrun.
     deadline = started + 0.9 * budget_s
-    probes_left = len(dtypes) * (1 + (not cuda)) + 1
+    weight_left = len(dtypes) * (1 + ATTENTION_SHARE * (not cuda)) + 1
 
-    def next_share() -> float:
-        nonlocal probes_left
-        share = max(0.0, deadline - time.perf_counter()) / probes_left
-        probes_left -= 1
+    def next_share(weight: float = 1.0) -> float:
+        nonlocal weight_left
+        share = max(0.0, deadline - time.perf_counter()) * weight / weight_left
+        weight_left -= weight
         return share
 
     for dt in dtypes:
@@ -325,7 +328,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
             out["matmul_reason"][dt] = f"{type(exc).__name__}: {exc}"[:500]
     for dt in dtypes if not cuda else ():
         try:
-            rate, used_t = _attention_rate(device, dt, CPU_ATTENTION_T, next_share(), sync)
+            rate, used_t = _attention_rate(device, dt, CPU_ATTENTION_T, next_share(ATTENTION_SHARE), sync)
             if not (math.isfinite(rate) and rate > 0):
                 raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
             out["attention_flops_per_s"][dt], out["attention_t"][dt], out["attention_reason"][dt] = rate, used_t, None
