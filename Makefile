@@ -62,12 +62,14 @@ test-cpu-kinds:  ## only the tests marked cpu_kinds, natively then under each of
 	$(MAKE) --no-print-directory test-cpu-kinds-here; emulated=$$?; \
 	exit $$(( native != 0 || emulated != 0 ))
 
-# (in the test session's own folder, ATTN_AUDIT_TEST_HOME: the emulated phase of `make test` and of test-cpu-kinds)
+# (in the test session's own folder, ATTN_AUDIT_TEST_HOME: the emulated phase of `make test` and of
+# test-cpu-kinds) One pytest session, one worker per setting (pytest-xdist's `--tx popen//env:NAME=value`,
+# `--dist each`: every marked test on every worker), the workers side by side: each collects once.
 test-cpu-kinds-here:
-	@failed=0; cpus='$(EMULATED_CPUS)'; IFS=';'; for cpu in $$cpus; do \
-	  echo "CPU kind emulated: $$cpu"; \
-	  ( IFS=' '; env $$cpu $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "cpu_kinds and not serial and not shared_run" $(TEST_OPTS) $(CPU_KINDS_FILES) ) || failed=1; \
-	done; exit $$failed
+	@tx=; n=0; cpus='$(EMULATED_CPUS)'; IFS=';'; for cpu in $$cpus; do \
+	  spec=popen; IFS=' '; for kv in $$cpu; do spec="$$spec//env:$$kv"; done; \
+	  echo "CPU kind emulated on worker gw$$n: $$cpu"; tx="$$tx --tx $$spec"; n=$$((n + 1)); IFS=';'; \
+	done; IFS=' '; [ -z "$$tx" ] || $(PYTHON) -m pytest -q $$tx --dist each -m "cpu_kinds and not serial and not shared_run" $(TEST_OPTS) $(CPU_KINDS_FILES)
 
 report:  ## rebuild the report of DIR (default reports/latest)
 	$(PYTHON) -m audit report $(DIR)
