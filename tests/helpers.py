@@ -67,3 +67,21 @@ def platform_skipped(rec) -> bool:
     skipped with torch's words, as such a cell must be."""
     from audit.core.errors import refused_by_platform
     return rec["status"] == "skipped" and refused_by_platform(rec["reason"])
+
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+
+
+def run_cells(cases, preset) -> dict:
+    """{id: record} of `cases` measured one after another in this process (runner.run_cell, one input
+    cache), the test plug-ins (tests/plugins) importable by their module names meanwhile."""
+    import sys
+
+    from audit.execute import runner
+    from audit.measure import cellcache
+    sys.path.insert(0, str(PLUGINS))
+    try:
+        cache = cellcache.InputCache()
+        return {c.id: runner.run_cell(c, cache, preset, {}) for c in cases}
+    finally:
+        sys.path.remove(str(PLUGINS))

@@ -7,8 +7,6 @@ bits of the rows where they agree."""
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -27,7 +25,6 @@ from tests.plugins import mistaken
 
 pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
 
-PLUGINS = Path(__file__).resolve().parent / "plugins"
 BASE = dict(variant="x", device="cpu", dtype="fp32", d_k=16, seq_len=32, batch=2, heads=2, causal=False,
             scenario="normal")
 
@@ -213,16 +210,9 @@ def test_the_lse_names_every_match():
 # --------------------------------------------------------------------------- measured cells
 
 def _run(cases):
-    from audit.execute import runner
-    from audit.measure import cellcache
     from audit.workload import presets
-    preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
-    sys.path.insert(0, str(PLUGINS))
-    try:
-        cache = cellcache.InputCache()
-        return {c.id: runner.run_cell(c, cache, preset, {}) for c in cases}
-    finally:
-        sys.path.remove(str(PLUGINS))
+    from tests.helpers import run_cells
+    return run_cells(cases, dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0))
 
 
 def test_a_paged_mistake_the_cell_cannot_tell_from_another_is_named_with_it(monkeypatch):

@@ -24,6 +24,7 @@ from audit.measure.reference import golden_attention
 from audit.workload import presets, variants
 from audit.workload.inputs import make_inputs
 from audit.workload.lse_mistakes import LSE_GRAD_MISTAKES, LSE_MISTAKES
+from tests.helpers import run_cells
 
 pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
 
@@ -33,12 +34,7 @@ PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_t
 
 
 def run(cases):
-    sys.path.insert(0, str(PLUGINS))
-    try:
-        cache = cellcache.InputCache()
-        return {c.id: runner.run_cell(c, cache, PRESET, {}) for c in cases}
-    finally:
-        sys.path.remove(str(PLUGINS))
+    return run_cells(cases, PRESET)
 
 
 def cell(variant, scenario="normal", dtype="fp32", causal=False, heads=4, kv=None, t=32):
