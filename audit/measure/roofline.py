@@ -314,35 +314,15 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
             n = matmul_n[dt]
         else:
             n = defaults.get(dt, 1024)
-        out["matmul_n_max"][dt], out["matmul_setup_s"][dt] = n, None
-        try:
-            spread: list = []
-            rate, used_n, setup_s = _matmul_rate(device, dt, n, next_share(), sync, spread)
-            out["spread"][dt] = spread[0] if spread else None
-            if not (math.isfinite(rate) and rate > 0):
-                raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
-            out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = rate, used_n
-            out["matmul_setup_s"][dt], out["matmul_reason"][dt] = setup_s, None
-        except Exception as exc:  # unsupported dtype on this device, OOM, ...
-            out["matmul_flops_per_s"][dt], out["matmul_n"][dt] = None, None
-            out["matmul_reason"][dt] = f"{type(exc).__name__}: {exc}"[:500]
+        _measure_matmul(out, device, dt, n, next_share(), sync)
     for dt in dtypes if not cuda else ():
-        try:
-            rate, used_t = _attention_rate(device, dt, CPU_ATTENTION_T, next_share(ATTENTION_SHARE), sync)
-            if not (math.isfinite(rate) and rate > 0):
-                raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
-            out["attention_flops_per_s"][dt], out["attention_t"][dt], out["attention_reason"][dt] = rate, used_t, None
-        except Exception as exc:  # noqa: BLE001 - a dtype this CPU's kernels refuse (pack_vnni2 without AVX-512)
-            out["attention_flops_per_s"][dt], out["attention_t"][dt] = None, None
-            out["attention_reason"][dt] = f"{type(exc).__name__}: {exc}"[:500]
+        _measure_attention(out, device, dt, next_share(ATTENTION_SHARE), sync)
     try:
         out["copy_bytes_max"] = copy_bytes or (CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES)
         spread = []
         rate, used = _copy_rate(device, out["copy_bytes_max"], next_share(), sync, spread)
         out["spread"]["copy"] = spread[0] if spread else None
-        if not (math.isfinite(rate) and rate > 0):
-            raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
-        out["copy_bytes_per_s"], out["copy_tensor_bytes"] = rate, used
+        out["copy_bytes_per_s"], out["copy_tensor_bytes"] = _positive(rate), used
     except Exception as exc:
         out["copy_reason"] = f"{type(exc).__name__}: {exc}"[:500]
     if cuda:
@@ -352,6 +332,39 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
     out["matmul_believable_why"] = {dt: why for dt, (_, why) in verdicts.items()}
     out["elapsed_s"] = time.perf_counter() - started
     return out
+
+
+def _positive(rate: float) -> float:
+    if not (math.isfinite(rate) and rate > 0):
+        raise RuntimeError(f"non-positive or non-finite rate {rate!r}")
+    return rate
+
+
+def _measure_matmul(out: dict[str, Any], device: str, dtype: str, n: int, share_s: float,
+                    sync: Callable[[], None] | None) -> None:
+    """measure_ceilings' matmul columns of one dtype (a rate, or null and the reason it failed)."""
+    out["matmul_n_max"][dtype], out["matmul_setup_s"][dtype] = n, None
+    try:
+        spread: list = []
+        rate, used_n, setup_s = _matmul_rate(device, dtype, n, share_s, sync, spread)
+        out["spread"][dtype] = spread[0] if spread else None
+        out["matmul_flops_per_s"][dtype], out["matmul_n"][dtype] = _positive(rate), used_n
+        out["matmul_setup_s"][dtype], out["matmul_reason"][dtype] = setup_s, None
+    except Exception as exc:  # unsupported dtype on this device, OOM, ...
+        out["matmul_flops_per_s"][dtype], out["matmul_n"][dtype] = None, None
+        out["matmul_reason"][dtype] = f"{type(exc).__name__}: {exc}"[:500]
+
+
+def _measure_attention(out: dict[str, Any], device: str, dtype: str, share_s: float,
+                       sync: Callable[[], None] | None) -> None:
+    """measure_ceilings' attention columns of one dtype (a rate, or null and the reason it failed)."""
+    try:
+        rate, used_t = _attention_rate(device, dtype, CPU_ATTENTION_T, share_s, sync)
+        out["attention_flops_per_s"][dtype], out["attention_t"][dtype] = _positive(rate), used_t
+        out["attention_reason"][dtype] = None
+    except Exception as exc:  # noqa: BLE001 - a dtype this CPU's kernels refuse (pack_vnni2 without AVX-512)
+        out["attention_flops_per_s"][dtype], out["attention_t"][dtype] = None, None
+        out["attention_reason"][dtype] = f"{type(exc).__name__}: {exc}"[:500]
 
 
 # The fewest FLOP/s per streaming multiprocessor any NVIDIA GPU since Volta does in plain FP32
