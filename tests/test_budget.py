@@ -616,6 +616,9 @@ def test_time_the_cells_leave_goes_to_the_cells_cut_for_it_tier_0_first_then_the
     keeper.done("cheap", 1.0)
     assert not keeper.admit("dear") and keeper.skip["dear"].startswith("over the budget")   # 1.5 x 6 > 6 s left
     assert keeper.admitted == ["cover_cut", "cheap"]
+    assert keeper.time_left_s() == pytest.approx(6.0)     # dear's 6 s could still be bought: up to the deadline
+    clock.now += 5.0
+    assert keeper.time_left_s() == pytest.approx(1.0)
     assert keeper.reclaimed_line().startswith("2 cells skipped for time measured after all")
 
 
@@ -628,6 +631,8 @@ def test_nothing_is_reclaimed_when_the_cells_took_their_time():
         keeper.done(cell, 2.0)
     assert not keeper.admit("cover_cut") and not keeper.admit("cheap")    # 1 s left: 1.5 x 1 s does not fit
     assert keeper.reclaimed_line() is None
+    assert keeper.time_left_s() == pytest.approx(1.0)      # the time to the deadline, no more
+    assert Keeper(_reclaiming_plan(clock, standby=[]), ["cover"], clock=clock).time_left_s() == pytest.approx(2.0)
 
 
 def test_run_grid_measures_a_cell_cut_for_time_when_the_planned_ones_leave_time(tmp_path):

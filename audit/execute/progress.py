@@ -46,7 +46,7 @@ class Progress:
         elapsed = self.clock() - self.started
         parts = [f"{self.cells_done}/{self.cells_total} cells", f"{format_clock(elapsed)} elapsed"]
         if self.plan is not None:
-            left = self.keeper.remaining_s() + self.report_s
+            left = self.keeper.time_left_s() + self.report_s
             behind = self.keeper.behind_s()
             note = ""
             if abs(behind) >= BEHIND_SHOWN_S:
@@ -55,6 +55,9 @@ class Progress:
         return ", ".join(parts) + (f" · {cell_id}" if cell_id else "")
 
     def start_cell(self, cell_id: str) -> None:
+        if self.plan is not None and cell_id not in self.weight and cell_id in self.keeper.admitted:
+            self.weight[cell_id] = self._predicted(cell_id)          # cut for time, measured after all
+            self.bar.total += self.weight[cell_id]
         self.bar.set_description_str(self.text(cell_id), refresh=True)
 
     def end_cell(self, cell_id: str) -> None:

@@ -51,6 +51,9 @@ class Keeper:
         self.done_cells = 0                # cells measured so far
         self.bought: set[int] = set()      # the shared costs (Plan.groups) the measured cells paid
         self.admitted: list[str] = []      # cells skipped for time, measured after all (admit)
+        # what the cells skipped for time would take, all of them (their predictions): the most the time
+        # given back can buy (time_left_s)
+        self._standby_s = sum(self.predicted.get(i, 0.0) for i in (plan.standby if plan else ()))
 
     def _cuttable(self, cell_id: str) -> bool:
         return self.predicted.get(cell_id, 0.0) >= FREE_CELL_S and cell_id not in self.smallest
@@ -65,6 +68,16 @@ class Keeper:
     def remaining_s(self) -> float:
         """Predicted seconds of the cells still to measure, scaled by factor()."""
         return max(0.0, self._remaining_s) * self.factor()
+
+    def time_left_s(self) -> float:
+        """What the progress bar shows as the cells' time left: remaining_s(), and where the plan cut
+        cells for time, the time up to the deadline the cells then measured after all may take (at
+        most their predictions): a run ahead of its plan ends at its deadline, not before."""
+        base = self.remaining_s()
+        if self.plan is None or self.plan.deadline_unix is None or self._standby_s <= 0:
+            return base
+        spare = self.plan.deadline_unix - self.clock() - base
+        return base + max(0.0, min(spare, self._standby_s * self.factor()))
 
     def behind_s(self) -> float:
         """How much longer the cells measured so far took than predicted (negative: ahead)."""
@@ -163,8 +176,7 @@ class Keeper:
         if cost * LATE_MARGIN > left:
             return False
         del self.skip[cell_id]
-        if cell_id in self.cut:
-            self.cut.remove(cell_id)
+        self._standby_s -= self.predicted.get(cell_id, 0.0)
         self.admitted.append(cell_id)
         self._remaining.add(cell_id)
         self.predicted[cell_id] = cost / self.factor()
