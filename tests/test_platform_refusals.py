@@ -10,6 +10,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -195,3 +196,28 @@ def test_the_cheap_check_agrees_with_torch_s_own_here_and_under_the_default_capa
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-3:] == ["DEFAULT", "False", "False"], out.stdout
+
+
+def test_a_cell_that_patches_the_clock_and_is_refused_leaves_the_next_cell_a_true_clock(monkeypatch):
+    """A variant that replaces time.perf_counter and then meets a refusal (ATEN_CPU_CAPABILITY=default's
+    pack_vnni2 on bf16 SDPA did this to the patches_timer control): the patch is put back when the cell
+    ends, so the next cell's times are the audit's and its timers_untouched check passes."""
+    from audit.measure import referee
+    referee.pin_timers()
+    real = time.perf_counter
+
+    def patches_then_refused(q, k, v, *, mask=None, causal=False, scale=None):
+        time.perf_counter = lambda: real() / 2
+        raise RuntimeError("pack_vnni2 is only supported when avx512 is supported")
+
+    def honest(q, k, v, *, mask=None, causal=False, scale=None):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+    try:
+        rec = _run_cell(monkeypatch, patches_then_refused)
+        assert rec["status"] == "skipped" and platform_skipped(rec), rec["reason"]
+        assert time.perf_counter is real
+        rec = _run_cell(monkeypatch, honest, name="q")
+        assert rec["status"] == "ok" and rec["referee_detail"] is None, rec["referee_detail"]
+    finally:
+        time.perf_counter = real

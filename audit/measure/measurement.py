@@ -172,6 +172,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
         cell.columns.update(cell.verdicts.columns())
         return cell.columns
     finally:
+        refereeing.put_timers_back()               # a cell that raised (a refusal, an error) patched them too
         cell.release()
 
 
