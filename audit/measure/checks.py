@@ -2,7 +2,7 @@
 returning its record columns.
 
 A check declares what it needs (NEEDS) and measurement.measure_cell runs it as soon as that
-exists, in the order checks are registered:
+exists, in the order of CHECK_ORDER:
 
 - "out": the numerics forward's output (CellState.out), and the variant contract met;
 - "grads": the numerics forward+backward's (dq, dk, dv) (CellState.grads; not for a forward-only
@@ -90,6 +90,22 @@ class Check:
         return "gradients" if "grads" in self.needs else "output"
 
 
+# The order the checks run in, within each stage (Check.stage): what a later check reads, an earlier one
+# wrote (grad_budget reads nonfinite_grads' columns, grad_forward_diagnosis the diagnosis), and a cell's
+# reason joins their notes in this order. Explicit, so where the checks are defined, and the order their
+# modules are imported in, cannot change it; a check is registered under one of these names only.
+CHECK_ORDER: tuple[str, ...] = (
+    # the output
+    "nonfinite_out", "error_budget", "masked_rows", "leak", "cross_document", "paged_reads", "arguments",
+    "batch_invariance", "chunk_invariance", "causal_alignment",
+    # the gradients
+    "nonfinite_grads", "grad_errors", "grad_budget", "grad_diagnosis", "sink_grad",
+    # the log-sum-exp
+    "lse_error", "lse_merge", "lse_grads", "lse_diagnosis", "lse_grad_diagnosis",
+    # after timing
+    "saturation", "diagnosis", "grad_forward_diagnosis",
+)
+
 CHECKS: dict[str, Check] = {}
 
 
@@ -102,6 +118,8 @@ def check(name: str, *, needs: tuple[str, ...], phase: str = "numerics",
         raise ValueError(f"check {name!r}: unknown needs {sorted(unknown)}; allowed: {', '.join(NEEDS)}")
     if phase not in CELL_PHASES:
         raise ValueError(f"check {name!r}: phase {phase!r} is not one of {', '.join(CELL_PHASES)}")
+    if name not in CHECK_ORDER:
+        raise ValueError(f"check {name!r} is not in CHECK_ORDER: add it where it must run")
 
     def register(fn: Callable) -> Callable:
         CHECKS[name] = Check(name, frozenset(needs), phase, fn, when)
@@ -109,9 +127,18 @@ def check(name: str, *, needs: tuple[str, ...], phase: str = "numerics",
     return register
 
 
+def ordered_checks() -> list[Check]:
+    """Every check in CHECK_ORDER; one not registered (its module not imported) is an error, not a
+    check silently skipped."""
+    missing = [name for name in CHECK_ORDER if name not in CHECKS]
+    if missing:
+        raise RuntimeError(f"checks in CHECK_ORDER but not registered: {', '.join(missing)}")
+    return [CHECKS[name] for name in CHECK_ORDER]
+
+
 def run_checks(stage: str, cell: CellState, phases: Any) -> None:
-    """Every registered check of `stage`, in order, each timed in its phase; columns into the cell."""
-    for c in CHECKS.values():
+    """Every check of `stage`, in CHECK_ORDER, each timed in its phase; columns into the cell."""
+    for c in ordered_checks():
         if c.stage == stage and (c.when is None or c.when(cell)):
             with phases(c.phase):
                 cell.columns.update(c.fn(cell))
