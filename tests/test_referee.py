@@ -213,6 +213,29 @@ def test_a_patched_clock_or_timing_function_is_found_and_put_back(monkeypatch):
     assert timing.time_call.__code__ is code
 
 
+def test_a_timing_object_of_the_audit_that_does_not_resolve_stops_the_pinning(monkeypatch):
+    """A renamed or moved timing function must not leave the timers_untouched check silently blind;
+    only torch's CUDA clocks may be absent (a build without CUDA)."""
+    monkeypatch.setattr(referee, "_PINNED", None)
+    monkeypatch.setattr(referee, "TIMER_OBJECTS", (*referee.TIMER_OBJECTS, ("audit.measure.timing", "no_such_clock")))
+    with pytest.raises(referee.TimerPinError, match="audit.measure.timing.no_such_clock"):
+        referee.pin_timers()
+    monkeypatch.setattr(referee, "TIMER_OBJECTS", (*referee.TIMER_OBJECTS[:-1], ("audit.no_such_module", "clock")))
+    with pytest.raises(referee.TimerPinError, match="audit.no_such_module.clock"):
+        referee.pin_timers()
+    monkeypatch.setattr(referee, "TIMER_OBJECTS", referee.TIMER_OBJECTS[:-1])
+    monkeypatch.setattr(referee, "OPTIONAL_TIMER_OBJECTS",
+                        (*referee.OPTIONAL_TIMER_OBJECTS, ("torch.cuda", "Event.no_such_method")))
+    referee.pin_timers()
+    assert ("torch.cuda", "Event.no_such_method") not in referee._PINNED
+    assert all(entry in referee._PINNED for entry in referee.TIMER_OBJECTS)
+
+
+def test_every_timing_object_of_the_audit_resolves():
+    for module, path in referee.TIMER_OBJECTS:
+        referee._resolve(module, path)
+
+
 def test_a_pass_faster_than_the_ceiling_is_impossible_unless_a_fresh_ceiling_allows_it():
     gflop = 1e9
     ok, seen = referee.physical_verdict("the forward", 1e-3, gflop, 1e6, 1e12, 1e11, None)

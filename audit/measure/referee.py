@@ -211,7 +211,9 @@ def other_stream_gap(fenced_s: float, device_s: float, host_s: float | None) -> 
 # ---------------------------------------------------------------------------- timers
 
 # The clocks and timing functions a cell's times come from, as (module, attribute path). The
-# audit's own modules import theirs by name, so both the source and the copies are pinned.
+# audit's own modules import theirs by name, so both the source and the copies are pinned. Each of
+# these must resolve (TimerPinError otherwise): a name that no longer does, after a rename or a move,
+# would leave the timers_untouched check blind to a patch of it.
 TIMER_OBJECTS: tuple[tuple[str, str], ...] = (
     *(("time", name) for name in ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time",
                                   "time_ns", "process_time", "sleep")),
@@ -221,6 +223,9 @@ TIMER_OBJECTS: tuple[tuple[str, str], ...] = (
     *(("audit.measure.measurement", name) for name in ("measure", "measure_device", "time_call", "sync_for",
                                                        "cuda_graph_replay", "_time_cell", "_timed_result",
                                                        "cuda_clock")),
+)
+# torch's CUDA clocks: pinned where they exist, absent on a build of torch without CUDA.
+OPTIONAL_TIMER_OBJECTS: tuple[tuple[str, str], ...] = (
     *(("torch.cuda", name) for name in ("synchronize", "Event", "Event.record", "Event.elapsed_time",
                                         "Event.synchronize", "current_stream")),
 )
@@ -244,17 +249,26 @@ def _fingerprint(value: Any) -> tuple[Any, Any, Any, Any]:
             getattr(fn, "__kwdefaults__", None))
 
 
+class TimerPinError(RuntimeError):
+    """A timing object of the audit's own (TIMER_OBJECTS) that does not resolve: the referee would not
+    see it patched."""
+
+
 def pin_timers() -> None:
-    """Remember the timing objects as they are now (once per process, before any variant is built)."""
+    """Remember the timing objects as they are now (once per process, before any variant is built).
+    TimerPinError where one of TIMER_OBJECTS does not resolve; OPTIONAL_TIMER_OBJECTS may be absent."""
     global _PINNED
     if _PINNED is not None:
         return
     pinned = {}
-    for module, path in TIMER_OBJECTS:
+    for module, path in (*TIMER_OBJECTS, *OPTIONAL_TIMER_OBJECTS):
         try:
             _, _, value = _resolve(module, path)
-        except (AttributeError, ImportError, KeyError):
-            continue                                  # torch.cuda.Event.x on a build without it
+        except (AttributeError, ImportError, KeyError) as exc:
+            if (module, path) in OPTIONAL_TIMER_OBJECTS:
+                continue                              # torch.cuda.Event.x on a build without it
+            raise TimerPinError(f"the referee pins {module}.{path}, which does not resolve ({exc!r}): "
+                                "update TIMER_OBJECTS to where it lives now") from exc
         pinned[(module, path)] = _fingerprint(value)
     _PINNED = pinned
 
