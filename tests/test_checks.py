@@ -1,4 +1,4 @@
-"""The numerics checks' registry (measure/checks.py): the checks run in one explicit order, the one
+"""The numerics checks' registry (measure/checks/registry.py): the checks run in one explicit order, the one
 they ran in when the order was the order of registration, whatever the order their modules are
 imported or defined in."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 
-from audit.measure import checks
+from audit.measure.checks import registry as checks
 
 # The order of registration before CHECK_ORDER made it explicit (a later check reads an earlier one's columns).
 ORDER_BEFORE = (
@@ -21,7 +21,7 @@ ORDER_BEFORE = (
 
 
 def test_the_checks_run_in_the_order_they_always_ran_in():
-    importlib.import_module("audit.measure.measurement")        # what runs the checks: every one registered
+    importlib.import_module("audit.measure.cell.measurement")        # what runs the checks: every one registered
     assert checks.CHECK_ORDER == ORDER_BEFORE
     assert set(checks.CHECKS) == set(ORDER_BEFORE)
     assert [c.name for c in checks.ordered_checks()] == list(ORDER_BEFORE)

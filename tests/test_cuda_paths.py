@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from audit.core.grid import Case
-from audit.measure import measurement
-from audit.measure.energy import TELEMETRY_COLUMNS, EnergyMeter
-from audit.measure.timing import Samples
+from audit.measure.cell import measurement
+from audit.measure.machine.energy import TELEMETRY_COLUMNS, EnergyMeter
+from audit.measure.machine.timing import Samples
 from audit.workload import presets
 from tests.fake_gpu import FakeGPU, GpuNVML
 
@@ -168,7 +168,7 @@ def test_a_cuda_runs_ceilings_carry_the_energy_counters_steady_check(monkeypatch
     import json
 
     from audit.execute import runner
-    from audit.measure import energy, roofline
+    from audit.measure.machine import energy, roofline
     measured: list[str] = []
     monkeypatch.setattr(roofline, "measure_ceilings",
                         lambda device, dtypes, budget_s: {"matmul_flops_per_s": {d: 1e12 for d in dtypes}})

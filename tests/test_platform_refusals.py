@@ -26,7 +26,7 @@ FLEX_WORDS = "torch.compile on current platform is not supported for CPU."
 def _run_cell(monkeypatch, fn, family="plugin", name="p"):
     """One cell of `fn` as a variant of `family` through the runner (the record a run would write)."""
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
     from audit.workload.variants import Variant
     monkeypatch.setattr(runner, "resolve", lambda _: Variant(name, "test", lambda: fn, family=family))
@@ -166,7 +166,7 @@ def test_built_in_compiled_flex_refuses_such_a_cpu_before_compiling_and_the_plan
 
 def _run_flex(monkeypatch):
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets, variants
     monkeypatch.setattr(runner, "resolve", variants.resolve)
     preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)

@@ -1,4 +1,4 @@
-"""The referee (measure/referee.py, core/referee.py): each check catches its negative control and
+"""The referee (measure/referee/vault.py, core/referee.py): each check catches its negative control and
 nothing else does; a kernel that does the work passes every check (built-ins: tests/test_gqa.py,
 transformers' functions: tests/test_hf.py, declared stand-ins: tests/test_adapt.py); each
 mechanism on inputs that must trigger it and on inputs that must not."""
@@ -17,8 +17,9 @@ from audit.core.grid import Case
 from audit.core.records import to_frame
 from audit.core.referee import REFEREE_CHECKS, column, failed_checks, refereed
 from audit.execute import runner
-from audit.measure import cellcache, measurement, referee
-from audit.measure.reference import golden_attention
+from audit.measure.cell import cellcache, measurement
+from audit.measure.referee import vault as referee
+from audit.measure.golden.reference import golden_attention
 from audit.workload import presets, variants
 from audit.workload.referee_controls import REFEREE_CONTROLS
 from tests.fake_gpu import FakeGPU
@@ -195,7 +196,7 @@ def test_a_plain_result_owns_its_memory():
 
 
 def test_a_patched_clock_or_timing_function_is_found_and_put_back(monkeypatch):
-    from audit.measure import timing
+    from audit.measure.machine import timing
     referee.pin_timers()
     assert referee.timers_changed() == []
     real = time.perf_counter
@@ -207,7 +208,7 @@ def test_a_patched_clock_or_timing_function_is_found_and_put_back(monkeypatch):
     timing.time_call.__code__ = (lambda fn, *, clock=None, sync=None: 0.0).__code__
     try:
         # the function and the name the measuring code imported it by: one object, both named
-        assert referee.timers_changed() == ["audit.measure.timing.time_call", "audit.measure.measurement.time_call"]
+        assert referee.timers_changed() == ["audit.measure.machine.timing.time_call", "audit.measure.cell.measurement.time_call"]
     finally:
         referee.restore_timers()
     assert timing.time_call.__code__ is code
@@ -217,8 +218,8 @@ def test_a_timing_object_of_the_audit_that_does_not_resolve_stops_the_pinning(mo
     """A renamed or moved timing function must not leave the timers_untouched check silently blind;
     only torch's CUDA clocks may be absent (a build without CUDA)."""
     monkeypatch.setattr(referee, "_PINNED", None)
-    monkeypatch.setattr(referee, "TIMER_OBJECTS", (*referee.TIMER_OBJECTS, ("audit.measure.timing", "no_such_clock")))
-    with pytest.raises(referee.TimerPinError, match="audit.measure.timing.no_such_clock"):
+    monkeypatch.setattr(referee, "TIMER_OBJECTS", (*referee.TIMER_OBJECTS, ("audit.measure.machine.timing", "no_such_clock")))
+    with pytest.raises(referee.TimerPinError, match="audit.measure.machine.timing.no_such_clock"):
         referee.pin_timers()
     monkeypatch.setattr(referee, "TIMER_OBJECTS", (*referee.TIMER_OBJECTS[:-1], ("audit.no_such_module", "clock")))
     with pytest.raises(referee.TimerPinError, match="audit.no_such_module.clock"):
@@ -297,8 +298,8 @@ def test_on_cuda_the_referee_waits_with_the_device_wide_synchronize_and_judges_t
     median and its device-wide fenced time (work on another stream counts)."""
     from types import SimpleNamespace
 
-    from audit.measure import refereeing
-    from audit.measure.timing import Samples
+    from audit.measure.referee import refereeing
+    from audit.measure.machine.timing import Samples
     from audit.workload.inputs import make_inputs
     synced = []
     referee.settle(lambda: synced.append(1), 10.0)                 # 10 s if it slept: it must not

@@ -1,7 +1,7 @@
-"""The referee's checks as steps of one cell's measurement (measure/measurement.py calls them in
+"""The referee's checks as steps of one cell's measurement (measure/cell/measurement.py calls them in
 its phases): each reads what the cell has measured, calls the variant where it must, and judges
 one check of core.referee.REFEREE_CHECKS into cell.verdicts. The mechanisms (tensors compared,
-the vault, the clocks, the lower bound on time) are measure/referee.py's; what each check means
+the vault, the clocks, the lower bound on time) are measure/referee/vault.py's; what each check means
 and why: docs/generated-kernels.md.
 """
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import referee
-from .cellcache import Reference
-from .checks import out_of
+from . import vault as referee
+from ..cell.cellcache import Reference
+from ..checks.registry import out_of
 
 
 def is_tensor(value: Any) -> bool:
@@ -22,7 +22,7 @@ def is_tensor(value: Any) -> bool:
 def error_budget(ref: Reference, dtype: str) -> float:
     """The output's error budget in this cell (numerics.budget_bound), or the dtype's atol where
     the baseline's error is not finite."""
-    from .numerics import budget_bound
+    from ..golden.numerics import budget_bound
     base = ref.baseline_rmse
     return budget_bound(base if base is not None and math.isfinite(base) else 0.0, dtype)
 
@@ -64,7 +64,7 @@ def complete_at_return(cell: Any) -> None:
     referee.settle(cell.sync, cell.warm_fwd)
     later = later.detach()
     if not referee.bitwise_equal(at_return, later):
-        from .repeats import largest_difference
+        from ..cell.repeats import largest_difference
         cell.verdicts.judge("complete_at_return", False,
                             f"the warm-up forward's out changed after it returned (largest change "
                             f"{largest_difference(at_return, later):.3g}): work still running when the call returned")
@@ -97,7 +97,7 @@ def values_follow(cell: Any) -> None:
     within its error budget). The objects get their old values back after A."""
     import torch
 
-    from .numerics import error_vs_reference, within_budget
+    from ..golden.numerics import error_vs_reference, within_budget
     verdicts, ref = cell.verdicts, cell.ref
     fresh = referee.own_copy                    # new tensor objects, requires_grad as the cell's
 
@@ -145,8 +145,8 @@ def every_call(cell: Any, last_out: Any, last_grads: tuple | None) -> None:
     fails where the numerics call was within them and it is not (a kernel right only on its first
     calls, or while the warm-up runs). A cell whose numerics call was already outside is the
     numerics findings'."""
-    from .checks import grad_rmse
-    from .numerics import GRAD_BUDGET_FACTOR, error_vs_reference, within_budget
+    from ..checks.registry import grad_rmse
+    from ..golden.numerics import GRAD_BUDGET_FACTOR, error_vs_reference, within_budget
     if last_out is None:
         return
     ref, m, dtype = cell.ref, cell.columns, cell.case.dtype
@@ -195,7 +195,7 @@ def stream_gap(cell: Any) -> None:
 def physically_possible(cell: Any, ceilings: dict | None) -> None:
     """The referee's physically_possible check: each timed pass (on CUDA its device-wide time where
     larger) against the least time this machine's measured ceilings allow."""
-    from .roofline import attention_bytes, compute_ceiling
+    from ..machine.roofline import attention_bytes, compute_ceiling
     if not ceilings:
         return
     case, inputs = cell.case, cell.inputs
@@ -224,7 +224,7 @@ def ceilings_now(device: str, dtype: str, ceilings: dict) -> tuple[float, float 
     """(matmul FLOP/s of the dtype or fp32, whichever is better, copy bytes/s) measured again now,
     each the best this process has seen (referee.rechecked_rate); the copy is not re-measured (the
     run's stands: bytes bind only past the caches)."""
-    from .roofline import matmul_rate_now
+    from ..machine.roofline import matmul_rate_now
     rates = ceilings.get("matmul_flops_per_s") or {}
     flops = max(referee.rechecked_rate(device, dt, lambda dt=dt: matmul_rate_now(device, dt, rates.get(dt)))
                 for dt in dict.fromkeys((dtype, "fp32")))

@@ -5,18 +5,18 @@ different finite values (seeded N(0, 1) · 4) in every other slot: a kernel that
 slots returns the same output on both. Where it does not, each paged mistake
 (workload/paged_mistakes.py: which table row and how many slots it reads) is computed in float64
 on the first pool, and the one the output matches within the cell's error budget is named (every
-one that matches, and those the cell cannot tell from one: measure.diagnosis.named_matches).
+one that matches, and those the cell cannot tell from one: measure.diagnosis.diagnosis.named_matches).
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from ..core.diagnosis_names import joined
-from ..workload.paged_mistakes import PAGED_MISTAKES
-from ..workload.packing import gather_dense, pool_from_dense
-from .diagnosis import Candidate, named_matches
-from .numerics import budget_bound, changed_max
+from ...core.diagnosis_names import joined
+from ...workload.paged_mistakes import PAGED_MISTAKES
+from ...workload.packing import gather_dense, pool_from_dense
+from ..diagnosis.diagnosis import Candidate, named_matches
+from ..golden.numerics import budget_bound, changed_max
 
 POISON_SEEDS = (97, 98)     # the two fills of the slots a kernel must not read
 POISON_SCALE = 4.0          # their values: N(0, 1) · this (far from the used keys' spread)

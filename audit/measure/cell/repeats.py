@@ -17,7 +17,7 @@ import math
 import os
 from typing import Any, Iterator
 
-from ..core.defects import REPEATED_TENSORS
+from ...core.defects import REPEATED_TENSORS
 
 
 def bitwise_equal(a: Any, b: Any) -> bool:

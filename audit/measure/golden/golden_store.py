@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..core.paths import cache_dir
+from ...core.paths import cache_dir
 
 FOLDER = "goldens"
 STORE_ENV = "ATTN_AUDIT_GOLDEN_CACHE_MB"

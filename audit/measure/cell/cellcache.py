@@ -8,17 +8,17 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-from ..core.grid import Case
-from ..workload.inputs import Inputs, make_inputs
-from ..workload.eager import eager_lse_attention, kv_for_queries, masked_scores, softmax_with_sinks
-from ..workload.variants import Variant, apply_sinks_by_lse
-from ..workload.varlen import document_owner
-from . import golden_store
-from .lse import merge_partials, split_calls
-from .mistake_memo import MistakeMemo
-from .referee import shifted_values
-from .numerics import error_vs_reference
-from .reference import Golden, golden_attention, golden_slices, row_visibility, take_slices, visibility
+from ...core.grid import Case
+from ...workload.inputs import Inputs, make_inputs
+from ...workload.eager import eager_lse_attention, kv_for_queries, masked_scores, softmax_with_sinks
+from ...workload.variants import Variant, apply_sinks_by_lse
+from ...workload.varlen import document_owner
+from ..golden import golden_store
+from ..golden.lse import merge_partials, split_calls
+from ..diagnosis.mistake_memo import MistakeMemo
+from ..referee.vault import shifted_values
+from ..golden.numerics import error_vs_reference
+from ..golden.reference import Golden, golden_attention, golden_slices, row_visibility, take_slices, visibility
 
 
 def _leak_checks(inputs: Inputs, tq: int, tk: int, alignment: str = "top-left") -> list[tuple[Any, Any]]:
@@ -265,7 +265,7 @@ def sinks_for_slices(sinks: Any, slices: list[tuple[int, int]] | None) -> Any:
 
 # What Reference.baseline_extra holds: the baseline's RMSE on its lse, on its merged halves, on
 # dq and dk through its lse alone, on the sinks' gradient, and in sinks cells on its lse with the
-# sink counted and the gradient through that (measure.checks reads them).
+# sink counted and the gradient through that (measure.checks.registry reads them).
 BASELINE_EXTRAS: tuple[str, ...] = ("lse", "merge", "lse_dq", "lse_dk", "dsinks",
                                     "lse_sink", "lse_sink_dq", "lse_sink_dk")   # the last: lse with the sink counted
 
@@ -345,7 +345,7 @@ def lse_rmse(lse: Any, golden: Golden, want: Any = None) -> float:
 def merged_output(call: Any, q: Any, k: Any, v: Any, mask: Any, causal: bool, alignment: str,
                   sinks: Any = None) -> Any:
     """`call`'s (out, lse) on the keys split in two, merged as split-KV and ring attention merge them
-    (measure.lse), the sinks applied once after through the merged lse: (B, H, Tq, d) float64, or
+    (measure.golden.lse), the sinks applied once after through the merged lse: (B, H, Tq, d) float64, or
     None where the keys cannot be split (one key). The halves are called without sinks."""
     halves = split_calls(call, q, k, v, mask, causal, alignment)
     if halves is None:
@@ -387,7 +387,7 @@ class BuildCache:
 
     def __init__(self) -> None:
         self._builds: dict[tuple, Build] = {}
-        # a compiled variant's argument probes, shared by its cells of a run (measure/arguments.py):
+        # a compiled variant's argument probes, shared by its cells of a run (measure/checks/arguments.py):
         # variant -> {argument: {name: (status, evidence, cell id)}}
         self.probe_memo: dict[str, dict] = {}
 

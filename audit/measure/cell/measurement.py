@@ -3,7 +3,7 @@
 1. set-up: the variant's callable (compiled once per kind of cell: cellcache.BuildCache);
 2. first calls: a warm-up forward (checked against the variant contract), the numerics forward
    (peak memory; its output is what the checks read) and a warm-up forward+backward;
-3. numerics: the checks of the output (measure.checks, stage "output");
+3. numerics: the checks of the output (measure.checks.registry, stage "output");
 4. gradients: the numerics forward+backward (peak memory; its gradients), then the checks of
    the gradients (stage "gradients");
 5. timing: the timed samples of each pass;
@@ -12,7 +12,7 @@
 
 The cell's inputs and reference come from cellcache (built once per input set); runner
 turns the columns, or the failure, into the cell's record. A new numerics check is a
-function in measure/checks.py, not a branch here.
+function in measure/checks/registry.py, not a branch here.
 """
 from __future__ import annotations
 
@@ -22,20 +22,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..core.errors import BackwardUnsupported, skip_platform_refusals
-from ..core.grid import Case
-from ..core.timesplit import PhaseClock
-from ..core.noise import SamplingRule
-from ..workload.inputs import Inputs
-from ..workload.presets import Preset
-from ..workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
-from . import compile_cache, referee, refereeing
+from ...core.errors import BackwardUnsupported, skip_platform_refusals
+from ...core.grid import Case
+from ...core.timesplit import PhaseClock
+from ...core.noise import SamplingRule
+from ...workload.inputs import Inputs
+from ...workload.presets import Preset
+from ...workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
+from ..machine import compile_cache
+from ..referee import refereeing, vault as referee
 from .cellcache import BuildCache, Reference
-from .checks import CellState, ContractError, check_output, failure_reason, run_checks, split_out_lse
-from .memory import held_bytes, peak_during
-from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from ..checks.registry import CellState, ContractError, check_output, failure_reason, run_checks, split_out_lse
+from ..machine.memory import held_bytes, peak_during
+from ..golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .repeats import Repeats, deterministic_algorithms_enabled
-from .timing import (DeviceTimingFailed, Samples, cache_flusher, cuda_graph_replay, measure, measure_device,
+from ..machine.timing import (DeviceTimingFailed, Samples, cache_flusher, cuda_graph_replay, measure, measure_device,
                      sync_for, time_call)
 
 __all__ = ["CellSkipped", "ContractError", "LEAK_REPORT_BYTES", "check_output", "failure_reason", "input_grads",
@@ -216,8 +217,8 @@ def _in_form(fn: Callable[..., Any], variant: Variant, inputs: Inputs, preset: P
     """The variant's callable in the layout it declares for this cell: a "paged" variant behind
     varlen.PagedCall in a paged cell, its pages of the size it declares or the preset's
     (Unsupported in any other cell: it takes nothing but a cache)."""
-    from ..core.errors import Unsupported
-    from ..workload.varlen import PagedCall
+    from ...core.errors import Unsupported
+    from ...workload.varlen import PagedCall
     if "paged" not in variant.forms:
         return fn
     if inputs.paged is None:
@@ -437,7 +438,7 @@ def cuda_clock() -> Any:
     """The process's timing.CudaClock (its spin rate is calibrated once)."""
     global _CUDA_CLOCK
     if _CUDA_CLOCK is None:
-        from .timing import CudaClock
+        from ..machine.timing import CudaClock
         _CUDA_CLOCK = CudaClock()
     return _CUDA_CLOCK
 
@@ -507,7 +508,7 @@ def _timing_method(case: Case, preset: Preset, forward: Callable[[], Any],
 def work_pairs(cell: "_Cell") -> int | None:
     """The visible (query, key) pairs summed over batch and heads where the scenario's visibility is
     the work (inputs.Scenario.work_is_visible: packed documents), else None (the causal or full count)."""
-    from ..workload.inputs import SCENARIOS
+    from ...workload.inputs import SCENARIOS
     if not SCENARIOS[cell.case.scenario].work_is_visible:
         return None
     return referee.visible_pairs(cell.inputs, cell.ref.alignment)
@@ -515,7 +516,7 @@ def work_pairs(cell: "_Cell") -> int | None:
 
 def _roofline(case: Case, tq: int, inputs: Inputs, fwd: Samples, fb: Samples | None,
               ceilings: dict | None, pairs: int | None = None) -> dict[str, Any]:
-    from .roofline import ROOFLINE_COLUMNS, cell_roofline
+    from ..machine.roofline import ROOFLINE_COLUMNS, cell_roofline
     if not ceilings:
         return {col: None for col in ROOFLINE_COLUMNS}
     mask = inputs.mask
@@ -541,7 +542,7 @@ def _telemetry(case: Case, forward: Callable[[], Any], fwd: Samples, sync: Any, 
     time while the window runs hot, so the idle fraction takes a hot one instead: a few units
     timed as the samples were (CUDA events behind a spin kernel), without the flush.
     """
-    from .energy import MAX_WALL_S as ENERGY_MAX_WALL_S, null_telemetry
+    from ..machine.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, null_telemetry
     if case.device != "cuda":
         return null_telemetry("NVML telemetry is for NVIDIA GPUs; this cell ran on the CPU")
     if meter is None or not getattr(meter, "available", False):

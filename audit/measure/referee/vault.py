@@ -5,7 +5,7 @@ without the work: caching by pointer or value, writing into their inputs, return
 work is done, doing it only on the first calls, finding the reference in the process, patching
 the timers (docs/generated-kernels.md). Each check here is one mechanism over a variant's calls
 (core.referee.REFEREE_CHECKS names them), applied to every tensor a call takes or returns;
-measure/measurement.py runs them in the cell's phases and writes one column per check
+measure/cell/measurement.py runs them in the cell's phases and writes one column per check
 (referee_<name>: True, False, or null where it could not run) and, for a failure, what was seen
 in `referee_detail`.
 
@@ -25,9 +25,9 @@ import time
 import types
 from typing import Any, Callable, Iterator
 
-from ..core.referee import REFEREE_CHECKS, column
-from .reference import visibility
-from .repeats import bitwise_equal
+from ...core.referee import REFEREE_CHECKS, column
+from ..golden.reference import visibility
+from ..cell.repeats import bitwise_equal
 
 # ---------------------------------------------------------------------------- results
 
@@ -217,10 +217,10 @@ def other_stream_gap(fenced_s: float, device_s: float, host_s: float | None) -> 
 TIMER_OBJECTS: tuple[tuple[str, str], ...] = (
     *(("time", name) for name in ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time",
                                   "time_ns", "process_time", "sleep")),
-    *(("audit.measure.timing", name) for name in ("measure", "measure_device", "time_call", "sync_for",
+    *(("audit.measure.machine.timing", name) for name in ("measure", "measure_device", "time_call", "sync_for",
                                                   "cuda_graph_replay", "cache_flusher", "Samples", "CudaClock",
                                                   "CudaClock.host_clock", "median", "iqr")),
-    *(("audit.measure.measurement", name) for name in ("measure", "measure_device", "time_call", "sync_for",
+    *(("audit.measure.cell.measurement", name) for name in ("measure", "measure_device", "time_call", "sync_for",
                                                        "cuda_graph_replay", "_time_cell", "_timed_result",
                                                        "cuda_clock")),
 )

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..core.runfolder import CANARY_FILE, read_canaries
+from ...core.runfolder import CANARY_FILE, read_canaries
 from .timing import MIN_BLOCK_S, measure, measure_device, sync_for
 
 CANARY_N = 256             # an n×n fp32 matmul: ~0.1 ms on a 2-core CPU, microseconds on a GPU
@@ -49,7 +49,7 @@ def time_canary(device: str = "cpu", *, seconds: float = CANARY_S) -> dict[str, 
             sync()
         estimate = max(time.perf_counter() - t0, 1e-6)
         if device.startswith("cuda"):
-            from .measurement import cuda_clock
+            from ..cell.measurement import cuda_clock
             clock = cuda_clock()
             samples = measure_device(fn, estimate_s=estimate, clock=clock, min_samples=11, min_time_s=seconds,
                                      host_clock=clock.host_clock)

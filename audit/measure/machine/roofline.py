@@ -14,8 +14,8 @@ import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..workload.inputs import torch_dtype
-from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from ...workload.inputs import torch_dtype
+from ..golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .timing import measure, sync_for, time_call
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}

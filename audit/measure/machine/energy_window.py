@@ -1,4 +1,4 @@
-"""One energy window of EnergyMeter.measure (measure/energy.py, whose docstring says what it
+"""One energy window of EnergyMeter.measure (measure/machine/energy.py, whose docstring says what it
 measures): the GPU kept fed with queued units while the host reads NVML, in steps.
 
 1. open: the first round of context readings (power, SM clock, temperature, throttle reasons),

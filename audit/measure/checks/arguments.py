@@ -43,10 +43,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ..core.errors import Unsupported
-from ..workload.arguments import ARGUMENTS, probed_arguments
-from .diagnosis import _golden_for, attempt_for, diagnosis_slices, tolerance
-from .numerics import BUDGET_ATOL, BUDGET_FACTOR
+from ...core.errors import Unsupported
+from ...workload.arguments import ARGUMENTS, probed_arguments
+from ..diagnosis.diagnosis import _golden_for, attempt_for, diagnosis_slices, tolerance
+from ..golden.numerics import BUDGET_ATOL, BUDGET_FACTOR
 
 INFORMATIVE = 4.0          # the golden must move by more than this many tolerances for a probe to tell
 

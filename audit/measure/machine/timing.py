@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..core.noise import SamplingRule, ci_rel
+from ...core.noise import SamplingRule, ci_rel
 
 Clock = Callable[[], float]
 MIN_BLOCK_S = 1e-3        # calls faster than this are timed in blocks (a device sync or spin per block)

@@ -48,12 +48,12 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from ..core.diagnosis_names import NONE, joined, members
-from ..workload.backward_mistakes import BACKWARD_MISTAKES, backward_of, full_groups
-from ..workload.inputs import Inputs, read_as_contiguous, torch_dtype
-from ..workload.mistakes import MISTAKES, Attempt, Mistake, sq_diff
+from ...core.diagnosis_names import NONE, joined, members
+from ...workload.backward_mistakes import BACKWARD_MISTAKES, backward_of, full_groups
+from ...workload.inputs import Inputs, read_as_contiguous, torch_dtype
+from ...workload.mistakes import MISTAKES, Attempt, Mistake, sq_diff
 from .mistake_memo import MistakeMemo, run as memo_run
-from .numerics import BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, attention_flops, error_vs_reference
+from ..golden.numerics import BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, attention_flops, error_vs_reference
 
 # Float64 FLOPs one mistake may spend (one forward over the diagnosis slices); like
 # reference.GOLDEN_FLOP_BUDGET, per device type. gqa_permuted spends about twice that (a fit

@@ -12,15 +12,15 @@ have a right `out` and still break every such consumer. This module holds:
   counts the sink gets the sink taken out);
 - `classify_lse_rows`: what an lse is on rows that see no key.
 
-The checks (measure.checks) and the same-dtype baseline (cellcache) both use them.
+The checks (measure.checks.registry) and the same-dtype baseline (cellcache) both use them.
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Callable
 
-from ..core.errors import Unsupported
-from ..workload.inputs import causal_keep, causal_offset
+from ...core.errors import Unsupported
+from ...workload.inputs import causal_keep, causal_offset
 
 
 def split_point(tk: int) -> int:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ..workload.inputs import causal_keep
-from ..workload.varlen import PagedCall
-from .numerics import error_vs_reference, within_budget
+from ...workload.inputs import causal_keep
+from ...workload.varlen import PagedCall
+from ..golden.numerics import error_vs_reference, within_budget
 
 # Each check's columns when its call fails, and the words its failure is named with in invariance_reason
 UNMEASURED = {"batch": ({"batch_invariant": None, "batch_max_diff": None}, "batch row alone"),

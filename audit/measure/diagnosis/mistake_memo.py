@@ -1,6 +1,6 @@
 """Each known mistake's float64 output on an input set, computed once for every variant diagnosed there.
 
-The diagnosis (measure.diagnosis, measure.lse_diagnosis) runs every registered mistake on the
+The diagnosis (measure.diagnosis.diagnosis, measure.diagnosis.lse_diagnosis) runs every registered mistake on the
 cell's inputs in float64, and on the fully masked, padding and reported scenarios most variants of
 an input set are diagnosed (every hand-written one gives NaN rows, say): the same mistakes on the
 same inputs, once per variant. A mistake's output depends on the variant only where it fits

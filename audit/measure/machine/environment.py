@@ -9,7 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ..core.version import git_commit
+from ...core.version import git_commit
 from .nvml import nvml_info
 
 

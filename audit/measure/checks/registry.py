@@ -22,20 +22,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..core.defects import grad_outside_budget, lse_outside_budget, numerics_defect
-from ..core.errors import Unsupported
-from ..core.grid import Case
-from ..core.timesplit import CELL_PHASES
-from ..workload.arguments import probed_arguments
-from ..workload.inputs import TORCH_DTYPES, Inputs, invariance_applies
-from ..workload.presets import Preset
-from ..workload.variants import Variant
-from .cellcache import Reference, lse_rmse, merged_output, sinks_for_slices
-from .numerics import (GRAD_BUDGET_FACTOR, GRADIENTS, SaturationAccumulator, changed_max, classify_masked_rows,
+from ...core.defects import grad_outside_budget, lse_outside_budget, numerics_defect
+from ...core.errors import Unsupported
+from ...core.grid import Case
+from ...core.timesplit import CELL_PHASES
+from ...workload.arguments import probed_arguments
+from ...workload.inputs import TORCH_DTYPES, Inputs, invariance_applies
+from ...workload.presets import Preset
+from ...workload.variants import Variant
+from ..cell.cellcache import Reference, lse_rmse, merged_output, sinks_for_slices
+from ..golden.numerics import (GRAD_BUDGET_FACTOR, GRADIENTS, SaturationAccumulator, changed_max, classify_masked_rows,
                        error_vs_reference, nonfinite_counts, relative_error, small_sample_factor, within_budget)
-from .lse import classify_lse_rows, keys_only_lse
-from .failures import ContractError, FAILURE_HEADER, failure_reason, failure_text  # noqa: F401  (one definition)
-from .reference import Golden, golden_prob_chunks
+from ..golden.lse import classify_lse_rows, keys_only_lse
+from ..cell.failures import ContractError, FAILURE_HEADER, failure_reason, failure_text  # noqa: F401  (one definition)
+from ..golden.reference import Golden, golden_prob_chunks
 
 NEEDS: tuple[str, ...] = ("out", "grads", "golden", "variant", "record")
 STAGES: tuple[str, ...] = ("output", "gradients", "record")   # when a check runs (Check.stage)
@@ -176,7 +176,7 @@ def masked_rows(cell: CellState) -> dict[str, Any]:
 def forward_with(cell: CellState) -> Callable[[Any, Any], Any]:
     """(k', v') -> the variant's detached output on (q, k', v') with the cell's keyword arguments,
     in the timed calls' grad mode and requires_grad, so compiled code is reused: the leak check's
-    probes and the diagnosis's (measure.diagnosis.diagnose_probes)."""
+    probes and the diagnosis's (measure.diagnosis.diagnosis.diagnose_probes)."""
     grad = cell.q.requires_grad
 
     def call(k2: Any, v2: Any) -> Any:
@@ -219,7 +219,7 @@ def paged_reads(cell: CellState) -> dict[str, Any]:
 def call_with(cell: CellState) -> Callable[..., Any]:
     """(kwargs, kv=None) -> the variant's detached result ((out, lse) for a variant returning its lse)
     on the cell's q and copies of k and v (of kv's (k', v') when given) with these keyword arguments,
-    in the timed calls' grad mode (the argument probes: measure/arguments.py)."""
+    in the timed calls' grad mode (the argument probes: measure/checks/arguments.py)."""
     grad = cell.q.requires_grad
 
     def call(kwargs: dict, kv: Any = None) -> Any:
@@ -238,7 +238,7 @@ def call_with(cell: CellState) -> Callable[..., Any]:
        when=lambda cell: bool(probed_arguments(cell.case, cell.variant.compiled)))
 def arguments(cell: CellState) -> dict[str, Any]:
     """Each argument the cell hands the variant, changed: its output must move as the float64
-    golden moves (measure/arguments.py)."""
+    golden moves (measure/checks/arguments.py)."""
     from .arguments import argument_columns
     lse_baseline = cell.ref.baseline_extra.get(_lse_convention(cell)[2]) if cell.lse is not None else None
     columns = argument_columns(cell, call_with(cell), failure_reason, lse_baseline)
@@ -250,7 +250,7 @@ def arguments(cell: CellState) -> dict[str, Any]:
 @check("batch_invariance", needs=("out", "golden", "variant"), phase="invariance",
        when=lambda cell: invariance_applies(cell.case)[0])
 def batch_invariance(cell: CellState) -> dict[str, Any]:
-    """Batch row 0 computed alone against the same row in the full batch (measure/invariance.py)."""
+    """Batch row 0 computed alone against the same row in the full batch (measure/checks/invariance.py)."""
     from .invariance import columns
     return columns("batch", cell, failure_reason)
 
@@ -258,7 +258,7 @@ def batch_invariance(cell: CellState) -> dict[str, Any]:
 @check("chunk_invariance", needs=("out", "golden", "variant"), phase="invariance",
        when=lambda cell: invariance_applies(cell.case)[1])
 def chunk_invariance(cell: CellState) -> dict[str, Any]:
-    """The queries in two chunks (chunked prefill) against the single-shot output (measure/invariance.py)."""
+    """The queries in two chunks (chunked prefill) against the single-shot output (measure/checks/invariance.py)."""
     from .invariance import columns
     return columns("chunk", cell, failure_reason)
 
@@ -330,9 +330,9 @@ def grad_rmse(grads: tuple, ref: Reference) -> dict[str, float]:
 @check("grad_diagnosis", needs=("grads", "golden"), phase="diagnosis",
        when=lambda cell: grad_outside_budget(cell.columns))
 def grad_diagnosis(cell: CellState) -> dict[str, Any]:
-    """The known backward mistake the gradients match (measure.diagnosis), for cells whose
+    """The known backward mistake the gradients match (measure.diagnosis.diagnosis), for cells whose
     gradients are outside their budget; a failing diagnosis keeps the cell, with a reason."""
-    from .diagnosis import diagnose_grads_cell
+    from ..diagnosis.diagnosis import diagnose_grads_cell
     try:
         columns, evidence = diagnose_grads_cell(cell.grads[:3], cell.inputs, cell.ref, cell.case.dtype)
     except Exception as exc:  # noqa: BLE001
@@ -409,7 +409,7 @@ def _lse_convention(cell: CellState) -> tuple[Any, Any, str]:
 def lse_error(cell: CellState) -> dict[str, Any]:
     """The returned lse against the float64 golden's on the rows that see a key (RMSE, absolute),
     its ratio to the same-dtype baseline's and the budget's verdict; and what it is on rows that
-    see no key (measure.lse.classify_lse_rows)."""
+    see no key (measure.golden.lse.classify_lse_rows)."""
     want, _, key = _lse_convention(cell)
     rmse = lse_rmse(cell.ref.take(cell.lse), cell.golden, want)
     base = cell.ref.baseline_extra.get(key)
@@ -494,9 +494,9 @@ LSE_GRADIENTS: tuple[str, ...] = ("dq", "dk")   # what the lse depends on (not v
 @check("lse_diagnosis", needs=("out", "golden", "record"), phase="diagnosis",
        when=lambda cell: bool(set(lse_outside_budget(cell.columns)) & {"lse_within_budget", "merge_within_budget"}))
 def lse_diagnosis(cell: CellState) -> dict[str, Any]:
-    """The known mistake of the lse the variant's lse or merge matches (measure.lse_diagnosis), for
+    """The known mistake of the lse the variant's lse or merge matches (measure.diagnosis.lse_diagnosis), for
     cells whose lse or merge is outside its budget."""
-    from .lse_diagnosis import diagnose_lse_cell
+    from ..diagnosis.lse_diagnosis import diagnose_lse_cell
     try:
         return diagnose_lse_cell(cell)
     except Exception as exc:  # noqa: BLE001
@@ -509,7 +509,7 @@ def lse_diagnosis(cell: CellState) -> dict[str, Any]:
 def lse_grad_diagnosis(cell: CellState) -> dict[str, Any]:
     """The known mistake of the gradient through the lse its dq and dk match, for cells where that
     gradient is outside its budget."""
-    from .lse_diagnosis import diagnose_lse_grads_cell
+    from ..diagnosis.lse_diagnosis import diagnose_lse_grads_cell
     try:
         return diagnose_lse_grads_cell(cell)
     except Exception as exc:  # noqa: BLE001
@@ -566,10 +566,10 @@ def variant_weight_metrics(variant: Variant, inputs: Inputs, ref: Reference, q: 
 @check("diagnosis", needs=("out", "golden", "variant", "record"), phase="diagnosis",
        when=lambda cell: numerics_defect(cell.columns))
 def diagnosis(cell: CellState) -> dict[str, Any]:
-    """The known mistake a defective output matches (measure.diagnosis), for the cells an error
+    """The known mistake a defective output matches (measure.diagnosis.diagnosis), for the cells an error
     finding about numerics covers; if the audit's own diagnosis fails, the cell keeps its
     measurements and its reason says so (a diagnosis is an explanation, not a measurement)."""
-    from .diagnosis import diagnose_cell
+    from ..diagnosis.diagnosis import diagnose_cell
     try:
         return diagnose_cell(cell.out, cell.inputs, cell.ref, cell.case.dtype, cell.ref.baseline_rmse,
                              call=forward_with(cell))
@@ -582,8 +582,8 @@ def diagnosis(cell: CellState) -> dict[str, Any]:
 def grad_forward_diagnosis(cell: CellState) -> dict[str, Any]:
     """Gradients no backward mistake explains, of a cell whose output is diagnosed: where they match
     the gradients of the forward's mistake itself (a kernel differentiating what it wrongly
-    computed), the gradient diagnosis names that mistake too (measure.diagnosis.diagnose_grads_as_forward)."""
-    from .diagnosis import diagnose_grads_as_forward
+    computed), the gradient diagnosis names that mistake too (measure.diagnosis.diagnosis.diagnose_grads_as_forward)."""
+    from ..diagnosis.diagnosis import diagnose_grads_as_forward
     evidence, cell.grad_evidence = cell.grad_evidence, None
     try:
         found = diagnose_grads_as_forward(evidence, cell.inputs, cell.ref, cell.case.dtype,

@@ -1,22 +1,22 @@
 """Why a variant's log-sum-exp is wrong: the known mistake (workload.lse_mistakes) it matches.
 
 For the cells whose lse, merge or lse gradients are outside their budget (core.defects.
-lse_outside_budget), on the diagnosis slices of measure.diagnosis, in float64:
+lse_outside_budget), on the diagnosis slices of measure.diagnosis.diagnosis, in float64:
 
 - the lse itself: each LSE mistake's lse against the variant's, on the rows that see a key;
 - the merge: each LSE mistake applied to both halves of the keys (the halves' right outputs,
-  the mistaken lse), merged as measure.lse merges them, against the variant's merged output; so
+  the mistaken lse), merged as measure.golden.lse merges them, against the variant's merged output; so
   a mistake that only shows on rows a half leaves empty (an lse of 0 there) is named too;
 - the gradients with the lse in the loss: each LSE gradient mistake's dq, dk, dv against the
   variant's.
 
 A mistake matches when every comparison it can make is within its tolerance (the budget of
-that comparison: 2 × the baseline's RMSE + atol, measure.diagnosis.tolerance), on one of them the
+that comparison: 2 × the baseline's RMSE + atol, measure.diagnosis.diagnosis.tolerance), on one of them the
 variant is outside the budget and the mistake further than a tolerance from the right answer
-(measure.diagnosis's rule: its edges where the defect's are), and the variant is nearer to it
+(measure.diagnosis.diagnosis's rule: its edges where the defect's are), and the variant is nearer to it
 than to the right answer on each. Every match is named, with the mistakes the
 cell cannot tell from one (their results within tolerance of each other on every comparison), as
-the output's diagnosis names them (measure.diagnosis.named_matches): "a or b", never the one whose
+the output's diagnosis names them (measure.diagnosis.diagnosis.named_matches): "a or b", never the one whose
 error came out smaller in the last bits.
 """
 from __future__ import annotations
@@ -25,15 +25,15 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from ..workload.backward_mistakes import full_groups
-from ..workload.lse_mistakes import LSE_GRAD_MISTAKES, LSE_MISTAKES, lse_grads_of, lse_of
-from ..workload.mistakes import Attempt, sq_diff
-from ..workload.variants import apply_sinks_by_lse
-from ..core.diagnosis_names import NONE, joined
+from ...workload.backward_mistakes import full_groups
+from ...workload.lse_mistakes import LSE_GRAD_MISTAKES, LSE_MISTAKES, lse_grads_of, lse_of
+from ...workload.mistakes import Attempt, sq_diff
+from ...workload.variants import apply_sinks_by_lse
+from ...core.diagnosis_names import NONE, joined
 from .diagnosis import Candidate, attempt_for, diagnosis_slices, named_matches, tolerance
-from .lse import keys_only_lse, merge_partials, split_point
+from ..golden.lse import keys_only_lse, merge_partials, split_point
 from .mistake_memo import run as memo_run
-from .numerics import GRAD_BUDGET_FACTOR
+from ..golden.numerics import GRAD_BUDGET_FACTOR
 
 
 def _rmse(x: Any, y: Any, rows: Any = None) -> float:
@@ -45,7 +45,7 @@ def _rmse(x: Any, y: Any, rows: Any = None) -> float:
 
 
 def _halves(a: Attempt) -> list[Attempt]:
-    """The attempt on each half of the keys (measure.lse.split_point), causal and mask as one
+    """The attempt on each half of the keys (measure.golden.lse.split_point), causal and mask as one
     visibility cut to the half's keys, so a row may see no key of a half."""
     import torch
     tk = a.tk
@@ -78,7 +78,7 @@ def _merged(a: Attempt, lse_fn: Any) -> Any:
 
 def _slices(cell: Any) -> tuple[list[int], list[int], Any, Any, Any]:
     """(batches, heads, their index tensors, pick) of the cell's diagnosis slices
-    (measure.diagnosis.diagnosis_slices); pick: (B, H, ...) -> (b, h, ...) float64."""
+    (measure.diagnosis.diagnosis.diagnosis_slices); pick: (B, H, ...) -> (b, h, ...) float64."""
     import torch
     B, H, Tq, d = cell.out.shape
     Hkv, Tk = cell.inputs.k.shape[1], cell.inputs.k.shape[-2]
@@ -92,7 +92,7 @@ def _slices(cell: Any) -> tuple[list[int], list[int], Any, Any, Any]:
 
 
 def diagnose_lse_cell(cell: Any) -> dict[str, Any]:
-    """The lse diagnosis columns of one cell (a measure.checks.CellState): `lse_diagnosis` (a
+    """The lse diagnosis columns of one cell (a measure.checks.registry.CellState): `lse_diagnosis` (a
     mistake's name, "none" when none matched), `lse_diagnosis_err` (the variant against it) and
     `lse_diagnosis_golden_err` (against the right answer), on the comparison that decided."""
     import torch
