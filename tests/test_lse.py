@@ -1,4 +1,4 @@
-"""The log-sum-exp a variant returns and attention sinks (measure.checks.registry: lse_error, lse_merge,
+"""The log-sum-exp a variant returns and attention sinks (measure.checks.lse: lse_error, lse_merge,
 lse_grads, sink_grad; measure.diagnosis.lse_diagnosis; workload.lse_mistakes): each check on a kernel that
 must trigger it and on one that must not, each lse mistake named on a kernel making it
 (tests/plugins/lse_kernels.py) and on no correct one, the merge's arithmetic, the sinks'

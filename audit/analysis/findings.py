@@ -72,7 +72,7 @@ def check_error_budget(frame: pd.DataFrame) -> list[dict]:
 
 
 def check_grad_error_budget(frame: pd.DataFrame) -> list[dict]:
-    """Gradients outside their budget (measure.checks.registry.grad_budget): each of dq, dk, dv's RMSE
+    """Gradients outside their budget (measure.checks.gradients.grad_budget): each of dq, dk, dv's RMSE
     against float64 above 2 × that of hand-written attention's gradient in the same dtype, + atol."""
     ok = _ok(frame)
     rows = ok[_rows_where(ok, lambda r: bool(grad_outside_budget(r)))]
@@ -112,7 +112,7 @@ def _outside(g: pd.DataFrame, verdict: str, ratio: str, label: str) -> str | Non
 
 def check_lse_error_budget(frame: pd.DataFrame) -> list[dict]:
     """A returned log-sum-exp outside its budget, or its halves' merge outside theirs
-    (measure.checks.registry: lse_error, lse_merge): 2 × hand-written attention's in the same dtype + atol."""
+    (measure.checks.lse: lse_error, lse_merge): 2 × hand-written attention's in the same dtype + atol."""
     ok = _ok(frame)
     bad = pd.Series(False, index=ok.index)
     for verdict in ("lse_within_budget", "merge_within_budget"):

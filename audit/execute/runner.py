@@ -22,8 +22,8 @@ from ..core.timesplit import PhaseClock
 from ..core.runfolder import FAILURES_DIR, INFLIGHT_FILE, RUN_FILE, WORKERS_FILE, failure_file_name
 from ..measure.machine import compile_cache
 from ..measure.cell.cellcache import BuildCache, InputCache
-from ..measure.checks.registry import failure_text
-from ..measure.cell.measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason, measure_cell
+from ..measure.cell.failures import failure_reason, failure_text
+from ..measure.cell.measurement import LEAK_REPORT_BYTES, CellSkipped, measure_cell
 from ..measure.cell.repeats import deterministic_algorithms, refuses_determinism
 from ..measure.machine.memory import pin_malloc_threshold
 from ..workload.inputs import cell_needs
@@ -124,7 +124,7 @@ FAILURE_TEXT = "_failure_text"      # a failed cell's whole failure, until run_g
 
 
 def write_failure(run_dir: Path, rec: dict[str, Any], after: list[str]) -> None:
-    """A failed cell's whole failure (checks.failure_text: the exception chain, stacks and the
+    """A failed cell's whole failure (failures.failure_text: the exception chain, stacks and the
     compiler's output) in DIR/failures/<id>.txt, its path in the record (failure_file); and in
     failed_after the cells of the same variant this measuring process ran before it, in order
     (a compile failure that only a recompile shows: its reproduction replays them)."""

@@ -28,7 +28,9 @@ from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..measure.cell.cellcache import build_reference
 from ..measure.diagnosis.diagnosis import diagnose_cell, diagnose_grads_as_forward, diagnose_grads_cell
-from ..measure.checks.registry import alignment_of, grad_rmse, variant_weight_metrics
+from ..measure.checks.gradients import grad_rmse
+from ..measure.checks.output import alignment_of
+from ..measure.checks.record import variant_weight_metrics
 from ..measure.cell.measurement import LEAK_REPORT_BYTES, input_grads
 from ..measure.machine.memory import held_bytes, pin_malloc_threshold
 from ..measure.cell.repeats import Repeats

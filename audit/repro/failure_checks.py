@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from ..core.grid import Case
 from ..measure.cell.cellcache import build_reference
-from ..measure.checks.registry import check_output
+from ..measure.checks.contract import check_output
 from ..measure.cell.measurement import input_grads
 from ..workload.inputs import draw_inputs
 

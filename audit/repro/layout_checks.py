@@ -15,7 +15,7 @@ from typing import Any, Callable
 from ..core.defects import LEAK_OVER_NOISE
 from ..measure.checks.arguments import argument_columns
 from ..measure.cell.cellcache import build_reference, document_probe
-from ..measure.checks.registry import failure_reason
+from ..measure.cell.failures import failure_reason
 from ..measure.checks.invariance import columns
 from ..measure.golden.numerics import changed_max
 from ..measure.checks.paged import paged_reads_columns
@@ -138,7 +138,7 @@ def _constant(value: bool, *args: Any) -> bool:
 
 def _probe_call(attention: Callable, q: Any, k: Any, v: Any) -> Callable[..., Any]:
     """(kwargs, kv=None) -> the variant's detached result on q and copies of k and v, or of kv's
-    (measure.checks.registry.call_with)."""
+    (measure.checks.contract.call_with)."""
     return functools.partial(_probe, attention, q, k, v)
 
 

@@ -1,6 +1,6 @@
 """Reproduction-script verifiers of the log-sum-exp findings (lse_error_budget, lse_grad_budget,
 lse_masked_rows): the variant called again on the audit's inputs, its lse judged by the same
-code the audit used (measure.checks.registry, measure.golden.lse, cellcache's baseline). Copied into standalone
+code the audit used (measure.checks.lse, measure.golden.lse, cellcache's baseline). Copied into standalone
 scripts like audit.repro.checks: audit names imported at module level only, torch inside
 functions, no lambdas.
 

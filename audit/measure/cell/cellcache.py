@@ -265,7 +265,7 @@ def sinks_for_slices(sinks: Any, slices: list[tuple[int, int]] | None) -> Any:
 
 # What Reference.baseline_extra holds: the baseline's RMSE on its lse, on its merged halves, on
 # dq and dk through its lse alone, on the sinks' gradient, and in sinks cells on its lse with the
-# sink counted and the gradient through that (measure.checks.registry reads them).
+# sink counted and the gradient through that (measure.checks.lse reads them).
 BASELINE_EXTRAS: tuple[str, ...] = ("lse", "merge", "lse_dq", "lse_dk", "dsinks",
                                     "lse_sink", "lse_sink_dq", "lse_sink_dk")   # the last: lse with the sink counted
 

@@ -3,7 +3,7 @@
 1. set-up: the variant's callable (compiled once per kind of cell: cellcache.BuildCache);
 2. first calls: a warm-up forward (checked against the variant contract), the numerics forward
    (peak memory; its output is what the checks read) and a warm-up forward+backward;
-3. numerics: the checks of the output (measure.checks.registry, stage "output");
+3. numerics: the checks of the output (measure/checks/, stage "output");
 4. gradients: the numerics forward+backward (peak memory; its gradients), then the checks of
    the gradients (stage "gradients");
 5. timing: the timed samples of each pass;
@@ -12,7 +12,7 @@
 
 The cell's inputs and reference come from cellcache (built once per input set); runner
 turns the columns, or the failure, into the cell's record. A new numerics check is a
-function in measure/checks/registry.py, not a branch here.
+function in measure/checks/ (registry.py: CHECK_ORDER), not a branch here.
 """
 from __future__ import annotations
 
@@ -32,15 +32,22 @@ from ...workload.variants import Variant, compiled_graph_count, fused_attention_
 from ..machine import compile_cache
 from ..referee import refereeing, vault as referee
 from .cellcache import BuildCache, Reference
-from ..checks.registry import CellState, ContractError, check_output, failure_reason, run_checks, split_out_lse
+from ..checks import gradients, lse, output, record
+from ..checks.contract import check_output, split_out_lse
+from ..checks.registry import CellState, run_checks
+from .failures import failure_reason
 from ..machine.memory import held_bytes, peak_during
 from ..golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .repeats import Repeats, deterministic_algorithms_enabled
 from ..machine.timing import (DeviceTimingFailed, Samples, cache_flusher, cuda_graph_replay, measure, measure_device,
                      sync_for, time_call)
 
-__all__ = ["CellSkipped", "ContractError", "LEAK_REPORT_BYTES", "check_output", "failure_reason", "input_grads",
-           "measure_cell"]
+__all__ = ["CellSkipped", "LEAK_REPORT_BYTES", "input_grads", "measure_cell"]
+
+
+# The families of checks run_checks runs: each module registers its checks as it is imported, and
+# checks.registry.CHECK_ORDER orders them (a check not registered is an error there, not skipped).
+CHECK_FAMILIES = (output, gradients, lse, record)
 
 
 class CellSkipped(Exception):

@@ -12,7 +12,7 @@ have a right `out` and still break every such consumer. This module holds:
   counts the sink gets the sink taken out);
 - `classify_lse_rows`: what an lse is on rows that see no key.
 
-The checks (measure.checks.registry) and the same-dtype baseline (cellcache) both use them.
+The checks (measure.checks.lse) and the same-dtype baseline (cellcache) both use them.
 """
 from __future__ import annotations
 

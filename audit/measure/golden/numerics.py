@@ -1,6 +1,6 @@
 """Pure numerical metrics. Each takes tensors and returns plain Python numbers.
 
-Adding a metric: write one function here, call it from a check in measure/checks/registry.py, add
+Adding a metric: write one function here, call it from a check in measure/checks/, add
 its column to records.COLUMNS.
 """
 from __future__ import annotations

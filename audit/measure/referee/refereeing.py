@@ -11,7 +11,7 @@ from typing import Any
 
 from . import vault as referee
 from ..cell.cellcache import Reference
-from ..checks.registry import out_of
+from ..checks.contract import out_of
 
 
 def is_tensor(value: Any) -> bool:
@@ -145,7 +145,7 @@ def every_call(cell: Any, last_out: Any, last_grads: tuple | None) -> None:
     fails where the numerics call was within them and it is not (a kernel right only on its first
     calls, or while the warm-up runs). A cell whose numerics call was already outside is the
     numerics findings'."""
-    from ..checks.registry import grad_rmse
+    from ..checks.gradients import grad_rmse
     from ..golden.numerics import GRAD_BUDGET_FACTOR, error_vs_reference, within_budget
     if last_out is None:
         return
