@@ -17,7 +17,8 @@ from audit.core.grid import Case
 from audit.core.records import to_frame
 from audit.core.referee import REFEREE_CHECKS, column, failed_checks, refereed
 from audit.execute import runner
-from audit.measure.cell import cellcache, measurement
+from audit.measure.cell import cellcache
+from audit.measure.machine import cell_timing
 from audit.measure.referee import vault as referee
 from audit.measure.golden.reference import golden_attention
 from audit.workload import presets, variants
@@ -208,7 +209,8 @@ def test_a_patched_clock_or_timing_function_is_found_and_put_back(monkeypatch):
     timing.time_call.__code__ = (lambda fn, *, clock=None, sync=None: 0.0).__code__
     try:
         # the function and the name the measuring code imported it by: one object, both named
-        assert referee.timers_changed() == ["audit.measure.machine.timing.time_call", "audit.measure.cell.measurement.time_call"]
+        assert referee.timers_changed() == ["audit.measure.machine.timing.time_call",
+                                           "audit.measure.machine.cell_timing.time_call"]
     finally:
         referee.restore_timers()
     assert timing.time_call.__code__ is code
@@ -268,15 +270,15 @@ def test_work_left_on_another_stream_shows_against_the_device_wide_fence(monkeyp
     Its events read 0.2 ms; the device-wide fence reads the other stream's 0.8 ms a call (the two
     streams overlap), and the cell is judged on it."""
     gpu = FakeGPU()
-    monkeypatch.setattr(measurement, "cuda_clock", lambda: gpu)
-    monkeypatch.setattr(measurement, "sync_for", lambda device: gpu.synchronize)
+    monkeypatch.setattr(cell_timing, "cuda_clock", lambda: gpu)
+    monkeypatch.setattr(cell_timing, "sync_for", lambda device: gpu.synchronize)
     case = Case("sdpa_cudnn", "cuda", "bf16", 128, 1024, 2, 16, False, "normal")
     preset = dataclasses.replace(PRESET, min_samples=5, min_time_s=0.01)
     honest = gpu.kernel(device_s=200e-6, host_s=20e-6)
-    fwd, _fb, timer = measurement._time_cell(case, preset, honest, None, 220e-6, 0.0)
+    fwd, _fb, timer = cell_timing.time_cell(case, preset, honest, None, 220e-6, 0.0)
     assert not referee.other_stream_gap(timer["fenced_s"]["fwd"], fwd.median_s, fwd.host_median_s)
     sneaky = gpu.side_kernel(device_s=200e-6, side_s=800e-6, host_s=20e-6)
-    fwd, _fb, timer = measurement._time_cell(case, preset, sneaky, None, 220e-6, 0.0)
+    fwd, _fb, timer = cell_timing.time_cell(case, preset, sneaky, None, 220e-6, 0.0)
     assert fwd.median_s == pytest.approx(200e-6)
     fenced = timer["fenced_s"]["fwd"]
     assert fenced == pytest.approx(0.8e-3, rel=0.05)

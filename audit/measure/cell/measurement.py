@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...core.errors import BackwardUnsupported, skip_platform_refusals
 from ...core.grid import Case
 from ...core.timesplit import PhaseClock
-from ...core.noise import SamplingRule
 from ...workload.inputs import Inputs
 from ...workload.presets import Preset
 from ...workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
@@ -35,12 +33,13 @@ from .cellcache import BuildCache, Reference
 from ..checks import gradients, lse, output, record
 from ..checks.contract import check_output, split_out_lse
 from ..checks.registry import CellState, run_checks
-from .failures import failure_reason
 from ..machine.memory import held_bytes, peak_during
 from ..golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .repeats import Repeats, deterministic_algorithms_enabled
-from ..machine.timing import (DeviceTimingFailed, Samples, cache_flusher, cuda_graph_replay, measure, measure_device,
-                     sync_for, time_call)
+# The clocks through their modules, not names imported here: the referee pins them where they live
+# (referee/timers.py: TIMER_OBJECTS), and a name imported here would be a copy it does not see.
+from ..machine import cell_energy, cell_timing, timing
+from ..machine.timing import Samples
 
 __all__ = ["CellSkipped", "LEAK_REPORT_BYTES", "input_grads", "measure_cell"]
 
@@ -210,7 +209,7 @@ def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset
     cell.pristine = dict(q=inputs.q, k=inputs.k, v=inputs.v, grad_out=inputs.grad_out,
                          **{name: t for name, t in inputs.call_kwargs(variant.forms).items() if refereeing.is_tensor(t)})
     cell.vault, cell.verdicts = vault, referee.Verdicts()
-    cell.phases, cell.sync, cell.build, cell.counts_before = phases, sync_for(case.device), build, counts_before
+    cell.phases, cell.sync, cell.build, cell.counts_before = phases, timing.sync_for(case.device), build, counts_before
     cell.probe_memo = None if builds is None else builds.probe_memo
     cell.n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
     cell.limit_s = math.inf if preset.max_cell_s is None else preset.max_cell_s
@@ -257,13 +256,13 @@ def _first_calls(cell: _Cell) -> None:
 
     with phases("warmup"):
         try:
-            cell.first_fwd = time_call(first_forward, sync=sync)
+            cell.first_fwd = timing.time_call(first_forward, sync=sync)
         except BackwardUnsupported as exc:  # forward-only here: inputs must not require grad
             cell.backward_reason = str(exc)
             cell.q, cell.k, cell.v = cell.q.detach(), cell.k.detach(), cell.v.detach()
             if "sinks" in cell.kwargs:
                 cell.kwargs["sinks"] = cell.kwargs["sinks"].detach()
-            cell.first_fwd = time_call(first_forward, sync=sync)
+            cell.first_fwd = timing.time_call(first_forward, sync=sync)
     check_output(first_out[-1], cell.q, cell.v)
     cell.first_result = first_out[-1]
     refereeing.plain_result(cell, cell.first_result, "warm-up forward", [])
@@ -274,7 +273,7 @@ def _first_calls(cell: _Cell) -> None:
             m["sdpa_backend"] = cell.variant.backend(cell.q, cell.k, cell.v, mask=cell.inputs.mask,
                                                      causal=cell.inputs.causal)
         threads = set(threading.enumerate())
-        (out, cell.warm_fwd), m["peak_bytes"] = peak_during(lambda: _timed_result(cell.forward, sync),
+        (out, cell.warm_fwd), m["peak_bytes"] = peak_during(lambda: cell_timing.timed_result(cell.forward, sync),
                                                             cell.case.device)
         cell.new_threads += [t for t in threading.enumerate() if t not in threads and t.is_alive()]
     with phases("referee"):
@@ -300,14 +299,14 @@ def _first_calls(cell: _Cell) -> None:
 
     if cell.backward_reason is None:
         with phases("warmup"):
-            cell.first_fb = time_call(first_forward_backward, sync=sync)
+            cell.first_fb = timing.time_call(first_forward_backward, sync=sync)
         refereeing.settle_if_incomplete(cell)
         with phases("determinism"):
             cell.repeats.add_grads(first_out.pop())
             cell.repeats.add("out", first_out.pop())
     else:
         with phases("warmup"):
-            time_call(first_forward, sync=sync)
+            timing.time_call(first_forward, sync=sync)
         refereeing.settle_if_incomplete(cell)
         with phases("determinism"):
             cell.repeats.add("out", first_out.pop())
@@ -320,7 +319,7 @@ def _gradients(cell: _Cell) -> None:
         return
     with cell.phases("numerics"):
         (cell.grads, cell.warm_fb), cell.columns["peak_fwd_bwd_bytes"] = peak_during(
-            lambda: _timed_result(cell.forward_backward, cell.sync), cell.case.device)
+            lambda: cell_timing.timed_result(cell.forward_backward, cell.sync), cell.case.device)
     with cell.phases("referee"):
         refereeing.inputs_untouched(cell, "backward")
     with cell.phases("determinism"):
@@ -359,7 +358,7 @@ def _timing(cell: _Cell) -> None:
     # restarted the worker after broken.strides_ignored, and lost the compiled code with it).
     cell.held_before_timing = held_bytes(cell.case.device)
     with cell.phases("timed"), cell.vault.sealed_for():
-        cell.fwd, cell.fb, cell.timer = _time_cell(
+        cell.fwd, cell.fb, cell.timer = cell_timing.time_cell(
             cell.case, cell.preset, timed_forward, timed_forward_backward if cell.backward_reason is None else None,
             cell.warm_fwd, cell.warm_fb)
     cell.fenced = cell.timer.pop("fenced_s", None)
@@ -421,95 +420,15 @@ def _derived(cell: _Cell, ceilings: dict | None, meter: Any) -> None:
     for key in ("max_logit", "max_qk"):
         m[key] = golden.saturation[key]
     m["golden_onehot_frac"] = golden.saturation["onehot_frac"]
-    m.update(_roofline(case, tq, cell.inputs, fwd, fb, ceilings, pairs))
+    from ..machine.roofline import roofline_columns
+    m.update(roofline_columns(case, tq, cell.inputs, fwd, fb, ceilings, pairs))
     with cell.phases("referee"):
         refereeing.physically_possible(cell, ceilings)
     with cell.phases("energy"), cell.vault.sealed_for():      # the goldens out of reach, as in the timed calls
-        m.update(_telemetry(case, cell.forward, fwd, cell.sync, meter, cell.preset))
+        m.update(cell_energy.telemetry(case, cell.forward, fwd, cell.sync, meter, cell.preset))
     if variant.probs is None:       # no weights of its own: the golden's saturation
         m.update({key: golden.saturation[key] for key in ("max_prob", "entropy", "min_entropy", "onehot_frac")})
         m["saturation_source"] = "golden"
-
-
-def _timed_result(fn: Callable[[], Any], sync: Any) -> tuple[Any, float]:
-    """(fn(), its seconds): one call timed as time_call times it, its result kept."""
-    result: list = []
-    seconds = time_call(lambda: result.append(fn()), sync=sync)
-    return result[0], seconds
-
-
-_CUDA_CLOCK: Any = None
-
-
-def cuda_clock() -> Any:
-    """The process's timing.CudaClock (its spin rate is calibrated once)."""
-    global _CUDA_CLOCK
-    if _CUDA_CLOCK is None:
-        from ..machine.timing import CudaClock
-        _CUDA_CLOCK = CudaClock()
-    return _CUDA_CLOCK
-
-
-def _time_cell(case: Case, preset: Preset, forward: Callable[[], Any],
-               forward_backward: Callable[[], Any] | None, warm_fwd: float, warm_fb: float
-               ) -> tuple[Samples, Samples | None, dict[str, Any]]:
-    """Timed samples of forward and forward+backward, and the columns saying how.
-
-    CPU: the host clock around blocks of calls. CUDA: the device's own time (CUDA events
-    around blocks queued behind a spin kernel, timing.measure_device), so a cell's time is
-    the kernels' however slow the Python around them; where that cannot work (a call that
-    synchronizes inside) the host clock with torch.cuda.synchronize, and `timer` says why.
-    """
-    timed_fwd, timed_fb, method = _timing_method(case, preset, forward, forward_backward)
-    flush = cache_flusher(case.device) if preset.l2_flush and case.device == "cuda" else None
-    rule = SamplingRule(preset.noise_target or None, preset.noise_cap_s)   # sample on until the median is known
-    sync = sync_for(case.device)
-    fallback = None
-
-    fenced: dict[str, float] = {}
-
-    def one(fn: Callable[[], Any], estimate: float, key: str) -> Samples:
-        nonlocal fallback
-        if case.device == "cuda" and fallback is None:
-            try:
-                clock = cuda_clock()
-                samples = measure_device(fn, estimate_s=estimate, clock=clock,
-                                         min_samples=preset.min_samples, min_time_s=preset.min_time_s,
-                                         before_sample=flush, host_clock=clock.host_clock, rule=rule)
-                # the same block of calls with a device-wide fence: work on another stream shows
-                fenced[key] = referee.fenced_time(fn, samples.calls_per_sample, sync, clock=clock.host_clock)
-                return samples
-            except DeviceTimingFailed as exc:
-                fallback = str(exc)
-        return measure(fn, estimate_s=estimate, min_samples=preset.min_samples,
-                       min_time_s=preset.min_time_s, sync=sync, before_sample=flush, rule=rule)
-
-    fwd = one(timed_fwd, warm_fwd, "fwd")
-    fb = one(timed_fb, warm_fb, "fwd_bwd") if timed_fb is not None else None
-    blocks = f"{fwd.calls_per_sample}/{fb.calls_per_sample if fb else '-'}"
-    if case.device != "cuda":
-        clock = "perf_counter"
-    elif fallback is None:
-        clock = "CUDA events around calls queued behind a spin kernel (device time)"
-    else:
-        clock = f"perf_counter with torch.cuda.synchronize (device timing failed: {fallback})"
-    timer = (f"{case.device}: {clock}, {method}, blocks of {blocks} calls"
-             + (", L2 flushed before each sample" if flush is not None else ""))
-    return fwd, fb, {"timer": timer, "l2_flush": flush is not None, "noise_target": preset.noise_target or None,
-                     "cuda_graph": method == "cuda-graph replay", "fenced_s": fenced or None}
-
-
-def _timing_method(case: Case, preset: Preset, forward: Callable[[], Any],
-                   forward_backward: Callable[[], Any] | None) -> tuple[Callable, Callable | None, str]:
-    """The callables to time: the calls themselves, or their CUDA-graph replays."""
-    if not (preset.cuda_graph and case.device == "cuda"):
-        return forward, forward_backward, "eager calls"
-    try:
-        return (cuda_graph_replay(forward),
-                cuda_graph_replay(forward_backward) if forward_backward is not None else None,
-                "cuda-graph replay")
-    except Exception as exc:  # noqa: BLE001 - a variant that cannot be captured is timed eagerly
-        return forward, forward_backward, f"eager calls (CUDA-graph capture failed: {failure_reason(exc)})"
 
 
 def work_pairs(cell: "_Cell") -> int | None:
@@ -519,81 +438,3 @@ def work_pairs(cell: "_Cell") -> int | None:
     if not SCENARIOS[cell.case.scenario].work_is_visible:
         return None
     return referee.visible_pairs(cell.inputs, cell.ref.alignment)
-
-
-def _roofline(case: Case, tq: int, inputs: Inputs, fwd: Samples, fb: Samples | None,
-              ceilings: dict | None, pairs: int | None = None) -> dict[str, Any]:
-    from ..machine.roofline import ROOFLINE_COLUMNS, cell_roofline
-    if not ceilings:
-        return {col: None for col in ROOFLINE_COLUMNS}
-    mask = inputs.mask
-    case_like = dict(case.axes(), q_len=tq, pairs=pairs,
-                     mask_bytes=0 if mask is None else mask.numel() * mask.element_size())
-    return cell_roofline(case_like, fwd.median_s, fb.median_s if fb else None, ceilings)
-
-
-ENERGY_UNIT_S = 2e-3       # device time of one energy-window unit (a graph replay of N calls)
-MAX_ENERGY_UNIT_CALLS = 256
-ENERGY_HOT_SAMPLES = 3     # --l2-flush: units timed hot (device events behind a spin) for the idle fraction ...
-ENERGY_HOT_LONG_S = 0.01   # ... or one, for units longer than this
-
-
-def _telemetry(case: Case, forward: Callable[[], Any], fwd: Samples, sync: Any, meter: Any,
-               preset: Preset) -> dict:
-    """NVML energy of back-to-back forward calls (energy.EnergyMeter.measure).
-
-    Calls shorter than 2 ms run as replays of a CUDA graph holding N of them (about 2 ms of
-    device work), so the GPU runs them back to back whatever the host costs per call; longer
-    calls, and calls whose capture fails, run eagerly, and the record's energy_idle_frac says
-    how long the GPU waited between them. With --l2-flush the timed median is a cold-cache
-    time while the window runs hot, so the idle fraction takes a hot one instead: a few units
-    timed as the samples were (CUDA events behind a spin kernel), without the flush.
-    """
-    from ..machine.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, null_telemetry
-    if case.device != "cuda":
-        return null_telemetry("NVML telemetry is for NVIDIA GPUs; this cell ran on the CPU")
-    if meter is None or not getattr(meter, "available", False):
-        return null_telemetry(getattr(meter, "reason", None) or "no energy meter for this run")
-    if preset.energy_window_s <= 0:
-        return null_telemetry("energy measurement turned off (--energy-window-s 0)")
-    if case.scenario != "normal":
-        return null_telemetry("energy is measured on speed cells (scenario normal) only")
-    clock = getattr(meter, "clock", time.perf_counter)
-    started = clock()
-    calls = max(1, min(MAX_ENERGY_UNIT_CALLS, math.ceil(ENERGY_UNIT_S / max(fwd.median_s, 1e-7))))
-
-    def unit() -> None:
-        for _ in range(calls):
-            forward()
-    how = "eager calls"
-    if fwd.median_s < ENERGY_UNIT_S:     # short calls: one graph launch per unit keeps the GPU fed
-        try:
-            unit, how = cuda_graph_replay(forward, calls), "CUDA-graph replays"
-        except Exception as exc:  # noqa: BLE001 - a variant that cannot be captured runs eagerly
-            if sync:
-                sync()
-            how = f"eager calls (CUDA-graph capture failed: {failure_reason(exc)})"
-    kernel_s: float | None = fwd.median_s
-    cold_note = None
-    if preset.l2_flush:                 # fwd.median_s is a cold-cache time: time the unit hot
-        device = cuda_clock()
-        try:
-            hot = measure_device(unit, estimate_s=calls * fwd.median_s, clock=device, min_time_s=0.0,
-                                 min_samples=ENERGY_HOT_SAMPLES if calls * fwd.median_s <= ENERGY_HOT_LONG_S
-                                 else 1, host_clock=device.host_clock)
-            kernel_s = hot.median_s / calls
-        except DeviceTimingFailed as exc:
-            kernel_s = None
-            cold_note = ("energy_idle_frac unknown: the timed samples ran with the L2 cache flushed "
-                         "(--l2-flush), a cold-cache time while the window runs hot, and the calls could "
-                         f"not be timed hot ({exc})")
-    out = meter.measure(unit, calls_per_unit=calls, kernel_s=kernel_s,
-                        unit_device_s=calls * (kernel_s or fwd.median_s), device=cuda_clock(),
-                        min_window_s=preset.energy_window_s, max_wall_s=ENERGY_MAX_WALL_S, sync=sync)
-    if out.get("energy_method"):
-        out["energy_method"] = f"{out['energy_method']} over {how}"
-    if cold_note:
-        out["energy_idle_frac"] = None
-        out["telemetry_reason"] = "; ".join(filter(None, [out.get("telemetry_reason"), cold_note]))
-    out["energy_cost_s"] = clock() - started
-    return out

@@ -49,7 +49,7 @@ def time_canary(device: str = "cpu", *, seconds: float = CANARY_S) -> dict[str, 
             sync()
         estimate = max(time.perf_counter() - t0, 1e-6)
         if device.startswith("cuda"):
-            from ..cell.measurement import cuda_clock
+            from .cell_timing import cuda_clock
             clock = cuda_clock()
             samples = measure_device(fn, estimate_s=estimate, clock=clock, min_samples=11, min_time_s=seconds,
                                      host_clock=clock.host_clock)

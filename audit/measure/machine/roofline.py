@@ -495,3 +495,16 @@ def cell_roofline(case_like: Mapping[str, Any], fwd_s: float | None, fwd_bwd_s: 
     return {"pct_of_limit": pct, "fwd_bwd_pct_of_limit": fb_pct, "bound": bound,
             "fwd_bwd_bound": fb_bound, "bytes": nbytes, "fwd_bwd_bytes": fb_bytes,
             "peak_flops_per_s": peak_flops, "peak_bytes_per_s": peak_bw}
+
+
+def roofline_columns(case: Any, tq: int, inputs: Any, fwd: Any, fb: Any, ceilings: dict | None,
+                     pairs: int | None = None) -> dict[str, Any]:
+    """A measured cell's roofline columns (ROOFLINE_COLUMNS): cell_roofline on its case (core.grid.Case),
+    query length, mask (of its workload.inputs.Inputs) and visible pairs (measurement.work_pairs), from
+    its timed medians (timing.Samples; fb None for a forward-only cell); null where the run has no ceilings."""
+    if not ceilings:
+        return {col: None for col in ROOFLINE_COLUMNS}
+    mask = inputs.mask
+    case_like = dict(case.axes(), q_len=tq, pairs=pairs,
+                     mask_bytes=0 if mask is None else mask.numel() * mask.element_size())
+    return cell_roofline(case_like, fwd.median_s, fb.median_s if fb else None, ceilings)

@@ -190,6 +190,19 @@ def measure(fn: Callable[[], object], *, estimate_s: float, min_samples: int = 5
     return samples
 
 
+def fenced_time(fn: Callable[[], object], calls: int, sync: Callable[[], None],
+                clock: Clock = time.perf_counter) -> float:
+    """Seconds per call of `calls` calls bracketed by device-wide synchronizes: what every stream's
+    work took, the host's issue time included (so it is compared with the larger of the device
+    time and the host's: the referee's check of work left on another stream, referee/timers.py)."""
+    sync()
+    start = clock()
+    for _ in range(max(1, calls)):
+        fn()
+    sync()
+    return (clock() - start) / max(1, calls)
+
+
 # --------------------------------------------------------------------------- device time
 #
 # A host clock around `calls + synchronize` measures the host's time, which is the

@@ -187,20 +187,6 @@ STREAM_GAP_FACTOR = 1.5
 STREAM_GAP_MIN_S = 20e-6
 
 
-def fenced_time(fn: Callable[[], Any], calls: int, sync: Callable[[], None],
-                clock: Callable[[], float] | None = None) -> float:
-    """Seconds per call of `calls` calls bracketed by device-wide synchronizes: what every stream's
-    work took, the host's issue time included (so it is compared with the larger of the device
-    time and the host's)."""
-    clock = clock or _PRISTINE_TIMERS_CLOCK
-    sync()
-    start = clock()
-    for _ in range(max(1, calls)):
-        fn()
-    sync()
-    return (clock() - start) / max(1, calls)
-
-
 def other_stream_gap(fenced_s: float, device_s: float, host_s: float | None) -> bool:
     """Whether the device-wide time exceeds the stream's own (and the host's issue time) by more than
     noise: work the timed stream's events did not see."""
@@ -220,9 +206,10 @@ TIMER_OBJECTS: tuple[tuple[str, str], ...] = (
     *(("audit.measure.machine.timing", name) for name in ("measure", "measure_device", "time_call", "sync_for",
                                                   "cuda_graph_replay", "cache_flusher", "Samples", "CudaClock",
                                                   "CudaClock.host_clock", "median", "iqr")),
-    *(("audit.measure.cell.measurement", name) for name in ("measure", "measure_device", "time_call", "sync_for",
-                                                       "cuda_graph_replay", "_time_cell", "_timed_result",
-                                                       "cuda_clock")),
+    *(("audit.measure.machine.cell_timing", name) for name in ("measure", "measure_device", "time_call", "sync_for",
+                                                              "cuda_graph_replay", "time_cell", "timed_result",
+                                                              "cuda_clock")),
+    *(("audit.measure.machine.cell_energy", name) for name in ("measure_device", "cuda_graph_replay", "cuda_clock")),
 )
 # torch's CUDA clocks: pinned where they exist, absent on a build of torch without CUDA.
 OPTIONAL_TIMER_OBJECTS: tuple[tuple[str, str], ...] = (
