@@ -346,7 +346,7 @@ def test_a_bad_layout_declaration_names_the_value(kwargs, message):
 # --------------------------------------------------------------------------- q, k, v as views
 
 def test_strided_inputs_are_views_of_one_fused_buffer_and_a_copy_keeps_their_layout():
-    from audit.measure.referee.vault import own_copy
+    from audit.measure.referee.tensors import own_copy
     from audit.workload.inputs import make_inputs
     inputs = make_inputs(_cell("eager", "strided_qkv", heads=4, kv=2, dtype="bf16"))
     q, k, v = inputs.q, inputs.k, inputs.v

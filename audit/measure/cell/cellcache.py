@@ -16,7 +16,7 @@ from ...workload.varlen import document_owner
 from ..golden import golden_store
 from ..golden.lse import merge_partials, split_calls
 from ..diagnosis.mistake_memo import MistakeMemo
-from ..referee.vault import shifted_values
+from ..referee.tensors import shifted_values
 from ..golden.numerics import error_vs_reference
 from ..golden.reference import Golden, golden_attention, golden_slices, row_visibility, take_slices, visibility
 
@@ -396,7 +396,8 @@ class BuildCache:
         mask = inputs.mask
         mask_kind = None if mask is None else (str(mask.dtype), tuple(mask.shape))
         return (variant.name, str(inputs.q.device), str(inputs.q.dtype), tuple(inputs.q.shape),
-                tuple(inputs.k.shape), tuple(inputs.v.shape), inputs.causal, mask_kind, str(inputs.score_mod), inputs.sinks is not None)
+                tuple(inputs.k.shape), tuple(inputs.v.shape), inputs.causal, mask_kind, str(inputs.score_mod),
+                inputs.sinks is not None)
 
     def get(self, variant: Variant, inputs: Inputs) -> tuple[Callable[..., Any], Build]:
         if not variant.compiled:

@@ -28,7 +28,9 @@ from ...workload.inputs import Inputs
 from ...workload.presets import Preset
 from ...workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
 from ..machine import compile_cache
-from ..referee import refereeing, vault as referee
+from ..referee import physical, refereeing, tensors, timers
+from ..referee.vault import Vault
+from ..referee.verdicts import Verdicts
 from .cellcache import BuildCache, Reference
 from ..checks import gradients, lse, output, record
 from ..checks.contract import check_output, split_out_lse
@@ -111,13 +113,13 @@ class _Cell(CellState):
     last_lse: Any = None            # the lse of the last call, for a variant returning (out, lse)
     grad_out: Any = None            # (B, H, Tq, d_v) the cell's own copy of the upstream gradient
     pristine: dict | None = None    # the input set's tensors, untouched: what the cell's copies must still hold
-    vault: Any = None               # referee.Vault: the goldens sealed while the variant runs
-    verdicts: Any = None            # referee.Verdicts
+    vault: Any = None               # referee.vault.Vault: the goldens sealed while the variant runs
+    verdicts: Any = None            # referee.verdicts.Verdicts
     first_result: Any = None        # the warm-up forward's out, held for the referee (read again later)
     at_return: Any = None           # a copy of it taken as the call returned
     new_threads: list = field(default_factory=list)  # Python threads the first two forwards left running
     incomplete: bool = False        # complete_at_return failed: calls whose results are read at once settle first
-    settle_s: float = referee.SETTLE_MIN_S   # how long work a call left running took to finish (twice that)
+    settle_s: float = timers.SETTLE_MIN_S    # how long work a call left running took to finish (twice that)
     returned_at: float = 0.0        # when the warm-up forward returned (perf_counter)
     fenced: dict | None = None      # CUDA: per-call seconds of each timed pass with a device-wide fence
 
@@ -143,7 +145,7 @@ class _Cell(CellState):
 
     def call_tensors(self) -> list:
         """(name, tensor) of everything the calls are handed: q, k, v, the keyword tensors, grad_out."""
-        return referee.call_tensors(self.q, self.k, self.v, self.kwargs, ("grad_out", self.grad_out))
+        return tensors.call_tensors(self.q, self.k, self.v, self.kwargs, ("grad_out", self.grad_out))
 
     def release(self) -> None:
         """Drop what the cell's calls returned (another variant's outputs must not be reachable from
@@ -185,7 +187,7 @@ def measure_cell(case: Case, variant: Variant, inputs: Inputs, ref: Reference,
 def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset: Preset,
             builds: "BuildCache | None", phases: PhaseClock) -> _Cell:
     """The variant's callable, leaves that require grad, and the counters compiling moves."""
-    referee.pin_timers()                        # before the variant is built (imported, compiled)
+    timers.pin_timers()                         # before the variant is built (imported, compiled)
     with phases("setup"):
         fn, build = (builds or BuildCache()).get(variant, inputs)
         fn = _in_form(fn, variant, inputs, preset)
@@ -195,20 +197,21 @@ def _set_up(case: Case, variant: Variant, inputs: Inputs, ref: Reference, preset
     # The cell's calls get copies of the input set's tensors (the referee compares them with the
     # originals after each pass, and a call that writes into its inputs cannot corrupt the next
     # variant's); the sinks are a leaf of their own (their gradient is checked).
-    q, k, v = (referee.own_copy(t, True) for t in (inputs.q, inputs.k, inputs.v))
-    kwargs = {name: referee.own_copy(t, name == "sinks") if refereeing.is_tensor(t) else t
+    q, k, v = (tensors.own_copy(t, True) for t in (inputs.q, inputs.k, inputs.v))
+    kwargs = {name: tensors.own_copy(t, name == "sinks") if refereeing.is_tensor(t) else t
               for name, t in inputs.call_kwargs(variant.forms).items()}
-    vault = referee.Vault([ref.golden, *ref.by_alignment.values(), ref.values_moved], (*q.shape[:-1], v.shape[-1]),
-                          ref.slices, refereeing.error_budget(ref, case.dtype))
+    vault = Vault([ref.golden, *ref.by_alignment.values(), ref.values_moved], (*q.shape[:-1], v.shape[-1]),
+                  ref.slices, refereeing.error_budget(ref, case.dtype))
     ref.decoy = vault.plant(ref.golden.out, ref.decoy)
     cell = _Cell(case, variant, inputs, ref, preset, vault.guard(fn), q, k, v, kwargs)
     cell.paged_call = fn if "paged" in variant.forms else None
     if cell.paged_call is not None:
         cell.columns["page_size"] = fn.layout.page_size
-    cell.grad_out = referee.own_copy(inputs.grad_out, False)
+    cell.grad_out = tensors.own_copy(inputs.grad_out, False)
     cell.pristine = dict(q=inputs.q, k=inputs.k, v=inputs.v, grad_out=inputs.grad_out,
-                         **{name: t for name, t in inputs.call_kwargs(variant.forms).items() if refereeing.is_tensor(t)})
-    cell.vault, cell.verdicts = vault, referee.Verdicts()
+                         **{name: t for name, t in inputs.call_kwargs(variant.forms).items()
+                            if refereeing.is_tensor(t)})
+    cell.vault, cell.verdicts = vault, Verdicts()
     cell.phases, cell.sync, cell.build, cell.counts_before = phases, timing.sync_for(case.device), build, counts_before
     cell.probe_memo = None if builds is None else builds.probe_memo
     cell.n_timed = preset.min_samples + 1  # timed samples plus the memory/numerics call
@@ -252,7 +255,7 @@ def _first_calls(cell: _Cell) -> None:
             cell.at_return = out.detach().clone()
         first_out.append(out)
         cell.new_threads = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
-        cell.returned_at = referee.clock()
+        cell.returned_at = timers.clock()
 
     with phases("warmup"):
         try:
@@ -437,4 +440,4 @@ def work_pairs(cell: "_Cell") -> int | None:
     from ...workload.inputs import SCENARIOS
     if not SCENARIOS[cell.case.scenario].work_is_visible:
         return None
-    return referee.visible_pairs(cell.inputs, cell.ref.alignment)
+    return physical.visible_pairs(cell.inputs, cell.ref.alignment)
