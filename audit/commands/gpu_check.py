@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..core.grid import INPUT_AXES
 from ..core.paths import reports_root
 from ..core.runfolder import RECORDS_FILE, RUN_FILE
-from ..measure.machine.energy import COUNTER_VS_SAMPLED_TOL, MAX_WALL_S as ENERGY_MAX_WALL_S
+from ..measure.machine.energy import MAX_WALL_S as ENERGY_MAX_WALL_S
+from ..measure.machine.energy_window import COUNTER_VS_SAMPLED_TOL
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from .energy_window import (COUNTER_VS_SAMPLED_TOL, EDGE_SHARE, SLOW_COUNTER_S, TOP_UP_HOST_S,  # noqa: F401
-                            UNIT_TIMES_KEPT, UNKNOWN_UNIT_QUEUE, EnergyWindow)
-from .nvml import (NVML_CLOCK_SM, NVML_TEMPERATURE_GPU, as_text, decode_throttle_reasons, is_not_supported,
+from .energy_window import COUNTER_VS_SAMPLED_TOL, EDGE_SHARE, EnergyWindow
+from .nvml import (NVML_CLOCK_SM, NVML_TEMPERATURE_GPU, as_text, is_not_supported,
                    nvml_device_info, nvml_index_for, torch_cuda_uuid, try_call)
 
 # Columns EnergyMeter.measure() and null_telemetry() produce, in this order.
