@@ -8,7 +8,8 @@ import math
 import pytest
 
 from audit.measure.golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
-from audit.measure.machine.roofline import ROOFLINE_COLUMNS, attention_bytes, cell_roofline, measure_ceilings, pct_of_limit
+from audit.measure.machine.roofline import (ROOFLINE_COLUMNS, attention_bytes, cell_roofline, measure_ceilings,
+                                            pct_of_limit)
 
 
 # -- attention_bytes ---------------------------------------------------------------------------

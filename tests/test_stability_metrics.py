@@ -23,7 +23,8 @@ from audit.execute import runner
 from audit.measure.cell import cellcache
 from audit.measure.machine import memory
 from audit.measure.golden import reference
-from audit.measure.golden.numerics import BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows, relative_error, within_budget
+from audit.measure.golden.numerics import (BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows, relative_error,
+                                           within_budget)
 from audit.measure.golden.reference import golden_attention
 from audit.workload import inputs, presets
 from audit.workload.inputs import SCENARIOS, fully_masked_rows, make_inputs, torch_dtype

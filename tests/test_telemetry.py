@@ -1,5 +1,5 @@
-"""Tests of the NVML telemetry in audit.measure.machine.energy and audit.measure.machine.nvml: a fake NVML module at the boundary,
-a fake clock (no test reads wall-clock time), and the real absence of a driver here."""
+"""Tests of the NVML telemetry in audit.measure.machine.energy and audit.measure.machine.nvml: a fake NVML
+module at the boundary, a fake clock (no test reads wall-clock time), and the real absence of a driver here."""
 from __future__ import annotations
 
 import json

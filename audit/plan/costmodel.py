@@ -42,7 +42,8 @@ from ..core.grid import AXES, Case
 from ..core.units import format_duration
 from ..measure.golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from ..measure.machine.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, MIN_QUEUED_S as ENERGY_QUEUED_S
-from ..measure.machine.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S, min_block_for
+from ..measure.machine.timing import (HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S,
+                                      min_block_for)
 from ..workload.inputs import invariance_applies
 from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
 from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,

@@ -83,5 +83,6 @@ def grad_forward_diagnosis(cell: CellState) -> dict[str, Any]:
         found = diagnose_grads_as_forward(evidence, cell.inputs, cell.ref, cell.case.dtype,
                                           cell.columns["diagnosis"], cell.out)
     except Exception as exc:  # noqa: BLE001
-        return {"reason": reason_with(cell, f"gradient diagnosis by the forward's mistake failed: {failure_reason(exc)}")}
+        return {"reason": reason_with(cell, "gradient diagnosis by the forward's mistake failed: "
+                                            f"{failure_reason(exc)}")}
     return found or {}

@@ -20,8 +20,9 @@ CANARY_N = 256             # an n×n fp32 matmul: ~0.1 ms on a 2-core CPU, micro
 CANARY_S = 0.15            # timed seconds per reading (blocks of 1 ms: ~150 samples)
 WARM_S = 0.1               # calls before timing: a process's first reading was 50% slow with 3 (2-core Xeon)
 # start: before the ceilings; "25%", "middle", "75%": as the measuring passes that share of the planned
-# work (execute/runner.CanaryTimes); end: after the last cell. Five, not three: a slow reading names the cells measured between its neighbours, and
-# with three, a slow start or end named every cell of the run (a cpu preset run: 745 of 745)
+# work (execute/runner.CanaryTimes); end: after the last cell. Five, not three: a slow reading names the
+# cells measured between its neighbours, and with three, a slow start or end named every cell of the run
+# (a cpu preset run: 745 of 745)
 QUARTERS = ("25%", "middle", "75%")
 LABELS = ("start", *QUARTERS, "end")
 CANARY_WALL_S = 0.3        # one reading's wall time, warm-up included (0.25 s on a 2-core Xeon): plan/overhead.py

@@ -412,8 +412,8 @@ def attention_bytes(batch: int, heads: int, q_len: int, kv_len: int, d: int, dty
     """Fewest bytes an attention call must move through memory (the roofline's byte count).
 
     Forward: read Q (B·H·Tq·d), K (B·Hkv·Tk·d), V (B·Hkv·Tk·d_v; Hkv = kv_heads, default H,
-    d_v default d) and the mask, write O (B·H·Tq·d_v). With backward=True: the whole forward+backward, i.e. the forward
-    plus a backward that reads Q, K, V, O, dO and the mask again and writes dQ,
+    d_v default d) and the mask, write O (B·H·Tq·d_v). With backward=True: the whole forward+backward,
+    i.e. the forward plus a backward that reads Q, K, V, O, dO and the mask again and writes dQ,
     dK, dV. Intermediates (scores, probabilities, softmax statistics) are not
     counted: a fused kernel keeps them on chip, so this is a lower bound and the
     byte-bound time it gives is the best any implementation can reach.
