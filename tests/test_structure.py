@@ -254,6 +254,15 @@ def test_a_never_package_forbids_every_module_under_it():
     assert found == ["pkg.plan.a -> pkg.measure.cell.phases"]
 
 
+def test_every_package_is_installed():
+    """pyproject's packages list every package of audit/, subpackages too: one missing there is left out of
+    an installed audit (its modules import from a checkout, not from a wheel)."""
+    text = (AUDIT.parent / "pyproject.toml").read_text(encoding="utf-8")
+    listed = set(re.findall(r'"([\w.]+)"', re.search(r"^packages = \[(.*?)\]", text, re.M | re.S).group(1)))
+    packages = {name for name, path in module_files(AUDIT).items() if path.name == "__init__.py"}
+    assert packages == listed, f"not in pyproject: {sorted(packages - listed)}; not packages: {sorted(listed - packages)}"
+
+
 def test_the_layers_are_ordered():
     """Each layer may import only layers before it in LAYERS: the table itself points down."""
     order = list(LAYERS)
@@ -313,7 +322,8 @@ def test_a_planted_upward_import_is_found(tmp_path):
     data = copy / "render" / "data.py"
     data.write_text(data.read_text() + "\n\ndef _planted():\n    from ..execute import runner\n")
     budget = copy / "plan" / "budget.py"
-    budget.write_text(budget.read_text() + "\n\ndef _planted():\n    from ..measure.cell.measurement import measure_cell\n")
+    budget.write_text(budget.read_text()
+                      + "\n\ndef _planted():\n    from ..measure.cell.measurement import measure_cell\n")
     assert layer_violations(import_graph(copy)) == ["audit.plan.budget -> audit.measure.cell.measurement",
                                                      "audit.render.data -> audit.execute.runner"]
 
