@@ -185,7 +185,7 @@ def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call
 
 
 def energy_wall_s(t_fwd: float, settings: Settings) -> float:
-    """The energy window's wall time (measurement._telemetry, EnergyMeter.measure)."""
+    """The energy window's wall time (machine.cell_energy.telemetry, EnergyMeter.measure)."""
     w = settings.energy_window_s
     if w <= 0:
         return 0.0

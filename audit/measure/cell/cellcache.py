@@ -107,10 +107,10 @@ class Reference:
     # ... and the baseline's RMSE on what a returned LSE is checked by (BASELINE_EXTRAS: its lse, the
     # merge of its halves, the gradients with the lse in the loss, the sinks' gradient), None where not
     baseline_extra: dict[str, float | None] = field(default_factory=dict)
-    # the forward golden with v's values shifted (referee.shifted_values): what the referee's
+    # the forward golden with v's values shifted (referee.tensors.shifted_values): what the referee's
     # values_follow check compares a variant's move with; None where not built
     values_moved: Golden | None = None
-    # the referee's decoy of this input set and its offset's signs (referee.Vault.plant), built by its
+    # the referee's decoy of this input set and its offset's signs (referee.vault.Vault.plant), built by its
     # first cell and taken by the others: one per input set, like the golden it is made from
     decoy: tuple | None = None
     # a packed cell's cross-document probe (document_probe), None elsewhere

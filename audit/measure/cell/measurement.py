@@ -140,7 +140,7 @@ class _Cell(CellState):
         return input_grads(self.forward(), self.leaves(), self.grad_out)
 
     def settle_if_incomplete(self) -> None:
-        """What a check calling the variant does after each call (checks.forward_with)."""
+        """What a check calling the variant does after each call (checks.contract.forward_with)."""
         refereeing.settle_if_incomplete(self)
 
     def call_tensors(self) -> list:
