@@ -27,21 +27,20 @@ from ...core.timesplit import PhaseClock
 from ...workload.inputs import Inputs
 from ...workload.presets import Preset
 from ...workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
-from ..machine import compile_cache
+from ..checks import gradients, lse, output, record
+from ..checks.contract import check_output, split_out_lse
+from ..checks.registry import CellState, run_checks
+from ..golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
+# The clocks through their modules, not names imported here: the referee pins them where they live
+# (referee/timers.py: TIMER_OBJECTS), and a name imported here would be a copy it does not see.
+from ..machine import cell_energy, cell_timing, compile_cache, timing
+from ..machine.memory import held_bytes, peak_during
+from ..machine.timing import Samples
 from ..referee import physical, refereeing, tensors, timers
 from ..referee.vault import Vault
 from ..referee.verdicts import Verdicts
 from .cellcache import BuildCache, Reference
-from ..checks import gradients, lse, output, record
-from ..checks.contract import check_output, split_out_lse
-from ..checks.registry import CellState, run_checks
-from ..machine.memory import held_bytes, peak_during
-from ..golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .repeats import Repeats, deterministic_algorithms_enabled
-# The clocks through their modules, not names imported here: the referee pins them where they live
-# (referee/timers.py: TIMER_OBJECTS), and a name imported here would be a copy it does not see.
-from ..machine import cell_energy, cell_timing, timing
-from ..machine.timing import Samples
 
 __all__ = ["CellSkipped", "LEAK_REPORT_BYTES", "input_grads", "measure_cell"]
 
