@@ -41,8 +41,8 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     """Saved benchmark runs carry the torch/CUDA stack and the device they ran on."""
     import torch
 
-    from audit.measure.environment import cpu_model
-    from audit.measure.nvml import nvml_info
+    from audit.measure.machine.environment import cpu_model
+    from audit.measure.machine.nvml import nvml_info
 
     machine_info["torch"] = torch.__version__
     machine_info["cuda"] = torch.version.cuda
@@ -78,7 +78,7 @@ def pytest_configure(config):
     os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
     # The golden store off: a reference one test's run stores would change what another test's plan
     # predicts (the workers share the folder). Its own tests turn it on in a folder of their own.
-    from audit.measure.golden_store import STORE_ENV
+    from audit.measure.golden.golden_store import STORE_ENV
     os.environ[STORE_ENV] = "0"
     # Timing noise not judged (--noise-target's default 0): the tests share a loaded machine by design,
     # where a timing_unstable finding would join every run's findings; the tests of the noise set

@@ -29,7 +29,7 @@ def selected_cases(config) -> list[grid.Case]:
 @pytest.fixture(scope="session", autouse=True)
 def pinned_allocator():
     """Benchmarks in this process see the same allocator behaviour as `audit run` (memory.py)."""
-    from audit.measure.memory import pin_malloc_threshold
+    from audit.measure.machine.memory import pin_malloc_threshold
     return pin_malloc_threshold()
 
 

@@ -41,7 +41,7 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture(scope="module")
 def builds():
     """Compiled code built once per cell, as a run does: a cell's fwd and fwd_bwd share it."""
-    from audit.measure.cellcache import BuildCache
+    from audit.measure.cell.cellcache import BuildCache
     return BuildCache()
 
 
@@ -90,9 +90,9 @@ def test_speed(benchmark, speed_case, phase, builds):
     if benchmark.disabled:
         pytest.skip("pytest-benchmark is disabled (--benchmark-disable, or pytest-xdist -n is active, "
                     "which turns it off): run without -n to benchmark")
-    from audit.measure.memory import peak_during
-    from audit.measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops, error_vs_reference
-    from audit.measure.reference import golden_attention
+    from audit.measure.machine.memory import peak_during
+    from audit.measure.golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops, error_vs_reference
+    from audit.measure.golden.reference import golden_attention
 
     case = speed_case
     timed, forward, inputs = _prepare(case, phase, builds)

@@ -78,7 +78,7 @@ def run_cells(cases, preset) -> dict:
     import sys
 
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     sys.path.insert(0, str(PLUGINS))
     try:
         cache = cellcache.InputCache()

@@ -38,7 +38,7 @@ def cells():
     """One record per (plug-in, scenario, causal) on a GQA shape (4 query heads, 2 kv heads), made
     in this process with the runner's own run_cell."""
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
 
     sys.path.insert(0, str(PLUGINS))

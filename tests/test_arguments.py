@@ -1,4 +1,4 @@
-"""Every argument a kernel is handed is checked to do something (audit/measure/arguments.py): each
+"""Every argument a kernel is handed is checked to do something (audit/measure/checks/arguments.py): each
 argument control is caught by the probe of its argument in every dtype it runs in and named by it;
 every built-in honours what it is handed; the rule's statuses; the probes' documents stay per row;
 a plug-in that declares no scale refuses the probe instead of failing it."""
@@ -14,8 +14,8 @@ from audit.analysis.argument_rules import argument_summary, check_arguments
 from audit.core.grid import Case
 from audit.core.records import to_frame
 from audit.execute import runner
-from audit.measure import cellcache
-from audit.measure.arguments import INFORMATIVE, judge
+from audit.measure.cell import cellcache
+from audit.measure.checks.arguments import INFORMATIVE, judge
 from audit.workload import presets
 from audit.workload.argument_controls import ARGUMENT_CONTROL_CELLS, ARGUMENT_CONTROLS
 from audit.workload.arguments import ARGUMENTS, probed_arguments, shifted_documents
@@ -135,7 +135,7 @@ def test_a_plugin_that_declares_no_scale_refuses_the_probe_and_is_not_flagged():
 
         no_scale = audit.adapt(flash_attn_func, layout="bthd", causal="bottom-right", causal_arg="causal",
                                scale_arg=None, gqa=True)
-        from audit.measure import measurement
+        from audit.measure.cell import measurement
         from audit.workload.inputs import make_inputs
         from audit.workload.variants import Variant
         case = Case("p", "cpu", "fp32", 16, 32, 1, 2, False, "normal")
@@ -152,7 +152,7 @@ def test_a_plugin_that_declares_no_scale_refuses_the_probe_and_is_not_flagged():
 def test_a_plugin_without_the_scale_keyword_refuses_the_probe_and_one_that_raises_fails_it():
     """The cells hand `scale` only where it is not the default, so a plug-in may have no such keyword:
     its probe is refused, naming it. Another TypeError is the probe's failure, with its reason."""
-    from audit.measure import measurement
+    from audit.measure.cell import measurement
     from audit.workload.inputs import make_inputs
     from audit.workload.variants import Variant
 
@@ -186,7 +186,7 @@ def heads_run():
     real = ("eager", "eager_fp32", "sdpa", "sdpa_math", "flash_op", "flex_eager", "packed_loop")
     cases = [Case(v, "cpu", "fp32", 16, 32, 1, 4, causal, "normal", 2) for v in real for causal in (False, True)]
     records = _run(cases)
-    from audit.measure import measurement
+    from audit.measure.cell import measurement
     from audit.workload.inputs import make_inputs
     from audit.workload.variants import Variant
 

@@ -469,7 +469,7 @@ def test_the_time_outside_the_cells_scales_with_the_host_but_the_ceilings_and_ca
     pred = _pred([("a", 1, "ok", 1.0, 0.0), ("b", 2, "ok", 1.0, 0.0), ("c", 3, "skipped", 0.0, 0.0)])
     ref_before, ref_after = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0)
     slow_before, slow_after = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0, host=3.0)
-    from audit.measure.canary import CANARY_WALL_S, LABELS
+    from audit.measure.machine.canary import CANARY_WALL_S, LABELS
     ceilings = DEFAULTS["ceilings_factor"] * 2.0 + CANARY_WALL_S * len(LABELS)   # time-boxed: ceilings, canary
     assert ref_after == pytest.approx(DEFAULTS["report_s"] + 2 * DEFAULTS["report_per_cell_s"])   # 2 measured
     assert slow_after == pytest.approx(3.0 * ref_after)
@@ -481,7 +481,7 @@ def test_a_run_planning_itself_counts_its_start_up_and_ceilings_as_measured():
     the seconds it has spent replace start_s and the ceilings in the reserve where they are well over
     them, the rest is predicted; a start quicker, or a little slower, keeps the prediction (the
     dry-run's plan)."""
-    from audit.measure.canary import CANARY_WALL_S, LABELS
+    from audit.measure.machine.canary import CANARY_WALL_S, LABELS
     from audit.plan.overhead import DEFAULTS, overhead_s
     pred = _pred([("a", 1, "ok", 1.0, 0.0), ("b", 2, "ok", 1.0, 0.0), ("c", 3, "skipped", 0.0, 0.0)])
     predicted, _ = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0)

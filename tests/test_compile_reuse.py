@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from audit.core.grid import Case
 from audit.execute import runner
-from audit.measure import cellcache
+from audit.measure.cell import cellcache
 from audit.workload import presets
 
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
@@ -56,7 +56,7 @@ def test_a_compile_that_builds_kernels_is_a_miss_and_one_that_finds_them_a_hit(t
 
 
 def test_only_new_compiled_binaries_make_a_miss(tmp_path, monkeypatch):
-    from audit.measure import compile_cache
+    from audit.measure.machine import compile_cache
     root = tmp_path / "inductor"
     (root / "ab").mkdir(parents=True)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root))

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from audit.core import grid
-from audit.measure.timing import measure
+from audit.measure.machine.timing import measure
 from audit.plan.costfit import RunData, _case_of, compare, fit
 from audit.plan.costmodel import PRIORS_FILE, CostModel, Params, Settings, load_priors, predicted_unsupported, CellShape, summary, timed_wall_s
 from audit.workload import presets
@@ -153,7 +153,7 @@ def cpu_run(tmp_path_factory):
              scenario=("padding", "fully_masked_bool", "cross_causal")),
     ), min_samples=3, min_time_s=0.02, max_cell_s=5.0)
     cases = presets.preset_cases(preset)
-    from audit.measure.roofline import measure_ceilings
+    from audit.measure.machine.roofline import measure_ceilings
     ceilings = {"cpu": measure_ceilings("cpu", ("fp32", "bf16"), budget_s=1.0)}
     runner.write_run_file(run_dir, preset, {}, [], {}, len(cases), ceilings)
     runner.run_grid(cases, run_dir, preset, {}, progress=False, ceilings=ceilings)
@@ -241,7 +241,7 @@ def test_warm_compiles_come_from_runs_that_compiled_into_this_cache(tmp_path, mo
     folder = tmp_path / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder))
 
-    from audit.measure.compile_cache import identity
+    from audit.measure.machine.compile_cache import identity
 
     def run(cache_dir, version=torch.__version__, threads=torch.get_num_threads()):
         return RunData("r", frame, Settings(), {}, str(cache_dir), identity(cache_dir, create=True), version,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from audit.core.grid import Case
-from audit.measure import measurement
-from audit.measure.energy import TELEMETRY_COLUMNS, EnergyMeter
-from audit.measure.timing import Samples
+from audit.measure.machine import cell_energy, cell_timing
+from audit.measure.machine.energy import TELEMETRY_COLUMNS, EnergyMeter
+from audit.measure.machine.timing import Samples
 from audit.workload import presets
 from tests.fake_gpu import FakeGPU, GpuNVML
 
@@ -19,15 +19,16 @@ CUDA_CASE = Case("sdpa_cudnn", "cuda", "bf16", 128, 1024, 2, 16, False, "normal"
 @pytest.fixture
 def gpu(monkeypatch):
     gpu = FakeGPU()
-    monkeypatch.setattr(measurement, "cuda_clock", lambda: gpu)
-    monkeypatch.setattr(measurement, "sync_for", lambda device: gpu.synchronize)
+    monkeypatch.setattr(cell_timing, "cuda_clock", lambda: gpu)
+    monkeypatch.setattr(cell_energy, "cuda_clock", lambda: gpu)
+    monkeypatch.setattr(cell_timing, "sync_for", lambda device: gpu.synchronize)
     return gpu
 
 
 def test_a_cuda_cell_is_timed_by_the_device_and_says_it_is_host_bound(gpu):
     forward = gpu.kernel(device_s=37e-6, host_s=87e-6)
     forward_backward = gpu.kernel(device_s=150e-6, host_s=250e-6)
-    fwd, fb, timer = measurement._time_cell(CUDA_CASE, PRESET, forward, forward_backward, 124e-6, 400e-6)
+    fwd, fb, timer = cell_timing.time_cell(CUDA_CASE, PRESET, forward, forward_backward, 124e-6, 400e-6)
     assert fwd.median_s == pytest.approx(37e-6) and fb.median_s == pytest.approx(150e-6)
     assert fwd.host_median_s == pytest.approx(87e-6)
     assert "CUDA events" in timer["timer"] and "spin kernel" in timer["timer"]
@@ -40,7 +41,7 @@ def test_a_call_that_synchronizes_falls_back_to_the_host_clock_and_says_why(gpu)
     def syncing():
         kernel()
         gpu.synchronize()
-    fwd, fb, timer = measurement._time_cell(CUDA_CASE, PRESET, syncing, None, 60e-6, 0.0)
+    fwd, fb, timer = cell_timing.time_cell(CUDA_CASE, PRESET, syncing, None, 60e-6, 0.0)
     assert fb is None
     assert "device timing failed" in timer["timer"] and "synchronize" in timer["timer"]
     assert fwd.host_median_s is None and fwd.method == "host clock"
@@ -56,10 +57,10 @@ def test_short_calls_are_measured_over_graph_replays(gpu, monkeypatch):
     def fake_capture(fn, calls=1):
         captured.append(calls)
         return gpu.kernel(device_s=calls * 20e-6, host_s=10e-6)   # one launch for `calls` calls
-    monkeypatch.setattr(measurement, "cuda_graph_replay", fake_capture)
+    monkeypatch.setattr(cell_energy, "cuda_graph_replay", fake_capture)
     forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
     fwd = Samples(per_call_s=[20e-6] * 5)
-    out = measurement._telemetry(CUDA_CASE, forward, fwd, gpu.synchronize, _meter(gpu), PRESET)
+    out = cell_energy.telemetry(CUDA_CASE, forward, fwd, gpu.synchronize, _meter(gpu), PRESET)
     assert set(TELEMETRY_COLUMNS) <= set(out)
     assert captured == [100]                                        # 2 ms of device work per replay
     assert out["energy_method"] == "counter over CUDA-graph replays"
@@ -74,9 +75,9 @@ def _no_capture(fn, calls=1):
 
 
 def test_calls_that_cannot_be_captured_run_eagerly_and_show_the_gpu_idled(gpu, monkeypatch):
-    monkeypatch.setattr(measurement, "cuda_graph_replay", _no_capture)
+    monkeypatch.setattr(cell_energy, "cuda_graph_replay", _no_capture)
     forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
-    out = measurement._telemetry(CUDA_CASE, forward, Samples(per_call_s=[20e-6] * 5), gpu.synchronize,
+    out = cell_energy.telemetry(CUDA_CASE, forward, Samples(per_call_s=[20e-6] * 5), gpu.synchronize,
                             _meter(gpu), PRESET)
     assert out["energy_method"].startswith("counter over eager calls (CUDA-graph capture failed")
     assert out["energy_idle_frac"] > 0.5
@@ -84,10 +85,10 @@ def test_calls_that_cannot_be_captured_run_eagerly_and_show_the_gpu_idled(gpu, m
 
 
 def test_energy_only_on_cuda_speed_cells(gpu):
-    cpu = measurement._telemetry(Case("sdpa", "cpu", "fp32", 8, 16, 1, 2, False, "normal"), None, None, None,
+    cpu = cell_energy.telemetry(Case("sdpa", "cpu", "fp32", 8, 16, 1, 2, False, "normal"), None, None, None,
                             None, PRESET)
     assert cpu["energy_per_call_j"] is None and "CPU" in cpu["telemetry_reason"]
-    masked = measurement._telemetry(Case("sdpa", "cuda", "bf16", 8, 16, 1, 2, False, "padding"), None, None, None,
+    masked = cell_energy.telemetry(Case("sdpa", "cuda", "bf16", 8, 16, 1, 2, False, "padding"), None, None, None,
                                _meter(gpu), PRESET)
     assert "speed cells" in masked["telemetry_reason"]
 
@@ -100,19 +101,19 @@ def test_with_l2_flush_the_idle_fraction_uses_a_hot_call_time(gpu, monkeypatch):
     """--l2-flush: the timed 60 us is a cold-cache time while the window runs hot (20 us). Eager
     calls the host issues in 80 us: the GPU idles 75% of the window, but the cold time made it
     1 - 3 × 25% = 25%. Timing the unit hot (device events behind a spin) gives 75%."""
-    monkeypatch.setattr(measurement, "cuda_graph_replay", _no_capture)
+    monkeypatch.setattr(cell_energy, "cuda_graph_replay", _no_capture)
     forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
-    out = measurement._telemetry(CUDA_CASE, forward, Samples(per_call_s=[60e-6] * 5), gpu.synchronize,
+    out = cell_energy.telemetry(CUDA_CASE, forward, Samples(per_call_s=[60e-6] * 5), gpu.synchronize,
                                  _meter(gpu), L2_FLUSH)
     assert out["energy_idle_frac"] == pytest.approx(0.75, abs=0.03)
     assert "host-bound" in out["telemetry_reason"]
 
 
 def test_with_l2_flush_fed_graph_replays_show_no_idle(gpu, monkeypatch):
-    monkeypatch.setattr(measurement, "cuda_graph_replay",
+    monkeypatch.setattr(cell_energy, "cuda_graph_replay",
                         lambda fn, calls=1: gpu.kernel(device_s=calls * 20e-6, host_s=10e-6))
     forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
-    out = measurement._telemetry(CUDA_CASE, forward, Samples(per_call_s=[60e-6] * 5), gpu.synchronize,
+    out = cell_energy.telemetry(CUDA_CASE, forward, Samples(per_call_s=[60e-6] * 5), gpu.synchronize,
                                  _meter(gpu), L2_FLUSH)
     assert out["energy_idle_frac"] == pytest.approx(0.0, abs=0.02)
     assert out["energy_per_call_j"] == pytest.approx(500.0 * 20e-6, rel=0.05)
@@ -122,13 +123,13 @@ def test_with_l2_flush_fed_graph_replays_show_no_idle(gpu, monkeypatch):
 def test_with_l2_flush_calls_that_cannot_be_timed_hot_get_no_idle_fraction(gpu, monkeypatch):
     """Calls that synchronize cannot be queued behind a spin: no hot time, so no idle fraction
     (the cold one would say nothing), and the reason says why."""
-    monkeypatch.setattr(measurement, "cuda_graph_replay", _no_capture)
+    monkeypatch.setattr(cell_energy, "cuda_graph_replay", _no_capture)
     kernel = gpu.kernel(device_s=20e-6, host_s=10e-6)
 
     def syncing():
         kernel()
         gpu.synchronize()
-    out = measurement._telemetry(CUDA_CASE, syncing, Samples(per_call_s=[60e-6] * 5), gpu.synchronize,
+    out = cell_energy.telemetry(CUDA_CASE, syncing, Samples(per_call_s=[60e-6] * 5), gpu.synchronize,
                                  _meter(gpu), L2_FLUSH)
     assert out["energy_idle_frac"] is None
     assert "--l2-flush" in out["telemetry_reason"] and "cold" in out["telemetry_reason"]
@@ -143,8 +144,8 @@ def test_slow_nvml_queries_cost_a_cell_at_most_its_limit(monkeypatch):
 
     gpu = FakeGPU(counter_period_s=0.1)
     gpu.host(0.0123)
-    monkeypatch.setattr(measurement, "cuda_clock", lambda: gpu)
-    monkeypatch.setattr(measurement, "cuda_graph_replay",
+    monkeypatch.setattr(cell_energy, "cuda_clock", lambda: gpu)
+    monkeypatch.setattr(cell_energy, "cuda_graph_replay",
                         lambda fn, calls=1: gpu.kernel(device_s=calls * 20e-6, host_s=10e-6))
     costs = {"energy": [2.4e-3] * 9 + [6.6e-3], "field_values": 1e-3, "clock": 1e-3,
              "temperature": 1e-3, "throttle": 1e-3}
@@ -152,7 +153,7 @@ def test_slow_nvml_queries_cost_a_cell_at_most_its_limit(monkeypatch):
                         clock=gpu.clock)
     forward = gpu.kernel(device_s=20e-6, host_s=80e-6)
     start = gpu.now
-    out = measurement._telemetry(CUDA_CASE, forward, Samples(per_call_s=[20e-6] * 5), gpu.synchronize,
+    out = cell_energy.telemetry(CUDA_CASE, forward, Samples(per_call_s=[20e-6] * 5), gpu.synchronize,
                                  meter, PRESET)
     assert out["energy_idle_frac"] <= 0.05
     assert out["energy_per_call_j"] == pytest.approx(500.0 * 20e-6, rel=0.04)
@@ -168,7 +169,7 @@ def test_a_cuda_runs_ceilings_carry_the_energy_counters_steady_check(monkeypatch
     import json
 
     from audit.execute import runner
-    from audit.measure import energy, roofline
+    from audit.measure.machine import energy, roofline
     measured: list[str] = []
     monkeypatch.setattr(roofline, "measure_ceilings",
                         lambda device, dtypes, budget_s: {"matmul_flops_per_s": {d: 1e12 for d in dtypes}})

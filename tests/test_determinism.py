@@ -16,7 +16,7 @@ import torch
 
 from audit.analysis.findings import compute_findings
 from audit.core.grid import Case
-from audit.measure.repeats import Repeats, bitwise_equal, largest_difference, refuses_determinism
+from audit.measure.cell.repeats import Repeats, bitwise_equal, largest_difference, refuses_determinism
 
 pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
 
@@ -27,7 +27,7 @@ VARIANTS = (RACY, ORDERED, STUBBORN, "eager", "sdpa")
 def _cells(deterministic: bool) -> dict[tuple[str, str, bool], dict]:
     """One record per (variant, scenario, causal), fp32, made in this process by run_cell."""
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
 
     preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0,

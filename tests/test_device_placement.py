@@ -14,8 +14,8 @@ import torch
 
 from audit.core import grid
 from audit.execute import runner
-from audit.measure import cellcache
-from audit.measure.reference import visibility
+from audit.measure.cell import cellcache
+from audit.measure.golden.reference import visibility
 from audit.workload import presets
 from audit.workload.inputs import SCENARIOS
 
@@ -104,7 +104,7 @@ def test_gqa_cells_measure_without_host_tensors_meeting_device_data():
 
 def test_the_sweep_fails_with_the_bug_put_back(monkeypatch):
     """The sweep above is able to fail: re-introduce the H200 bug (visibility without device)."""
-    import audit.measure.reference as reference
+    import audit.measure.golden.reference as reference
 
     real = reference.visibility
 

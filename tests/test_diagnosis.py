@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from audit.core.grid import Case
-from audit.measure import diagnosis, reference
-from audit.measure.cellcache import build_reference
-from audit.measure.diagnosis import diagnose, diagnose_cell, diagnosis_slices, tolerance
-from audit.measure.numerics import error_vs_reference, within_budget
+from audit.measure.diagnosis import diagnosis
+from audit.measure.golden import reference
+from audit.measure.cell.cellcache import build_reference
+from audit.measure.diagnosis.diagnosis import diagnose, diagnose_cell, diagnosis_slices, tolerance
+from audit.measure.golden.numerics import error_vs_reference, within_budget
 from audit.workload import mistakes as library
 from audit.workload.inputs import make_inputs
 from audit.workload.mistakes import MISTAKES, Attempt, mistake

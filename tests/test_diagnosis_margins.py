@@ -14,9 +14,9 @@ import torch
 
 from audit.core import diagnosis_names as names
 from audit.core.grid import Case
-from audit.measure import diagnosis, lse_diagnosis
-from audit.measure.cellcache import build_reference
-from audit.measure.diagnosis import Candidate, diagnose, diagnose_cell, named_matches, tolerance
+from audit.measure.diagnosis import diagnosis, lse_diagnosis
+from audit.measure.cell.cellcache import build_reference
+from audit.measure.diagnosis.diagnosis import Candidate, diagnose, diagnose_cell, named_matches, tolerance
 from audit.workload import mistakes as library
 from audit.workload.inputs import make_inputs
 from audit.workload.mistake_base import Mistake, nearest_form
@@ -286,7 +286,7 @@ def test_a_reproduction_holds_a_joined_diagnosis_where_a_member_is_named_again()
 
 def test_gradients_are_named_by_a_member_of_a_joined_forward_diagnosis():
     """The forward's diagnosis "a or b": its members are tried on the gradients, the one that matches named."""
-    from audit.measure.diagnosis import diagnose_grads_as_forward, diagnose_grads_cell
+    from audit.measure.diagnosis.diagnosis import diagnose_grads_as_forward, diagnose_grads_cell
     case, inputs, ref = cell(causal=True)
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
     made = mistaken.causal_next_key(q, k, v, **inputs.call_kwargs())

@@ -127,7 +127,7 @@ def test_every_variant_documented(name):
 def test_readme_plugin_example_runs(tmp_path, monkeypatch):
     """The complete plug-in file in docs/variants.md, saved as written, audits a cell correctly."""
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
 
     code = re.search(r"```python\n(\"\"\"My attention kernels.\"\"\".*?)```", PAGES["variants.md"], re.S).group(1)
     pkg = tmp_path / "mykernels"

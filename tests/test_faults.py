@@ -266,5 +266,5 @@ def _raise_chained(how: str) -> BaseException:
                                          ("from", "ValueError: outer; cause: KeyError: 'inner' (at"),
                                          ("context", "ValueError: outer (at")])
 def test_a_failure_reason_follows_raise_from_to_the_root_and_not_a_handled_exception(how, reason):
-    from audit.measure.failures import failure_reason
+    from audit.measure.cell.failures import failure_reason
     assert failure_reason(_raise_chained(how)).startswith(reason)

@@ -9,9 +9,10 @@ import torch
 
 from audit.core.grid import Case
 from audit.execute import runner
-from audit.measure import cellcache, golden_store
-from audit.measure.diagnosis import attempt_for, diagnose
-from audit.measure.mistake_memo import MistakeMemo
+from audit.measure.cell import cellcache
+from audit.measure.golden import golden_store
+from audit.measure.diagnosis.diagnosis import attempt_for, diagnose
+from audit.measure.diagnosis.mistake_memo import MistakeMemo
 from audit.workload.inputs import make_inputs
 from audit.workload.presets import presets
 

@@ -7,9 +7,10 @@ import torch
 
 from audit.core.grid import Case
 from audit.execute import runner
-from audit.measure import cellcache, reference
-from audit.measure.numerics import error_vs_reference
-from audit.measure.reference import golden_attention, golden_flops, golden_slices, take_slices
+from audit.measure.cell import cellcache
+from audit.measure.golden import reference
+from audit.measure.golden.numerics import error_vs_reference
+from audit.measure.golden.reference import golden_attention, golden_flops, golden_slices, take_slices
 from audit.workload import presets, variants
 
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
@@ -75,7 +76,7 @@ def test_within_the_budget_there_is_no_subset():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("scenario", ["normal", "padding", "fully_masked_bool", "decode", "cross_causal"])
 def test_row_visibility_of_the_whole_output_matches_the_golden(scenario, causal):
-    from audit.measure.reference import row_visibility
+    from audit.measure.golden.reference import row_visibility
     from audit.workload.inputs import make_inputs
     inputs = make_inputs(Case("sdpa", "cpu", "fp32", 8, 24, 2, 2, causal, scenario))
     tq, tk = inputs.q.shape[-2], inputs.k.shape[-2]

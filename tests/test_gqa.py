@@ -19,9 +19,9 @@ from audit.core.errors import UsageError
 from audit.core.referee import failed_checks, refereed
 from audit.core.grid import Case
 from audit.execute import runner
-from audit.measure.numerics import attention_flops, error_vs_reference
-from audit.measure.reference import golden_attention, golden_slices, take_slices
-from audit.measure.roofline import attention_bytes, cell_roofline
+from audit.measure.golden.numerics import attention_flops, error_vs_reference
+from audit.measure.golden.reference import golden_attention, golden_slices, take_slices
+from audit.measure.machine.roofline import attention_bytes, cell_roofline
 from audit.plan import costmodel
 from audit.plan.memory_model import predicted_peak_bytes
 from audit.workload import presets, variants

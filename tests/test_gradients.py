@@ -13,9 +13,9 @@ from audit.analysis.findings import compute_findings
 from audit.core.grid import Case
 from audit.core.records import to_frame
 from audit.execute import runner
-from audit.measure import cellcache
-from audit.measure.diagnosis import attempt_for, diagnose_grads
-from audit.measure.numerics import BUDGET_ATOL, GRAD_BUDGET_FACTOR
+from audit.measure.cell import cellcache
+from audit.measure.diagnosis.diagnosis import attempt_for, diagnose_grads
+from audit.measure.golden.numerics import BUDGET_ATOL, GRAD_BUDGET_FACTOR
 from audit.workload import presets
 from audit.workload.backward_mistakes import BACKWARD_MISTAKES, backward_of
 from audit.workload.inputs import make_inputs
@@ -178,7 +178,7 @@ def test_gradients_that_are_the_forward_mistakes_own_are_named_by_it(mistake, ca
     """A kernel whose forward makes a mistake and whose backward differentiates what it computed: no
     backward mistake explains its gradients, the forward's does. Gradients of another making
     (the forward's mistake, the right attention's gradients doubled) are not named by it."""
-    from audit.measure.diagnosis import diagnose_grads_as_forward, diagnose_grads_cell
+    from audit.measure.diagnosis.diagnosis import diagnose_grads_as_forward, diagnose_grads_cell
     sys.path.insert(0, str(PLUGINS))
     try:
         import mistaken

@@ -34,7 +34,7 @@ def cells():
     """Records of a GQA shape (4 query heads, 2 kv heads) in fp32 and fp16 (flex: FLEX_CELLS in fp32),
     made in this process with the runner's own run_cell and build cache."""
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
 
     sys.path.insert(0, str(PLUGINS))
@@ -127,7 +127,7 @@ def test_what_transformers_cannot_give_a_cell_is_skipped_with_the_reason(cells):
 ])
 def test_names_that_cannot_run_here_are_skipped(name, words):
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
 
     rec = runner.run_cell(Case(name, "cpu", "fp32", 16, 32, 1, 2, False, "normal"), cellcache.InputCache(),

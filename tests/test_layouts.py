@@ -24,7 +24,7 @@ PLUGINS = Path(__file__).resolve().parent / "plugins"
 
 def _run(cases):
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
     preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
     cache = cellcache.InputCache()
@@ -66,7 +66,7 @@ def test_old_records_read_d_v_as_d_k():
 
 
 def test_flops_count_d_v_and_the_documents():
-    from audit.measure.numerics import attention_flops
+    from audit.measure.golden.numerics import attention_flops
     from audit.workload.packing import packed_documents, visible_pairs_packed
     assert attention_flops(1, 2, 8, 8, 32, False) == 4 * 2 * 64 * 32
     assert attention_flops(1, 2, 8, 8, 32, False, d_v=16) == 2 * 2 * 64 * (32 + 16)
@@ -346,7 +346,7 @@ def test_a_bad_layout_declaration_names_the_value(kwargs, message):
 # --------------------------------------------------------------------------- q, k, v as views
 
 def test_strided_inputs_are_views_of_one_fused_buffer_and_a_copy_keeps_their_layout():
-    from audit.measure.referee import own_copy
+    from audit.measure.referee.tensors import own_copy
     from audit.workload.inputs import make_inputs
     inputs = make_inputs(_cell("eager", "strided_qkv", heads=4, kv=2, dtype="bf16"))
     q, k, v = inputs.q, inputs.k, inputs.v

@@ -1,5 +1,5 @@
-"""The log-sum-exp a variant returns and attention sinks (measure.checks: lse_error, lse_merge,
-lse_grads, sink_grad; measure.lse_diagnosis; workload.lse_mistakes): each check on a kernel that
+"""The log-sum-exp a variant returns and attention sinks (measure.checks.lse: lse_error, lse_merge,
+lse_grads, sink_grad; measure.diagnosis.lse_diagnosis; workload.lse_mistakes): each check on a kernel that
 must trigger it and on one that must not, each lse mistake named on a kernel making it
 (tests/plugins/lse_kernels.py) and on no correct one, the merge's arithmetic, the sinks'
 golden, the declarations (plug-in attributes, audit.adapt, hf:), the negative controls."""
@@ -18,9 +18,9 @@ from audit.core.errors import UsageError
 from audit.core.grid import Case
 from audit.core.records import to_frame
 from audit.execute import runner
-from audit.measure import cellcache
-from audit.measure.lse import classify_lse_rows, keys_only_lse, merge_partials
-from audit.measure.reference import golden_attention
+from audit.measure.cell import cellcache
+from audit.measure.golden.lse import classify_lse_rows, keys_only_lse, merge_partials
+from audit.measure.golden.reference import golden_attention
 from audit.workload import presets, variants
 from audit.workload.inputs import make_inputs
 from audit.workload.lse_mistakes import LSE_GRAD_MISTAKES, LSE_MISTAKES
@@ -271,7 +271,7 @@ def test_gpt_oss_eager_takes_sinks_and_llama_eager_is_skipped():
 
 
 def test_a_budget_on_few_values_is_widened_by_their_chance_spread():
-    from audit.measure.numerics import _f_equal_dof_cdf, small_sample_factor
+    from audit.measure.golden.numerics import _f_equal_dof_cdf, small_sample_factor
     assert _f_equal_dof_cdf(19.0, 2) == pytest.approx(0.95) and _f_equal_dof_cdf(99.0, 2) == pytest.approx(0.99)
     assert _f_equal_dof_cdf(1.0, 7) == pytest.approx(0.5)                      # F(n, n) is symmetric in log
     factors = [small_sample_factor(n) for n in (2, 4, 16, 1000)]
@@ -363,7 +363,7 @@ def test_a_maskless_sink_kernel_dropping_its_sinks_is_caught_on_the_prefill_cell
 def test_causal_halves_by_position_merge_to_causal_attention_whatever_the_alignment(alignment):
     """Three mask-free calls (two causal squares, one whole block) give the two key halves of causal
     self-attention; merged, they are causal attention, for a kernel of either causal alignment."""
-    from audit.measure.lse import causal_position_halves
+    from audit.measure.golden.lse import causal_position_halves
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 12, 8, generator=gen, dtype=torch.float64) for _ in range(3))
 

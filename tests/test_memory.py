@@ -1,10 +1,10 @@
-"""Tests of audit.measure.memory: CPU peak via /proc/self VmHWM after clear_refs."""
+"""Tests of audit.measure.machine.memory: CPU peak via /proc/self VmHWM after clear_refs."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from audit.measure import memory
+from audit.measure.machine import memory
 
 MIB = 2 ** 20
 
@@ -53,7 +53,7 @@ def test_unsupported_cpu_peak_gives_none(monkeypatch, tmp_path):
 
 def test_pin_malloc_threshold_reports_what_it_did():
     """On glibc the thresholds are pinned and the record says so; elsewhere it says it did not."""
-    from audit.measure.memory import pin_malloc_threshold
+    from audit.measure.machine.memory import pin_malloc_threshold
 
     text = pin_malloc_threshold()
     if "not pinned" in text:
@@ -66,7 +66,7 @@ def test_peak_still_sees_heap_served_allocations_after_pinning():
     still makes a 16 MiB temporary show up in VmHWM."""
     import torch
 
-    from audit.measure.memory import cpu_peak_supported, peak_during, pin_malloc_threshold
+    from audit.measure.machine.memory import cpu_peak_supported, peak_during, pin_malloc_threshold
 
     if not cpu_peak_supported():
         pytest.skip("/proc/self/clear_refs is not writable here")
@@ -108,7 +108,7 @@ def test_leaked_bytes_counts_what_the_timed_calls_keep_not_the_checks_tensors(mo
 
     from audit.core.grid import Case
     from audit.execute import runner
-    from audit.measure import measurement
+    from audit.measure.cell import measurement
     from audit.workload import presets
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent / "plugins"))

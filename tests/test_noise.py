@@ -16,7 +16,7 @@ from audit.analysis.findings import compute_findings
 from audit.analysis.noise_rules import (canary_summary, check_timing_noise, rerun_rel, slow_period_cells,
                                         tie_lead, unstable_mask)
 from audit.core.noise import SamplingRule, ci_rel, median_ci, _coverage
-from audit.measure.timing import measure
+from audit.measure.machine.timing import measure
 from pathlib import Path
 
 
@@ -179,7 +179,7 @@ def test_a_canary_that_slowed_names_the_cells_measured_around_it():
 def test_each_slow_reading_names_only_the_cells_between_its_neighbours():
     """Five readings (a run's start, quarters and end), the start and the end slow: each names the
     cells of its own period, not the run's every cell (three readings named 745 of 745)."""
-    from audit.measure.canary import LABELS
+    from audit.measure.machine.canary import LABELS
     from audit.render.noise_section import noise_blocks
     from audit.render.page import render_markdown
     summary = canary_summary(_readings(1.3e-4, 1.0e-4, 1.0e-4, 1.01e-4, 1.2e-4, labels=LABELS))
@@ -310,7 +310,7 @@ def test_the_quarter_readings_follow_the_planned_work_measured_not_the_records(m
     the whole), each once."""
     from audit.core.grid import Case
     from audit.execute.runner import CanaryTimes
-    from audit.measure import canary
+    from audit.measure.machine import canary
     from audit.plan.budget import Plan
     from audit.plan.keeper import Keeper
     taken = []

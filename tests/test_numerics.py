@@ -1,4 +1,4 @@
-"""Tests of audit.measure.numerics and audit.measure.reference on hand-built tensors."""
+"""Tests of audit.measure.golden.numerics and audit.measure.golden.reference on hand-built tensors."""
 from __future__ import annotations
 
 from functools import partial
@@ -9,9 +9,9 @@ import pytest
 import torch
 from tests.helpers import random_qkv
 
-from audit.measure import reference
-from audit.measure.numerics import SaturationAccumulator, attention_flops, error_vs_reference, nonfinite_counts
-from audit.measure.reference import golden_attention
+from audit.measure.golden import reference
+from audit.measure.golden.numerics import SaturationAccumulator, attention_flops, error_vs_reference, nonfinite_counts
+from audit.measure.golden.reference import golden_attention
 
 pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
 

@@ -6,7 +6,7 @@ import pytest
 
 from audit.core.grid import Case
 from audit.execute import runner
-from audit.measure import cellcache
+from audit.measure.cell import cellcache
 from audit.plan.memory_model import FREE_FRACTION, predicted_peak_bytes, too_big
 from audit.workload import presets
 

@@ -27,7 +27,7 @@ FLEX_WORDS = "torch.compile on current platform is not supported for CPU."
 def _run_cell(monkeypatch, fn, family="plugin", name="p"):
     """One cell of `fn` as a variant of `family` through the runner (the record a run would write)."""
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
     from audit.workload.variants import Variant
     monkeypatch.setattr(runner, "resolve", lambda _: Variant(name, "test", lambda: fn, family=family))
@@ -167,7 +167,7 @@ def test_built_in_compiled_flex_refuses_such_a_cpu_before_compiling_and_the_plan
 
 def _run_flex(monkeypatch):
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets, variants
     monkeypatch.setattr(runner, "resolve", variants.resolve)
     preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
@@ -202,8 +202,8 @@ def test_a_cell_that_patches_the_clock_and_is_refused_leaves_the_next_cell_a_tru
     """A variant that replaces time.perf_counter and then meets a refusal (ATEN_CPU_CAPABILITY=default's
     pack_vnni2 on bf16 SDPA did this to the patches_timer control): the patch is put back when the cell
     ends, so the next cell's times are the audit's and its timers_untouched check passes."""
-    from audit.measure import referee
-    referee.pin_timers()
+    from audit.measure.referee import timers
+    timers.pin_timers()
     real = time.perf_counter
 
     def patches_then_refused(q, k, v, *, mask=None, causal=False, scale=None):

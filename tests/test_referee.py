@@ -1,4 +1,4 @@
-"""The referee (measure/referee.py, core/referee.py): each check catches its negative control and
+"""The referee (measure/referee/, core/referee.py): each check catches its negative control and
 nothing else does; a kernel that does the work passes every check (built-ins: tests/test_gqa.py,
 transformers' functions: tests/test_hf.py, declared stand-ins: tests/test_adapt.py); each
 mechanism on inputs that must trigger it and on inputs that must not."""
@@ -17,8 +17,11 @@ from audit.core.grid import Case
 from audit.core.records import to_frame
 from audit.core.referee import REFEREE_CHECKS, column, failed_checks, refereed
 from audit.execute import runner
-from audit.measure import cellcache, measurement, referee
-from audit.measure.reference import golden_attention
+from audit.measure.cell import cellcache
+from audit.measure.machine import cell_timing
+from audit.measure.referee import physical, tensors, timers, verdicts
+from audit.measure.referee.vault import Vault
+from audit.measure.golden.reference import golden_attention
 from audit.workload import presets, variants
 from audit.workload.referee_controls import REFEREE_CONTROLS
 from tests.fake_gpu import FakeGPU
@@ -79,8 +82,8 @@ def test_sdpa_beside_the_controls_passes_every_check(control_run):
 
 
 def test_the_patched_timer_is_put_back_for_the_next_cell(control_run):
-    assert not referee.timers_changed()
-    assert time.perf_counter is referee._PRISTINE_TIMERS_CLOCK
+    assert not timers.timers_changed()
+    assert time.perf_counter is timers._PRISTINE_TIMERS_CLOCK
 
 
 def test_a_cache_faster_than_the_machine_is_caught_by_physically_possible_alone():
@@ -102,7 +105,7 @@ def test_a_cache_faster_than_the_machine_is_caught_by_physically_possible_alone(
 # --------------------------------------------------------------------------- the mechanisms
 
 def test_verdicts_fail_once_failed_and_keep_what_was_seen():
-    v = referee.Verdicts()
+    v = verdicts.Verdicts()
     v.judge("every_call", True)
     v.judge("every_call", False, "the last call differed")
     v.judge("every_call", True)
@@ -124,7 +127,7 @@ def _golden(tq=16, d=8):
 def test_the_vault_hides_the_golden_from_a_search_and_gives_it_back_bit_for_bit():
     golden = _golden()
     before = {name: getattr(golden, name).clone() for name in ("out", "dq", "dk", "dv", "lse")}
-    vault = referee.Vault([golden], tuple(golden.out.shape), None, budget=1e-3)
+    vault = Vault([golden], tuple(golden.out.shape), None, budget=1e-3)
     vault.plant(golden.out)
 
     def float64_of_out_shape():
@@ -143,7 +146,7 @@ def test_the_vault_hides_the_golden_from_a_search_and_gives_it_back_bit_for_bit(
 def test_the_decoy_check_catches_a_copy_and_passes_an_honest_error():
     golden = _golden(tq=64, d=16)
     budget = 4e-3
-    vault = referee.Vault([golden], tuple(golden.out.shape), None, budget=budget)
+    vault = Vault([golden], tuple(golden.out.shape), None, budget=budget)
     vault.plant(golden.out)
     copied = vault.decoy.to(torch.bfloat16)                                   # a kernel returning it
     ok, seen = vault.clear_of_decoy(copied, golden.out, None)
@@ -157,19 +160,19 @@ def test_the_decoy_check_catches_a_copy_and_passes_an_honest_error():
 def test_an_output_that_does_not_move_with_new_values_fails_and_nan_is_no_wildcard():
     before = torch.zeros(1, 2, 8, 4)
     golden_move = torch.zeros(1, 2, 8, 4, dtype=torch.float64)
-    golden_move[..., -1] = referee.VALUES_SHIFT
+    golden_move[..., -1] = tensors.VALUES_SHIFT
     rows = torch.ones(1, 1, 8, dtype=torch.bool)
     moved = before + golden_move.float() + 1e-3
-    assert referee.follows_move(moved, before, golden_move, rows)[0] is True
-    assert referee.follows_move(before.clone(), before, golden_move, rows)[0] is False     # stale
+    assert tensors.follows_move(moved, before, golden_move, rows)[0] is True
+    assert tensors.follows_move(before.clone(), before, golden_move, rows)[0] is False     # stale
     nan = moved.clone()
     nan[0, 0, 0, 0] = math.nan
-    assert referee.follows_move(nan, before, golden_move, rows)[0] is False
+    assert tensors.follows_move(nan, before, golden_move, rows)[0] is False
 
 
 def test_shifted_values_change_one_feature_at_inner_keys_only():
     v = torch.randn(1, 2, 8, 4)
-    v2 = referee.shifted_values(v)
+    v2 = tensors.shifted_values(v)
     changed = (v2 != v)
     assert changed[..., 1:-1, -1].all() and int(changed.sum()) == 2 * 6
     assert torch.equal(v2[..., 0, :], v[..., 0, :]) and torch.equal(v2[..., -1, :], v[..., -1, :])
@@ -179,69 +182,95 @@ def test_a_write_into_an_input_is_named_and_undone():
     pristine = {"q": torch.randn(2, 3), "mask": torch.ones(2, 3, dtype=torch.bool)}
     q, mask = pristine["q"].clone(), pristine["mask"].clone()
     current = [("q", q), ("mask", mask)]
-    assert referee.changed_inputs(current, pristine) == []
+    assert tensors.changed_inputs(current, pristine) == []
     q.view(torch.int32)[0, 0] ^= 1                                              # one bit
     mask[1, 2] = False
-    assert referee.changed_inputs(current, pristine) == ["q", "mask"]
-    referee.restore(current, pristine, ["q", "mask"])
-    assert referee.changed_inputs(current, pristine) == []
+    assert tensors.changed_inputs(current, pristine) == ["q", "mask"]
+    tensors.restore(current, pristine, ["q", "mask"])
+    assert tensors.changed_inputs(current, pristine) == []
     nan = torch.full((2,), math.nan)
-    assert referee.changed_inputs([("x", nan.clone())], {"x": nan}) == []       # the same NaN bits
+    assert tensors.changed_inputs([("x", nan.clone())], {"x": nan}) == []       # the same NaN bits
 
 
 def test_a_plain_result_owns_its_memory():
     q = torch.randn(2, 4)
-    assert referee.plain_problems(q.clone(), [("q", q)], [], "out") == []
-    assert "subclass" in referee.plain_problems(q.clone().as_subclass(type("Lazy", (torch.Tensor,), {})),
+    assert tensors.plain_problems(q.clone(), [("q", q)], [], "out") == []
+    assert "subclass" in tensors.plain_problems(q.clone().as_subclass(type("Lazy", (torch.Tensor,), {})),
                                                 [], [], "out")[0]
-    assert "shares memory with the input q" in referee.plain_problems(q[1:], [("q", q)], [], "out")[0]
+    assert "shares memory with the input q" in tensors.plain_problems(q[1:], [("q", q)], [], "out")[0]
     previous = torch.randn(2, 4)
-    assert "previous call's output" in referee.plain_problems(previous.view(8), [], [previous], "out")[0]
+    assert "previous call's output" in tensors.plain_problems(previous.view(8), [], [previous], "out")[0]
 
 
 def test_a_patched_clock_or_timing_function_is_found_and_put_back(monkeypatch):
-    from audit.measure import timing
-    referee.pin_timers()
-    assert referee.timers_changed() == []
+    from audit.measure.machine import cell_timing, timing
+    timers.pin_timers()
+    assert timers.timers_changed() == []
     real = time.perf_counter
     monkeypatch.setattr(time, "perf_counter", lambda: real() / 2)
-    assert referee.timers_changed() == ["time.perf_counter"]
-    referee.restore_timers()
-    assert time.perf_counter is real and referee.timers_changed() == []
+    assert timers.timers_changed() == ["time.perf_counter"]
+    timers.restore_timers()
+    assert time.perf_counter is real and timers.timers_changed() == []
     code = timing.time_call.__code__
     timing.time_call.__code__ = (lambda fn, *, clock=None, sync=None: 0.0).__code__
     try:
         # the function and the name the measuring code imported it by: one object, both named
-        assert referee.timers_changed() == ["audit.measure.timing.time_call", "audit.measure.measurement.time_call"]
+        assert timers.timers_changed() == [f"{timing.__name__}.time_call", f"{cell_timing.__name__}.time_call"]
     finally:
-        referee.restore_timers()
+        timers.restore_timers()
     assert timing.time_call.__code__ is code
+
+
+def test_a_timing_object_of_the_audit_that_does_not_resolve_stops_the_pinning(monkeypatch):
+    """A renamed or moved timing function must not leave the timers_untouched check silently blind;
+    only torch's CUDA clocks may be absent (a build without CUDA)."""
+    from audit.measure.machine import timing
+    own = timers.TIMER_OBJECTS
+    monkeypatch.setattr(timers, "_PINNED", None)
+    monkeypatch.setattr(timers, "TIMER_OBJECTS", (*own, (timing.__name__, "no_such_clock")))
+    with pytest.raises(timers.TimerPinError, match=f"{timing.__name__}.no_such_clock"):
+        timers.pin_timers()
+    with pytest.raises(timers.TimerPinError, match="audit.no_such_module.clock"):
+        timers.check_own_timers((*own, ("audit.no_such_module", "clock")))
+    monkeypatch.setattr(timers, "TIMER_OBJECTS", own)
+    monkeypatch.setattr(timers, "OPTIONAL_TIMER_OBJECTS",
+                        (*timers.OPTIONAL_TIMER_OBJECTS, ("torch.cuda", "Event.no_such_method")))
+    timers.pin_timers()
+    assert ("torch.cuda", "Event.no_such_method") not in timers._PINNED
+    assert all(entry in timers._PINNED for entry in own)
+
+
+def test_every_timing_object_of_the_audit_resolves():
+    timers.check_own_timers()
+    assert {module for module, _ in timers.TIMER_OBJECTS} == {"time", "audit.measure.machine.timing",
+                                                             "audit.measure.machine.cell_timing",
+                                                             "audit.measure.machine.cell_energy"}
 
 
 def test_a_pass_faster_than_the_ceiling_is_impossible_unless_a_fresh_ceiling_allows_it():
     gflop = 1e9
-    ok, seen = referee.physical_verdict("the forward", 1e-3, gflop, 1e6, 1e12, 1e11, None)
+    ok, seen = physical.physical_verdict("the forward", 1e-3, gflop, 1e6, 1e12, 1e11, None)
     assert ok is True and seen == ""                                     # at 100% of the limit
-    ok, seen = referee.physical_verdict("the forward", 1e-4, gflop, 1e6, 1e12, 1e11, None)
+    ok, seen = physical.physical_verdict("the forward", 1e-4, gflop, 1e6, 1e12, 1e11, None)
     assert ok is False and "10x faster than this machine can compute it" in seen and "margin 1.25x" in seen
     # within the ceiling's own spread (best repeat 1.5x the median): a wider margin
-    assert referee.physical_verdict("the forward", 6e-4, gflop, 1e6, 1e12, 1e11, 1.5)[0] is True
+    assert physical.physical_verdict("the forward", 6e-4, gflop, 1e6, 1e12, 1e11, 1.5)[0] is True
     # a ceiling measured while the machine was busy, corrected by one measured again now
-    assert referee.physical_verdict("the forward", 1e-4, gflop, 1e6, 1e12, 1e11, None,
+    assert physical.physical_verdict("the forward", 1e-4, gflop, 1e6, 1e12, 1e11, None,
                                     recheck=lambda: (1e13, None))[0] is True
     # bytes bind only past the caches
-    big = 4 * referee.CACHE_BYTES
-    ok, seen = referee.physical_verdict("the forward", 1e-3, 1.0, big, 1e15, 1e11, None)
+    big = 4 * physical.CACHE_BYTES
+    ok, seen = physical.physical_verdict("the forward", 1e-3, 1.0, big, 1e15, 1e11, None)
     assert ok is False and "MiB at" in seen
-    assert referee.physical_verdict("the forward", 1e-6, 1.0, 1e6, 1e15, 1e11, None)[0] is True
+    assert physical.physical_verdict("the forward", 1e-6, 1.0, 1e6, 1e15, 1e11, None)[0] is True
 
 
 def test_visible_pairs_count_the_keys_each_query_must_see():
     from audit.workload.inputs import make_inputs
     full = make_inputs(Case("sdpa", "cpu", "fp32", 8, 16, 2, 2, False, "normal"))
     causal = make_inputs(Case("sdpa", "cpu", "fp32", 8, 16, 2, 2, True, "normal"))
-    assert referee.visible_pairs(full) == 2 * 2 * 16 * 16
-    assert referee.visible_pairs(causal) == 2 * 2 * 16 * 17 // 2
+    assert physical.visible_pairs(full) == 2 * 2 * 16 * 16
+    assert physical.visible_pairs(causal) == 2 * 2 * 16 * 17 // 2
 
 
 def test_work_left_on_another_stream_shows_against_the_device_wide_fence(monkeypatch):
@@ -249,19 +278,19 @@ def test_work_left_on_another_stream_shows_against_the_device_wide_fence(monkeyp
     Its events read 0.2 ms; the device-wide fence reads the other stream's 0.8 ms a call (the two
     streams overlap), and the cell is judged on it."""
     gpu = FakeGPU()
-    monkeypatch.setattr(measurement, "cuda_clock", lambda: gpu)
-    monkeypatch.setattr(measurement, "sync_for", lambda device: gpu.synchronize)
+    monkeypatch.setattr(cell_timing, "cuda_clock", lambda: gpu)
+    monkeypatch.setattr(cell_timing, "sync_for", lambda device: gpu.synchronize)
     case = Case("sdpa_cudnn", "cuda", "bf16", 128, 1024, 2, 16, False, "normal")
     preset = dataclasses.replace(PRESET, min_samples=5, min_time_s=0.01)
     honest = gpu.kernel(device_s=200e-6, host_s=20e-6)
-    fwd, _fb, timer = measurement._time_cell(case, preset, honest, None, 220e-6, 0.0)
-    assert not referee.other_stream_gap(timer["fenced_s"]["fwd"], fwd.median_s, fwd.host_median_s)
+    fwd, _fb, timer = cell_timing.time_cell(case, preset, honest, None, 220e-6, 0.0)
+    assert not timers.other_stream_gap(timer["fenced_s"]["fwd"], fwd.median_s, fwd.host_median_s)
     sneaky = gpu.side_kernel(device_s=200e-6, side_s=800e-6, host_s=20e-6)
-    fwd, _fb, timer = measurement._time_cell(case, preset, sneaky, None, 220e-6, 0.0)
+    fwd, _fb, timer = cell_timing.time_cell(case, preset, sneaky, None, 220e-6, 0.0)
     assert fwd.median_s == pytest.approx(200e-6)
     fenced = timer["fenced_s"]["fwd"]
     assert fenced == pytest.approx(0.8e-3, rel=0.05)
-    assert referee.other_stream_gap(fenced, fwd.median_s, fwd.host_median_s)
+    assert timers.other_stream_gap(fenced, fwd.median_s, fwd.host_median_s)
 
 
 def test_every_control_is_registered_with_the_check_it_is_for():
@@ -279,20 +308,20 @@ def test_on_cuda_the_referee_waits_with_the_device_wide_synchronize_and_judges_t
     median and its device-wide fenced time (work on another stream counts)."""
     from types import SimpleNamespace
 
-    from audit.measure import refereeing
-    from audit.measure.timing import Samples
+    from audit.measure.referee import refereeing
+    from audit.measure.machine.timing import Samples
     from audit.workload.inputs import make_inputs
     synced = []
-    referee.settle(lambda: synced.append(1), 10.0)                 # 10 s if it slept: it must not
+    timers.settle(lambda: synced.append(1), 10.0)                 # 10 s if it slept: it must not
     assert synced == [1]
     inputs = make_inputs(Case("sdpa", "cpu", "fp32", 32, 64, 1, 2, False, "normal"))
-    flops = 2.0 * referee.visible_pairs(inputs) * 64                # QK^T and PV, d_k = d_v = 32
+    flops = 2.0 * physical.visible_pairs(inputs) * 64                # QK^T and PV, d_k = d_v = 32
     ceilings = {"matmul_flops_per_s": {"fp32": flops / 3e-3}, "copy_bytes_per_s": 1e12}   # 3 ms at the limit
 
     def cell(fenced):
         return SimpleNamespace(case=Case("sdpa", "cuda", "fp32", 32, 64, 1, 2, False, "normal"), inputs=inputs,
                                q=inputs.q, k=inputs.k, v=inputs.v, ref=SimpleNamespace(alignment="top-left"),
-                               fwd=Samples([1e-3]), fb=None, fenced=fenced, verdicts=referee.Verdicts())
+                               fwd=Samples([1e-3]), fb=None, fenced=fenced, verdicts=verdicts.Verdicts())
     honest = cell({"fwd": 5e-3})                  # 1 ms by its stream's events, 5 ms device-wide
     refereeing.physically_possible(honest, ceilings)
     assert honest.verdicts.passed["physically_possible"] is True

@@ -1,4 +1,4 @@
-"""Tests of audit.measure.roofline: byte counts and fractions on hand-computed numbers, and a
+"""Tests of audit.measure.machine.roofline: byte counts and fractions on hand-computed numbers, and a
 tiny real ceiling measurement on CPU. No test asserts on wall-clock time."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from audit.measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
-from audit.measure.roofline import ROOFLINE_COLUMNS, attention_bytes, cell_roofline, measure_ceilings, pct_of_limit
+from audit.measure.golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from audit.measure.machine.roofline import (ROOFLINE_COLUMNS, attention_bytes, cell_roofline, measure_ceilings,
+                                            pct_of_limit)
 
 
 # -- attention_bytes ---------------------------------------------------------------------------
@@ -148,7 +149,7 @@ def test_measure_ceilings_cpu_tiny():
 
 def test_the_host_probe_is_the_median_of_its_repeats(monkeypatch):
     """Each repeat timed on its own; one disturbed repeat (a neighbour's burst) does not move it."""
-    from audit.measure import roofline
+    from audit.measure.machine import roofline
     readings = iter([0.0, 1.0, 10.0, 15.0, 20.0, 22.0, 30.0, 33.0, 40.0, 44.0])   # repeats of 1, 5, 2, 3, 4 s
     monkeypatch.setattr(roofline.time, "perf_counter", lambda: next(readings))
     assert roofline.host_probe_s(repeats=5) == 3.0
@@ -180,7 +181,7 @@ def _fake_hardware(monkeypatch, flops_per_s: float, bytes_per_s: float = 1e10, *
     fake clock: returns the clock, which also counts every timed second. `setup_s` is added to
     the process's first call (cuBLAS setup, workspace, lazy kernel loading), `launch_s` to
     every call (launch and sync)."""
-    from audit.measure import roofline
+    from audit.measure.machine import roofline
 
     clock = {"now": 0.0, "calls": 0}
 
@@ -215,7 +216,7 @@ def _fake_hardware(monkeypatch, flops_per_s: float, bytes_per_s: float = 1e10, *
 def test_measure_ceilings_grows_each_probe_to_its_share_of_the_budget(monkeypatch, flops_per_s, expected_n):
     """An AVX2 CPU's bf16 (0.0019 TFLOP/s) stays small; an AMX CPU's grows to the largest n;
     either way the device's ceilings take about the budget, not minutes."""
-    from audit.measure import roofline
+    from audit.measure.machine import roofline
     clock = _fake_hardware(monkeypatch, flops_per_s)
     out = measure_ceilings("cpu", ("fp32", "fp16", "bf16"), budget_s=2.5, copy_bytes=1 << 20)
     assert out["matmul_n"]["bf16"] == expected_n
@@ -239,7 +240,7 @@ def test_a_slow_first_matmul_does_not_stop_the_probe_growing(monkeypatch):
 
 
 def test_matmul_plausibility_needs_growth_or_the_devices_floor():
-    from audit.measure.roofline import matmul_plausibility
+    from audit.measure.machine.roofline import matmul_plausibility
 
     h200 = {"device": "cuda", "multiprocessors": 132, "copy_bytes_per_s": 4.3e12,
             "matmul_n_max": {"bf16": 8192, "fp32": 8192}}
@@ -260,7 +261,7 @@ def test_matmul_plausibility_needs_growth_or_the_devices_floor():
 
 def test_best_rate_takes_the_fastest_block():
     """The statistic is the max rate over blocks; the budget bounds the repeats (fake clock)."""
-    from audit.measure.roofline import _best_rate
+    from audit.measure.machine.roofline import _best_rate
 
     durations = iter([0.5, 0.25, 1.0, 0.5])   # seconds per block, as the clock sees them
     now = [0.0]
@@ -276,7 +277,7 @@ def test_best_rate_takes_the_fastest_block():
 
 def test_compute_ceiling_is_the_better_of_dtype_and_fp32():
     """fp16 on a CPU without fp16 units: a kernel that upcasts beats the fp16 matmul, so fp32 bounds it."""
-    from audit.measure.roofline import cell_roofline, compute_ceiling
+    from audit.measure.machine.roofline import cell_roofline, compute_ceiling
 
     cpu = {"matmul_flops_per_s": {"fp32": 2e11, "fp16": 3e9, "bf16": 9e11}, "copy_bytes_per_s": 4e10}
     assert compute_ceiling(cpu, "fp16") == 2e11
@@ -291,7 +292,7 @@ def test_each_ceiling_probe_shares_what_is_left_so_overruns_do_not_add_up(monkey
     """Found on an H200: fixed shares of 0.9 × 2.5 s plus each probe's setup call and allocation
     took 3.01 s. Each probe now gets an equal share of the time left: with every probe overrunning
     its share by 0.15 s (a setup call), the measurement still ends inside its budget."""
-    from audit.measure import roofline
+    from audit.measure.machine import roofline
     now = [0.0]
     monkeypatch.setattr(roofline.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(roofline, "host_probe_s", lambda: 0.01)

@@ -20,9 +20,12 @@ from tests.helpers import random_qkv
 from audit.core import records
 from audit.core.grid import Case
 from audit.execute import runner
-from audit.measure import cellcache, memory, reference
-from audit.measure.numerics import BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows, relative_error, within_budget
-from audit.measure.reference import golden_attention
+from audit.measure.cell import cellcache
+from audit.measure.machine import memory
+from audit.measure.golden import reference
+from audit.measure.golden.numerics import (BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows, relative_error,
+                                           within_budget)
+from audit.measure.golden.reference import golden_attention
 from audit.workload import inputs, presets
 from audit.workload.inputs import SCENARIOS, fully_masked_rows, make_inputs, torch_dtype
 
@@ -306,7 +309,7 @@ def test_golden_memory_stays_bounded_by_its_chunks(monkeypatch):
     # chunked, 1716 MiB with one chunk of every row.
     if not memory.cpu_peak_supported():
         pytest.skip("CPU peak memory needs a writable /proc/self/clear_refs and VmHWM, absent here")
-    from audit.measure import reference
+    from audit.measure.golden import reference
     monkeypatch.setattr(reference, "CHUNK_BYTES", 4 * 2**20)
     q, k, v, g = rand_qkv(b=1, h=8, tq=2048, tk=2048, d=64)
     gold, peak = memory.peak_during(

@@ -33,8 +33,10 @@ LAYERS: dict[str, set[str]] = {
     "execute": {"core", "workload", "measure", "plan", "analysis"},
     "commands": {"core", "workload", "measure", "plan", "analysis", "render", "repro", "execute"},
 }
-# ... but never what measures a cell: plan predicts cells, it does not run them.
-NEVER = {"plan": {"audit.measure.measurement", "audit.measure.cellcache", "audit.measure.seed"}}
+# ... but never what measures a cell: plan predicts cells, it does not run them. Each entry a module or
+# a package (then every module under it); each must exist (test_every_never_entry_is_a_module), or a
+# move would quietly stop forbidding it.
+NEVER = {"plan": {"audit.measure.cell", "audit.measure.checks", "audit.measure.referee", "audit.measure.seed"}}
 # The package's top: its API (audit.adapt is workload's) and the command line dispatch to commands.
 TOP = {"audit": {"core", "workload", "commands"}, "audit.cli": {"core", "commands"}, "audit.__main__": {"audit.cli"}}
 # Layers whose modules never import torch, not even inside a function: they read records.
@@ -203,9 +205,14 @@ def layer_violations(graph: dict[str, set[str]], layers: dict[str, set[str]] = L
             theirs = layer_of(other)
             if theirs == mine:
                 continue
-            if (theirs not in allowed and other not in allowed) or other in never.get(mine, ()):
+            if (theirs not in allowed and other not in allowed) or never_imports(other, never.get(mine, ())):
                 found.append(f"{module} -> {other}")
     return found
+
+
+def never_imports(module: str, never: Sequence[str] | set[str]) -> bool:
+    """Whether `module` is one of `never`, or inside a package of it."""
+    return any(module == name or module.startswith(name + ".") for name in never)
 
 
 def torch_importers(root: Path, layers: Sequence[str]) -> list[str]:
@@ -228,6 +235,32 @@ def test_imports_point_down_the_layers():
     assert {layer_of(m) for m in graph} >= set(LAYERS), "a layer of LAYERS has no module"
     violations = layer_violations(graph)
     assert not violations, "imports against the layer table (LAYERS): " + "; ".join(violations)
+
+
+def test_every_never_entry_is_a_module():
+    """NEVER names modules and packages that exist: one left behind by a move forbids nothing."""
+    modules = module_files(AUDIT)
+    for layer, names in NEVER.items():
+        assert layer in LAYERS, layer
+        missing = sorted(name for name in names if name not in modules)
+        assert not missing, f"NEVER[{layer!r}] names modules that do not exist: {missing}"
+
+
+def test_a_never_package_forbids_every_module_under_it():
+    graph = {"pkg.plan.a": {"pkg.measure.cell.phases", "pkg.measure.celluar"}, "pkg.plan": set(),
+             "pkg.measure.cell.phases": set(), "pkg.measure.celluar": set(), "pkg.measure.cell": set()}
+    found = layer_violations(graph, layers={"measure": set(), "plan": {"measure"}}, top={"pkg": set()},
+                             never={"plan": {"pkg.measure.cell"}})
+    assert found == ["pkg.plan.a -> pkg.measure.cell.phases"]
+
+
+def test_every_package_is_installed():
+    """pyproject's packages list every package of audit/, subpackages too: one missing there is left out of
+    an installed audit (its modules import from a checkout, not from a wheel)."""
+    text = (AUDIT.parent / "pyproject.toml").read_text(encoding="utf-8")
+    listed = set(re.findall(r'"([\w.]+)"', re.search(r"^packages = \[(.*?)\]", text, re.M | re.S).group(1)))
+    packages = {name for name, path in module_files(AUDIT).items() if path.name == "__init__.py"}
+    assert packages == listed, f"not in pyproject: {sorted(packages - listed)}; not packages: {sorted(listed - packages)}"
 
 
 def test_the_layers_are_ordered():
@@ -289,8 +322,9 @@ def test_a_planted_upward_import_is_found(tmp_path):
     data = copy / "render" / "data.py"
     data.write_text(data.read_text() + "\n\ndef _planted():\n    from ..execute import runner\n")
     budget = copy / "plan" / "budget.py"
-    budget.write_text(budget.read_text() + "\n\ndef _planted():\n    from ..measure.measurement import measure_cell\n")
-    assert layer_violations(import_graph(copy)) == ["audit.plan.budget -> audit.measure.measurement",
+    budget.write_text(budget.read_text()
+                      + "\n\ndef _planted():\n    from ..measure.cell.measurement import measure_cell\n")
+    assert layer_violations(import_graph(copy)) == ["audit.plan.budget -> audit.measure.cell.measurement",
                                                      "audit.render.data -> audit.execute.runner"]
 
 

@@ -1,5 +1,5 @@
-"""Tests of the NVML telemetry in audit.measure.energy and audit.measure.nvml: a fake NVML module at the boundary,
-a fake clock (no test reads wall-clock time), and the real absence of a driver here."""
+"""Tests of the NVML telemetry in audit.measure.machine.energy and audit.measure.machine.nvml: a fake NVML
+module at the boundary, a fake clock (no test reads wall-clock time), and the real absence of a driver here."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pytest
 
 from tests.fake_gpu import FakeGPU, GpuNVML
 
-from audit.measure.energy import TELEMETRY_COLUMNS, EnergyMeter, field_value_number, null_telemetry
-from audit.measure.nvml import decode_throttle_reasons, nvml_device_info, nvml_index_for, nvml_info
+from audit.measure.machine.energy import TELEMETRY_COLUMNS, EnergyMeter, field_value_number, null_telemetry
+from audit.measure.machine.nvml import decode_throttle_reasons, nvml_device_info, nvml_index_for, nvml_info
 
 UUIDS = ["GPU-aaaaaaaa-0000-0000-0000-000000000000",
          "GPU-bbbbbbbb-1111-1111-1111-111111111111",
@@ -30,7 +30,7 @@ class FakeLibraryNotFound(FakeNVMLError):
 
 
 class FakeNVML:
-    """The slice of pynvml that audit.measure.energy and nvml use, with scripted readings.
+    """The slice of pynvml that audit.measure.machine.energy and nvml use, with scripted readings.
 
     energy_mj: successive counter readings, or an exception class to raise.
     Each reading is logged with the handle it was asked for.

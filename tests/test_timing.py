@@ -1,4 +1,4 @@
-"""Tests of audit.measure.timing with a fake clock: no test here reads a real clock."""
+"""Tests of audit.measure.machine.timing with a fake clock: no test here reads a real clock."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from audit.measure.timing import Samples, iqr, measure, median, time_call
+from audit.measure.machine.timing import Samples, iqr, measure, median, time_call
 
 
 class FakeClock:
@@ -192,7 +192,7 @@ def test_time_call_syncs_before_each_clock_read():
 
 def test_before_sample_runs_untimed_before_every_single_call_sample():
     """A cache flush runs before each sample, outside the timed region, and forces 1 call per sample."""
-    from audit.measure.timing import measure
+    from audit.measure.machine.timing import measure
 
     now = [0.0]
     events = []
@@ -216,7 +216,7 @@ def test_before_sample_runs_untimed_before_every_single_call_sample():
 
 from tests.fake_gpu import FakeGPU  # noqa: E402
 
-from audit.measure.timing import DeviceTimingFailed, measure_device  # noqa: E402
+from audit.measure.machine.timing import DeviceTimingFailed, measure_device  # noqa: E402
 
 
 def _host_synced(gpu, fn, estimate_s):
@@ -353,7 +353,7 @@ def test_a_long_estimate_is_corrected_by_the_first_block():
     """A 30 µs call whose warm-up read 1 ms (memory tracking around it): one call a sample would time
     the clock and the interrupts as much as the call. The first block re-sizes the blocks to the host
     clock's minimum (0.2 ms) and is dropped; every kept sample is a block of 7 calls."""
-    from audit.measure.timing import MIN_HOST_BLOCK_S
+    from audit.measure.machine.timing import MIN_HOST_BLOCK_S
     clock = FakeClock()
     fn = workload(clock, [30e-6])
     s = measure(fn, estimate_s=1e-3, min_samples=5, min_time_s=0.0, clock=clock)
@@ -366,7 +366,7 @@ def test_host_clock_blocks_are_0_2_ms_and_a_block_that_pays_a_sync_stays_1_ms():
     """On the host clock alone a 20 µs call is timed 10 to a sample (more samples for the time, fewer
     calls spoiled by one interruption); where every block pays a device sync, 50, so the sync's ~10 µs
     stays a small part of what a sample reads."""
-    from audit.measure.timing import MIN_BLOCK_S, MIN_HOST_BLOCK_S, min_block_for
+    from audit.measure.machine.timing import MIN_BLOCK_S, MIN_HOST_BLOCK_S, min_block_for
     assert (min_block_for(False), min_block_for(True)) == (MIN_HOST_BLOCK_S, MIN_BLOCK_S) == (2e-4, 1e-3)
     for sync, calls in ((None, 10), (lambda: None, 50)):
         clock = FakeClock()

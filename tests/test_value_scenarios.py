@@ -9,7 +9,7 @@ import torch
 
 from audit.core.grid import Case
 from audit.execute import runner
-from audit.measure import cellcache
+from audit.measure.cell import cellcache
 from audit.workload import inputs, presets
 from audit.workload.inputs import (SPARSE_DENSITY, UNIFORM_BOUND, constant_key_heads, make_inputs, mask_kind,
                                    scenario_mask_kind, zero_key_positions, zero_query_rows)

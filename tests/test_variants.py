@@ -17,8 +17,8 @@ from audit.core import grid
 from audit.core.errors import Unsupported
 from audit.core.errors import UsageError
 from audit.core.grid import Case
-from audit.measure.numerics import error_vs_reference
-from audit.measure.reference import golden_attention
+from audit.measure.golden.numerics import error_vs_reference
+from audit.measure.golden.reference import golden_attention
 from audit.workload import variants
 from audit.workload.inputs import make_inputs, seed_for, torch_dtype
 from audit.workload.variants import (ARGUMENT_CONTROL_NAMES, BUILTIN_NAMES, NEGATIVE_CONTROLS, REFEREE_CONTROL_NAMES,
@@ -477,7 +477,7 @@ def test_a_plugin_declines_a_cell_with_notimplementederror_or_audit_unsupported(
     from audit.analysis.findings import compute_findings
     from audit.core import records
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
 
     monkeypatch.syspath_prepend(str(PLUGINS))
@@ -507,7 +507,7 @@ def test_a_plugin_declines_a_cell_with_notimplementederror_or_audit_unsupported(
 
 def test_a_builtin_variants_notimplementederror_stays_an_error(monkeypatch):
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
 
     def not_implemented(q, k, v, *, mask=None, causal=False, scale=None):
@@ -525,7 +525,7 @@ def test_reentrant_checkpointing_and_a_custom_autograd_function_get_their_gradie
     """torch.autograd.grad(out, (q, k, v)) refused reentrant checkpointing; the audit's backward
     (out.backward, .grad) takes both, and their gradients match the float64 golden's."""
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
 
     monkeypatch.syspath_prepend(str(PLUGINS))
@@ -557,7 +557,7 @@ def test_every_cell_of_a_scenario_a_control_declares_shows_its_defect(control):
     from audit.analysis.findings import compute_findings
     from audit.core.records import to_frame
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
     preset = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
                             max_cell_s=None, energy_window_s=0.0)
@@ -594,7 +594,7 @@ def test_no_max_subtraction_is_right_on_normal_inputs_so_its_self_check_needs_la
     from audit.analysis.findings import compute_findings
     from audit.core.records import to_frame
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
     preset = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
                             max_cell_s=None, energy_window_s=0.0)

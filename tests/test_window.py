@@ -22,7 +22,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 def _run(cases):
     from audit.execute import runner
-    from audit.measure import cellcache
+    from audit.measure.cell import cellcache
     from audit.workload import presets
     preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
     cache = cellcache.InputCache()
@@ -135,7 +135,7 @@ def test_a_kernel_without_a_window_argument_refuses_the_window_and_a_bad_form_is
 def test_the_window_family_moves_the_bounds_it_names_and_only_those():
     """Each member's keys differ from the window's by exactly the keys it names; on causal cells the
     right-end members are not applicable (causal masking hides them)."""
-    from audit.measure.diagnosis import attempt_for
+    from audit.measure.diagnosis.diagnosis import attempt_for
     from audit.workload.inputs import make_inputs
     from audit.workload.mistake_base import MISTAKES, family_members
     assert family_members("window_bounds") == ["window_left_inclusive", "window_left_short", "window_right_inclusive",

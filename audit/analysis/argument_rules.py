@@ -1,4 +1,4 @@
-"""The argument probes judged (measure/arguments.py): per variant and argument, whether it was
+"""The argument probes judged (measure/checks/arguments.py): per variant and argument, whether it was
 honoured, and a finding where an argument is ignored or applied wrongly."""
 from __future__ import annotations
 

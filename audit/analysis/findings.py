@@ -72,7 +72,7 @@ def check_error_budget(frame: pd.DataFrame) -> list[dict]:
 
 
 def check_grad_error_budget(frame: pd.DataFrame) -> list[dict]:
-    """Gradients outside their budget (measure.checks.grad_budget): each of dq, dk, dv's RMSE
+    """Gradients outside their budget (measure.checks.gradients.grad_budget): each of dq, dk, dv's RMSE
     against float64 above 2 × that of hand-written attention's gradient in the same dtype, + atol."""
     ok = _ok(frame)
     rows = ok[_rows_where(ok, lambda r: bool(grad_outside_budget(r)))]
@@ -112,7 +112,7 @@ def _outside(g: pd.DataFrame, verdict: str, ratio: str, label: str) -> str | Non
 
 def check_lse_error_budget(frame: pd.DataFrame) -> list[dict]:
     """A returned log-sum-exp outside its budget, or its halves' merge outside theirs
-    (measure.checks: lse_error, lse_merge): 2 × hand-written attention's in the same dtype + atol."""
+    (measure.checks.lse: lse_error, lse_merge): 2 × hand-written attention's in the same dtype + atol."""
     ok = _ok(frame)
     bad = pd.Series(False, index=ok.index)
     for verdict in ("lse_within_budget", "merge_within_budget"):
@@ -150,12 +150,12 @@ def check_lse_grad_budget(frame: pd.DataFrame) -> list[dict]:
     return _per_variant(rows, make)
 
 
-UNMERGEABLE_LSE_ROWS = ("nan", "zero", "finite", "mixed")   # measure.lse.classify_lse_rows, not ±inf
+UNMERGEABLE_LSE_ROWS = ("nan", "zero", "finite", "mixed")   # measure.golden.lse.classify_lse_rows, not ±inf
 
 
 def check_lse_masked_rows(frame: pd.DataFrame) -> list[dict]:
     """An lse that is neither -inf nor +inf on rows that see no key: a merge reads such a row as
-    having keys (0 or a finite value) or gets NaN (measure.lse.merge_partials)."""
+    having keys (0 or a finite value) or gets NaN (measure.golden.lse.merge_partials)."""
     ok = _ok(frame)
     if "lse_masked_rows" not in ok:
         return []
@@ -455,7 +455,7 @@ RULES: tuple[Callable[[pd.DataFrame], list[dict]], ...] = (
 )
 
 
-# Error findings about numerics: their cells carry a diagnosis (measure/diagnosis.py), of the
+# Error findings about numerics: their cells carry a diagnosis (measure/diagnosis/diagnosis.py), of the
 # output (column "diagnosis", workload.mistakes) or of the gradients ("grad_diagnosis",
 # workload.backward_mistakes).
 DIAGNOSED_CHECKS = {"nonfinite": "diagnosis", "error_budget": "diagnosis", "masked_leakage": "diagnosis",
@@ -473,7 +473,7 @@ def _add_diagnosis(finding: dict, frame: pd.DataFrame) -> None:
 
     column = DIAGNOSED_CHECKS[finding["check"]]
     # gradients are named by a backward mistake, or by the forward's mistake where they are its
-    # gradients (measure/diagnosis.py: diagnose_grads_as_forward)
+    # gradients (measure/diagnosis/diagnosis.py: diagnose_grads_as_forward)
     library = {"grad_diagnosis": {**MISTAKES, **BACKWARD_MISTAKES}, "lse_diagnosis": all_lse_mistakes(),
                "lse_grad_diagnosis": all_lse_mistakes()}.get(column, MISTAKES)
     if column not in frame:

@@ -2,7 +2,7 @@
 from its canary, the period a slowed machine measured, what a tie is, and what helps.
 
 A cell is unstable when its median's 95% interval (fwd_ci_rel, fwd_bwd_ci_rel: core/noise.py) is
-still wider than the run's noise_target after sampling up to its cap. The canary (measure/canary.py)
+still wider than the run's noise_target after sampling up to its cap. The canary (measure/machine/canary.py)
 is the same small cell timed at the run's start, each quarter and end: its drift is how much the machine's
 speed changed while the cells ran. Pure pandas: no torch, no measuring, no formatting beyond the
 finding's sentence.

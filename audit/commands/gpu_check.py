@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..core.grid import INPUT_AXES
 from ..core.paths import reports_root
 from ..core.runfolder import RECORDS_FILE, RUN_FILE
-from ..measure.energy import COUNTER_VS_SAMPLED_TOL, MAX_WALL_S as ENERGY_MAX_WALL_S
+from ..measure.machine.energy import MAX_WALL_S as ENERGY_MAX_WALL_S
+from ..measure.machine.energy_window import COUNTER_VS_SAMPLED_TOL
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -303,7 +304,7 @@ def check_ceilings(ceilings: dict | None) -> Check:
     """The device's ceilings: measured within the time budget (at most 3 s per device), and each
     matmul believable (roofline.matmul_plausibility: grown to its largest size, or at a rate the
     device's SM count and bandwidth allow), since every pct_of_limit divides by it."""
-    from ..measure.roofline import matmul_plausibility
+    from ..measure.machine.roofline import matmul_plausibility
 
     cuda = (ceilings or {}).get("cuda") or {}
     if not cuda:

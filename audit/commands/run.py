@@ -239,7 +239,7 @@ def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
                              "(torch.cuda.is_available() is False); allowed here: cpu")
 
     if preset.deterministic:      # before the first cuBLAS handle, here and in the measuring processes
-        from ..measure.repeats import CUBLAS_WORKSPACE
+        from ..measure.cell.repeats import CUBLAS_WORKSPACE
         os.environ.setdefault(*CUBLAS_WORKSPACE)
     run_dir = resolve_out(args.out)
     if args.worker:
@@ -400,17 +400,17 @@ def _run_argv(worker_argv: list[str]) -> list[str]:
 
 def _prepare(cases: list, preset: Any, axes: dict, argv: list[str], extra: dict, run_dir: Path,
              started: float) -> dict[str, float]:
-    """In the run's first measuring process: time the canary's start reading (measure/canary.py:
+    """In the run's first measuring process: time the canary's start reading (measure/machine/canary.py:
     before the ceilings, whose matmuls left it 4-15% slower than every later reading), measure the
     ceilings (once per run folder), write run.json, print the cell count, plan the budget (plan.json).
     Returns its seconds per part of the time split (core.timesplit: start-up, ceilings, plan), for
     workers.jsonl."""
     from ..execute import runner
-    from ..measure.environment import environment
+    from ..measure.machine.environment import environment
 
     spent: dict[str, float] = {}
     start = time.time()
-    from ..measure.canary import canary_device, record_canary
+    from ..measure.machine.canary import canary_device, record_canary
     if preset.noise_target:                    # the run's speed before its cells (--noise-target 0: none)
         record_canary(run_dir, "start", canary_device(c.device for c in cases))
     ceilings, measured = runner.ceilings_for(cases, run_dir, preset.ceilings_s)

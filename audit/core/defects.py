@@ -1,11 +1,11 @@
 """Which cells show a numerics defect: one definition for the measuring side (the cells that get
-a diagnosis, measure/diagnosis.py) and for the findings (the cells an error finding covers)."""
+a diagnosis, measure/diagnosis/diagnosis.py) and for the findings (the cells an error finding covers)."""
 from __future__ import annotations
 
 import math
 from typing import Any, Mapping
 
-# The tensors the determinism check compares between runs (measure/repeats.py), in this order in
+# The tensors the determinism check compares between runs (measure/cell/repeats.py), in this order in
 # repeat_differs.
 REPEATED_TENSORS = ("out", "dq", "dk", "dv")
 # The checks whose findings are warnings (a property a user may accept, as nondeterminism) and yet a
@@ -49,7 +49,7 @@ def nonfinite(rec: Mapping[str, Any]) -> bool:
 
 # The gradients the gradient budget judges: dq, dk, dv and, in a sinks cell, the sinks'.
 BUDGETED_GRADIENTS = (*REPEATED_TENSORS[1:], "dsinks")
-# The verdicts on a returned log-sum-exp (measure.checks: lse_error, lse_merge, lse_grads).
+# The verdicts on a returned log-sum-exp (measure.checks.lse: lse_error, lse_merge, lse_grads).
 LSE_VERDICTS = ("lse_within_budget", "merge_within_budget", "lse_grads_within_budget")
 
 

@@ -1,7 +1,7 @@
 """A diagnosis's name, as the records keep it: one known mistake's name, "none", or several
 mistakes the cell cannot tell apart, joined ("document_queries_late or cu_seqlens_off_by_one").
 
-measure/diagnosis.py names every mistake that explains the output where no other explains it
+measure/diagnosis/diagnosis.py names every mistake that explains the output where no other explains it
 by a margin (docs/numerics.md, Diagnosis); everything that reads a diagnosis (the findings, the
 report, the reproduction scripts) reads it through these, so a joined name is understood
 everywhere one name is.

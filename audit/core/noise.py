@@ -5,7 +5,7 @@ A shared machine's neighbour makes one cell's five samples read 179, 292, 392, 1
 (a 2-core EPYC runner): the median, 223 ms, is then known to no better than ±40%. The
 interval is made from order statistics, not a normal approximation: samples of a busy machine
 are skewed and bimodal, and the order statistics' coverage holds whatever their distribution.
-Pure Python: nothing here imports torch (measure/canary.py times the reference cell).
+Pure Python: nothing here imports torch (measure/machine/canary.py times the reference cell).
 """
 from __future__ import annotations
 

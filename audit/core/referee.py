@@ -1,4 +1,4 @@
-"""The referee's checks by name: one definition for the measuring side (measure/referee.py runs
+"""The referee's checks by name: one definition for the measuring side (measure/referee/ runs
 them and writes a column per check), the findings (the `referee` family) and the report (the
 verdict's referee column). Pure Python: no torch.
 

@@ -58,7 +58,7 @@ def read_jsonl(path: "str | object") -> list[dict]:
 
 
 def read_canaries(run_dir: "str | object") -> list[dict]:
-    """DIR/CANARY_FILE's readings (measure/canary.py), in the order taken ([] where none)."""
+    """DIR/CANARY_FILE's readings (measure/machine/canary.py), in the order taken ([] where none)."""
     from pathlib import Path
     return read_jsonl(Path(run_dir) / CANARY_FILE)
 

@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-# The phases of one cell, in the order a cell goes through them (measure.measurement.measure_cell).
+# The phases of one cell, in the order a cell goes through them (measure.cell.measurement.measure_cell).
 CELL_PHASES: dict[str, str] = {
     "setup": "resolving and building the variant, the memory check",
     "golden": "drawing the input set, its float64 golden and same-dtype baseline (once per input set)",

@@ -117,7 +117,7 @@ def measure_shard(collector: Any, key: str, argv: list[str], threads: int, cwd: 
     import ray
 
     from ..core.records import dumps
-    from ..measure.memory import die_with_parent, libc
+    from ..measure.machine.memory import die_with_parent, libc
 
     libc()      # looked up before forking: die_with_parent runs in the child
     host = platform.node()
@@ -316,7 +316,7 @@ def measure(run_dir: Path, cases: Sequence[Case], preset: Preset, axis_overrides
     """`audit run --executor ray` inside the run folder's lock: run.json, the Ray run, run.json
     completed with the shards. 0, or 1 when a shard failed (its cells are missing: a rerun
     measures them)."""
-    from ..measure.environment import environment
+    from ..measure.machine.environment import environment
     from .runner import write_run_file
 
     path = Path(run_dir) / RUN_FILE

@@ -20,12 +20,12 @@ from ..core.errors import Unsupported
 from ..core.grid import Case
 from ..core.timesplit import PhaseClock
 from ..core.runfolder import FAILURES_DIR, INFLIGHT_FILE, RUN_FILE, WORKERS_FILE, failure_file_name
-from ..measure import compile_cache
-from ..measure.cellcache import BuildCache, InputCache
-from ..measure.checks import failure_text
-from ..measure.measurement import LEAK_REPORT_BYTES, CellSkipped, failure_reason, measure_cell
-from ..measure.repeats import deterministic_algorithms, refuses_determinism
-from ..measure.memory import pin_malloc_threshold
+from ..measure.machine import compile_cache
+from ..measure.cell.cellcache import BuildCache, InputCache
+from ..measure.cell.failures import failure_reason, failure_text
+from ..measure.cell.measurement import LEAK_REPORT_BYTES, CellSkipped, measure_cell
+from ..measure.cell.repeats import deterministic_algorithms, refuses_determinism
+from ..measure.machine.memory import pin_malloc_threshold
 from ..workload.inputs import cell_needs
 from ..workload.presets import Preset
 from ..workload.variants import builtin_variants, resolve
@@ -124,7 +124,7 @@ FAILURE_TEXT = "_failure_text"      # a failed cell's whole failure, until run_g
 
 
 def write_failure(run_dir: Path, rec: dict[str, Any], after: list[str]) -> None:
-    """A failed cell's whole failure (checks.failure_text: the exception chain, stacks and the
+    """A failed cell's whole failure (failures.failure_text: the exception chain, stacks and the
     compiler's output) in DIR/failures/<id>.txt, its path in the record (failure_file); and in
     failed_after the cells of the same variant this measuring process ran before it, in order
     (a compile failure that only a recompile shows: its reproduction replays them)."""
@@ -357,7 +357,7 @@ def read_worker_timing(run_dir: Path, since_unix: float) -> list[dict[str, float
 
 
 class CanaryTimes:
-    """When a worker times the run's canary (measure/canary.py): a reading as this process's
+    """When a worker times the run's canary (measure/machine/canary.py): a reading as this process's
     measuring passes each quarter of its planned work (25%, middle, 75%: Keeper.progress, by the cells'
     predicted seconds; quarters of every record all fell at a run's end, its cells skipped for time
     being recorded last), its end reading after the last cell (the start's is the first process's,
@@ -365,19 +365,19 @@ class CanaryTimes:
     --noise-target 0 (nothing judged)."""
 
     def __init__(self, run_dir: Path, cases: list[Case], on: bool = True) -> None:
-        from ..measure.canary import QUARTERS, canary_device
+        from ..measure.machine.canary import QUARTERS, canary_device
         self.run_dir, self.on = run_dir, on
         self.due = [(quarter / 4, label) for quarter, label in enumerate(QUARTERS, start=1)]   # (share, label)
         self.device = canary_device(c.device for c in cases)
 
     def after_cell(self, progress: float) -> None:
         """After a measured cell, `progress` (0-1) of the planned work done."""
-        from ..measure.canary import record_canary
+        from ..measure.machine.canary import record_canary
         while self.on and self.due and progress >= self.due[0][0]:
             record_canary(self.run_dir, self.due.pop(0)[1], self.device)
 
     def at_end(self) -> None:
-        from ..measure.canary import record_canary
+        from ..measure.machine.canary import record_canary
         if self.on:
             record_canary(self.run_dir, "end", self.device)
 
@@ -386,7 +386,7 @@ def _energy_meter(cases: list[Case]) -> Any:
     """One NVML meter for the run's CUDA device (None without CUDA cells)."""
     if not any(c.device == "cuda" for c in cases):
         return None
-    from ..measure.energy import EnergyMeter
+    from ..measure.machine.energy import EnergyMeter
     import torch
     return EnergyMeter(device_index=torch.cuda.current_device())
 
@@ -396,7 +396,7 @@ def ceilings_for(cases: Iterable[Case], run_dir: Path, budget_s: float) -> tuple
     measured in about budget_s seconds (the preset's ceilings_s), and whether any were measured now.
     A CUDA device's also carry the energy counter's check on a steady load (energy.run_counter_check,
     about 1.6 s more: plan/overhead.py counts it)."""
-    from ..measure.roofline import measure_ceilings
+    from ..measure.machine.roofline import measure_ceilings
     path = Path(run_dir) / RUN_FILE
     known = (json.loads(path.read_text()).get("ceilings") or {}) if path.exists() else {}
     out, measured = {}, False
@@ -408,6 +408,6 @@ def ceilings_for(cases: Iterable[Case], run_dir: Path, budget_s: float) -> tuple
         else:
             out[device], measured = measure_ceilings(device, dtypes, budget_s=budget_s), True
             if device.startswith("cuda"):   # right after the matmuls, the GPU busy: the counter's check
-                from ..measure.energy import run_counter_check
+                from ..measure.machine.energy import run_counter_check
                 out[device]["energy_counter_check"] = run_counter_check(device)
     return out, measured

@@ -36,7 +36,7 @@ def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = T
     left it out.
     prepared: the seconds per part this process spent preparing the run (its first process),
     for workers.jsonl."""
-    from ..measure.environment import environment
+    from ..measure.machine.environment import environment
     from ..measure.seed import write_claims
 
     try:
@@ -110,7 +110,7 @@ def supervise(cases: Sequence[Any], run_dir: Path, argv: list[str], cell_timeout
     cell has a record; 0 when done, EXIT_INTERRUPTED on Ctrl-C, 1 when the worker dies
     outside any cell or crashes more than MAX_CRASHES times. first_extra: arguments for the
     first worker only (commands.run: `--prepare`, it prepares the run)."""
-    from ..measure.memory import die_with_parent, libc
+    from ..measure.machine.memory import die_with_parent, libc
     libc()  # look it up here: die_with_parent runs in the forked child, where spawning ldconfig is unwise
     cmd = [sys.executable, "-m", "audit", *argv, "--out", str(run_dir), "--worker"]
     by_id = {c.id: c for c in cases}

@@ -12,8 +12,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..core.grid import Case
-from ..measure.numerics import attention_flops
-from ..measure.roofline import DTYPE_BYTES
+from ..measure.golden.numerics import attention_flops
+from ..measure.machine.roofline import DTYPE_BYTES
 from .cell_work import device_type
 from .settings import Settings
 
@@ -67,7 +67,7 @@ def measured_attention(ceilings: Mapping[str, Any] | None) -> bool:
 
 def golden_cost_inputs(shape: CellShape, settings: Settings) -> tuple[float, float, float]:
     """(slices covered, float64 FLOPs, chunks) of the golden of this cell's input set."""
-    from ..measure.reference import golden_flops, golden_slices
+    from ..measure.golden.reference import golden_flops, golden_slices
     case = shape.case
     dev = device_type(case.device)
     slices = (golden_slices(case.batch, case.heads, shape.q_len, case.seq_len, case.d_k, case.causal, dev,

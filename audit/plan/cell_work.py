@@ -104,7 +104,7 @@ def leak_probe_count(case: Case) -> int:
 
 
 def argument_probes(case: Case) -> list[str]:
-    """The argument probes a cell makes (measure/arguments.py), one forward each, known by its Case
+    """The argument probes a cell makes (measure/checks/arguments.py), one forward each, known by its Case
     alone: the cell's probed_arguments (a built-in's compiling from the registry; a plug-in's taken as
     uncompiled), those handed in a call form (cu_seqlens, window) for a built-in declaring it, and then
     in place of the mask they stand for; for a plug-in, of the mask and such an argument one."""
@@ -147,7 +147,7 @@ def argument_compile_default_s(variant: str, argument: str) -> float:
 
 def argument_compile_keys(case: Case) -> list[tuple]:
     """A compiled variant's argument probes: each builds code of its own, once per (variant, device,
-    argument) in a run (its later cells share the first's: measure/arguments.py)."""
+    argument) in a run (its later cells share the first's: measure/checks/arguments.py)."""
     return [("argument", case.variant, case.device, name) for name in argument_probes(case)]
 
 

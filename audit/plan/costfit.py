@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..core.runfolder import RUN_FILE
-from ..measure.numerics import BACKWARD_FLOP_FACTOR
+from ..measure.golden.numerics import BACKWARD_FLOP_FACTOR
 from .fitbase import case_of as _case_of, golden_read_s, mean_of_most as _mean_of_most, nnls as _nnls, run_host
 from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,
                          measured_attention)

@@ -40,9 +40,10 @@ import numpy as np
 
 from ..core.grid import AXES, Case
 from ..core.units import format_duration
-from ..measure.numerics import BACKWARD_FLOP_FACTOR, attention_flops
-from ..measure.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, MIN_QUEUED_S as ENERGY_QUEUED_S
-from ..measure.timing import HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S, min_block_for
+from ..measure.golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
+from ..measure.machine.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, MIN_QUEUED_S as ENERGY_QUEUED_S
+from ..measure.machine.timing import (HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S,
+                                      min_block_for)
 from ..workload.inputs import invariance_applies
 from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
 from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,
@@ -82,7 +83,7 @@ HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
 # _fit_noise); cpu: 3 idle quick runs (2-core Xeon VM, 0.2 ms blocks) used 1.9-2.4% of a 0.2 s cap;
 # cuda: an H200's device-timed samples, 1 of 146 wider than ±3% (docs/measurement.md)
 NOISE_SHARE_DEFAULT = {"cpu": 0.03, "cuda": 1 / 146}
-# A diagnosed cell (measure/diagnosis.py), where nothing was fitted: a fixed part, plus every known
+# A diagnosed cell (measure/diagnosis/diagnosis.py), where nothing was fitted: a fixed part, plus every known
 # mistake's float64 forward over the diagnosis slices at this rate. Measured on 2 cores of an AMD
 # EPYC: 11 ms at T=64 (H=4, d=64), 47 ms at T=256 with GQA, 180 ms at T=1024 (one slice).
 DIAGNOSIS_DEFAULT_S = {"cpu": 0.005, "cuda": 0.002}   # cuda: ~10 launches per mistake, unmeasured
@@ -95,7 +96,7 @@ DIAGNOSIS_FLOPS_PER_S = {"cpu": 3e10, "cuda": 2e13}   # cuda: an H200 at a third
 def diagnosis_flops(shape: "CellShape") -> float:
     """Float64 FLOPs of one cell's diagnosis: every registered mistake's forward over the
     diagnosis slices (the cell's (batch, head) slices, capped by the FLOP budget, at least one)."""
-    from ..measure.diagnosis import DIAGNOSIS_FLOP_BUDGET
+    from ..measure.diagnosis.diagnosis import DIAGNOSIS_FLOP_BUDGET
     from ..workload.mistakes import MISTAKES
     case = shape.case
     per_slice = attention_flops(1, 1, shape.q_len, case.seq_len, case.d_k, causal=False, d_v=case.effective_d_v)
@@ -184,7 +185,7 @@ def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call
 
 
 def energy_wall_s(t_fwd: float, settings: Settings) -> float:
-    """The energy window's wall time (measurement._telemetry, EnergyMeter.measure)."""
+    """The energy window's wall time (machine.cell_energy.telemetry, EnergyMeter.measure)."""
     w = settings.energy_window_s
     if w <= 0:
         return 0.0
@@ -274,9 +275,9 @@ class CostModel:
         ceilings: {device: measure_ceilings(...)} (run.json), used for per-call times;
         free_bytes: {device: bytes free}, for the cells memory_model predicts cannot fit;
         warm_compiles: kernel_key()s whose kernels Inductor's on-disk cache holds (a compile
-        there is a cache hit, much cheaper than building them: audit.measure.compile_cache);
+        there is a cache hit, much cheaper than building them: audit.measure.machine.compile_cache);
         stored_goldens: the input keys (Case.input_key) whose reference the golden store holds
-        (audit.measure.golden_store: read back, not built).
+        (audit.measure.golden.golden_store: read back, not built).
         """
         import pandas as pd
 
@@ -475,7 +476,7 @@ class CostModel:
         case = shape.case
         build = self._golden_s(shape, settings)
         if settings.golden_store:
-            from ..measure.golden_store import read_s, reference_bytes, worth_storing
+            from ..measure.golden.golden_store import read_s, reference_bytes, worth_storing
             n, _flops, _chunks = golden_cost_inputs(shape, settings)
             nbytes = reference_bytes(n, shape.q_len, case.seq_len, case.d_k, case.effective_d_v)
             if case.input_key in stored or (case.input_key in built and worth_storing(build, nbytes)):

@@ -59,7 +59,7 @@ def run_host(run: Any) -> float:
 def golden_read_s(shape: Any, slices: float) -> float:
     """Predicted seconds to read a cell's reference back from the golden store (its size over the
     store's read rate), before the fitted golden_read_s."""
-    from ..measure.golden_store import read_s, reference_bytes
+    from ..measure.golden.golden_store import read_s, reference_bytes
     case = shape.case
     return read_s(reference_bytes(slices, shape.q_len, case.seq_len, case.d_k, case.effective_d_v))
 

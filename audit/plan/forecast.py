@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from ..core.grid import Case
 from ..core.paths import cache_dir, reports_root
 from ..core.runfolder import RECORDS_FILE, RUN_FILE
-from ..measure.roofline import CEILINGS_BUDGET_S, CEILINGS_METHOD, matmul_plausibility
+from ..measure.machine.roofline import CEILINGS_BUDGET_S, CEILINGS_METHOD, matmul_plausibility
 from ..workload.presets import Preset
 from .costfit import RunData, fit
 from .costmodel import CostModel, Params, Settings, device_type, load_priors
@@ -24,7 +24,7 @@ from .overhead import host_factor
 def this_machine(device_type: str) -> str | None:
     """The name a run's env gives this machine's device (cpu model, or GPU name)."""
     if device_type == "cpu":
-        from ..measure.environment import cpu_model
+        from ..measure.machine.environment import cpu_model
         return cpu_model()
     import torch
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -71,7 +71,7 @@ def machine_ceilings(device: str, dtypes: Sequence[str], name: str | None,
 
     import torch
 
-    from ..measure.roofline import measure_ceilings
+    from ..measure.machine.roofline import measure_ceilings
     key = hashlib.sha1(repr((device, name, CEILINGS_METHOD, torch.__version__, torch.get_num_threads(),
                              torch.backends.cpu.get_cpu_capability(),
                              os.environ.get("ONEDNN_MAX_CPU_ISA"))).encode()).hexdigest()[:16]
@@ -103,7 +103,7 @@ def warm_compiles(runs: Sequence[RunData], cases: Sequence[Case]) -> set[tuple]:
     earlier runs tell: those compiled by a run with this torch and thread count (a CPU kernel is
     built for one: another count builds anew) into the cache folder this process uses, the
     same folder still (not one wiped and made again since) and holding compiled binaries."""
-    from ..measure import compile_cache
+    from ..measure.machine import compile_cache
     from .costmodel import COMPILED_VARIANTS
     if not any(c.variant in COMPILED_VARIANTS for c in cases):
         return set()
@@ -202,8 +202,8 @@ def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
 
 def stored_goldens(cases: Sequence[Case], devices: Sequence[str]) -> set[tuple]:
     """The input keys of `cases` on this machine's `devices` whose float64 reference the golden store
-    holds (measure.golden_store), in the alignment their cells' golden follows."""
-    from ..measure import golden_store
+    holds (measure.golden.golden_store), in the alignment their cells' golden follows."""
+    from ..measure.golden import golden_store
     from ..workload.inputs import q_len
     from ..workload.variants import builtin_variants
     if golden_store.max_bytes() <= 0 or not golden_store.folder().is_dir():

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.grid import Case
-from ..measure.roofline import DTYPE_BYTES
+from ..measure.machine.roofline import DTYPE_BYTES
 
 # variant -> bytes per score element of one forward+backward, from the input dtype's size.
 # eager (bf16): 8.0-10.0 = 4 x 2 bytes; eager_fp32 and sdpa_math hold fp32 scores: 16.0-23.0;
@@ -114,6 +114,6 @@ def too_big(case: Case, q_len: int, free: int | None) -> str | None:
 
 
 def held_copy_bytes(case: Case, q_len: int) -> int:
-    """What the determinism check (measure/repeats.py) holds while the cell runs: the first run's
+    """What the determinism check (measure/cell/repeats.py) holds while the cell runs: the first run's
     out (B·H·Tq·d_v) and gradients, in the input dtype: memory beside the peak, not in it."""
     return (case.batch * case.heads * q_len * case.effective_d_v + gradient_elements(case, q_len)) * DTYPE_BYTES[case.dtype]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Mapping
 
-from ..measure.canary import CANARY_WALL_S, LABELS as CANARY_LABELS
-from ..measure.energy import COUNTER_CHECK_WALL_S
-from ..measure.roofline import CEILINGS_BUDGET_S
+from ..measure.machine.canary import CANARY_WALL_S, LABELS as CANARY_LABELS
+from ..measure.machine.energy import COUNTER_CHECK_WALL_S
+from ..measure.machine.roofline import CEILINGS_BUDGET_S
 
 # Where no earlier run of this machine says otherwise: the seconds of the reference host, a
 # 2-core Intel Xeon (AMX), torch 2.13, measured on cold runs of the quick and cpu presets
@@ -38,7 +38,7 @@ HOST_SCALED = ("start_s", "plan_per_cell_s", "between_cell_s", "skip_record_s", 
 # A run's start counts as cold (its measured seconds replace the predicted ones) past this factor of the
 # prediction plus these seconds: a first import of torch after an install took 10-20 s more than warm ones.
 COLD_START = (1.5, 2.0)
-# measure.roofline.host_probe_s on the reference host (30 probes: 5.05-5.44 ms, median 5.24), and
+# measure.machine.roofline.host_probe_s on the reference host (30 probes: 5.05-5.44 ms, median 5.24), and
 # the range a host factor is kept in (a probe disturbed for a moment must not plan a run 100x off)
 REFERENCE_HOST_PROBE_S = 0.0052
 HOST_FACTOR_RANGE = (0.25, 8.0)

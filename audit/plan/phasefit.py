@@ -80,7 +80,7 @@ def fit_phases(runs: Sequence[Any], out: Any) -> None:
                 d["read"].append((phases.get("golden", 0.0) - golden_read_s(shape, n) * host) / host)
             elif source == "built" or (source is None and not run.settings.golden_store and new_set):
                 if run.settings.referee and run.settings.referee_golden_forward:
-                    from ..measure.numerics import BACKWARD_FLOP_FACTOR
+                    from ..measure.golden.numerics import BACKWARD_FLOP_FACTOR
                     flops *= 1 + 1 / (1 + BACKWARD_FLOP_FACTOR)
                 d["golden"].append(([1.0, chunks, n * shape.q_len * case.seq_len, flops], phases.get("golden", 0.0) / host))
             if "compile" not in phases:                     # a compile's first calls are in compile_s

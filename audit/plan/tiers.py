@@ -33,7 +33,7 @@ def own_cost(row: Any) -> float:
     """A cell's predicted seconds without anything it pays for together with other cells
     (start-up, its input set's golden, compiled code): its own warm-up, timed calls and
     checks. The per-cell limit (--max-cell-s) weighs this, as the runner's rule weighs the
-    timed calls the warm-up forecasts (measure.measurement): a compile is paid once whichever
+    timed calls the warm-up forecasts (measure.cell.measurement): a compile is paid once whichever
     cell pays it, so it never makes one cell too slow to measure. Weighed with it,
     FlexAttention's first cell (6.5 s, nearly all compile, on 2 cores of an AMD EPYC with
     AVX-512) was skipped under the quick preset's 5 s and the preset measured no FlexAttention."""

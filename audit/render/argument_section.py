@@ -1,5 +1,5 @@
 """The report's Arguments section: per variant, each argument it was handed in the probed cells
-(measure/arguments.py) and whether changing it moved its output as the float64 golden's. Never
+(measure/checks/arguments.py) and whether changing it moved its output as the float64 golden's. Never
 measures."""
 from __future__ import annotations
 

@@ -401,7 +401,8 @@ def ceilings_table(run_info: dict | None) -> pd.DataFrame:
     for device, c in ((run_info or {}).get("ceilings") or {}).items():
         for dtype, rate in (c.get("matmul_flops_per_s") or {}).items():
             measured = "null" if rate is None else f"{rate / 1e12:.3g} TFLOP/s"
-            if (c.get("matmul_believable") or {}).get(dtype) is False:     # measure.roofline.matmul_plausibility
+            # measure.machine.roofline.matmul_plausibility
+            if (c.get("matmul_believable") or {}).get(dtype) is False:
                 measured += (" — not believable, every pct_of_limit of this dtype is inflated: "
                              + str((c.get("matmul_believable_why") or {}).get(dtype)))
             rows.append({"device": device, "what": f"{dtype} matmul (n={(c.get('matmul_n') or {}).get(dtype)})",

@@ -26,13 +26,15 @@ from ..core.defects import LEAK_OVER_NOISE
 from ..core.diagnosis_names import NONE, agrees, members
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
-from ..measure.cellcache import build_reference
-from ..measure.diagnosis import diagnose_cell, diagnose_grads_as_forward, diagnose_grads_cell
-from ..measure.checks import alignment_of, grad_rmse, variant_weight_metrics
-from ..measure.measurement import LEAK_REPORT_BYTES, input_grads
-from ..measure.memory import held_bytes, pin_malloc_threshold
-from ..measure.repeats import Repeats
-from ..measure.numerics import (BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, GRADIENTS, changed_max,
+from ..measure.cell.cellcache import build_reference
+from ..measure.diagnosis.diagnosis import diagnose_cell, diagnose_grads_as_forward, diagnose_grads_cell
+from ..measure.checks.gradients import grad_rmse
+from ..measure.checks.output import alignment_of
+from ..measure.checks.record import variant_weight_metrics
+from ..measure.cell.measurement import LEAK_REPORT_BYTES, input_grads
+from ..measure.machine.memory import held_bytes, pin_malloc_threshold
+from ..measure.cell.repeats import Repeats
+from ..measure.golden.numerics import (BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, GRADIENTS, changed_max,
                                 classify_masked_rows, error_vs_reference, within_budget)
 from ..workload.inputs import draw_inputs, seed_for
 from ..workload.variants import fused_attention_count
@@ -128,7 +130,7 @@ def _pct(x: float | None) -> str:
 def _with_diagnosis(defect: bool, case: Any, inputs: Any, ref: Any, out: Any, recorded: dict,
                     lines: list[str], measured: dict, attention: Any = None) -> tuple:
     """A verifier's result with the cell's diagnosis checked again where the audit recorded one: the
-    same known mistakes (measure.diagnosis) on the same inputs, which must name the same one (the
+    same known mistakes (measure.diagnosis.diagnosis) on the same inputs, which must name the same one (the
     variant called again on the leak probes' keys where the audit's diagnosis did)."""
     if recorded.get("diagnosis") is None:
         return defect, lines, measured

@@ -11,9 +11,9 @@ import sys
 from typing import Any, Callable
 
 from ..core.grid import Case
-from ..measure.cellcache import build_reference
-from ..measure.checks import check_output
-from ..measure.measurement import input_grads
+from ..measure.cell.cellcache import build_reference
+from ..measure.checks.contract import check_output
+from ..measure.cell.measurement import input_grads
 from ..workload.inputs import draw_inputs
 
 from .checks import CHILD_AUDIT_FAILED, CHILD_FLAG, CHILD_OK, CHILD_READY, call_variant

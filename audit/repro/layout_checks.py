@@ -1,7 +1,7 @@
 """Reproduction-script verifiers of the layout and invariance findings: cross-document attention in
 packed cells, reads of a paged cache's unused slots, batch and chunk invariance. Each calls the
-variant again the way the audit's check does, with the audit's own mechanisms (measure.paged,
-measure.invariance, measure.cellcache.document_probe). Copied into standalone scripts like
+variant again the way the audit's check does, with the audit's own mechanisms (measure.checks.paged,
+measure.checks.invariance, measure.cell.cellcache.document_probe). Copied into standalone scripts like
 audit.repro.checks: audit names imported at module level only, torch inside functions, no lambdas.
 
 A verifier is `verify(case, inputs, load_variant, recorded) -> (defect, lines, measured)`.
@@ -13,12 +13,12 @@ import types
 from typing import Any, Callable
 
 from ..core.defects import LEAK_OVER_NOISE
-from ..measure.arguments import argument_columns
-from ..measure.cellcache import build_reference, document_probe
-from ..measure.checks import failure_reason
-from ..measure.invariance import columns
-from ..measure.numerics import changed_max
-from ..measure.paged import paged_reads_columns
+from ..measure.checks.arguments import argument_columns
+from ..measure.cell.cellcache import build_reference, document_probe
+from ..measure.cell.failures import failure_reason
+from ..measure.checks.invariance import columns
+from ..measure.golden.numerics import changed_max
+from ..measure.checks.paged import paged_reads_columns
 from ..workload.arguments import ARGUMENTS, NOT_HONOURED
 from .checks import _rerun_change, call_variant, output_of
 
@@ -29,7 +29,7 @@ def _noop() -> None:
 
 def _cell_like(case: Any, inputs: Any, attention: Callable, ref: Any, q: Any, k: Any, v: Any, out: Any,
                alignment: str) -> Any:
-    """What the audit's checks read of a cell (measure.checks.CellState), from a standalone call."""
+    """What the audit's checks read of a cell (measure.checks.registry.CellState), from a standalone call."""
     return types.SimpleNamespace(case=case, inputs=inputs, ref=ref, golden=ref.golden, fn=attention, q=q, k=k, v=v,
                                  kwargs=inputs.call_kwargs(), out=out.detach(), paged_call=getattr(attention, "layout", None)
                                  and attention, variant=types.SimpleNamespace(causal_alignment=alignment),
@@ -102,7 +102,7 @@ def verify_chunk_invariance(case: Any, inputs: Any, load_variant: Callable, reco
 
 def verify_argument_ignored(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
     """Each argument the cell hands the variant, changed: its output must move as the float64
-    golden's does (measure.arguments, with the audit's probes and rule)."""
+    golden's does (measure.checks.arguments, with the audit's probes and rule)."""
     attention, ref, q, k, v, out, alignment = _called(case, inputs, load_variant, recorded)
     # a varlen variant was handed cu_seqlens, a window variant the window: the call forms of the arguments
     # the audit probed (a call with no mask passes them on: varlen.in_form)
@@ -138,7 +138,7 @@ def _constant(value: bool, *args: Any) -> bool:
 
 def _probe_call(attention: Callable, q: Any, k: Any, v: Any) -> Callable[..., Any]:
     """(kwargs, kv=None) -> the variant's detached result on q and copies of k and v, or of kv's
-    (measure.checks.call_with)."""
+    (measure.checks.contract.call_with)."""
     return functools.partial(_probe, attention, q, k, v)
 
 

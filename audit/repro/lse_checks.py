@@ -1,6 +1,6 @@
 """Reproduction-script verifiers of the log-sum-exp findings (lse_error_budget, lse_grad_budget,
 lse_masked_rows): the variant called again on the audit's inputs, its lse judged by the same
-code the audit used (measure.checks, measure.lse, cellcache's baseline). Copied into standalone
+code the audit used (measure.checks.lse, measure.golden.lse, cellcache's baseline). Copied into standalone
 scripts like audit.repro.checks: audit names imported at module level only, torch inside
 functions, no lambdas.
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..measure.cellcache import build_reference, lse_rmse, merged_output
-from ..measure.lse import MERGEABLE_EMPTY_ROWS, classify_lse_rows
-from ..measure.numerics import BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, error_vs_reference, within_budget
+from ..measure.cell.cellcache import build_reference, lse_rmse, merged_output
+from ..measure.golden.lse import MERGEABLE_EMPTY_ROWS, classify_lse_rows
+from ..measure.golden.numerics import BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, error_vs_reference, within_budget
 
 
 def _verdict(err: float, base: float | None, dtype: str, factor: float) -> tuple[bool | None, str]:

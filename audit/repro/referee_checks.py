@@ -1,6 +1,6 @@
 """Reproduction-script verifier of the referee's findings: the variant called again on the audit's
 inputs the way the referee calls it, each check the record says failed judged by the referee's own
-mechanisms (measure.referee). Copied into standalone scripts like audit.repro.checks: audit names
+mechanisms (measure/referee/). Copied into standalone scripts like audit.repro.checks: audit names
 imported at module level only, torch inside functions, no lambdas.
 
 A verifier is `verify(case, inputs, load_variant, recorded) -> (defect, lines, measured)`.
@@ -12,11 +12,14 @@ import time
 from typing import Any, Callable
 
 from ..core.referee import REFEREE_CHECKS
-from ..measure.cellcache import build_reference
-from ..measure.numerics import budget_bound, error_vs_reference, within_budget
-from ..measure.referee import (DECOY_SHARE, PHYSICAL_MARGIN, SETTLE_MIN_S, Vault, bitwise_equal, follows_move,
-                               lower_bound_s, plain_problems, shifted_values, visible_pairs)
-from ..measure.roofline import matmul_rate_now
+from ..measure.cell.cellcache import build_reference
+from ..measure.golden.numerics import budget_bound, error_vs_reference, within_budget
+from ..measure.cell.repeats import bitwise_equal
+from ..measure.referee.physical import PHYSICAL_MARGIN, lower_bound_s, visible_pairs
+from ..measure.referee.tensors import follows_move, plain_problems, shifted_values
+from ..measure.referee.timers import SETTLE_MIN_S
+from ..measure.referee.vault import DECOY_SHARE, Vault
+from ..measure.machine.roofline import matmul_rate_now
 
 TIMED_CALLS = 30                 # every_call: calls in a row on the same tensors, as a timed loop makes
 CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns", "process_time")

@@ -1,4 +1,4 @@
-"""Negative controls of the argument probes (measure/arguments.py): eager's math, one argument
+"""Negative controls of the argument probes (measure/checks/arguments.py): eager's math, one argument
 accepted and ignored each. Right on every cell where the argument has its usual value (a scale of
 1/sqrt(d), Gemma 2's cap of 50): only a probe that changes the argument can see them.
 variants._builtins registers them as `broken.<name>`.

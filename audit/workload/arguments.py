@@ -1,4 +1,4 @@
-"""The arguments a variant is called with, each one checked to do something (measure/arguments.py).
+"""The arguments a variant is called with, each one checked to do something (measure/checks/arguments.py).
 
 The attention bugs a per-cell comparison misses share one shape: an argument accepted and silently
 ignored, or applied one step off (a softcap taken and dropped, sinks lost on one code path, a scale
@@ -35,7 +35,7 @@ DOCUMENT_PROBE = 2         # cu_seqlens probed: each interior boundary 2 tokens 
 WINDOW_PROBE = 2           # the window probed: its width halved (at least 1 key)
 
 
-# What a probe finds (measure/arguments.py explains each); the first three are defects.
+# What a probe finds (measure/checks/arguments.py explains each); the first three are defects.
 STATUSES: tuple[str, ...] = ("ignored", "misapplied", "accepted", "honoured", "unjudged", "uninformative", "refused",
                              "failed")
 NOT_HONOURED: tuple[str, ...] = ("ignored", "misapplied", "accepted")
@@ -243,7 +243,7 @@ ARGUMENTS: dict[str, Argument] = {a.name: a for a in (
 
 
 # What the report calls each checked argument: (title, the probe's change); "lse" is checked on the
-# scale probe of a variant returning its log-sum-exp (measure/arguments.py).
+# scale probe of a variant returning its log-sum-exp (measure/checks/arguments.py).
 ARGUMENT_TITLES: dict[str, tuple[str, str]] = {
     **{a.name: (a.title, a.change) for a in ARGUMENTS.values()},
     "lse": ("the returned log-sum-exp", f"the scale × {SCALE_PROBE:g}"),

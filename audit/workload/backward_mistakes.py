@@ -1,8 +1,8 @@
 """Known backward mistakes: the gradients a kernel with a right forward and a wrong backward
 gives, each a float64 function of one cell's inputs (the diagnosis library's backward half).
 
-When a variant's gradients are outside their budget (measure/checks.py: grad_budget),
-audit.measure.diagnosis evaluates every mistake here on the cell's own inputs (an Attempt of
+When a variant's gradients are outside their budget (measure/checks/gradients.py: grad_budget),
+audit.measure.diagnosis.diagnosis evaluates every mistake here on the cell's own inputs (an Attempt of
 workload.mistakes, with the cell's upstream gradient) and names the one whose gradients the
 variant's match within their budgets. A mistake returns {"dq": (b, h, Tq, d), "dk": (b, Hkv, Tk,
 d), "dv": (b, Hkv, Tk, d)}, all three (the right ones where it does not touch them), or None

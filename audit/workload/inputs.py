@@ -246,7 +246,7 @@ def mask_kind(scenario: str, causal: bool) -> str | None:
     return kind
 
 
-# Where batch and chunk invariance are checked (measure/invariance.py): cells with a second batch row and
+# Where batch and chunk invariance are checked (measure/checks/invariance.py): cells with a second batch row and
 # at most INVARIANCE_MAX_SEQ_LEN keys (the stability grids' cells: a compiled variant builds its code
 # again for a row alone and for each chunk, which the long speed cells would pay for), on normal inputs
 # (the question is the kernel's order of work, not its inputs) and, for the batch, in the layouts' own

@@ -1,11 +1,11 @@
 """Known mistakes of the log-sum-exp a kernel returns beside out, for the diagnosis.
 
 - Sinks change the output: their mistakes are output mistakes like any other (in mistakes.py,
-  diagnosed by measure.diagnosis on cells whose out is outside its budget).
+  diagnosed by measure.diagnosis.diagnosis on cells whose out is outside its budget).
 - The lse a kernel returns can be wrong while out is right: LSE_MISTAKES each return the
   mistaken lse (b, h, Tq) in float64 on the cell's Attempt (keys only, the sink left out), or
   None where the mistake cannot differ on this cell; LSE_GRAD_MISTAKES return the mistaken
-  {"dq", "dk", "dv"} of the loss <out, grad_out> + <lse, grad_lse>. measure.lse_diagnosis names
+  {"dq", "dk", "dv"} of the loss <out, grad_out> + <lse, grad_lse>. measure.diagnosis.lse_diagnosis names
   the one a variant's lse (or its gradients) match.
 
 Imports no torch at module level (the report's texts come from here); the functions do.

@@ -225,7 +225,7 @@ class Attempt:
 
     def softmax(self, scores: Any, keep: Any, dim: int = -1, sinks: Any = None) -> Any:
         """Hidden scores to -inf, softmax over `dim`: an empty row (or column) becomes NaN (0 where
-        the attempt has empty_rows_zero: the gradients of a mistake's output, measure.diagnosis). sinks
+        the attempt has empty_rows_zero: the gradients of a mistake's output, measure.diagnosis.diagnosis). sinks
         (1, h, 1, 1) or None: one more column over the keys (dim -1), dropped after the softmax."""
         import torch
         has_key = None

@@ -1,6 +1,6 @@
 """Known attention mistakes, each a float64 function of one cell's inputs: the diagnosis library.
 
-When a variant's output is wrong, audit.measure.diagnosis evaluates every mistake here on the
+When a variant's output is wrong, audit.measure.diagnosis.diagnosis evaluates every mistake here on the
 cell's own inputs (the golden's (batch, head) slices, in float64) and names the one the variant's
 output matches within its dtype's error budget. A mistake is a few lines on an Attempt (the
 cell's float64 context, with `attend`: correct attention with one thing overridden), returning

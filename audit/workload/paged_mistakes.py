@@ -4,7 +4,7 @@ A paged mistake says, for sequence b, which row of the block table it reads and 
 it: `reads(b, used, pages_used, width, page_size, batch) -> (table row, slots)`, or (table row, slots,
 first): `slots` slots from slot `first` of the row's pages in table order (a page or slot index off by
 one: the family `page_index`). The paged check
-(measure/checks.py: paged_reads) computes each one in float64 on the pools the variant was given
+(measure/checks/output.py: paged_reads) computes each one in float64 on the pools the variant was given
 with finite values in the slots it must not read, and names the one its output matches.
 Imports no torch (the report's texts come from here).
 """

@@ -11,7 +11,7 @@ cu_seqlens / a paged cache (varlen.py) / window (a sliding window's width w: que
 |i - j| < w, causal masking cutting the right side as usual).
 
 A variant returning the log-sum-exp (Variant.lse_on) returns (out, lse), lse (B, H, Tq), natural
-log over the keys (with the sink where it declares lse_includes_sink): measure.checks checks it.
+log over the keys (with the sink where it declares lse_includes_sink): measure.checks.lse checks it.
 What a variant cannot take (Hkv < H, d_v != d_k, a score_mod, sinks) is in Variant.unsupported
 (a plug-in: what it does not declare); such cells are skipped with the reason, never run wrong.
 """

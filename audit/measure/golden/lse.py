@@ -1,0 +1,151 @@
+"""The log-sum-exp a variant returns beside out, read the way other code uses it.
+
+Split-KV decoding, ring and context-parallel attention and chunked prefill compute attention on
+parts of the keys and merge the parts' (out, lse) pairs; sinks can be applied after attention
+through the lse. A kernel whose lse is wrong (another base, no scale, heads left unwritten) can
+have a right `out` and still break every such consumer. This module holds:
+
+- `split_calls`: the two calls on the keys split in two, each with the cell's causal masking
+  and mask cut to its keys (so a query row may see no key of one half);
+- `merge_partials`: the merge those consumers do, in float64;
+- `keys_only_lse`: a variant's lse as the keys-only convention (a kernel declaring that its lse
+  counts the sink gets the sink taken out);
+- `classify_lse_rows`: what an lse is on rows that see no key.
+
+The checks (measure.checks.lse) and the same-dtype baseline (cellcache) both use them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from ...core.errors import Unsupported
+from ...workload.inputs import causal_keep, causal_offset
+
+
+def split_point(tk: int) -> int:
+    """Where the keys are split: the first half gets ceil(Tk / 2) keys (a decode cell's single key
+    cannot be split: None is returned by split_calls)."""
+    return (tk + 1) // 2
+
+
+def half_masks(q: Any, k: Any, mask: Any, causal: bool, alignment: str = "top-left") -> list[Any]:
+    """The cell's causal masking and mask as one mask per key half: [(B|1, 1, Tq|1, h), (.., Tk - h)],
+    bool where the cell's mask is bool or absent, additive (-inf where causal hides) where it is
+    float; None for a half where nothing is masked at all (or a bool mask hides nothing of it)."""
+    import torch
+    tq, tk = q.shape[-2], k.shape[-2]
+    full = mask
+    if causal:
+        keep = causal_keep(tq, tk, q.device, causal_offset(tq, tk, alignment))[None, None]   # (1, 1, Tq, Tk)
+        if full is None:
+            full = keep
+        elif full.dtype == torch.bool:
+            full = full & keep
+        else:
+            full = full.masked_fill(~keep, float("-inf"))
+    if full is None:
+        return [None, None]
+    h = split_point(tk)
+    # a half a bool mask hides nothing of goes without one (a decode cell's bottom-right causal: every
+    # key seen), so a kernel that takes no mask can still be split there
+    return [None if part.dtype == torch.bool and bool(part.all()) else part for part in (full[..., :h], full[..., h:])]
+
+
+def split_calls(call: Callable[..., Any], q: Any, k: Any, v: Any, mask: Any, causal: bool,
+                alignment: str = "top-left", **extra: Any) -> tuple[tuple[Any, Any], tuple[Any, Any]] | None:
+    """(out, lse) of `call` on each half of the keys: q (B, H, Tq, d), k and v (B, Hkv, Tk, d) cut
+    along Tk; each half's masking given as a mask (half_masks), causal False. None when Tk < 2.
+
+    A kernel that takes causal but no mask (Unsupported on a half's mask) gets the causal halves
+    of a self-attention cell (Tq == Tk, no other mask) by position instead: causal_position_halves."""
+    tk = k.shape[-2]
+    if tk < 2:
+        return None
+    h = split_point(tk)
+    masks = half_masks(q, k, mask, causal, alignment)
+    halves = []
+    for part, m in zip((slice(0, h), slice(h, tk)), masks):
+        try:
+            result = call(q, k[..., part, :], v[..., part, :], mask=m, causal=False, **extra)
+        except Unsupported:
+            if not (causal and mask is None and q.shape[-2] == tk):
+                raise
+            return causal_position_halves(call, q, k, v, h, **extra)
+        halves.append((result[0], result[1]))
+    return halves[0], halves[1]
+
+
+def causal_position_halves(call: Callable[..., Any], q: Any, k: Any, v: Any, h: int,
+                           **extra: Any) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """The two key halves of causal self-attention (Tq == Tk) from calls that need no mask: the first
+    h keys are seen causally by the first h queries (a square: either alignment) and wholly by the
+    rest (causal off); the last keys causally by the last queries (a square) and by none of the first
+    (out 0, lse -inf: an empty part). Three calls. -> ((out, lse) of each half), (B, H, Tq, d_v), (B, H, Tq)."""
+    import torch
+    first_sq = call(q[..., :h, :], k[..., :h, :], v[..., :h, :], causal=True, **extra)       # queries < h
+    first_all = call(q[..., h:, :], k[..., :h, :], v[..., :h, :], causal=False, **extra)    # queries >= h
+    second_sq = call(q[..., h:, :], k[..., h:, :], v[..., h:, :], causal=True, **extra)     # queries >= h
+    empty_out = torch.zeros_like(first_sq[0])                                                # (B, H, h, d_v)
+    empty_lse = torch.full_like(first_sq[1], -math.inf)                                       # (B, H, h)
+    first = (torch.cat([first_sq[0], first_all[0]], -2), torch.cat([first_sq[1], first_all[1]], -1))
+    second = (torch.cat([empty_out, second_sq[0]], -2), torch.cat([empty_lse, second_sq[1]], -1))
+    return first, second
+
+
+def merge_partials(first: tuple[Any, Any], second: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Two partial results over disjoint keys -> the full one, in float64, as split-KV and ring
+    attention merge them: lse = logaddexp(lse1, lse2), out = Σ exp(lse_i - lse) · out_i. A part
+    with no key weighs 0, whatever its out: its lse is -inf, or +inf (FlashAttention-2's final
+    lse of an empty row; vLLM's merge_attn_states reads both infinities as empty); two empty parts
+    give out 0 and lse -inf (a naive merge: NaN). An lse of 0 or
+    another finite value there weighs the part's out in; NaN makes the row NaN.
+    out_i: (B, H, Tq, d); lse_i: (B, H, Tq) -> ((B, H, Tq, d), (B, H, Tq))."""
+    import torch
+    (o1, l1), (o2, l2) = first, second
+    l1, l2 = (torch.where(t == math.inf, torch.full_like(t, -math.inf), t) for t in (l1.double(), l2.double()))
+    lse = torch.logaddexp(l1, l2)                                               # (B, H, Tq)
+    out = 0.0
+    for o, lp in ((o1, l1), (o2, l2)):
+        # an empty part weighs 0, also beside another empty one: exp(-inf - -inf) is NaN, the naive
+        # merge's NaN on a row that sees no key in either part (out 0, lse -inf here)
+        w = torch.where(lp == -math.inf, torch.zeros_like(lp), torch.exp(lp - lse))[..., None]   # (B, H, Tq, 1)
+        out = out + torch.where(w == 0, torch.zeros_like(w), w * o.double())
+    return out, lse
+
+
+def keys_only_lse(lse: Any, sinks: Any, includes_sink: bool) -> Any:
+    """A returned lse (B, H, Tq) in the keys-only convention, float64: a kernel whose lse counts
+    the sink (lse = log(Z + exp(sink))) gets log(exp(lse) - exp(sink)) (rounding grows as the sink's
+    share does); any other lse as it is."""
+    import torch
+    lse = lse.double()
+    if sinks is None or not includes_sink:
+        return lse
+    s = sinks.double().view(1, -1, 1)                                            # (1, H, 1)
+    return lse + torch.log1p(-torch.exp(s - lse))
+
+
+LSE_ROW_CLASSES: tuple[str, ...] = ("-inf", "+inf", "zero", "nan", "finite", "mixed")
+# An lse this low is -inf to a merge: exp(lse - any part's lse) underflows even in float64 (a
+# finfo.min mask's row: finfo.min + ln T), so it is classed -inf.
+EMPTY_BELOW = -1e4
+MERGEABLE_EMPTY_ROWS: tuple[str, ...] = ("-inf", "+inf")   # what a merge reads as "no key here" (weight 0)
+
+
+def classify_lse_rows(lse: Any, empty: Any) -> str | None:
+    """What the lse (B, H, Tq) is on rows that see no key (empty: (B|1, H|1, Tq) bool): one of
+    LSE_ROW_CLASSES (mixed when they differ; -inf includes values at or below EMPTY_BELOW), None
+    when no row is empty."""
+    import torch
+    rows = lse.detach()[empty.expand(lse.shape)]
+    if rows.numel() == 0:
+        return None
+    kinds = set()
+    for name, hit in (("-inf", rows <= EMPTY_BELOW), ("+inf", rows == math.inf), ("nan", torch.isnan(rows)),
+                      ("zero", rows == 0)):
+        if bool(hit.any()):
+            kinds.add(name)
+    if bool((torch.isfinite(rows) & (rows != 0) & (rows > EMPTY_BELOW)).any()):
+        kinds.add("finite")
+    return kinds.pop() if len(kinds) == 1 else "mixed"
