@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import pytest
 
+from audit.core.errors import Unsupported
 from audit.workload import variants
+from audit.workload.variant_contract import BROKEN_PREFIX
 
 from .conftest import selected_cases
 
@@ -23,7 +25,7 @@ PHASES = ("fwd", "fwd_bwd")
 def speed_cases(config):
     """Cells that belong in speed comparisons: normal inputs, no negative controls."""
     return [c for c in selected_cases(config)
-            if c.scenario == "normal" and not c.variant.startswith(variants.BROKEN_PREFIX)]
+            if c.scenario == "normal" and not c.variant.startswith(BROKEN_PREFIX)]
 
 
 def bench_id(case, phase: str) -> str:
@@ -79,7 +81,7 @@ def _prepare(case, phase, builds):
     try:
         timed()
         timed()
-    except variants.Unsupported as exc:
+    except Unsupported as exc:
         pytest.skip(str(exc))
     return timed, forward, inputs
 

@@ -10,7 +10,8 @@ from audit.execute import runner
 from audit.measure import cellcache, reference
 from audit.measure.numerics import error_vs_reference
 from audit.measure.reference import golden_attention, golden_flops, golden_slices, take_slices
-from audit.workload import presets, variants
+from audit.workload import presets
+from audit.workload.variant_contract import Variant
 
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
                         max_cell_s=60.0, energy_window_s=0.0)
@@ -60,7 +61,7 @@ def test_a_cell_past_the_budget_judges_errors_on_the_subset_and_counts_nan_every
     assert rec["rmse"] == pytest.approx(expected["rmse"], rel=1e-9)
     assert ref.golden.out.shape == (1, 2, 32, 8)
 
-    monkeypatch.setattr(runner, "resolve", lambda name: variants.Variant("nan01", "", lambda: _nan_in_slice_0_1))
+    monkeypatch.setattr(runner, "resolve", lambda name: Variant("nan01", "", lambda: _nan_in_slice_0_1))
     rec = runner.run_cell(case, cache, PRESET, {})
     assert rec["out_nan"] == 32 * 8                    # counted on the whole output
     assert rec["rmse"] == pytest.approx(expected["rmse"], rel=1e-9)   # (0, 1) is not in the subset

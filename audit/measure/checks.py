@@ -27,9 +27,10 @@ from ..core.errors import Unsupported
 from ..core.grid import Case
 from ..core.timesplit import CELL_PHASES
 from ..workload.arguments import probed_arguments
-from ..workload.inputs import TORCH_DTYPES, Inputs, invariance_applies
+from ..workload.draws import TORCH_DTYPES
+from ..workload.inputs import Inputs, invariance_applies
 from ..workload.presets import Preset
-from ..workload.variants import Variant
+from ..workload.variant_contract import Variant
 from .cellcache import Reference, lse_rmse, merged_output, sinks_for_slices
 from .numerics import (GRAD_BUDGET_FACTOR, GRADIENTS, SaturationAccumulator, changed_max, classify_masked_rows,
                        error_vs_reference, nonfinite_counts, relative_error, small_sample_factor, within_budget)

@@ -28,7 +28,8 @@ from ..core.timesplit import PhaseClock
 from ..core.noise import SamplingRule
 from ..workload.inputs import Inputs
 from ..workload.presets import Preset
-from ..workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
+from ..workload.compiling import compiled_graph_count, fused_attention_count, graph_break_count
+from ..workload.variant_contract import Variant
 from . import compile_cache, referee, refereeing
 from .cellcache import BuildCache, Reference
 from .checks import CellState, ContractError, check_output, failure_reason, run_checks, split_out_lse

@@ -51,7 +51,8 @@ from .cell_work import (REFEREE_CALLS, REFUSAL_S, argument_compile_default_s, ar
                         refusal_probes, call_variant, compile_key, kernel_key, score_mod_of,
                         checks_calls, declared_refusal, device_type, invariance_compile_keys, leak_probe_count,
                         masked_rows_checked, paged_call, predicted_unsupported, returns_lse, tensor_elems)
-from ..workload.variants import BROKEN_PREFIX, builtin_variants
+from ..workload.variant_contract import BROKEN_PREFIX
+from ..workload.variants import builtin_variants
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
 PRIORS_FILE = Path(__file__).with_name("cost_priors.json")

@@ -34,8 +34,8 @@ from ..measure.memory import held_bytes, pin_malloc_threshold
 from ..measure.repeats import Repeats
 from ..measure.numerics import (BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, GRADIENTS, changed_max,
                                 classify_masked_rows, error_vs_reference, within_budget)
+from ..workload.compiling import fused_attention_count
 from ..workload.inputs import draw_inputs, seed_for
-from ..workload.variants import fused_attention_count
 from ..workload.varlen import in_form
 
 CHILD_FLAG = "--child"
