@@ -145,7 +145,9 @@ def test_built_in_compiled_flex_refuses_such_a_cpu_before_compiling_and_the_plan
     """Where Inductor's flex lowering refuses this CPU, flex and paged_flex say so before a compile that
     takes a second or more to fail, in torch's words; the plan predicts those cells (hf:flex_attention's
     too) as skipped, so a budget buys nothing of them; the other variants run as before."""
-    from audit.plan.costmodel import CostModel, Settings, load_priors
+    from audit.plan.costmodel import CostModel
+    from audit.plan.priors import load_priors
+    from audit.plan.settings import Settings
     from audit.workload.compiling import compiled_graph_count
     monkeypatch.setattr(platform_limits, "flex_cpu_supported", lambda: False)
     words = platform_reason(FLEX_WORDS)
