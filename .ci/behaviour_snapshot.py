@@ -11,7 +11,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 try:                                   # the layout after the restructuring
-    from audit.plan.costmodel import CostModel, Settings, device_type, load_priors
+    from audit.plan.cell_work import device_type
+    from audit.plan.costmodel import CostModel
+    from audit.plan.priors import load_priors
+    from audit.plan.settings import Settings
     from audit.plan.budget import choose
     from audit.plan.shard import assign, cell_costs
     from audit.workload.inputs import seed_for

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from audit.core.errors import skip_platform_refusals
+from audit.core.errors import Unsupported, skip_platform_refusals
 from audit.workload import variants
+from audit.workload.variant_contract import BROKEN_PREFIX
 
 from .conftest import selected_cases
 
@@ -24,7 +25,7 @@ PHASES = ("fwd", "fwd_bwd")
 def speed_cases(config):
     """Cells that belong in speed comparisons: normal inputs, no negative controls."""
     return [c for c in selected_cases(config)
-            if c.scenario == "normal" and not c.variant.startswith(variants.BROKEN_PREFIX)]
+            if c.scenario == "normal" and not c.variant.startswith(BROKEN_PREFIX)]
 
 
 def bench_id(case, phase: str) -> str:
@@ -81,7 +82,7 @@ def _prepare(case, phase, builds):
         with skip_platform_refusals():     # torch refusing this machine's kind (core.errors.PLATFORM_REFUSALS)
             timed()
             timed()
-    except variants.Unsupported as exc:
+    except Unsupported as exc:
         pytest.skip(str(exc))
     return timed, forward, inputs
 

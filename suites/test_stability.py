@@ -15,6 +15,7 @@ import pytest
 from audit.core.defects import WARNING_DEFECTS
 from audit.core.referee import failed_checks
 from audit.workload import variants
+from audit.workload.variant_contract import BROKEN_PREFIX
 
 from .conftest import selected_cases
 
@@ -29,7 +30,7 @@ def known_failure(rec: dict) -> str | None:
     name, scenario = rec["variant"], rec["scenario"]
     if name in variants.REFEREE_CONTROL_NAMES:
         return "negative control: built to fail a referee check (right values, one trick)"
-    if name.startswith(variants.BROKEN_PREFIX):
+    if name.startswith(BROKEN_PREFIX):
         return "negative control: built to fail the numerics checks"
     if scenario == "fp16_range" and rec["dtype"] == "fp16" and name in ("eager", "compiled", "compiled_unfused"):
         return "fp16 Q·Kᵀ before scaling overflows 65504 (pytorch#119131)"
@@ -119,7 +120,7 @@ def test_negative_controls_are_flagged(audited_run):
     defect: a warning of its check, core.defects.WARNING_DEFECTS)."""
     _, by_id, findings = audited_run
     present = {r["variant"] for r in by_id.values()
-               if r["variant"].startswith(variants.BROKEN_PREFIX) and r["status"] == "ok"}
+               if r["variant"].startswith(BROKEN_PREFIX) and r["status"] == "ok"}
     flagged = {f["variant"] for f in findings if f["severity"] == "error" or f["check"] in WARNING_DEFECTS}
     assert present - flagged == set(), f"not flagged: {sorted(present - flagged)}"
 
@@ -128,7 +129,7 @@ def test_correct_variants_clean_on_normal_inputs(audited_run):
     """No error finding names a correct variant on a normal-input cell."""
     _, by_id, findings = audited_run
     wrong = [(f["variant"], f["check"]) for f in findings if f["severity"] == "error"
-             and not f["variant"].startswith(variants.BROKEN_PREFIX)
+             and not f["variant"].startswith(BROKEN_PREFIX)
              and (f["variant"], f["check"]) not in KNOWN_FINDINGS
              and any(by_id[c]["scenario"] == "normal" for c in f["cells"] if c in by_id)]
     assert wrong == []

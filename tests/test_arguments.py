@@ -137,7 +137,7 @@ def test_a_plugin_that_declares_no_scale_refuses_the_probe_and_is_not_flagged():
                                scale_arg=None, gqa=True)
         from audit.measure.cell import measurement
         from audit.workload.inputs import make_inputs
-        from audit.workload.variants import Variant
+        from audit.workload.variant_contract import Variant
         case = Case("p", "cpu", "fp32", 16, 32, 1, 2, False, "normal")
         inputs = make_inputs(case)
         ref = cellcache.build_reference(case, inputs)
@@ -154,7 +154,7 @@ def test_a_plugin_without_the_scale_keyword_refuses_the_probe_and_one_that_raise
     its probe is refused, naming it. Another TypeError is the probe's failure, with its reason."""
     from audit.measure.cell import measurement
     from audit.workload.inputs import make_inputs
-    from audit.workload.variants import Variant
+    from audit.workload.variant_contract import Variant
 
     def no_scale(q, k, v, *, mask=None, causal=False):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
@@ -188,7 +188,7 @@ def heads_run():
     records = _run(cases)
     from audit.measure.cell import measurement
     from audit.workload.inputs import make_inputs
-    from audit.workload.variants import Variant
+    from audit.workload.variant_contract import Variant
 
     def any_heads(q, k, v, *, mask=None, causal=False, scale=None):
         pairing = torch.arange(q.shape[1]) * k.shape[1] // q.shape[1]                # (H,) a kv head per query head

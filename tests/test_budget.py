@@ -199,7 +199,9 @@ def test_a_cell_alone_with_its_compile_is_cut_before_cheap_cells():
     """Ranked by amortized cost: past the coverage tier (compiled_unfused's first cell), a
     compiled cell whose compile (2 s, cold) no other cell shares goes first, not the ten cheap
     cells whose costs it would otherwise outrank."""
-    from audit.plan.costmodel import CostModel, Settings, load_priors
+    from audit.plan.costmodel import CostModel
+    from audit.plan.priors import load_priors
+    from audit.plan.settings import Settings
     cheap = [Case("eager", "cpu", "fp32", 32, 256, 1, 2, False, s)
              for s in ("normal", "scaled_x4", "scaled_x16", "outliers", "padding")]
     cheap += [Case("sdpa", "cpu", "fp32", 32, 256, 1, 2, False, c.scenario) for c in cheap]
@@ -274,7 +276,9 @@ def test_a_dry_run_and_the_run_make_one_plan(tmp_path):
 def _predict(cases):
     """The cost model's rows without the argument probes: their recompiles, shared by a compiled
     variant's cells up to T 256, would blur the compile costs these tests set against each other."""
-    from audit.plan.costmodel import CostModel, Settings, load_priors
+    from audit.plan.costmodel import CostModel
+    from audit.plan.priors import load_priors
+    from audit.plan.settings import Settings
     return CostModel(load_priors()).predict(cases, Settings(arguments=False), {}, {})
 
 

@@ -83,8 +83,8 @@ def _breaking(attention):
 
 
 def test_graph_breaks_are_counted_and_kept_for_the_cells_that_reuse_the_code(monkeypatch):
-    from audit.workload import variants
-    monkeypatch.setattr(variants, "eager_attention", _breaking(variants.eager_attention))
+    from audit.workload import torch_kernels
+    monkeypatch.setattr(torch_kernels, "eager_attention", _breaking(torch_kernels.eager_attention))
     cache, builds = cellcache.InputCache(), cellcache.BuildCache()
     recs = [runner.run_cell(Case("compiled", "cpu", "fp32", 8, 24, 1, 2, False, s), cache, PRESET, {},
                             builds=builds) for s in ("normal", "scaled_x4")]

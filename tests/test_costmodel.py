@@ -9,7 +9,12 @@ import pytest
 from audit.core import grid
 from audit.measure.machine.timing import measure
 from audit.plan.costfit import RunData, _case_of, compare, fit
-from audit.plan.costmodel import PRIORS_FILE, CostModel, Params, Settings, load_priors, predicted_unsupported, CellShape, summary, timed_wall_s
+from audit.plan.cell_shape import CellShape
+from audit.plan.cell_work import predicted_unsupported
+from audit.plan.costmodel import CostModel, timed_wall_s
+from audit.plan.plan_text import summary
+from audit.plan.priors import PRIORS_FILE, Params, load_priors
+from audit.plan.settings import Settings
 from audit.workload import presets
 from tests.helpers import H200_RUNS, h200_run
 
@@ -217,7 +222,8 @@ def _compiled_cells():
 
 
 def test_a_compile_predicted_from_the_cache_costs_less_than_one_that_builds():
-    from audit.plan.costmodel import CellShape, kernel_key
+    from audit.plan.cell_shape import CellShape
+    from audit.plan.cell_work import kernel_key
     cells, model, settings = _compiled_cells(), CostModel(load_priors()), Settings()
     cold = model.predict(cells, settings)
     warm = model.predict(cells, settings, warm_compiles={kernel_key(CellShape.of(c)) for c in cells})
@@ -234,7 +240,8 @@ def test_warm_compiles_come_from_runs_that_compiled_into_this_cache(tmp_path, mo
     import pandas as pd
     import torch
 
-    from audit.plan.costmodel import CellShape, kernel_key
+    from audit.plan.cell_shape import CellShape
+    from audit.plan.cell_work import kernel_key
     from audit.plan.forecast import warm_compiles
     cells = _compiled_cells()
     frame = pd.DataFrame([{**c.axes(), "status": "ok", "compile_s": 1.5, "compile_cache": "miss"} for c in cells])

@@ -20,7 +20,8 @@ from audit.measure.diagnosis.diagnosis import diagnose, diagnose_cell, diagnosis
 from audit.measure.golden.numerics import error_vs_reference, within_budget
 from audit.workload import mistakes as library
 from audit.workload.inputs import make_inputs
-from audit.workload.mistakes import MISTAKES, Attempt, mistake
+from audit.workload.mistake_base import PRECISIONS, ROWS, Attempt, Mistake, mistake
+from audit.workload.mistakes import MISTAKES
 from audit.workload.variants import builtin_variants
 
 from tests.device_provenance import HostProvenance
@@ -113,8 +114,8 @@ def test_the_library_imports_no_torch():
 
 def test_every_mistake_has_its_texts():
     for m in MISTAKES.values():
-        assert m.title and m.what.endswith(".") and m.where and m.rows in library.ROWS
-        assert len(m.title) < 50 and m.precision in library.PRECISIONS
+        assert m.title and m.what.endswith(".") and m.where and m.rows in ROWS
+        assert len(m.title) < 50 and m.precision in PRECISIONS
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -306,7 +307,7 @@ def test_without_a_baseline_the_tolerance_comes_from_the_golden_rounding():
 
 def test_a_broken_mistake_does_not_lose_the_cell():
     case, inputs, ref = cell(causal=True)
-    boom = library.Mistake("boom", "boom", "Raises.", "here", lambda a: 1 / 0)
+    boom = Mistake("boom", "boom", "Raises.", "here", lambda a: 1 / 0)
     attempt = diagnosis.attempt_for(inputs, [0], [0, 1])
     found = diagnose(attempt.q * 0, attempt, diagnosis._golden_for(ref, [0], [0, 1]), 1e-6,
                      mistakes={"boom": boom, "causal_ignored": MISTAKES["causal_ignored"]})

@@ -113,7 +113,8 @@ def test_a_run_coming_back_to_an_input_set_reads_its_reference(store):
 
 
 def test_the_cost_model_predicts_a_read_where_the_store_holds_the_set():
-    from audit.plan.costmodel import CostModel, Settings
+    from audit.plan.costmodel import CostModel
+    from audit.plan.settings import Settings
     case = Case("eager", "cpu", "fp32", 128, 2048, 1, 2, False, "normal")
     other = Case("eager", "cpu", "fp32", 64, 256, 2, 2, False, "padding")
     model, settings = CostModel(), Settings()

@@ -11,7 +11,8 @@ from audit.measure.cell import cellcache
 from audit.measure.golden import reference
 from audit.measure.golden.numerics import error_vs_reference
 from audit.measure.golden.reference import golden_attention, golden_flops, golden_slices, take_slices
-from audit.workload import presets, variants
+from audit.workload import presets
+from audit.workload.variant_contract import Variant
 
 PRESET = presets.Preset(name="t", description="", grids=(), min_samples=1, min_time_s=0.0,
                         max_cell_s=60.0, energy_window_s=0.0)
@@ -61,7 +62,7 @@ def test_a_cell_past_the_budget_judges_errors_on_the_subset_and_counts_nan_every
     assert rec["rmse"] == pytest.approx(expected["rmse"], rel=1e-9)
     assert ref.golden.out.shape == (1, 2, 32, 8)
 
-    monkeypatch.setattr(runner, "resolve", lambda name: variants.Variant("nan01", "", lambda: _nan_in_slice_0_1))
+    monkeypatch.setattr(runner, "resolve", lambda name: Variant("nan01", "", lambda: _nan_in_slice_0_1))
     rec = runner.run_cell(case, cache, PRESET, {})
     assert rec["out_nan"] == 32 * 8                    # counted on the whole output
     assert rec["rmse"] == pytest.approx(expected["rmse"], rel=1e-9)   # (0, 1) is not in the subset

@@ -23,9 +23,14 @@ from audit.measure.golden.numerics import attention_flops, error_vs_reference
 from audit.measure.golden.reference import golden_attention, golden_slices, take_slices
 from audit.measure.machine.roofline import attention_bytes, cell_roofline
 from audit.plan import costmodel
+from audit.plan.cell_shape import CellShape
 from audit.plan.memory_model import predicted_peak_bytes
+from audit.plan.settings import Settings
 from audit.workload import presets, variants
-from audit.workload.inputs import SOFTCAP, make_inputs, seed_for, window_size
+from audit.workload.controls import broken_gqa_wrong_head_probs
+from audit.workload.draws import window_size
+from audit.workload.eager import eager_probs
+from audit.workload.inputs import SOFTCAP, make_inputs, seed_for
 from audit.workload.presets import LAYOUT_VARIANTS
 from tests.helpers import platform_skipped
 
@@ -242,11 +247,11 @@ def test_sdpa_passes_enable_gqa_only_to_gqa_cells():
 
 def test_gqa_wrong_head_pairs_query_head_h_with_kv_head_h_mod_kv_heads():
     inputs = make_inputs(case(heads=4, kv_heads=2))
-    probs = variants.broken_gqa_wrong_head_probs(inputs.q, inputs.k)                  # (B, H, Tq, Tk)
-    right = variants.eager_probs(inputs.q, inputs.k)
+    probs = broken_gqa_wrong_head_probs(inputs.q, inputs.k)                  # (B, H, Tq, Tk)
+    right = eager_probs(inputs.q, inputs.k)
     for h in range(4):
-        torch.testing.assert_close(probs[:, h], variants.eager_probs(inputs.q[:, h:h + 1], inputs.k[:, h % 2:h % 2 + 1])[:, 0])
-        torch.testing.assert_close(right[:, h], variants.eager_probs(inputs.q[:, h:h + 1], inputs.k[:, h // 2:h // 2 + 1])[:, 0])
+        torch.testing.assert_close(probs[:, h], eager_probs(inputs.q[:, h:h + 1], inputs.k[:, h % 2:h % 2 + 1])[:, 0])
+        torch.testing.assert_close(right[:, h], eager_probs(inputs.q[:, h:h + 1], inputs.k[:, h // 2:h // 2 + 1])[:, 0])
 
 
 def test_gqa_control_is_flagged_and_the_correct_variants_are_not():
@@ -267,8 +272,8 @@ def test_gqa_control_is_skipped_where_every_pairing_is_right(kv):
     assert rec["status"] == "skipped" and "nothing to detect" in rec["reason"]
     # ... and there it would indeed compute the right thing
     inputs = make_inputs(case(kv_heads=kv))
-    torch.testing.assert_close(variants.broken_gqa_wrong_head_probs(inputs.q, inputs.k),
-                               variants.eager_probs(inputs.q, inputs.k), rtol=0, atol=0)
+    torch.testing.assert_close(broken_gqa_wrong_head_probs(inputs.q, inputs.k),
+                               eager_probs(inputs.q, inputs.k), rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------- plug-ins declare
@@ -311,7 +316,7 @@ def test_bytes_shrink_with_kv_heads_while_flops_do_not():
     rows = [cell_roofline(case(kv_heads=kv, heads=4).axes(), 1e-3, 2e-3, {}) for kv in (4, 2, 1)]
     assert rows[0]["bytes"] > rows[1]["bytes"] > rows[2]["bytes"]
     assert rows[0]["fwd_bwd_bytes"] > rows[1]["fwd_bwd_bytes"] > rows[2]["fwd_bwd_bytes"]
-    shapes = [costmodel.CellShape.of(case("sdpa", heads=4, kv_heads=kv)) for kv in (4, 2, 1)]
+    shapes = [CellShape.of(case("sdpa", heads=4, kv_heads=kv)) for kv in (4, 2, 1)]
     assert len({s.flops for s in shapes}) == 1
     assert shapes[0].flops == attention_flops(1, 4, 32, 32, 16, False)
 
@@ -337,7 +342,7 @@ def test_memory_model_follows_the_real_shapes():
 def test_cost_model_predicts_the_skips_and_compiles_per_kv_heads():
     cells = [case("sdpa", scenario="softcap"), case("broken.gqa_wrong_head", kv_heads=None),
              case("compiled", kv_heads=None), case("compiled", kv_heads=2)]
-    pred = costmodel.CostModel().predict(cells, costmodel.Settings()).set_index("id")
+    pred = costmodel.CostModel().predict(cells, Settings()).set_index("id")
     assert pred.loc[cells[0].id, "status"] == "skipped" and "score modification" in pred.loc[cells[0].id, "reason"]
     assert pred.loc[cells[1].id, "status"] == "skipped" and "nothing to detect" in pred.loc[cells[1].id, "reason"]
     assert pred.loc[cells[2].id, "compile"] > 0 and pred.loc[cells[3].id, "compile"] > 0

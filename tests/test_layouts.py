@@ -358,7 +358,7 @@ def test_strided_inputs_are_views_of_one_fused_buffer_and_a_copy_keeps_their_lay
         assert copy.stride() == t.stride() and torch.equal(copy, t) and copy.requires_grad
         assert copy.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
     # the gaps hold what the fused buffer holds there (k's and v's heads beside q's)
-    from audit.workload.inputs import read_as_contiguous
+    from audit.workload.draws import read_as_contiguous
     assert torch.equal(read_as_contiguous(own_copy(q)), read_as_contiguous(q))
     assert not torch.equal(read_as_contiguous(q), q)
     latent = make_inputs(_cell("eager", "strided_qkv", d_v=8))

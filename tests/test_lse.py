@@ -23,6 +23,7 @@ from audit.measure.golden.lse import classify_lse_rows, keys_only_lse, merge_par
 from audit.measure.golden.reference import golden_attention
 from audit.workload import presets, variants
 from audit.workload.inputs import make_inputs
+from audit.workload.plugins import declared_returns
 from audit.workload.lse_mistakes import LSE_GRAD_MISTAKES, LSE_MISTAKES
 from tests.helpers import run_cells
 
@@ -209,7 +210,7 @@ def test_a_plugin_declaring_an_unknown_return_is_a_usage_error(monkeypatch):
         return q
     fn.audit_returns = "lse"
     with pytest.raises(UsageError, match="audit_returns is 'lse'; allowed: out, out_lse"):
-        variants.declared_returns("--variant: x", fn)
+        declared_returns("--variant: x", fn)
 
 
 def test_adapt_converts_a_base_2_lse_and_its_layout():
@@ -280,7 +281,8 @@ def test_a_budget_on_few_values_is_widened_by_their_chance_spread():
 
 
 def test_the_cuda_only_lse_ops_are_skipped_on_the_cpu_with_the_reason_and_predicted_so():
-    from audit.plan.costmodel import CellShape, predicted_unsupported
+    from audit.plan.cell_shape import CellShape
+    from audit.plan.cell_work import predicted_unsupported
     recs = run([cell(v) for v in ("efficient_op", "cudnn_op")])
     for r in recs.values():
         assert r["status"] == "skipped" and "a CUDA-only op" in r["reason"], r

@@ -251,7 +251,9 @@ def test_a_noisy_machines_runs_fit_a_larger_share_and_its_budget_buys_fewer_cell
     from audit.core.grid import Case
     from audit.plan.budget import choose
     from audit.plan.costfit import _fit_noise
-    from audit.plan.costmodel import CostModel, Params, Settings, load_priors
+    from audit.plan.costmodel import CostModel
+    from audit.plan.priors import Params, load_priors
+    from audit.plan.settings import Settings
     runs = [SimpleNamespace(settings=Settings(noise_cap_s=0.1), frame=pd.DataFrame(
         [_cell(id="a", fwd_extra_s=0.1, fwd_bwd_extra_s=0.1), _cell(id="b", fwd_extra_s=0.05, fwd_bwd_extra_s=0.0),
          _cell(id="c", status="error", fwd_extra_s=None, fwd_bwd_extra_s=None)])),

@@ -29,7 +29,7 @@ def _run_cell(monkeypatch, fn, family="plugin", name="p"):
     from audit.execute import runner
     from audit.measure.cell import cellcache
     from audit.workload import presets
-    from audit.workload.variants import Variant
+    from audit.workload.variant_contract import Variant
     monkeypatch.setattr(runner, "resolve", lambda _: Variant(name, "test", lambda: fn, family=family))
     preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
     return runner.run_cell(Case("eager", "cpu", "fp32", 16, 32, 1, 2, False, "normal"), cellcache.InputCache(),
@@ -146,8 +146,10 @@ def test_built_in_compiled_flex_refuses_such_a_cpu_before_compiling_and_the_plan
     """Where Inductor's flex lowering refuses this CPU, flex and paged_flex say so before a compile that
     takes a second or more to fail, in torch's words; the plan predicts those cells (hf:flex_attention's
     too) as skipped, so a budget buys nothing of them; the other variants run as before."""
-    from audit.plan.costmodel import CostModel, Settings, load_priors
-    from audit.workload.variants import compiled_graph_count
+    from audit.plan.costmodel import CostModel
+    from audit.plan.priors import load_priors
+    from audit.plan.settings import Settings
+    from audit.workload.compiling import compiled_graph_count
     monkeypatch.setattr(platform_limits, "flex_cpu_supported", lambda: False)
     words = platform_reason(FLEX_WORDS)
     graphs = compiled_graph_count()

@@ -255,7 +255,8 @@ def test_a_piece_that_cannot_be_copied_gives_a_reason_not_a_script(quick_run, tm
     run = tmp_path / "run"
     shutil.copytree(quick_run, run)
     from audit.workload import inputs
-    lambda_draw = lambda case, gen, tq, tk: inputs._normal(case, gen, tq, tk, 64.0)  # noqa: E731
+    from audit.workload.draws import _normal
+    lambda_draw = lambda case, gen, tq, tk: _normal(case, gen, tq, tk, 64.0)  # noqa: E731
     monkeypatch.setitem(SCENARIOS, "scaled_x64", inputs.Scenario("scaled_x64", "a lambda", lambda t: t, lambda_draw))
     found = write_repro_scripts(run, findings_of(run))
     only_there = [f for f in found if all(c.endswith("-scaled_x64") for c in f["cells"])]
@@ -277,10 +278,10 @@ def test_a_piece_that_cannot_be_copied_gives_a_reason_not_a_script(quick_run, tm
 def test_embedder_copies_closures_partials_and_enums_and_refuses_the_rest():
     import functools
 
-    from audit.workload import inputs, variants
+    from audit.workload import inputs, torch_kernels
     emb = Embedder()
     emb.bind("draw", inputs.SCENARIOS["scaled_x4"].draw)            # a closure over alpha = 4
-    emb.bind("build", functools.partial(variants._compiled, None))
+    emb.bind("build", functools.partial(torch_kernels._compiled, None))
     emb.bind("math_backend", __import__("torch.nn.attention", fromlist=["SDPBackend"]).SDPBackend.MATH)
     text = emb.section()
     assert "alpha = 4" in text and "def _normal(" in text and "def _randn(" in text

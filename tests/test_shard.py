@@ -61,7 +61,7 @@ def test_balanced_in_measured_time_on_the_h200_run(tmp_path, count, factor):
     seconds the cells really took there (measured 1.01, 1.02, 1.20 of an even split)."""
     import dataclasses
 
-    from audit.plan.costmodel import Settings
+    from audit.plan.settings import Settings
     recs = records.read_records(h200_run("full", tmp_path))
     cases = [grid.Case.from_mapping(r) for r in recs]
     took = {r["id"]: r["elapsed_s"] or 0.0 for r in recs}

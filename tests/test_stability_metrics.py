@@ -27,7 +27,8 @@ from audit.measure.golden.numerics import (BUDGET_ATOL, BUDGET_FACTOR, changed_m
                                            within_budget)
 from audit.measure.golden.reference import golden_attention
 from audit.workload import inputs, presets
-from audit.workload.inputs import SCENARIOS, fully_masked_rows, make_inputs, torch_dtype
+from audit.workload.draws import _valid_lengths, fully_masked_rows, torch_dtype
+from audit.workload.inputs import SCENARIOS, make_inputs
 
 NAN, INF = float("nan"), float("inf")
 FP16_MAX = 65504.0
@@ -83,7 +84,7 @@ def test_decode_and_cross_causal_query_lengths():
 
 def test_padding_mask_is_b_1_1_t_with_the_valid_lengths():
     inp = make_inputs(small_case("padding"))
-    lengths = inputs._valid_lengths(B, T)
+    lengths = _valid_lengths(B, T)
     assert lengths == [12, 8]                           # 3/4 T, then shorter
     assert inp.mask.shape == (B, 1, 1, T) and inp.mask.dtype == torch.bool
     assert inp.mask_form == "bool"
@@ -92,7 +93,7 @@ def test_padding_mask_is_b_1_1_t_with_the_valid_lengths():
         row = inp.mask[b, 0, 0]
         assert row[:n].all() and not row[n:].any()
     # the mask of a longer batch: every length >= 1 and strictly decreasing
-    many = inputs._valid_lengths(5, 16)
+    many = _valid_lengths(5, 16)
     assert all(n >= 1 for n in many) and many == sorted(many, reverse=True) and len(set(many)) == 5
 
 
@@ -518,7 +519,7 @@ def test_clamped_leaks_weight_to_masked_keys(scenario, causal):
     assert bad["leak_mass"] >= 1e-6
     # known answer: 1e-6 on every masked key of the row with the most masked keys
     # (padding: T - shortest valid length = 32 - 16; causal: row 0 has 31 future keys)
-    most_masked = 32 - min(inputs._valid_lengths(2, 32)) if scenario == "padding" else 31
+    most_masked = 32 - min(_valid_lengths(2, 32)) if scenario == "padding" else 31
     assert bad["leak_mass"] == pytest.approx(most_masked * 1e-6, rel=1e-3)
     for name in ("eager", "sdpa"):
         good = measure(name, scenario, causal=causal)

@@ -11,8 +11,8 @@ from audit.core.grid import Case
 from audit.execute import runner
 from audit.measure.cell import cellcache
 from audit.workload import inputs, presets
-from audit.workload.inputs import (SPARSE_DENSITY, UNIFORM_BOUND, constant_key_heads, make_inputs, mask_kind,
-                                   scenario_mask_kind, zero_key_positions, zero_query_rows)
+from audit.workload.draws import SPARSE_DENSITY, UNIFORM_BOUND, constant_key_heads, zero_key_positions, zero_query_rows
+from audit.workload.inputs import make_inputs, mask_kind, scenario_mask_kind
 from audit.workload.variants import (ARGUMENT_CONTROL_NAMES, BUILTIN_NAMES, GQA_CONTROLS, NEGATIVE_CONTROLS,
                                     REFEREE_CONTROL_NAMES, builtin_variants)
 

@@ -20,10 +20,12 @@ from audit.core.grid import Case
 from audit.measure.golden.numerics import error_vs_reference
 from audit.measure.golden.reference import golden_attention
 from audit.workload import variants
-from audit.workload.inputs import make_inputs, seed_for, torch_dtype
+from audit.workload.draws import torch_dtype
+from audit.workload.inputs import make_inputs, seed_for
 from audit.workload.variants import (ARGUMENT_CONTROL_NAMES, BUILTIN_NAMES, NEGATIVE_CONTROLS, REFEREE_CONTROL_NAMES,
                                     resolve)
 from audit.workload.layout_controls import LAYOUT_CONTROLS
+from audit.workload.variant_contract import BROKEN_PREFIX
 
 # the controls of a numerics defect (their weights exposed, their defect in the output or gradients)
 # the layouts' controls (packed, paged, latent, invariance): tests/test_layouts.py; the arguments':
@@ -90,14 +92,14 @@ def test_negative_controls_are_a_separate_name_space():
     assert not set(NEGATIVE_CONTROLS) & set(BUILTIN_NAMES)
     for name in NEGATIVE_CONTROLS:
         v = resolve(name)
-        assert name.startswith(variants.BROKEN_PREFIX)
+        assert name.startswith(BROKEN_PREFIX)
         assert v.family == "broken" and v.negative_control
         assert v.description.startswith("NEGATIVE CONTROL")
         assert (v.probs is not None) == (name in NUMERICS_CONTROLS) and not v.compiled
     for name in BUILTIN_NAMES:
         v = resolve(name)
         assert v.family != "broken" and not v.negative_control
-        assert not name.startswith(variants.BROKEN_PREFIX)
+        assert not name.startswith(BROKEN_PREFIX)
 
 
 def test_probs_is_exposed_by_hand_written_variants_only():
@@ -459,7 +461,8 @@ def test_unknown_scenario_is_rejected():
 
 def test_sdpa_backend_recorded_forced_or_dispatched():
     """Forced backends report themselves; `sdpa` reports the dispatcher's pick (CPU: flash, design.md §5)."""
-    from audit.workload.variants import builtin_variants, sdpa_dispatch_choice
+    from audit.workload.torch_kernels import sdpa_dispatch_choice
+    from audit.workload.variants import builtin_variants
 
     q = torch.randn(1, 2, 16, 8)
     table = builtin_variants()

@@ -84,7 +84,8 @@ def test_flash_attn_declared_with_its_window_size_runs_sliding_window_cells_by_i
 
 
 def test_a_window_variant_gets_the_width_and_the_others_the_mask():
-    from audit.workload.inputs import make_inputs, window_size
+    from audit.workload.draws import window_size
+    from audit.workload.inputs import make_inputs
     inputs = make_inputs(Case("eager", "cpu", "fp32", 16, 32, 1, 2, True, "sliding_window"))
     assert inputs.window == window_size(32) == 8
     windowed = inputs.call_kwargs(("window",))

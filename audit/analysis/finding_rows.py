@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
-NEGATIVE_CONTROL_PREFIX = "broken."
+from ..workload.variant_contract import BROKEN_PREFIX as NEGATIVE_CONTROL_PREFIX
 
 
 def _finding(check: str, severity: str, variant: str, message: str, cells: Iterable[str]) -> dict:

@@ -34,7 +34,8 @@ def compare(a: str | Path, b: str | Path, out: str | Path | None = None, *, fail
     """Compare two run folders (or pytest-benchmark JSON files) and write the comparison's
     folder (default reports/compare-<timestamp>/). fail_on: thresholds like "latency:+20%".
     Returns analysis.compare's Comparison: its `cells`, `failed` (the cells regressing beyond a
-    threshold; empty when none), `warnings` and `paths` (index_md, index_html, cells_csv). Raises UsageError for bad input."""
+    threshold; empty when none), `warnings` and `paths` (index_md, index_html, cells_csv). Raises
+    UsageError for bad input."""
     from ..analysis.compare import compare_runs
     from ..analysis.compare_stats import parse_fail_on
     from ..render import compare_page

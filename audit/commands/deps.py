@@ -99,7 +99,8 @@ DESCRIPTION = ("Import each dependency; install those that are missing: torch fi
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--test", action="store_true",
-                        help="also what the tests use: ray, transformers, pytest-xdist, and a Chromium (Debian's, as root)")
+                        help="also what the tests use: ray, transformers, pytest-xdist, and a Chromium "
+                             "(Debian's, as root)")
 
 
 def main(args: argparse.Namespace, argv: Sequence[str]) -> int:

@@ -420,7 +420,7 @@ def check(run_options: Sequence[str] = ()) -> int:
     import torch
 
     from ..core.records import load
-    from ..plan.costmodel import summary
+    from ..plan.plan_text import summary
 
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device here (torch.cuda.is_available() is False); "

@@ -447,8 +447,7 @@ def _dry_run(cases: list, preset: Any, run_dir: Path | None, started: float) -> 
     """Every cell with its predicted status and seconds, then the totals per phase and variant,
     and what the budget would skip."""
     from ..plan.budget import plan_run
-    from ..plan.plan_text import describe, model_audit_line, smallest_plan_line
-    from ..plan.costmodel import summary
+    from ..plan.plan_text import describe, model_audit_line, smallest_plan_line, summary
 
     todo = _not_recorded(cases, run_dir)
     plan, pred, notes = plan_run(todo, preset, run_dir, budget_s=preset.budget_s, started_unix=started)

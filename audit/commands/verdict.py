@@ -52,7 +52,8 @@ def verdict(run_dir: str | Path, variants: Sequence[str] | None = None, *,
     from ..analysis.findings import compute_findings
     from ..core.records import load
     from ..render.verdict import verdict_rows
-    from ..workload.variants import BROKEN_PREFIX, VERDICT_BASELINE
+    from ..workload.variant_contract import BROKEN_PREFIX
+    from ..workload.variants import VERDICT_BASELINE
 
     run_dir = Path(run_dir)
     if not (run_dir / RECORDS_FILE).is_file():

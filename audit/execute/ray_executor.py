@@ -187,7 +187,8 @@ def plan_jobs(cases: Sequence[Case], preset: Preset, axis_overrides: dict[str, A
     for device in dict.fromkeys(c.device for c in cases):
         mine = [c for c in cases if c.device == device]
         # a task rebuilds its grid as `--device D`: it must be exactly these cells
-        rebuilt = presets.preset_cases(preset, {**axis_overrides, "device": (device,)}, known_variant=variants.check_name)
+        rebuilt = presets.preset_cases(preset, {**axis_overrides, "device": (device,)},
+                                       known_variant=variants.check_name)
         if [c.id for c in rebuilt] != [c.id for c in mine]:
             raise UsageError(f"--executor ray: this grid's {device} cells are not the grid of --device {device}; "
                              "run one --device at a time")

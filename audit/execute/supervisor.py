@@ -145,9 +145,13 @@ def supervise(cases: Sequence[Any], run_dir: Path, argv: list[str], cell_timeout
             return 0
         if timed_out is not None:
             cell, seconds = timed_out
-            how = ("--cell-timeout" if cell_timeout_s is not None else
-                   f"{MODEL_STEP_TIMEOUT_S:g} s for a model audit step; --cell-timeout" if is_model_step(cell) else
-                   f"{CELL_TIMEOUT_FACTOR:g} × its predicted time, at least {CELL_TIMEOUT_FLOOR_S:g} s; --cell-timeout")
+            if cell_timeout_s is not None:
+                how = "--cell-timeout"
+            elif is_model_step(cell):
+                how = f"{MODEL_STEP_TIMEOUT_S:g} s for a model audit step; --cell-timeout"
+            else:
+                how = (f"{CELL_TIMEOUT_FACTOR:g} × its predicted time, at least {CELL_TIMEOUT_FLOOR_S:g} s; "
+                       "--cell-timeout")
             reason = (f"over the per-cell time limit of {seconds:.0f} s ({how}); its measuring process was "
                       "killed and the run went on in a new one")
             _record_crash(run_dir, by_id, cell, reason, status="timeout")

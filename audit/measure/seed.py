@@ -43,7 +43,8 @@ def measure_claims(seed: int = 0) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from ..workload.variants import broken_clamped_probs, eager_attention, eager_probs
+    from ..workload.controls import broken_clamped_probs
+    from ..workload.eager import eager_attention, eager_probs
 
     gen = torch.Generator().manual_seed(seed)
     rows: list[dict] = []

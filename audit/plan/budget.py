@@ -14,9 +14,10 @@ If tier 0 itself does not fit, its most expensive cells go, and the plan names t
 dtype × mask kinds left without a cell (Plan.uncovered). Skipped cells are recorded as
 `skipped` with the prediction in the reason, never dropped. A preset's model audit (after the
 cells) is bought after tier 0's first two priority levels: where a cell of every real variant per
-dtype does not fit with it, it is left out, with a record saying why (Plan.model_audit_skip). While running, the worker compares what the cells took
-with what was predicted and, if the rest would overrun the deadline, skips the remaining cells of
-the highest tier, most expensive first (keeper.Keeper). The plan is `DIR/plan.json`.
+dtype does not fit with it, it is left out, with a record saying why (Plan.model_audit_skip). While
+running, the worker compares what the cells took with what was predicted and, if the rest would
+overrun the deadline, skips the remaining cells of the highest tier, most expensive first
+(keeper.Keeper). The plan is `DIR/plan.json`.
 """
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ class Plan:
     model_audit_s: float = 0.0             # the model audit after the cells, predicted (in report_s); 0: none
     model_audit_skip: str | None = None    # why the budget leaves it out (None: it runs, or none is asked for)
     noise_s: float = 0.0                   # of the kept cells' time, sampling beyond the minimum (--noise-target)
-    noise_share: dict[str, float] = field(default_factory=dict)   # per device kind: the cap's share one measurement uses
+    # per device kind: the cap's share one measurement uses
+    noise_share: dict[str, float] = field(default_factory=dict)
     # the cells skipped for time, in the order time the others leave goes to them (keeper.Keeper.reclaim_order),
     # with their tiers; and what the keeper weighs a cell by: id -> [its own seconds, [indices into groups]],
     # groups: [name, seconds] of each cost cells share (an input set's golden, a compile, a first use)
@@ -264,7 +266,8 @@ def _over(budget_s: float, room: float, cost: float, level: int) -> str:
                        "negative control its self-check, did not all fit",
              REAL: "given to the cheaper ones, after every variant's first cell per dtype and mask kind",
              CONTROL_EXTRA: "given to every real variant's cells first, as a negative control's cells "
-                            f"beyond its self-check (those get at most {CONTROL_EXTRA_SHARE:.0%} of the cells' time)"}[level]
+                            f"beyond its self-check (those get at most {CONTROL_EXTRA_SHARE:.0%} of the cells' "
+                            "time)"}[level]
     return (f"over the budget: the {format_duration(budget_s)} budget (--budget) leaves {max(room, 0):.0f} s "
             f"for cells, {which}; this one was predicted {cost:.1f} s")
 
@@ -303,7 +306,8 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
         plan, _ = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix, measured=measured,
                         host=host, model_s=0.0, spent_s=spent_s)
         plan.model_audit_skip = reason
-    from .costmodel import CostModel, Settings
+    from .costmodel import CostModel
+    from .settings import Settings
     kept = forecast.pred[~forecast.pred["id"].isin(plan.skip)] if len(forecast.pred) else forecast.pred
     plan.noise_s, plan.noise_share = CostModel(forecast.params, host=forecast.host).noise_s(
         kept, Settings.of_preset(preset))
@@ -314,7 +318,8 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
           measured: bool, host: float, model_s: float, spent_s: float | None = None) -> tuple[Plan, bool]:
     """plan_run's plan with a model audit of model_s seconds (this host's) after the cells (0: none), and
     whether it keeps a cell of every real variant per dtype (Selection.per_dtype)."""
-    from .costmodel import CostModel, Settings
+    from .costmodel import CostModel
+    from .settings import Settings
     from .overhead import overhead_s as overhead_of
 
     def overhead_s(*args: Any, **kwargs: Any) -> tuple[float, float]:     # with the model audit after the cells

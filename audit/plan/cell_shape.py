@@ -14,11 +14,11 @@ import numpy as np
 from ..core.grid import Case
 from ..measure.golden.numerics import attention_flops
 from ..measure.machine.roofline import DTYPE_BYTES
+from ..workload.variant_contract import BROKEN_PREFIX
 from .cell_work import device_type
 from .settings import Settings
 
-PROBS_VARIANTS_PREFIX = "broken."
-PROBS_VARIANTS = ("eager", "eager_fp32")
+PROBS_VARIANTS = ("eager", "eager_fp32")     # and the negative controls (BROKEN_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def golden_cost_inputs(shape: CellShape, settings: Settings) -> tuple[float, flo
 
 
 def exposes_weights(variant: str) -> bool:
-    return variant in PROBS_VARIANTS or variant.startswith(PROBS_VARIANTS_PREFIX)
+    return variant in PROBS_VARIANTS or variant.startswith(BROKEN_PREFIX)
 
 
 CUDNN_VARIANTS = ("sdpa", "sdpa_cudnn")

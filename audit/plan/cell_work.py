@@ -14,7 +14,7 @@ def device_type(device: str) -> str:
 
 
 def declared_refusal(case: Case) -> str | None:
-    """Why a built-in variant declares it cannot run this cell (variants.Variant.refusal), or None:
+    """Why a built-in variant declares it cannot run this cell (variant_contract.Variant.refusal), or None:
     the runner skips such a cell before drawing its inputs (no golden); the other refusals of
     predicted_unsupported come from the variant's call, after them."""
     from ..workload.inputs import cell_needs
@@ -25,7 +25,7 @@ def declared_refusal(case: Case) -> str | None:
 
 def predicted_unsupported(case: Case, shape: Any) -> str | None:
     """Cells a forced SDPA backend refuses (design.md §5, §5b), those a built-in variant
-    declares it cannot run (variants.Variant.refusal: soft-capping on SDPA, the GQA control on
+    declares it cannot run (variant_contract.Variant.refusal: soft-capping on SDPA, the GQA control on
     multi-head cells), and those torch refuses on this machine (platform_limits: compiled flex on a
     CPU Inductor's flex lowering refuses): skipped in milliseconds."""
     from ..workload.inputs import cell_needs
@@ -67,7 +67,7 @@ def masked_rows_checked(shape: Any) -> float:
     """Fully masked query rows the masked-row check looks at: every 8th row × B × H."""
     if not shape.case.scenario.startswith("fully_masked"):
         return 0.0
-    from ..workload.inputs import fully_masked_rows
+    from ..workload.draws import fully_masked_rows
     return float(len(fully_masked_rows(shape.q_len)) * shape.case.batch * shape.case.heads)
 
 

@@ -21,8 +21,11 @@ from ..measure.golden.numerics import BACKWARD_FLOP_FACTOR
 from .fitbase import case_of as _case_of, golden_read_s, mean_of_most as _mean_of_most, nnls as _nnls, run_host
 from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,
                          measured_attention)
-from .costmodel import (COMPILED_VARIANTS, REFEREE_CALLS, REFEREE_DEFAULT_S, CostModel, Params, Settings, call_variant,
-                        device_type, kernel_key, leak_probe_count, masked_rows_checked, returns_lse)
+from .cell_work import (REFEREE_CALLS, call_variant, device_type, kernel_key, leak_probe_count, masked_rows_checked,
+                        returns_lse)
+from .costmodel import COMPILED_VARIANTS, CostModel
+from .priors import REFEREE_DEFAULT_S, Params
+from .settings import Settings
 
 
 

@@ -23,39 +23,38 @@ factors multiply this machine's own ceilings, a model fitted on one machine pred
 another from its ceilings. The other constants (per-cell overhead, golden cost per
 chunk and per FLOP, compile and initialization times) are fitted from records' elapsed_s.
 
-The shipped priors (cost_priors.json) are fitted on the shared H200 records
-(tests/data/h200-2026-11-30) and a CPU run; costfit.fit refits them from any run folders,
-and forecast.plan predicts a grid on this machine with them.
+The fitted constants and the shipped priors (cost_priors.json, fitted on the shared H200 records
+and CPU runs): priors.py; costfit.fit refits them from any run folders, and forecast.plan predicts
+a grid on this machine with them.
 Pure Python + numpy + pandas: nothing here imports torch.
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
 from ..core.grid import AXES, Case
-from ..core.units import format_duration
 from ..measure.golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from ..measure.machine.energy import MAX_WALL_S as ENERGY_MAX_WALL_S, MIN_QUEUED_S as ENERGY_QUEUED_S
 from ..measure.machine.timing import (HOLD_EXTRA_S, HOLD_MARGIN, MAX_DEVICE_BLOCK, MAX_SAMPLES, MIN_BLOCK_S,
                                       min_block_for)
 from ..workload.inputs import invariance_applies
-from .settings import Settings  # noqa: F401  (the model's settings: one definition, there)
+from ..workload.variant_contract import BROKEN_PREFIX
+from ..workload.variants import builtin_variants
 from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,
                          N_CALL_FEATURES)
-from .cell_work import (REFEREE_CALLS, REFUSAL_S, argument_compile_default_s, argument_compile_keys, argument_probes,  # noqa: F401
-                        refusal_probes, call_variant, compile_key, kernel_key, score_mod_of,
+from .cell_work import (REFEREE_CALLS, REFUSAL_S, argument_compile_default_s, argument_compile_keys, argument_probes,
+                        refusal_probes, call_variant, compile_key, kernel_key,
                         checks_calls, declared_refusal, device_type, invariance_compile_keys, leak_probe_count,
                         masked_rows_checked, paged_call, predicted_unsupported, returns_lse, tensor_elems)
-from ..workload.variants import BROKEN_PREFIX, builtin_variants
+from .priors import (BACKWARD_DEFAULT_FACTOR, DIAGNOSIS_DEFAULT_S, DIAGNOSIS_FLOPS_PER_S, FAMILY_DEFAULTS, HOST_BOUND,
+                     HOST_BOUND_RATES, HOST_CALL_DEFAULT_S, NOISE_SHARE_DEFAULT, REFEREE_DEFAULT_S, Params, load_priors)
+from .settings import Settings
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
-PRIORS_FILE = Path(__file__).with_name("cost_priors.json")
 # The variants whose code is compiled per shape: the built-ins declaring it (Variant.compiled), and
 # transformers' flex_attention (a plug-in's or an hf: name's compiling is not known before it runs).
 COMPILED_VARIANTS: tuple[str, ...] = tuple(n for n, v in builtin_variants().items() if v.compiled) + (
@@ -65,33 +64,7 @@ ENERGY_EDGE_WAIT_S = 0.1     # waiting for two energy-counter updates (20-100 ms
 TOO_SLOW = "too slow for this device (--max-cell-s)"   # a predicted status's reason: the runner's rule, predicted
 
 
-# --------------------------------------------------------------------------- parameters
-
-# Where nothing was fitted: how a family of variants spends its time, per device type.
-# (c0 seconds, a, b, m, e) on call_features: hand-written code runs its matmuls in the input dtype and
-# passes over the score matrix a few times; fused kernels run near the attention probe's rate (on a GPU,
-# where none is measured, the dtype's matmul's).
-FAMILY_DEFAULTS: dict[str, dict[str, tuple[float, float, float, float, float]]] = {
-    "cpu": {"eager": (2e-5, 1.5, 0.0, 6.0, 0.0), "fused": (2e-5, 0.0, 0.0, 0.5, 1.5),
-            "compiled": (5e-5, 1.0, 0.0, 4.0, 0.0)},
-    "cuda": {"eager": (5e-5, 3.0, 0.0, 6.0, 0.0), "fused": (3e-5, 0.0, 0.0, 0.2, 1.5),
-             "compiled": (5e-5, 2.0, 0.0, 3.0, 0.0)},
-}
-BACKWARD_DEFAULT_FACTOR = 3.0
-HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
-# The share of --noise-cap-s a measurement samples beyond its minimum where no run fitted it (costfit.
-# _fit_noise); cpu: 3 idle quick runs (2-core Xeon VM, 0.2 ms blocks) used 1.9-2.4% of a 0.2 s cap;
-# cuda: an H200's device-timed samples, 1 of 146 wider than ±3% (docs/measurement.md)
-NOISE_SHARE_DEFAULT = {"cpu": 0.03, "cuda": 1 / 146}
-# A diagnosed cell (measure/diagnosis/diagnosis.py), where nothing was fitted: a fixed part, plus every known
-# mistake's float64 forward over the diagnosis slices at this rate. Measured on 2 cores of an AMD
-# EPYC: 11 ms at T=64 (H=4, d=64), 47 ms at T=256 with GQA, 180 ms at T=1024 (one slice).
-DIAGNOSIS_DEFAULT_S = {"cpu": 0.005, "cuda": 0.002}   # cuda: ~10 launches per mistake, unmeasured
-# The referee's own time in a cell besides its calls (the wait for work a call left running, copies,
-# bitwise comparisons, sealing): 6.6 ms a cell on quick's CPU cells (2-core Intel Xeon); not fitted.
-REFEREE_DEFAULT_S = {"cpu": 0.007, "cuda": 0.002}
-DIAGNOSIS_FLOPS_PER_S = {"cpu": 3e10, "cuda": 2e13}   # cuda: an H200 at a third of its float64 peak, unmeasured
-
+# --------------------------------------------------------------------------- a cell's parts
 
 def diagnosis_flops(shape: "CellShape") -> float:
     """Float64 FLOPs of one cell's diagnosis: every registered mistake's forward over the
@@ -114,72 +87,18 @@ def _family(variant: str) -> str:
     return "eager"
 
 
-@dataclass
-class Params:
-    """Fitted constants of the model. Keys join device type, variant, dtype and pass with '|'."""
-
-    call: dict[str, list[float]] = field(default_factory=dict)    # "cuda|sdpa|bf16|fwd" -> 4 factors
-    host_call_s: dict[str, float] = field(default_factory=dict)   # "cuda|sdpa" -> host s per call
-    cell_s: dict[str, float] = field(default_factory=dict)        # "cuda" -> s per cell
-    cudnn_config_s: dict[str, float] = field(default_factory=dict)  # "cuda" -> first cuDNN SDPA of a config
-    masked_row_s: dict[str, float] = field(default_factory=dict)  # schema 2: per fully masked row checked
-    golden_chunk_s: dict[str, float] = field(default_factory=dict)
-    golden_flops_per_s: dict[str, float] = field(default_factory=dict)
-    weights_chunk_s: dict[str, float] = field(default_factory=dict)
-    golden_read_s: dict[str, float] = field(default_factory=dict)   # "cpu" -> s per reference read back, beyond read_s
-    # phasefit (records with phase_s): "cpu" -> [constant, factor on the warm-up calls' seconds] ...
-    warmup_call: dict[str, list[float]] = field(default_factory=dict)
-    # ... [constant, factor on the checks' forwards, on their forward+backwards, s per tensor element,
-    # per exposed-weights chunk, per its float64 FLOP, per leak probe] (checks_calls, tensor_elems)
-    checks_call: dict[str, list[float]] = field(default_factory=dict)
-    real_diagnosis_s: dict[str, float] = field(default_factory=dict)   # "cpu" -> mean s a real variant's cell diagnoses
-    golden_set_s: dict[str, float] = field(default_factory=dict)     # phasefit: s per golden built, and ...
-    golden_score_s: dict[str, float] = field(default_factory=dict)   # ... per float64 score element (slices·Tq·Tk)
-    diagnosis_s: dict[str, float] = field(default_factory=dict)   # "cpu" -> s per diagnosed cell (schema 7)
-    # s per compile: "cpu|flex|hit" / "cpu|flex|miss" by Inductor's cache, "cpu|flex" outcome unknown
-    compile_s: dict[str, float] = field(default_factory=dict)
-    argument_compile_s: dict[str, float] = field(default_factory=dict)   # "cpu|flex": an argument probe's recompile
-    init_s: dict[str, float] = field(default_factory=dict)        # "cuda|sdpa" -> first cell of a run
-    run_start_s: dict[str, float] = field(default_factory=dict)
-    compile_start_s: dict[str, float] = field(default_factory=dict)  # the run's first compiled cell ("cpu|miss")
-    skip_s: dict[str, float] = field(default_factory=dict)
-    # "cpu" -> the share of --noise-cap-s a measurement samples beyond its minimum on average (a noisy
-    # machine's near 1, an idle one's near 0): costfit._fit_noise, from records' fwd_extra_s
-    noise_share: dict[str, float] = field(default_factory=dict)
-    # outside the cells (plan.overhead): "cpu|start_s", "cpu|report_s", "cpu|between_cell_s", ...
-    overhead: dict[str, float] = field(default_factory=dict)
-    fitted_on: list[str] = field(default_factory=list)
-    # The machine the priors were fitted on, per device type: its ceilings, free memory and
-    # name. A dry-run for a device this machine lacks (--device cuda on a laptop) predicts it.
-    reference: dict[str, dict] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> "Params":
-        return cls(**json.loads(text))
-
-    def merged(self, newer: "Params") -> "Params":
-        """These parameters with every constant `newer` fitted taking precedence."""
-        out = Params()
-        for name in asdict(self):
-            old, new = getattr(self, name), getattr(newer, name)
-            setattr(out, name, list(dict.fromkeys(old + new)) if isinstance(old, list) else {**old, **new})
-        return out
-
-
-def load_priors(path: Path = PRIORS_FILE) -> Params:
-    return Params.from_json(path.read_text()) if path.exists() else Params()
-
-
-def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call_s: float, synced: bool) -> float:
-    """Wall time of one measurement (timing.measure / measure_device) of a t-second call (synced: a sync a block)."""
+def timed_wall_s(t: float, settings: Settings, *, device_timing: bool, host_call_s: float,
+                 synced: bool = False) -> float:
+    """Wall time of one measurement (timing.measure / measure_device) of a call taking t seconds
+    (`synced`: host-timed with a device sync per block, CUDA without device timing)."""
     if t <= 0:
         return 0.0
-    block = min(MAX_DEVICE_BLOCK, max(1, math.ceil(MIN_BLOCK_S / t))) if device_timing else \
-        max(1, math.ceil(min_block_for(synced) / t))
-    per_sample = HOLD_MARGIN * block * host_call_s + HOLD_EXTRA_S + block * t if device_timing else block * t
+    if device_timing:
+        block = min(MAX_DEVICE_BLOCK, max(1, math.ceil(MIN_BLOCK_S / t)))
+        per_sample = HOLD_MARGIN * block * host_call_s + HOLD_EXTRA_S + block * t   # the spin, then the block
+    else:
+        block = max(1, math.ceil(min_block_for(synced) / t))
+        per_sample = block * t
     n = min(MAX_SAMPLES, max(settings.min_samples, math.ceil(settings.min_time_s / per_sample)))
     return n * per_sample
 
@@ -191,8 +110,8 @@ def energy_wall_s(t_fwd: float, settings: Settings) -> float:
         return 0.0
     if settings.energy == "window":          # schema 2: a fixed window of repeated calls
         return max(w, t_fwd) * 1.03
-    if t_fwd < 2e-3:                         # graph capture, then replays between two counter updates
-        return min(ENERGY_MAX_WALL_S, w + ENERGY_EDGE_WAIT_S) + 3 * t_fwd + 2e-3 + ENERGY_QUEUED_S   # + the queue draining
+    if t_fwd < 2e-3:       # graph capture, then replays between two counter updates, then the queue draining
+        return min(ENERGY_MAX_WALL_S, w + ENERGY_EDGE_WAIT_S) + 3 * t_fwd + 2e-3 + ENERGY_QUEUED_S
     return ENERGY_EDGE_WAIT_S + max(w, t_fwd) + 2 * t_fwd
 
 
@@ -212,16 +131,23 @@ def _amortize(rows: list[dict], memberships: list[list[tuple]], paid: dict[tuple
         row["shares"] = tuple((g, paid[g]) for g in groups if paid.get(g))
 
 
-# The constants that are the host's own work (Python, the C++ compiler, bookkeeping, float64 goldens
-# on the host), fitted in the reference host's seconds (costfit divides each run's by its host factor,
-# plan.overhead.host_factor) and predicted times this host's factor: a machine whose first plan has
-# no history of its own is predicted from its host probe, not from the machines the priors were fitted
-# on. Per-call times scale with the measured ceilings instead. Rates (a table of "per second") divide.
-HOST_BOUND: tuple[str, ...] = ("cell_s", "golden_chunk_s", "weights_chunk_s", "diagnosis_s", "compile_s",
-                               "argument_compile_s",
-                               "compile_start_s", "init_s", "run_start_s", "skip_s", "masked_row_s",
-                               "host_call_s", "golden_read_s", "real_diagnosis_s", "golden_set_s", "golden_score_s")
-HOST_BOUND_RATES: tuple[str, ...] = ("golden_flops_per_s",)
+@dataclass
+class _Walk:
+    """What predict() carries from one cell to the next, in run order: what the run has done so far
+    (devices started, variants initialized, references built, compiles) and the shared costs paid."""
+
+    stored: set[tuple]      # input keys whose reference the golden store holds (read back, not built)
+    kernels: set[tuple]     # kernel_key()s in Inductor's cache, growing as the run compiles
+    built: set[tuple] = field(default_factory=set)    # input sets this walk built a reference for (stored if worth it)
+    previous_key: tuple | None = None                 # the input set of the last reference built or read
+    started: set[str] = field(default_factory=set)    # device types whose start-up is paid
+    seen_variants: set[tuple[str, str]] = field(default_factory=set)   # (device type, variant) initialized
+    compiled_keys: set[tuple] = field(default_factory=set)             # compile_key()s compiled, probes' too
+    compiling_started: set[str] = field(default_factory=set)           # device types whose compiler started
+    cudnn_configs: set[tuple] = field(default_factory=set)             # cudnn_config()s met
+    paid: dict[tuple, float] = field(default_factory=dict)    # shared costs by what shares them (for amortized_s)
+    memberships: list[list[tuple]] = field(default_factory=list)   # per row: the groups it shares costs with
+    rows: list[dict] = field(default_factory=list)
 
 
 class CostModel:
@@ -281,85 +207,74 @@ class CostModel:
         """
         import pandas as pd
 
-        from .memory_model import too_big
-
-        stored = set(stored_goldens)
-        built: set[tuple] = set()       # input sets this walk built a reference for (stored if worth it)
-        rows = []
-        previous_key = None
-        seen_variants: set[tuple[str, str]] = set()
-        compiled_keys: set[tuple] = set()
-        kernels = set(warm_compiles)         # kernel_key()s in Inductor's cache, growing as the run compiles
-        compiling_started: set[str] = set()
-        cudnn_configs: set[tuple] = set()
-        started: set[str] = set()
-        paid: dict[tuple, float] = {}           # shared costs by what shares them (for amortized_s)
-        memberships: list[list[tuple]] = []     # per row: the groups it shares costs with
+        walk = _Walk(stored=set(stored_goldens), kernels=set(warm_compiles))
         for case in cases:
-            shape = CellShape.of(case)
-            dev = device_type(case.device)
-            ceil = (ceilings or {}).get(case.device) or (ceilings or {}).get(dev)
-            phases = dict.fromkeys(PHASES, 0.0)
-            status, reason = "ok", None
-            phases["setup"] = self._const("cell_s", dev, 0.05)
-            shared = 0.0    # paid once for many cells, by whichever comes first (start-up, golden, compile)
-            groups = [("device", dev), ("variant", dev, case.variant), ("inputs", case.input_key)]
-            memberships.append(groups)
-            if dev not in started:
-                started.add(dev)
-                shared += paid.setdefault(groups[0], self._const("run_start_s", dev, 0.0))
-            oom = too_big(case, shape.q_len, (free_bytes or {}).get(case.device))
-            if oom:
-                phases["setup"] += shared
-                rows.append(self._row(case, "oom", oom, phases, shared_s=shared))
-                continue
-            if (dev, case.variant) not in seen_variants:
-                seen_variants.add((dev, case.variant))
-                shared += paid.setdefault(groups[1], self._const("init_s", f"{dev}|{case.variant}", 0.0))
-            if case.input_key != previous_key and not declared_refusal(case):   # (refused first: no inputs drawn)
-                previous_key = case.input_key
-                phases["golden"] += self._golden_or_read_s(shape, settings, stored, built)
-                paid[groups[2]] = paid.get(groups[2], 0.0) + phases["golden"]
-            unsupported = predicted_unsupported(case, shape)
-            if unsupported:
-                status, reason = "skipped", unsupported
-                phases["setup"] = self._const("skip_s", dev, 0.002) + shared
-                rows.append(self._row(case, status, reason, phases, shared_s=shared + phases["golden"]))
-                continue
-            t_f = self.call_s(shape, "fwd", ceil)
-            backward = not (case.variant in NO_CPU_BACKWARD and dev == "cpu") and not paged_call(case)
-            t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
-            if case.variant in COMPILED_VARIANTS:
-                phases["compile"] = self._compiles(shape, settings, groups, compiled_keys, kernels,
-                                                   compiling_started, paid)
-                shared += phases["compile"]
-            n_timed = settings.min_samples + 1
-            limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s
-            if t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s or (t_f + t_fb) * n_timed > limit_s:
-                status, reason = "skipped", TOO_SLOW
-                phases["warmup"] = 2 * t_f + (2 * t_fb if t_f * 3.5 * n_timed <= limit_s else 0)
-                phases["setup"] += shared - phases["compile"]
-                rows.append(self._row(case, status, reason, phases, t_f, t_fb,
-                                      shared_s=shared + phases["golden"]))
-                continue
-            config = cudnn_config(shape)
-            if config is not None:
-                groups.append(("cudnn", config))
-            if config is not None and config not in cudnn_configs:
-                cudnn_configs.add(config)
-                shared += paid.setdefault(groups[-1], self._const("cudnn_config_s", dev, 0.0))
-            phases["setup"] += shared - phases["compile"]
-            phases["warmup"] = self._warmup_s(dev, settings, t_f, t_fb)
-            phases["numerics"] = self._numerics_s(shape, settings, t_f, t_fb)
-            if settings.invariance and not self.params.checks_call.get(dev):   # (fitted: in checks_calls)
-                batch, chunk = invariance_applies(case)
-                phases["numerics"] += (t_f / case.batch if batch else 0.0) + (t_f if chunk else 0.0)
-            phases["timed"], phases["energy"] = self._timed_and_energy_s(case, settings, t_f, t_fb)
-            rows.append(self._row(case, status, reason, phases, t_f, t_fb, shared_s=shared + phases["golden"]))
+            ceil = (ceilings or {}).get(case.device) or (ceilings or {}).get(device_type(case.device))
+            walk.rows.append(self._cell_row(case, settings, ceil, (free_bytes or {}).get(case.device), walk))
         columns = ["id", *AXES, "status", "reason", "fwd_s", "fwd_bwd_s", *PHASES, "total_s",
                    "shared_s", "amortized_s", "shares"]
-        _amortize(rows, memberships, paid)
-        return pd.DataFrame(rows, columns=columns)
+        _amortize(walk.rows, walk.memberships, walk.paid)
+        return pd.DataFrame(walk.rows, columns=columns)
+
+    def _cell_row(self, case: Case, settings: Settings, ceil: Mapping[str, Any] | None, free: int | None,
+                  walk: "_Walk") -> dict[str, Any]:
+        """One cell's row, after the cells before it in `walk`: the shared costs it is the first to
+        need (the device's start-up, the variant's initialization, its input set's golden, compiles,
+        a cuDNN configuration) are its own, and paid into the walk. ceil: its device's ceilings;
+        free: its device's free bytes (None: unknown)."""
+        from .memory_model import too_big
+
+        shape = CellShape.of(case)
+        dev = device_type(case.device)
+        phases = dict.fromkeys(PHASES, 0.0)
+        phases["setup"] = self._const("cell_s", dev, 0.05)
+        shared = 0.0    # paid once for many cells, by whichever comes first (start-up, golden, compile)
+        groups = [("device", dev), ("variant", dev, case.variant), ("inputs", case.input_key)]
+        walk.memberships.append(groups)
+        if dev not in walk.started:
+            walk.started.add(dev)
+            shared += walk.paid.setdefault(groups[0], self._const("run_start_s", dev, 0.0))
+        oom = too_big(case, shape.q_len, free)
+        if oom:
+            phases["setup"] += shared
+            return self._row(case, "oom", oom, phases, shared_s=shared)
+        if (dev, case.variant) not in walk.seen_variants:
+            walk.seen_variants.add((dev, case.variant))
+            shared += walk.paid.setdefault(groups[1], self._const("init_s", f"{dev}|{case.variant}", 0.0))
+        if case.input_key != walk.previous_key and not declared_refusal(case):   # (refused first: no inputs drawn)
+            walk.previous_key = case.input_key
+            phases["golden"] += self._golden_or_read_s(shape, settings, walk)
+            walk.paid[groups[2]] = walk.paid.get(groups[2], 0.0) + phases["golden"]
+        unsupported = predicted_unsupported(case, shape)
+        if unsupported:
+            phases["setup"] = self._const("skip_s", dev, 0.002) + shared
+            return self._row(case, "skipped", unsupported, phases, shared_s=shared + phases["golden"])
+        t_f = self.call_s(shape, "fwd", ceil)
+        backward = not (case.variant in NO_CPU_BACKWARD and dev == "cpu") and not paged_call(case)
+        t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
+        if case.variant in COMPILED_VARIANTS:
+            phases["compile"] = self._compiles(shape, settings, groups, walk)
+            shared += phases["compile"]
+        n_timed = settings.min_samples + 1
+        limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s
+        if t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s or (t_f + t_fb) * n_timed > limit_s:
+            phases["warmup"] = 2 * t_f + (2 * t_fb if t_f * 3.5 * n_timed <= limit_s else 0)
+            phases["setup"] += shared - phases["compile"]
+            return self._row(case, "skipped", TOO_SLOW, phases, t_f, t_fb, shared_s=shared + phases["golden"])
+        config = cudnn_config(shape)
+        if config is not None:
+            groups.append(("cudnn", config))
+        if config is not None and config not in walk.cudnn_configs:
+            walk.cudnn_configs.add(config)
+            shared += walk.paid.setdefault(groups[-1], self._const("cudnn_config_s", dev, 0.0))
+        phases["setup"] += shared - phases["compile"]
+        phases["warmup"] = self._warmup_s(dev, settings, t_f, t_fb)
+        phases["numerics"] = self._numerics_s(shape, settings, t_f, t_fb)
+        if settings.invariance and not self.params.checks_call.get(dev):   # (fitted: in checks_calls)
+            batch, chunk = invariance_applies(case)
+            phases["numerics"] += (t_f / case.batch if batch else 0.0) + (t_f if chunk else 0.0)
+        phases["timed"], phases["energy"] = self._timed_and_energy_s(case, settings, t_f, t_fb)
+        return self._row(case, "ok", None, phases, t_f, t_fb, shared_s=shared + phases["golden"])
 
     def _warm_ratio(self, dev: str, variant: str) -> float:
         """A compile read from Inductor's cache over one built anew: a warm cell's argument probes (cached
@@ -367,24 +282,23 @@ class CostModel:
         return (self._by_cache("compile_s", f"{dev}|{variant}", "hit", 3.0)
                 / max(1e-9, self._by_cache("compile_s", f"{dev}|{variant}", "miss", 3.0)))
 
-    def _compiles(self, shape: CellShape, settings: Settings, groups: list[tuple], compiled_keys: set[tuple],
-                  kernels: set[tuple], compiling_started: set[str], paid: dict[tuple, float]) -> float:
+    def _compiles(self, shape: CellShape, settings: Settings, groups: list[tuple], walk: "_Walk") -> float:
         """A compiled variant's cell: the seconds of the compiles it is the first to need (its shape's, the
         compiler's start, the invariance and argument probes'), each a shared cost of its group; the groups
-        it shares go into `groups`, the run's compiles into the sets."""
+        it shares go into `groups`, the run's compiles into the walk."""
         case, dev, variant = shape.case, device_type(shape.case.device), call_variant(shape)
         key = compile_key(shape)
         groups += [("compiler", dev), ("compile", key)]
         seconds = 0.0
-        warm = self._warm_ratio(dev, variant) if kernel_key(shape) in kernels else None   # its probes' too
-        if key not in compiled_keys:
-            compiled_keys.add(key)
-            cache = "hit" if kernel_key(shape) in kernels else "miss"
-            kernels.add(kernel_key(shape))
-            seconds = paid.setdefault(groups[-1], self._by_cache("compile_s", f"{dev}|{variant}", cache, 3.0))
-            if dev not in compiling_started:              # the run's first compile also starts the compiler
-                compiling_started.add(dev)
-                seconds += paid.setdefault(groups[-2], self._by_cache("compile_start_s", dev, cache, 2.0))
+        warm = self._warm_ratio(dev, variant) if kernel_key(shape) in walk.kernels else None   # its probes' too
+        if key not in walk.compiled_keys:
+            walk.compiled_keys.add(key)
+            cache = "hit" if kernel_key(shape) in walk.kernels else "miss"
+            walk.kernels.add(kernel_key(shape))
+            seconds = walk.paid.setdefault(groups[-1], self._by_cache("compile_s", f"{dev}|{variant}", cache, 3.0))
+            if dev not in walk.compiling_started:              # the run's first compile also starts the compiler
+                walk.compiling_started.add(dev)
+                seconds += walk.paid.setdefault(groups[-2], self._by_cache("compile_start_s", dev, cache, 2.0))
         extras = [(k, "compile_s", variant, "miss", 3.0)      # once per run each: the invariance calls' shapes
                   for k in (invariance_compile_keys(key, case) if settings.invariance else ())]
         extras += [(k, "argument_compile_s", f"{case.variant}|{k[-1]}", "miss" if warm is None else "hit",
@@ -392,9 +306,10 @@ class CostModel:
                    for k in (argument_compile_keys(case) if settings.arguments else ())]   # the probes' recompiles
         for extra, table, name, cache_state, default in extras:
             groups.append(("compile", extra))              # shared by every cell needing it, paid by the first
-            if extra not in compiled_keys:
-                compiled_keys.add(extra)
-                seconds += paid.setdefault(groups[-1], self._by_cache(table, f"{dev}|{name}", cache_state, default))
+            if extra not in walk.compiled_keys:
+                walk.compiled_keys.add(extra)
+                seconds += walk.paid.setdefault(groups[-1],
+                                                self._by_cache(table, f"{dev}|{name}", cache_state, default))
         return seconds
 
     def _timed_and_energy_s(self, case: Case, settings: Settings, t_f: float, t_fb: float) -> tuple[float, float]:
@@ -403,8 +318,9 @@ class CostModel:
         dev = device_type(case.device)
         device_timing = dev == "cuda" and settings.timing == "device"
         host = self._const("host_call_s", f"{dev}|{case.variant}", HOST_CALL_DEFAULT_S[dev])
-        timed = sum(timed_wall_s(t, settings, device_timing=device_timing, host_call_s=h, synced=dev == "cuda")
-                    for t, h in ((t_f, host), (t_fb, 2.5 * host)))
+        synced = dev == "cuda"
+        timed = (timed_wall_s(t_f, settings, device_timing=device_timing, host_call_s=host, synced=synced)
+                 + timed_wall_s(t_fb, settings, device_timing=device_timing, host_call_s=2.5 * host, synced=synced))
         if settings.noise_cap_s:     # sampling on until the median is known: this machine's usual share of the cap
             passes = (t_f > 0) + (t_fb > 0)
             timed += passes * settings.noise_cap_s * self._const("noise_share", dev, NOISE_SHARE_DEFAULT[dev])
@@ -445,7 +361,8 @@ class CostModel:
             weights = exposes_weights(case.variant)
             c0, c_f, c_fb, c_e, c_wc, c_wf, c_leak = (list(fitted) + [0.0] * 7)[:7]
             seconds = (c0 * self.host + c_f * n_f * t_f + c_fb * n_fb * t_fb + c_e * tensor_elems(shape) * self.host
-                       + (c_wc * wchunks + c_wf * wflops) * weights * self.host + c_leak * leak_probe_count(case) * self.host)
+                       + (c_wc * wchunks + c_wf * wflops) * weights * self.host
+                       + c_leak * leak_probe_count(case) * self.host)
             if case.variant.startswith(BROKEN_PREFIX):
                 return seconds + self._const("diagnosis_s", dev, DIAGNOSIS_DEFAULT_S[dev])
             return seconds + self._const("real_diagnosis_s", f"{dev}|{case.scenario}",
@@ -470,7 +387,7 @@ class CostModel:
                         + flops / BACKWARD_FLOP_FACTOR / self._const("golden_flops_per_s", dev, 1e10))
         return seconds
 
-    def _golden_or_read_s(self, shape: CellShape, settings: Settings, stored: set[tuple], built: set[tuple]) -> float:
+    def _golden_or_read_s(self, shape: CellShape, settings: Settings, walk: "_Walk") -> float:
         """An input set's reference: read back from the golden store where it holds it (an earlier run
         stored it, or this run did when it first built it and it was worth keeping), else built."""
         case = shape.case
@@ -479,10 +396,10 @@ class CostModel:
             from ..measure.golden.golden_store import read_s, reference_bytes, worth_storing
             n, _flops, _chunks = golden_cost_inputs(shape, settings)
             nbytes = reference_bytes(n, shape.q_len, case.seq_len, case.d_k, case.effective_d_v)
-            if case.input_key in stored or (case.input_key in built and worth_storing(build, nbytes)):
+            if case.input_key in walk.stored or (case.input_key in walk.built and worth_storing(build, nbytes)):
                 return self._scaled("golden_read_s", self.params.golden_read_s.get(device_type(case.device), 0.0)) \
                     + read_s(nbytes) * self.host
-        built.add(case.input_key)
+        walk.built.add(case.input_key)
         return build
 
     def _golden_s(self, shape: CellShape, settings: Settings) -> float:
@@ -509,22 +426,3 @@ class CostModel:
         return {"id": case.id, **axes, "status": status, "reason": reason,
                 "fwd_s": t_f, "fwd_bwd_s": t_fb, **phases, "total_s": sum(phases.values()),
                 "shared_s": shared_s}
-
-
-# --------------------------------------------------------------------------- reporting
-
-def summary(pred: Any, reserve_s: float | None = None) -> str:
-    """Predicted seconds per phase and per variant, and the total, for --dry-run; reserve_s: the
-    seconds outside the cells (the plan's reserve_s; default: plan.overhead's defaults)."""
-    from .overhead import overhead_s
-    overhead = sum(overhead_s(pred)) if reserve_s is None else reserve_s
-    total = float(pred["total_s"].sum()) + overhead
-    lines = [f"predicted wall time: {format_duration(total)} for {len(pred)} cells "
-             f"({int((pred['status'] == 'ok').sum())} measured, "
-             f"{int((pred['status'] == 'skipped').sum())} skipped, "
-             f"{int((pred['status'] == 'oom').sum()) if 'oom' in set(pred['status']) else 0} oom)",
-             "  per phase: " + ", ".join(f"{p} {format_duration(float(pred[p].sum()))}" for p in PHASES)
-             + f"; start-up, ceilings and report about {format_duration(overhead)}"]
-    per_variant = pred.groupby("variant", sort=False)["total_s"].sum().sort_values(ascending=False)
-    lines.append("  per variant: " + ", ".join(f"{v} {format_duration(float(s))}" for v, s in per_variant.items()))
-    return "\n".join(lines)

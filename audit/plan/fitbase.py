@@ -51,7 +51,7 @@ def case_of(row: Any) -> Case:
 
 def run_host(run: Any) -> float:
     """The host factor a run was made at (plan.overhead.host_factor of its ceilings; 1 without a
-    probe): its host-bound seconds divided by it are the reference host's (costmodel.HOST_BOUND)."""
+    probe): its host-bound seconds divided by it are the reference host's (priors.HOST_BOUND)."""
     from .overhead import host_factor
     return host_factor(run.ceilings)
 

@@ -17,7 +17,10 @@ from ..core.runfolder import RECORDS_FILE, RUN_FILE
 from ..measure.machine.roofline import CEILINGS_BUDGET_S, CEILINGS_METHOD, matmul_plausibility
 from ..workload.presets import Preset
 from .costfit import RunData, fit
-from .costmodel import CostModel, Params, Settings, device_type, load_priors
+from .cell_work import device_type
+from .costmodel import CostModel
+from .priors import Params, load_priors
+from .settings import Settings
 from .overhead import host_factor
 
 

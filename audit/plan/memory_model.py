@@ -20,6 +20,7 @@ from typing import Callable
 
 from ..core.grid import Case
 from ..measure.machine.roofline import DTYPE_BYTES
+from ..workload.variant_contract import BROKEN_PREFIX
 
 # variant -> bytes per score element of one forward+backward, from the input dtype's size.
 # eager (bf16): 8.0-10.0 = 4 x 2 bytes; eager_fp32 and sdpa_math hold fp32 scores: 16.0-23.0;
@@ -45,7 +46,7 @@ def score_elements(case: Case, q_len: int) -> int:
 def kv_copy_elements(case: Case) -> int:
     """Elements of k and v repeated per query head (B·H·Tk·(d_k + d_v)) for a GQA cell of a variant
     that materializes them (KV_EXPANDING, the negative controls); 0 otherwise."""
-    if not case.gqa or not (case.variant in KV_EXPANDING or case.variant.startswith("broken.")):
+    if not case.gqa or not (case.variant in KV_EXPANDING or case.variant.startswith(BROKEN_PREFIX)):
         return 0
     return case.batch * case.heads * case.seq_len * (case.d_k + case.effective_d_v)
 
@@ -61,7 +62,7 @@ def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
     when this variant's memory is not predicted: the larger of the score-matrix bound (with
     GQA's k and v copies) and the gradients' bytes."""
     per_element = SCORE_BYTES.get(case.variant)
-    if per_element is None and case.variant.startswith("broken."):
+    if per_element is None and case.variant.startswith(BROKEN_PREFIX):
         per_element = NEGATIVE_CONTROL_SCORE_BYTES
     if per_element is None:
         return None
@@ -116,4 +117,5 @@ def too_big(case: Case, q_len: int, free: int | None) -> str | None:
 def held_copy_bytes(case: Case, q_len: int) -> int:
     """What the determinism check (measure/cell/repeats.py) holds while the cell runs: the first run's
     out (B·H·Tq·d_v) and gradients, in the input dtype: memory beside the peak, not in it."""
-    return (case.batch * case.heads * q_len * case.effective_d_v + gradient_elements(case, q_len)) * DTYPE_BYTES[case.dtype]
+    return ((case.batch * case.heads * q_len * case.effective_d_v + gradient_elements(case, q_len))
+            * DTYPE_BYTES[case.dtype])

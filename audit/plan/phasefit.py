@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..workload.variant_contract import BROKEN_PREFIX
 from .fitbase import case_of, golden_read_s, mean_of_most, nnls, run_host
 
 CHECK_PHASES = ("numerics", "leak", "invariance", "determinism", "saturation", "referee")
@@ -82,7 +83,8 @@ def fit_phases(runs: Sequence[Any], out: Any) -> None:
                 if run.settings.referee and run.settings.referee_golden_forward:
                     from ..measure.golden.numerics import BACKWARD_FLOP_FACTOR
                     flops *= 1 + 1 / (1 + BACKWARD_FLOP_FACTOR)
-                d["golden"].append(([1.0, chunks, n * shape.q_len * case.seq_len, flops], phases.get("golden", 0.0) / host))
+                d["golden"].append(([1.0, chunks, n * shape.q_len * case.seq_len, flops],
+                                    phases.get("golden", 0.0) / host))
             if "compile" not in phases:                     # a compile's first calls are in compile_s
                 wf, wfb = run.settings.warmup_fwd_calls * t_f, run.settings.warmup_fwd_bwd_calls * t_fb
                 d["warmup"].append(([host, wf + wfb], phases.get("warmup", 0.0), host))
@@ -100,7 +102,7 @@ def fit_phases(runs: Sequence[Any], out: Any) -> None:
                                  wchunks * weights * host, wflops * weights * host,
                                  leak_probe_count(case) * host], checks, host))
             diagnosis = float(phases.get("diagnosis", 0.0)) / host
-            if case.variant.startswith("broken."):
+            if case.variant.startswith(BROKEN_PREFIX):
                 d["diag_broken"].append(diagnosis)
             else:
                 d["diag_real"].append(diagnosis)

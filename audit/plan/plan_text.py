@@ -1,6 +1,9 @@
 """The plan in words, for the console and --dry-run: what it measures and skips, the variant ×
-dtype × mask kinds left without a cell, the smallest useful plan and the --budget each needs."""
+dtype × mask kinds left without a cell, the smallest useful plan and the --budget each needs, and
+the predicted wall time per phase and per variant (summary)."""
 from __future__ import annotations
+
+from typing import Any
 
 from ..core.units import format_budget, format_duration
 from .budget import Plan
@@ -69,3 +72,21 @@ def model_audit_line(plan: Plan, models: tuple[str, ...]) -> str | None:
     if plan.model_audit_skip:
         return f"model audit ({names}): left out: {plan.model_audit_skip}"
     return f"model audit ({names}): after the cells, predicted {format_duration(plan.model_audit_s)}"
+
+
+def summary(pred: Any, reserve_s: float | None = None) -> str:
+    """Predicted seconds per phase and per variant, and the total, for --dry-run; reserve_s: the
+    seconds outside the cells (the plan's reserve_s; default: plan.overhead's defaults)."""
+    from .costmodel import PHASES
+    from .overhead import overhead_s
+    overhead = sum(overhead_s(pred)) if reserve_s is None else reserve_s
+    total = float(pred["total_s"].sum()) + overhead
+    lines = [f"predicted wall time: {format_duration(total)} for {len(pred)} cells "
+             f"({int((pred['status'] == 'ok').sum())} measured, "
+             f"{int((pred['status'] == 'skipped').sum())} skipped, "
+             f"{int((pred['status'] == 'oom').sum()) if 'oom' in set(pred['status']) else 0} oom)",
+             "  per phase: " + ", ".join(f"{p} {format_duration(float(pred[p].sum()))}" for p in PHASES)
+             + f"; start-up, ceilings and report about {format_duration(overhead)}"]
+    per_variant = pred.groupby("variant", sort=False)["total_s"].sum().sort_values(ascending=False)
+    lines.append("  per variant: " + ", ".join(f"{v} {format_duration(float(s))}" for v, s in per_variant.items()))
+    return "\n".join(lines)

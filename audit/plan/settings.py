@@ -30,7 +30,8 @@ class Settings:
     golden_store: bool = True       # references read back from the golden store (schema 13 and before: none)
     arguments: bool = True          # the argument probes' calls (schema 14 and before: none)
     referee_golden_forward: bool = False   # the referee's shifted values had a float64 forward of their own (11-13)
-    noise_cap_s: float = 0.0        # seconds a measurement may sample beyond its minimum (0: none; schema 15 and before)
+    # seconds a measurement may sample beyond its minimum (0: none; schema 15 and before)
+    noise_cap_s: float = 0.0
     cpu_chunk_bytes: int = 32 * 2**20
     cuda_chunk_bytes: int = 256 * 2**20
 

@@ -61,9 +61,11 @@ def cell_costs(cases: Sequence[Case], preset: Preset, settings: Any = None) -> d
 
     A cell's cost leaves out what a run pays once whatever cells it holds (start-up, a
     backend's first use): every shard pays those. Its input set's golden and compiled code
-    stay in (they go with the set). settings: costmodel.Settings to predict with (default: the
+    stay in (they go with the set). settings: settings.Settings to predict with (default: the
     preset's, today's checks)."""
-    from .costmodel import CostModel, Settings, load_priors
+    from .costmodel import CostModel
+    from .priors import load_priors
+    from .settings import Settings
 
     params = load_priors()
     ceilings = {dev: ref.get("ceilings") for dev, ref in params.reference.items()}

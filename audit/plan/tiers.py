@@ -50,7 +50,8 @@ def coverage_kind(row: Any) -> str | None:
 
 def _reveals(variant: str) -> tuple[str, ...] | None:
     """The scenarios a negative control's defect shows in (() any), None for a real variant."""
-    from ..workload.variants import BROKEN_PREFIX, builtin_variants
+    from ..workload.variant_contract import BROKEN_PREFIX
+    from ..workload.variants import builtin_variants
     if not variant.startswith(BROKEN_PREFIX):
         return None
     builtin = builtin_variants().get(variant)

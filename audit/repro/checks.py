@@ -36,8 +36,8 @@ from ..measure.machine.memory import held_bytes, pin_malloc_threshold
 from ..measure.cell.repeats import Repeats
 from ..measure.golden.numerics import (BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, GRADIENTS, changed_max,
                                 classify_masked_rows, error_vs_reference, within_budget)
+from ..workload.compiling import fused_attention_count
 from ..workload.inputs import draw_inputs, seed_for
-from ..workload.variants import fused_attention_count
 from ..workload.varlen import in_form
 
 CHILD_FLAG = "--child"

@@ -31,8 +31,9 @@ def _cell_like(case: Any, inputs: Any, attention: Callable, ref: Any, q: Any, k:
                alignment: str) -> Any:
     """What the audit's checks read of a cell (measure.checks.registry.CellState), from a standalone call."""
     return types.SimpleNamespace(case=case, inputs=inputs, ref=ref, golden=ref.golden, fn=attention, q=q, k=k, v=v,
-                                 kwargs=inputs.call_kwargs(), out=out.detach(), paged_call=getattr(attention, "layout", None)
-                                 and attention, variant=types.SimpleNamespace(causal_alignment=alignment),
+                                 kwargs=inputs.call_kwargs(), out=out.detach(),
+                                 paged_call=getattr(attention, "layout", None) and attention,
+                                 variant=types.SimpleNamespace(causal_alignment=alignment),
                                  settle_if_incomplete=_noop)
 
 

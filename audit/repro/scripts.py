@@ -26,6 +26,7 @@ from typing import Any, Callable
 from ..core.diagnosis_names import agrees, members
 from ..core.referee import REFEREE_COLUMNS, failed_checks
 from ..core.runfolder import FINDINGS_FILE, REPRO_DIR, RUN_FILE
+from ..workload.variant_contract import BROKEN_PREFIX
 
 
 def _num(rec: dict, col: str) -> float:
@@ -71,7 +72,8 @@ WORST: dict[str, tuple[Callable[[dict], tuple], str]] = {
     "lse_masked_rows": (lambda r: (1.0 if r.get("lse_masked_rows") else 0.0,), "lse on empty rows recorded"),
     "referee": (lambda r: (float(len(failed_checks(r))),), "most referee checks failed"),
     "cross_document": (lambda r: (_num(r, "cross_doc_max_change"),), "largest change across documents"),
-    "argument_ignored": (lambda r: (float(sum(s in ("ignored", "misapplied") for s in (r.get("arguments") or {}).values())),),
+    "argument_ignored": (lambda r: (float(sum(s in ("ignored", "misapplied")
+                                              for s in (r.get("arguments") or {}).values())),),
                          "most arguments not honoured"),
     "paged_reads": (lambda r: (_num(r, "paged_unread_max_change"),), "largest change with the unread slots"),
     "batch_invariance": (lambda r: (_num(r, "batch_max_diff"),), "largest difference of a row alone"),
@@ -88,13 +90,16 @@ SHOWS: dict[str, Callable[[dict], bool]] = {
 RECORDED_COLUMNS = ("out_nonfinite_visible", "grad_nan", "grad_inf", "rmse", "max_abs_err", "err_ratio",
                     "within_budget", "leak_max_change", "leak_mass", "masked_rows", "onehot_frac",
                     "golden_onehot_frac", "max_logit", "fused_sdpa", "causal_alignment", "golden_alignment",
-                    "underflow_frac", "diagnosis", "diagnosis_err", "diagnosis_golden_err", "repeat_differs", "repeat_max_diff", "deterministic_algorithms",
-                    "dq_err_ratio", "dk_err_ratio", "dv_err_ratio", "dq_within_budget", "dk_within_budget", "dv_within_budget",
+                    "underflow_frac", "diagnosis", "diagnosis_err", "diagnosis_golden_err", "repeat_differs",
+                    "repeat_max_diff", "deterministic_algorithms",
+                    "dq_err_ratio", "dk_err_ratio", "dv_err_ratio", "dq_within_budget", "dk_within_budget",
+                    "dv_within_budget",
                     "grad_diagnosis", "grad_diagnosis_err", "grad_diagnosis_golden_err",
                     "lse_err", "lse_within_budget", "lse_masked_rows", "merge_err", "merge_within_budget",
                     "lse_differentiable", "lse_grads_within_budget", "lse_diagnosis", "lse_grad_diagnosis",
                     *REFEREE_COLUMNS, "referee_detail", "leaked_bytes", "status", "reason", "cross_doc_max_change",
-                    "paged_unread_max_change", "paged_diagnosis", "paged_diagnosis_err", "batch_invariant", "batch_max_diff",
+                    "paged_unread_max_change", "paged_diagnosis", "paged_diagnosis_err", "batch_invariant",
+                    "batch_max_diff",
                     "chunk_invariant", "chunk_max_diff", "chunk_within_budget", "arguments")
 
 
@@ -105,10 +110,11 @@ def ranked_cells(finding: dict, by_id: dict[str, dict]) -> list[dict]:
     cells = [by_id[c] for c in finding["cells"] if c in by_id and shows(by_id[c])]
     if finding["variant"] == "*":   # about inputs or a mask form: shown on a real, uncompiled variant if one has it
         from ..workload.presets import COMPILED
-        return sorted(cells, key=lambda r: (str(r.get("variant")).startswith("broken."), r.get("variant") in COMPILED,
-                                            *(-x for x in key(r))))
+        return sorted(cells, key=lambda r: (str(r.get("variant")).startswith(BROKEN_PREFIX),
+                                            r.get("variant") in COMPILED, *(-x for x in key(r))))
     named = finding.get("diagnosis")     # a diagnosed finding: shown on a cell of its diagnosis first
-    column = {"grad_error_budget": "grad_diagnosis", "paged_reads": "paged_diagnosis"}.get(finding["check"], "diagnosis")
+    column = {"grad_error_budget": "grad_diagnosis",
+              "paged_reads": "paged_diagnosis"}.get(finding["check"], "diagnosis")
     return sorted(cells, key=lambda r: (bool(members(named)) and not agrees(r.get(column), named),
                                         *(-x for x in key(r))))
 
@@ -216,7 +222,7 @@ def build_script(finding: dict, cell: dict, run_info: dict, n_cells: int, worst_
     the cell alone does not fail)."""
     from ..core.grid import Case
     from ..workload.inputs import SCENARIOS, draw_inputs, q_len, seed_for
-    from ..workload.variants import is_plugin_name
+    from ..workload.plugins import is_plugin_name
     from .checks import VERIFIERS, run_repro, time_limit_s
     from .failure_checks import FAILURE_VERIFIERS, cell_failed_child
     from .embed import Embedder, NotSelfContained

@@ -24,7 +24,8 @@ import math
 from typing import Any, Callable, Iterable
 
 from ..core.errors import Unsupported, UsageError
-from .inputs import causal_keep
+from .draws import causal_keep
+from .plugins import declare_plugin
 from .varlen import batch_cu_seqlens, from_thd, to_thd
 
 LAYOUTS: tuple[str, ...] = ("bhtd", "bthd", "thd")
@@ -105,7 +106,7 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
     def attention(q, k, v, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None,
                   cu_seqlens=None, max_seqlen=None, block_table=None, seqused=None, window=None):
         # q: (B, H, Tq, d); k, v: (B, Hkv, Tk, d) (a paged call: pools (pages, page_size, Hkv, d)):
-        # the audit's contract (variants.py, varlen.py)
+        # the audit's contract (variant_contract.py, varlen.py)
         kwargs = dict(fixed)
         paged = block_table is not None
         if paged:
@@ -140,17 +141,16 @@ def adapt(fn: Callable[..., Any], *, layout: str = "bhtd", causal: str | None = 
 
 
 def _declare(attention: Callable[..., Any], declaration: dict[str, Any]) -> Callable[..., Any]:
-    """The plug-in attributes (docs/variants.md) of an adapted kernel, from its declaration: the
-    features and layouts it takes, its page size, causal alignment and what it returns."""
+    """The plug-in attributes (docs/variants.md, plugins.declare_plugin) of an adapted kernel, from its
+    declaration: the features and layouts it takes, its page size, causal alignment and what it returns."""
     d = declaration
-    attention.audit_supports = tuple(f for f, ok in (
+    supports = tuple(f for f, ok in (
         ("gqa", d["gqa"]), ("score_mod", d["softcap_arg"] is not None), ("sinks", d["sink_arg"] is not None),
         ("latent", d["latent"]), ("varlen", d["layout"] == "thd"), ("paged", d["block_table_arg"] is not None),
         ("window", d["window_arg"] is not None)) if ok)
-    attention.audit_page_size = d["page_size"]
-    attention.audit_causal_alignment = d["causal"] or "top-left"
-    attention.audit_returns = "out_lse" if d["returns"] == "out_lse" else "out"
-    attention.audit_lse_includes_sink = d["lse_includes_sink"]
+    declare_plugin(attention, supports=supports, page_size=d["page_size"], causal_alignment=d["causal"] or "top-left",
+                   returns="out_lse" if d["returns"] == "out_lse" else "out",
+                   lse_includes_sink=d["lse_includes_sink"])
     attention.audit_declaration = d
     return attention
 

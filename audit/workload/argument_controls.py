@@ -12,7 +12,8 @@ from .inputs import ScoreMod
 # name -> (the argument it ignores, what it does)
 ARGUMENT_CONTROLS: dict[str, tuple[str, str]] = {
     "scale_ignored": ("scale", "takes `scale` and always uses 1/sqrt(d): right wherever the scale is the default"),
-    "softcap_fixed": ("softcap", "takes the soft-capping cap and always uses Gemma 2's 50: right wherever the cap is 50"),
+    "softcap_fixed": ("softcap", "takes the soft-capping cap and always uses Gemma 2's 50: right wherever the cap "
+                                 "is 50"),
     "causal_ignored": ("causal", "takes `causal` and never masks the future (a wrapper that drops is_causal)"),
     "mask_ignored": ("mask", "takes `mask` and drops it (a mask passed where the kernel expects another argument)"),
     "window_ignored": ("window", "takes the sliding window's width and drops it: every key visible (a window "

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..core.grid import Case
-from .inputs import ScoreMod, window_keep
+from .draws import window_keep
+from .inputs import ScoreMod
 from .packing import documents_mask
 from .varlen import document_owner
 
@@ -43,7 +44,7 @@ NOT_HONOURED: tuple[str, ...] = ("ignored", "misapplied", "accepted")
 
 @dataclass(frozen=True)
 class Argument:
-    """One argument of the variant contract (variants.py), and its probe."""
+    """One argument of the variant contract (variant_contract.py), and its probe."""
 
     name: str                              # the contract's keyword: "scale", "causal", "mask", ...
     title: str                             # what it is, a few words
@@ -57,7 +58,7 @@ class Argument:
     # a shape) of code torch.compile builds from the audited Python, and whose two settings the grid
     # measures anyway (each cell's causal=True and causal=False twin, both against their goldens)
     compiled: bool = True
-    # the call form (variants.CALL_FORMS) a variant is handed it in, if only there: its control declares it
+    # the call form (variant_contract.CALL_FORMS) a variant is handed it in, if only there: its control declares it
     form: str | None = None
     # a probe of what a kernel must refuse: (k, v, H) -> the (k', v') it is called on instead; honoured
     # when the call raises, `accepted` (a defect) when it returns (golden: unused)
@@ -216,7 +217,8 @@ ARGUMENTS: dict[str, Argument] = {a.name: a for a in (
     Argument("causal", "the causal flag", "flipped", ("normal",), _causal_present, _flipped, _causal_golden,
              "A decoder gets attention to future tokens, or an encoder loses them.", compiled=False),
     Argument("mask", "the attention mask", "left out", ("padding", "sliding_window", "packed"), _mask_present,
-             _unmasked, _mask_golden, "Padding, windows and fully masked rows are attended as if they were not masked."),
+             _unmasked, _mask_golden,
+             "Padding, windows and fully masked rows are attended as if they were not masked."),
     Argument("softcap", "the soft-capping cap", f"× {SOFTCAP_PROBE:g}", ("softcap",), _softcap_present, _softcap,
              _softcap_golden, "A model's logit soft-capping (Gemma 2's) is not the one it was trained with."),
     Argument("sinks", "the attention sinks", f"each {SINK_PROBE:+g}",
@@ -261,5 +263,6 @@ def probed_arguments(case: Case, compiled: bool) -> tuple[str, ...]:
     if case.seq_len > ARGUMENT_MAX_SEQ_LEN["cuda" if case.device.startswith("cuda") else "cpu"]:
         return ()
     return tuple(a.name for a in ARGUMENTS.values()
-                 if case.scenario in a.scenarios and (a.compiled or not compiled) and (a.applies is None or a.applies(case)))
+                 if case.scenario in a.scenarios and (a.compiled or not compiled)
+                 and (a.applies is None or a.applies(case)))
 

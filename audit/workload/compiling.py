@@ -15,7 +15,7 @@ RECOMPILE_LIMIT = 1024   # a safety margin: each build compiles its own copy of 
 def configure_dynamo() -> None:
     """Dynamo and Inductor as every compiled variant needs them: a recompile limit that a run's
     shapes never reach, hitting it an error (never a silent eager fallback), and no FX-graph or
-    AOT-autograd cache, so fusion is always observed (variants._compiled_fn says why)."""
+    AOT-autograd cache, so fusion is always observed (_compiled_fn says why)."""
     import torch
     import torch._dynamo
     config = torch._dynamo.config

@@ -4,7 +4,7 @@ it as `broken.<name>` with the scenarios its defect shows in (docs/extending.md)
 from __future__ import annotations
 
 from .eager import eager_lse_attention, eager_probs, kv_for_queries, masked_scores
-from .inputs import causal_keep
+from .draws import causal_keep
 
 
 def _keep_mask(q, k, mask, causal):

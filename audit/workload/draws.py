@@ -306,7 +306,7 @@ def _sliding_window(case, gen, tq, tk) -> dict:
 def window_keep(tq: int, tk: int, width: int, device: Any = None) -> Any:
     """(1, 1, Tq, Tk) bool: query i sees keys j with |i - j| < width (causal masking, applied apart,
     cuts the right half): the sliding window a variant taking the window as an argument
-    (variants.CALL_FORMS "window") is handed as `window=width` instead of this mask."""
+    (variant_contract.CALL_FORMS "window") is handed as `window=width` instead of this mask."""
     import torch
     i = torch.arange(tq, device=device)[:, None]                  # (Tq, 1)
     j = torch.arange(tk, device=device)[None, :]                  # (1, Tk)

@@ -8,7 +8,7 @@ the negative controls (workload/controls.py) get wrong.
 """
 from __future__ import annotations
 
-from .inputs import causal_keep
+from .draws import causal_keep
 
 
 def kv_for_queries(q, t):

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..core.errors import BackwardUnsupported, Unsupported, UsageError
-from .inputs import causal_keep
+from .draws import causal_keep
 from .platform_limits import compiled_flex_refusal
 
 HF_PREFIX = "hf:"
@@ -40,7 +40,7 @@ PAGED_REASON = ("needs a paged KV cache (PagedAttentionCache and its block table
 
 # Measured with transformers 5.24 and torch 2.13 on the CPU: every 4-D float mask (zeros included)
 # kills the process. flex_attention_forward reads it as score_mask[b][0][q][kv] inside the compiled
-# score_mod, the chained indexing that compiled for the CPU reads out of bounds (variants._flex).
+# score_mod, the chained indexing that compiled for the CPU reads out of bounds (torch_kernels._flex).
 FLEX_CPU_TENSOR_MASK = ("transformers' flex_attention_forward on the CPU crashes (SIGSEGV) on any 4-D float "
                         "mask: it indexes it as score_mask[b][0][q][kv] in the compiled score_mod, which "
                         "reads out of bounds when compiled for the CPU (torch 2.13); not run here")

@@ -21,14 +21,10 @@ from typing import Any, Callable
 
 from ..core.errors import UsageError
 from ..core.grid import Case
-from .draws import (  # noqa: F401  (the draw functions and their helpers, re-exported: one place to import from)
-    TORCH_DTYPES, torch_dtype, _randn, _normal, _scaled, _outliers,
-    _fp16_range, UNIFORM_BOUND, STUDENT_T_DOF, SPARSE_DENSITY, _uniform, _student_t,
-    _heavy_tailed, zero_query_rows, constant_key_heads, _constant_rows, zero_key_positions, _sparse,
-    causal_offset, causal_keep, _strided_qkv, views, read_as_contiguous, _valid_lengths, _padding, _left_padding, LOW_LSE_MARGIN,
-    low_lse_centre, _low_lse, SHIFT_BIAS, SHIFT_STEP, _shifted_bias, fully_masked_rows,
-    _fully_masked, window_size, window_keep, _sliding_window, _sinks_window, _paged_edges, SINK_ABOVE_MAX, SINK_NEGLIGIBLE, _sinks,
-    _draw_sinks, _packed, _paged)
+from .draws import (torch_dtype, _randn, _normal, _scaled, _outliers, _fp16_range, _uniform, _heavy_tailed,
+                    _constant_rows, _sparse, causal_keep, _strided_qkv, views, _padding, _left_padding, _low_lse,
+                    _shifted_bias, _fully_masked, _sliding_window, _sinks_window, _paged_edges, _sinks, _packed, _paged)
+from .variant_contract import BROKEN_PREFIX
 
 
 @dataclass(frozen=True)
@@ -74,7 +70,7 @@ class Inputs:
     def call_kwargs(self, forms: tuple[str, ...] = ()) -> dict[str, Any]:
         """Keyword arguments of a variant call: mask and causal, and score_mod and sinks only when
         the cell has them (a variant without the capability is never handed them). `forms`: the
-        layouts the variant declares (variants.CALL_FORMS). A packed cell hands a "varlen" variant
+        layouts the variant declares (variant_contract.CALL_FORMS). A packed cell hands a "varlen" variant
         cu_seqlens and max_seqlen in place of the document mask they stand for, a sliding-window cell
         a "window" variant window=w in place of the window's mask; a paged cell's layout goes to a
         "paged" variant through packing.PagedCall, not here."""
@@ -93,7 +89,7 @@ class Inputs:
         return kwargs
 
     def needs(self) -> set[str]:
-        """The features (variants.FEATURES, and "mqa") this input set asks of a variant."""
+        """The features (variant_contract.FEATURES, and "mqa") this input set asks of a variant."""
         return needs(self.q.shape[1], self.k.shape[1], self.score_mod, self.sinks is not None,
                      latent=self.v.shape[-1] != self.q.shape[-1])
 
@@ -130,7 +126,7 @@ class Scenario:
     kind: str | None = None
     # FLOPs count the pairs its visibility leaves (documents, used lengths), not the full square
     work_is_visible: bool = False
-    # the call form (variants.CALL_FORMS) a variant takes this scenario's layout in, if any
+    # the call form (variant_contract.CALL_FORMS) a variant takes this scenario's layout in, if any
     form: str | None = None
 
 
@@ -176,7 +172,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "(its weight all on the sink: out 0) (vllm-project/vllm#52148: sinks dropped silently)",
              lambda t: t, _sinks(masked_rows=True), ("bool", "per-row"), sinks=True),
     Scenario("sinks_prefill", "the sinks scenario's q, k, v and sinks with no mask (causal or not): gpt-oss's prefill, "
-             "as a kernel taking sinks and causal but no mask runs it", lambda t: t, _sinks(masked_rows=False), sinks=True),
+             "as a kernel taking sinks and causal but no mask runs it", lambda t: t, _sinks(masked_rows=False),
+             sinks=True),
     Scenario("sinks_window", "the sinks scenario's q, k, v and sinks in a sliding window (|i - j| < T/4; causal: "
              "i - T/4 < j <= i) and no other mask: gpt-oss's sliding layers; a kernel taking sinks, causal and a "
              "window but no mask gets window=T/4", lambda t: t, _sinks_window, ("bool", "per-row"), sinks=True,
@@ -353,9 +350,9 @@ def draw_inputs(case: Case, draw: Callable[..., dict], tq: int, score_mod: Score
 def coverage_kind(variant: str, device: str, dtype: str, scenario: str, causal: bool) -> str | None:
     """"variant device dtype mask-kind" of a real variant's cell, e.g. "flex cpu bf16 causal": what
     the time budget gives every variant one cell of (plan.budget) and the report checks it got.
-    None for a negative control (variants.BROKEN_PREFIX), and for a cell of another mask or a score
+    None for a negative control (BROKEN_PREFIX), and for a cell of another mask or a score
     modification."""
-    if variant.startswith("broken."):
+    if variant.startswith(BROKEN_PREFIX):
         return None
     kind = mask_kind(scenario, causal)
     return None if kind is None else f"{variant} {device} {dtype} {MASK_KIND_LABELS[kind]}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..core.errors import Unsupported
 from .eager import eager_attention, kv_for_queries
-from .inputs import causal_keep, read_as_contiguous
+from .draws import causal_keep, read_as_contiguous
 from .packing import documents_mask, v_at_k_stride
 from .varlen import document_owner, gather_dense
 
@@ -106,7 +106,7 @@ def broken_paged_wrong_sequence(q, k_pages, v_pages, *, block_table, seqused, ma
     return eager_attention(q, k, v, mask=keep, scale=scale)
 
 
-# Each control's call form (variants.CALL_FORMS), the scenarios whose every cell shows its mistake
+# Each control's call form (variant_contract.CALL_FORMS), the scenarios whose every cell shows its mistake
 # (Variant.reveals) and what a cell must have for it to show at all (Variant.requires)
 LAYOUT_CONTROL_CELLS: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]] = {
     "document_boundary_ignored": (("varlen",), ("packed",), {}),

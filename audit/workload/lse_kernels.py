@@ -6,7 +6,8 @@ returns the lse) and flex's sinks (applied after attention over the keys, throug
 from __future__ import annotations
 
 from ..core.errors import Unsupported
-from .inputs import causal_keep
+from .draws import causal_keep
+from .variant_contract import AttentionFn
 
 
 def fold_causal(q, k, mask, causal):

@@ -16,7 +16,8 @@ import math
 from dataclasses import replace
 from typing import Any, Callable
 
-from .mistakes import MISTAKES, Attempt, Mistake, register
+from .mistake_base import Attempt, Mistake, register
+from .mistakes import MISTAKES
 
 LSE_MISTAKES: dict[str, Mistake] = {}
 LSE_GRAD_MISTAKES: dict[str, Mistake] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from .inputs import causal_offset, torch_dtype
+from .draws import causal_offset, torch_dtype
 
 ROWS = ("seen", "all")
 PRECISIONS = ("float64", "cell")

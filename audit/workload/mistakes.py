@@ -26,7 +26,7 @@ by the last bits of its scores, so they are evaluated on q, k, v in the cell's d
 Your own mistake, from the plug-in module your variant lives in (imported when the variant is
 loaded, so its mistakes are registered before any cell is diagnosed):
 
-    from audit.workload.mistakes import Attempt, mistake
+    from audit.workload.mistake_base import Attempt, mistake
 
     @mistake("bias_twice", title="additive bias added twice",
              what="The additive bias is added to the scores twice.",
@@ -36,18 +36,18 @@ loaded, so its mistakes are registered before any cell is diagnosed):
             return None                   # cannot differ: the cell has no bias
         return a.attend(weights=lambda scores, keep: a.softmax(scores + a.bias, keep))
 
-The machinery (Mistake, the registry, @mistake, @mistake_family, Attempt) is in mistake_base.py,
-re-exported here. Imports no torch at module level (the report's texts come from here); the
-functions do.
+The machinery (Mistake, the registry, @mistake, @mistake_family, Attempt) is in mistake_base.py;
+MISTAKES, the registry once this module has registered its mistakes, is read from here. Imports no
+torch at module level (the report's texts come from here); the functions do.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .inputs import causal_offset
+from .draws import causal_offset
 from .packing import v_at_k_stride
-from .mistake_base import (MISTAKES, PRECISIONS, ROWS, _SAME, Attempt, Member, Mistake, family_members,  # noqa: F401
-                           mistake, mistake_family, nearest_form, register, sq_diff)
+from . import mistake_base
+from .mistake_base import Attempt, Member, mistake, mistake_family, nearest_form, sq_diff
 
 
 # --------------------------------------------------------------------------- GQA
@@ -509,3 +509,6 @@ def v_read_at_k_stride(a: Attempt) -> Any:
 
 
 LIBRARY_MODULES: tuple[str, ...] = (__name__,)   # the modules of the library's own mistakes
+# The library, every mistake above registered in mistake_base's registry. Read it from here, not from
+# mistake_base: importing this module is what registers them, so mistake_base's alone may still be empty.
+MISTAKES = mistake_base.MISTAKES

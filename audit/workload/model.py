@@ -76,7 +76,7 @@ class ModelSpec:
         return 2.0 * tokens * (self.layers * (projections + mlp) + self.hidden * self.vocab) + self.layers * attention
 
     def needs(self) -> set[str]:
-        """What its attention asks of a variant (variants.FEATURES): sinks (gpt-oss), GQA."""
+        """What its attention asks of a variant (variant_contract.FEATURES): sinks (gpt-oss), GQA."""
         return ({"sinks"} if self.family == "gpt_oss" else set()) | ({"gqa"} if self.kv_heads < self.heads else set())
 
 
@@ -118,7 +118,8 @@ TRANSFORMERS_IMPORT_S = 1.0     # importing transformers and its model code in a
 def model_variants(run_variants: list[str]) -> list[str]:
     """The variants a run's model audit runs (MODEL_YARDSTICKS, MODEL_CONTROLS, then the run's own eligible
     ones)."""
-    from .variants import BROKEN_PREFIX, builtin_variants
+    from .variant_contract import BROKEN_PREFIX
+    from .variants import builtin_variants
     table = builtin_variants()
 
     def eligible(name: str) -> bool:
@@ -231,7 +232,7 @@ def prompts(spec: ModelSpec, device: str = "cpu") -> Any:
 
 def as_transformers_attention(fn: Callable[..., Any], takes_sinks: bool,
                               record: Callable[[Any, Any, Any], None] | None = None) -> Callable[..., Any]:
-    """An audit variant (variants.py's contract) as a transformers attention function:
+    """An audit variant (variant_contract.py's contract) as a transformers attention function:
     f(module, q, k, v, attention_mask, scaling, dropout, s_aux=None, **kw) -> (out (B, T, H, d), None).
     transformers hands q (B, H, Tq, d), k, v (B, Hkv, Tk, d) and the bool mask of register_variant's
     mask function (True = attend; causal, the window and padding in it), so the variant gets causal=False.

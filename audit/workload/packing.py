@@ -2,7 +2,7 @@
 
 Both are layouts of the same dense (B, H, T, d) tensors every other cell has, so the golden,
 the checks and the variants that take dense tensors keep working; a variant that declares the
-layout (variants.CALL_FORMS: "varlen", "paged") is handed it instead.
+layout (variant_contract.CALL_FORMS: "varlen", "paged") is handed it instead.
 
 - Packed: each batch row of length T holds several documents back to back, one of length 0 and
   one of length 1 among them, and the last row ends in padding rows no document owns (past

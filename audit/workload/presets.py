@@ -12,6 +12,7 @@ from ..core.errors import UsageError
 from ..core.grid import AXES, DTYPES, OPTIONAL_AXES, Case, expand, sub_grid_values, validate_axes
 from ..core.noise import default_noise_target
 from .inputs import check_scenario
+from .variant_contract import BROKEN_PREFIX
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,6 @@ def preset_cases(preset: Preset, overrides: Mapping[str, Iterable[Any]] | None =
     a variant override keeps the controls it names, and none drops the sub-grid (`--variant eager`
     gets no cell the preset does not give eager). A d_k override without a d_v one makes d_v follow
     it in every sub-grid (a latent sub-grid's d_v was chosen for its own d_k)."""
-    from .variants import BROKEN_PREFIX
     cases: dict[str, Case] = {}
     for sub in preset.grids:
         axes = {a: (overrides or {}).get(a) or sub_grid_values(sub, a) for a in AXES}
@@ -155,7 +155,7 @@ class _VariantSets:
         (d_k 64, T 2048, 2 heads: 5.8 ms at an AMX Xeon's 0.37 TFLOP/s)."""
         from .referee_controls import REFEREE_CONTROLS
         fast = tuple(c for c in self.referee_controls                      # the one physically_possible is for
-                     if REFEREE_CONTROLS[c.removeprefix("broken.")][0] == "physically_possible")
+                     if REFEREE_CONTROLS[c.removeprefix(BROKEN_PREFIX)][0] == "physically_possible")
         tricks = tuple(c for c in self.referee_controls if c not in fast)
         grids = (dict(variant=tricks, device=("cpu",), dtype=dtypes, d_k=(32,), seq_len=(64,), batch=(1,),
                       heads=(2,), causal=(False, True), scenario=("normal",)),)
@@ -171,8 +171,8 @@ class _VariantSets:
         # flex compiles for several seconds per cell (and has no CPU backward): its own, smaller sub-grids.
         from .argument_controls import ARGUMENT_CONTROLS
         from .layout_controls import LAYOUT_CONTROLS
-        layout_controls = tuple("broken." + c for c in LAYOUT_CONTROLS)
-        argument_controls = tuple("broken." + c for c in ARGUMENT_CONTROLS)
+        layout_controls = tuple(BROKEN_PREFIX + c for c in LAYOUT_CONTROLS)
+        argument_controls = tuple(BROKEN_PREFIX + c for c in ARGUMENT_CONTROLS)
         variants = tuple(v for v in BUILTIN_NAMES
                          if v != "flex" and v not in LSE_VARIANTS + CUDA_LSE_OPS + LAYOUT_VARIANTS)
         controls = tuple(c for c in NEGATIVE_CONTROLS
@@ -189,7 +189,7 @@ class _VariantSets:
         from .argument_controls import ARGUMENT_CONTROL_CELLS
         return tuple(dict(variant=(name,), device=("cpu",), dtype=dtypes, d_k=(32,), seq_len=(64,), batch=(1,),
                           heads=(2,), causal=(False, True),
-                          scenario=ARGUMENT_CONTROL_CELLS[name.removeprefix("broken.")][0])
+                          scenario=ARGUMENT_CONTROL_CELLS[name.removeprefix(BROKEN_PREFIX)][0])
                      for name in self.argument_controls)
 
     def layout_cells(self, dtypes: tuple[str, ...], d_k: int, seq_len: int, base: tuple[str, ...],
@@ -348,7 +348,8 @@ def _gpu(sets: _VariantSets) -> Preset:
             # compiles per kind of cell (~4 s each): its sinks cells only, in the stability grid's dtype
             dict(variant=("eager", "flash_op", "broken.sink_ignored"),
                  device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
-                 causal=(False, True), scenario=tuple(s for s in LSE_SCENARIOS if s != "sinks_window") + ("sinks_decode",)),
+                 causal=(False, True),
+                 scenario=tuple(s for s in LSE_SCENARIOS if s != "sinks_window") + ("sinks_decode",)),
             # views of a fused QKV buffer, on the CUDA kernels with stride rules of their own (cuDNN's, the
             # flash op's) and the control reading its inputs as contiguous memory
             dict(variant=("sdpa", "sdpa_cudnn", "flash_op", "broken.strides_ignored"), device=("cuda",),

@@ -1,6 +1,6 @@
 """Variants that take packed sequences (the "varlen" call form) and paged KV caches ("paged").
 
-A varlen variant is called as every variant is (variants.py), plus, in a packed cell,
+A varlen variant is called as every variant is (variant_contract.py), plus, in a packed cell,
 `cu_seqlens` ((documents + 1,) int32 offsets into the B·T tokens flattened row by row) and
 `max_seqlen` in place of the document mask. In any other cell it gets no cu_seqlens: each batch
 row is then one document (batch_cu_seqlens), so a varlen kernel runs every unmasked cell too.
@@ -205,7 +205,7 @@ class PagedCall:
 
 
 def in_form(fn: Any, forms: tuple[str, ...], inputs: Any, page_size: int | None = None) -> Any:
-    """A variant declaring layouts (variants.CALL_FORMS) behind the dense contract, for calls made with
+    """A variant declaring layouts (variant_contract.CALL_FORMS) behind the dense contract, for calls made with
     an input set's own keyword arguments (the reproduction scripts): a paged variant behind PagedCall
     in a paged cell; a varlen variant in a packed cell gets cu_seqlens and max_seqlen (a window variant
     in a sliding-window cell window=w) wherever a call hands it the cell's own document (window) mask (a

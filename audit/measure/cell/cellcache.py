@@ -11,7 +11,8 @@ from typing import Any, Callable
 from ...core.grid import Case
 from ...workload.inputs import Inputs, make_inputs
 from ...workload.eager import eager_lse_attention, kv_for_queries, masked_scores, softmax_with_sinks
-from ...workload.variants import Variant, apply_sinks_by_lse
+from ...workload.lse_kernels import apply_sinks_by_lse
+from ...workload.variant_contract import Variant
 from ...workload.varlen import document_owner
 from ..golden import golden_store
 from ..golden.lse import merge_partials, split_calls

@@ -26,7 +26,8 @@ from ...core.grid import Case
 from ...core.timesplit import PhaseClock
 from ...workload.inputs import Inputs
 from ...workload.presets import Preset
-from ...workload.variants import Variant, compiled_graph_count, fused_attention_count, graph_break_count
+from ...workload.compiling import compiled_graph_count, fused_attention_count, graph_break_count
+from ...workload.variant_contract import Variant
 from ..checks import gradients, lse, output, record
 from ..checks.contract import check_output, split_out_lse
 from ..checks.registry import CellState, run_checks

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ...workload.inputs import TORCH_DTYPES
+from ...workload.draws import TORCH_DTYPES
 from ..cell.failures import ContractError
 from .registry import CellState
 

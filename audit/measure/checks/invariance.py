@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ...workload.inputs import causal_keep
+from ...workload.draws import causal_keep
 from ...workload.varlen import PagedCall
 from ..golden.numerics import error_vs_reference, within_budget
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...core.defects import numerics_defect
 from ...workload.inputs import Inputs
-from ...workload.variants import Variant
+from ...workload.variant_contract import Variant
 from ..cell.cellcache import Reference, sinks_for_slices
 from ..cell.failures import failure_reason
 from ..golden.numerics import SaturationAccumulator

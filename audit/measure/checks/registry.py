@@ -29,7 +29,7 @@ from ...core.grid import Case
 from ...core.timesplit import CELL_PHASES
 from ...workload.inputs import Inputs
 from ...workload.presets import Preset
-from ...workload.variants import Variant
+from ...workload.variant_contract import Variant
 from ..cell.cellcache import Reference
 from ..golden.reference import Golden
 

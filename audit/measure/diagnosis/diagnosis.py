@@ -50,8 +50,10 @@ from typing import Any, Callable, Mapping
 
 from ...core.diagnosis_names import NONE, joined, members
 from ...workload.backward_mistakes import BACKWARD_MISTAKES, backward_of, full_groups
-from ...workload.inputs import Inputs, read_as_contiguous, torch_dtype
-from ...workload.mistakes import MISTAKES, Attempt, Mistake, sq_diff
+from ...workload.draws import read_as_contiguous, torch_dtype
+from ...workload.inputs import Inputs
+from ...workload.mistake_base import Attempt, Mistake, sq_diff
+from ...workload.mistakes import MISTAKES
 from .mistake_memo import MistakeMemo, run as memo_run
 from ..golden.numerics import BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, attention_flops, error_vs_reference
 

@@ -27,8 +27,8 @@ from typing import Any
 
 from ...workload.backward_mistakes import full_groups
 from ...workload.lse_mistakes import LSE_GRAD_MISTAKES, LSE_MISTAKES, lse_grads_of, lse_of
-from ...workload.mistakes import Attempt, sq_diff
-from ...workload.variants import apply_sinks_by_lse
+from ...workload.mistake_base import Attempt, sq_diff
+from ...workload.lse_kernels import apply_sinks_by_lse
 from ...core.diagnosis_names import NONE, joined
 from .diagnosis import Candidate, attempt_for, diagnosis_slices, named_matches, tolerance
 from ..golden.lse import keys_only_lse, merge_partials, split_point

@@ -20,7 +20,7 @@ import math
 from typing import Any, Callable
 
 from ...core.errors import Unsupported
-from ...workload.inputs import causal_keep, causal_offset
+from ...workload.draws import causal_keep, causal_offset
 
 
 def split_point(tk: int) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ...workload.inputs import causal_offset
+from ...workload.draws import causal_offset
 from .numerics import BACKWARD_FLOP_FACTOR, SaturationAccumulator, attention_flops
 
 CHUNK_BYTES = 32 * 2**20        # float64 score block per chunk on the CPU; backward holds a few

@@ -14,7 +14,7 @@ import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ...workload.inputs import torch_dtype
+from ...workload.draws import torch_dtype
 from ..golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .timing import measure, sync_for, time_call
 
