@@ -5,8 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from audit.analysis.findings import (check_alignment, check_finfo_min_masks, check_fp16_range,
-                                     check_fully_masked_rows, check_graph_breaks, compute_findings)
+from audit.analysis.findings import compute_findings
+from audit.analysis.numerics_rules import (check_alignment, check_finfo_min_masks, check_fp16_range,
+                                           check_fully_masked_rows)
+from audit.analysis.run_rules import check_graph_breaks
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:

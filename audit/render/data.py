@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from ..analysis.findings import NEGATIVE_CONTROL_PREFIX
+from ..analysis.finding_rows import NEGATIVE_CONTROL_PREFIX
 from ..core.grid import FOLLOWS, INPUT_AXES
 
 BASELINE_VARIANT = "eager"
