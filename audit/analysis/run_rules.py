@@ -14,6 +14,8 @@ from ..core.referee import column as referee_column
 from .finding_rows import _finding, _num, _ok, _per_variant, _where
 from .rule_registry import rule
 
+REFEREE_CHECK = "referee"        # the check of a referee finding: the variant was not measured doing the work
+
 
 @rule(140)
 def check_compiled_rewrite(frame: pd.DataFrame) -> list[dict]:
@@ -128,7 +130,7 @@ def check_referee(frame: pd.DataFrame) -> list[dict]:
             details = [d.get(name) for d in g.get("referee_detail", pd.Series(dtype=object))
                        if isinstance(d, dict) and d.get(name)]
             seen = f" First: {details[0]}." if details else ""
-            finding = _finding("referee", "error", str(variant),
+            finding = _finding(REFEREE_CHECK, "error", str(variant),
                                f"{variant} fails the referee's {name} check in {len(g)} of {judged} cell(s) "
                                f"({_where(g)}): it must hold that {meaning}.{seen} Its times there are not of "
                                "the work and its numbers cannot be trusted: never use it as measured "
