@@ -138,7 +138,7 @@ def test_correct_variants_clean_on_normal_inputs(audited_run):
 def test_report_renders(audited_run, tmp_path):
     import shutil
 
-    from audit.render import build_report
+    from audit.render.build import build_report
 
     run_dir = tmp_path / "run"
     shutil.copytree(audited_run[0], run_dir)       # the shared run stays as it was made

@@ -171,7 +171,8 @@ def test_run_grid_records_planned_skips_with_their_prediction(tmp_path):
     assert recs["sdpa"]["status"] == "skipped" and recs["sdpa"]["predicted_s"] == 9.0
     assert recs["sdpa"]["reason"].startswith("over the budget") and recs["sdpa"]["fwd_ms"] is None
 
-    from audit.render import budget_cuts_table, build_report
+    from audit.render.build import build_report
+    from audit.render.time_budget import budget_cuts_table
     cuts = budget_cuts_table(pd.DataFrame(list(recs.values())))
     assert list(cuts["id"]) == [cases[1].id] and cuts["predicted_s"].iloc[0] == 9.0
     (tmp_path / "run.json").write_text('{"timing": {"budget_s": 30.0}}')

@@ -21,7 +21,7 @@ from audit.analysis import compare_stats as stats
 from audit.core import noise, records, runfolder
 from audit.core.grid import Case
 from audit.render import compare_page
-from audit.render import overflowing_artists
+from audit.render.plotting import overflowing_artists
 from audit.workload import presets
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,10 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from audit import render as report  # noqa: E402
 from audit.render import figures  # noqa: E402
+from audit.render.build import build_report  # noqa: E402
+from audit.render.data import representative_slice  # noqa: E402
+from audit.render.plotting import overflowing_artists  # noqa: E402
 from tests.helpers import h200_run  # noqa: E402
 
 H200_FOLDERS = ("full", "gc", "stab", "comp")
@@ -24,12 +26,12 @@ def _build_checked(run_dir: Path, monkeypatch) -> dict[str, tuple[list[str], lis
 
     def checked(fig, path):
         xs = [sorted({float(x) for line in ax.lines for x in line.get_xdata()}) for ax in fig.axes]
-        seen[Path(path).name] = (report.overflowing_artists(fig), xs)
+        seen[Path(path).name] = (overflowing_artists(fig), xs)
         save(fig, path)
 
     monkeypatch.setattr(figures, "save_figure", checked)   # every PNG is saved there ...
     monkeypatch.setattr(figures, "FIGURE_PROCESSES", 1)    # ... by this process, where `seen` is
-    report.build_report(run_dir)
+    build_report(run_dir)
     return seen
 
 
@@ -69,7 +71,7 @@ def test_fixed_batch_sweeps_keep_the_batch():
 
     rows = pd.DataFrame({"device": "cpu", "batch": [1, 1, 1, 4], "heads": 2, "causal": False,
                          "scenario": "normal", "seq_len": [128, 512, 2048, 128]})
-    chosen, label = report._representative_slice(rows)
+    chosen, label = representative_slice(rows)
     assert list(chosen["seq_len"]) == [128, 512, 2048]
     assert "B1" in label
 
@@ -79,7 +81,7 @@ def test_overflow_check_catches_a_cut_off_title_and_legend():
     ax.plot([1, 2], [1, 2], label="a label far too long to fit in a three-inch figure, in one line")
     fig.suptitle("a title far too long to fit in a three-inch-wide figure, drawn cut off at both ends")
     fig.legend(loc="lower center", ncol=1)
-    problems = report.overflowing_artists(fig)
+    problems = overflowing_artists(fig)
     plt.close(fig)
     assert any("title far too long" in p for p in problems)
     assert any(p.startswith("Legend") for p in problems)
@@ -90,7 +92,7 @@ def test_overflow_check_passes_a_figure_that_fits():
     ax.plot([1, 2], [1, 2], label="short")
     ax.set_title("fits")
     fig.legend(loc="outside lower center")
-    assert report.overflowing_artists(fig) == []
+    assert overflowing_artists(fig) == []
     plt.close(fig)
 
 

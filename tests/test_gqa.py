@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from audit.analysis import findings
-from audit.core import grid, records
+from audit.core import records
 from audit.core.errors import UsageError
 from audit.core.referee import failed_checks, refereed
 from audit.core.grid import Case

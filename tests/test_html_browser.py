@@ -23,7 +23,7 @@ import pytest
 
 from audit.analysis.findings import write_findings
 from audit.commands.deps import BROWSERS, browser
-from audit.render import build_report
+from audit.render.build import build_report
 from tests.helpers import cpu_run, h200_run
 
 WINDOW = "1400,1000"

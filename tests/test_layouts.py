@@ -232,7 +232,7 @@ def test_batch_and_chunk_invariance_catch_a_batch_dependent_kernel_and_pass_sdpa
 
 
 def test_a_chunked_prefill_outside_the_budget_is_an_error():
-    from audit.analysis.findings import check_invariance
+    from audit.analysis.layout_rules import check_invariance
     import pandas as pd
     base = dict(status="ok", scenario="normal", dtype="fp32", batch_invariant=True, batch_max_diff=0.0)
     frame = pd.DataFrame([dict(base, id="a", variant="x", chunk_invariant=False, chunk_max_diff=0.5,

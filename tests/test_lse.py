@@ -302,7 +302,7 @@ def test_the_lse_masked_rows_warning_reads_only_unmergeable_values():
 
 
 def test_the_report_tabulates_the_lse_checks_of_variants_returning_one():
-    from audit.render.tables import lse_table
+    from audit.render.stability_tables import lse_table
 
     def rec(variant, ok, **extra):
         return {"id": f"{variant}-{ok}-{len(extra)}", "variant": variant, "status": "ok", "dtype": "fp32",

@@ -210,7 +210,7 @@ def test_the_tie_lead_follows_the_measured_noise():
 def test_the_verdict_ties_by_measured_noise_not_a_fixed_10_percent():
     """sdpa 6% faster than eager on 3 shared cells: with cells known to ±1% that is a lead; with cells
     known to ±25% (a shared runner) it is a tie. The old fixed rule called both a tie."""
-    from audit.render.verdict import recommendations
+    from audit.render.recommend import recommendations
 
     def frame(noise):
         rows = []

@@ -10,7 +10,15 @@ import pytest
 
 from audit.core.grid import Case
 from audit.core.records import RecordWriter, load, new_record
-from audit.render import alignment_table, budget_table, build_report, describe_values, findings_summary, format_value, fp16_overflow_table, gradient_table, html_table, leakage_table, markdown_table, masked_rows_table, memory_ratio_vs_baseline, saturation_sweep_table, saturation_table, scenario_alpha, scenario_table, seed_claims_table, shape_table, speedup_vs_baseline, stated_shape
+from audit.render.build import build_report
+from audit.render.data import describe_values, memory_ratio_vs_baseline, scenario_alpha, speedup_vs_baseline
+from audit.render.finding_tables import findings_summary
+from audit.render.masked_rows import masked_rows_table
+from audit.render.page import format_value, html_table, markdown_table
+from audit.render.speed_tables import shape_table, stated_shape
+from audit.render.stability_tables import (alignment_table, budget_table, fp16_overflow_table, gradient_table,
+                                           leakage_table, saturation_sweep_table, saturation_table, scenario_table,
+                                           seed_claims_table)
 
 VARIANTS = ("eager", "sdpa", "compiled", "broken.unscaled")
 # Latency of each variant relative to eager: sdpa exactly 2x faster, compiled 1.25x faster,
@@ -603,7 +611,9 @@ def test_report_module_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, audit.render as r; r._scenario_descriptions(); print('torch' in sys.modules)"
+    code = ("import sys, audit.render.build, audit.render.compare_page; "
+            "from audit.render.data import scenario_descriptions; scenario_descriptions(); "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1], check=True)
     assert out.stdout.strip() == "False"
@@ -611,7 +621,7 @@ def test_report_module_does_not_import_torch() -> None:
 
 def test_roofline_figure_and_ceilings_table(tmp_path: Path) -> None:
     """Cells with roofline columns give roofline.png; run.json's ceilings become a table."""
-    from audit.render import build_report, ceilings_table
+    from audit.render.speed_tables import ceilings_table
 
     cells = [_cell(v, seq_len=t, fwd_ms=1.0, flops=4e9 * t / 64, bytes=1e6 * t / 64,
                    gflops_per_s=40.0 * t / 64, peak_flops_per_s=2e11, peak_bytes_per_s=4e10)
@@ -639,7 +649,7 @@ def test_roofline_figure_and_ceilings_table(tmp_path: Path) -> None:
 
 
 def test_host_bound_table_counts_measured_cells_only() -> None:
-    from audit.render import host_bound_table
+    from audit.render.speed_tables import host_bound_table
     rows = pd.DataFrame({"variant": ["sdpa", "sdpa_cudnn", "sdpa_cudnn", "eager"],
                          "host_bound": [False, True, None, None],
                          "fwd_ms": [0.04, 0.04, 0.5, 1.0], "fwd_host_ms": [0.03, 0.09, 0.1, None]})

@@ -12,11 +12,15 @@ import pytest
 
 from audit.analysis.findings import compute_findings
 from audit.core.records import load
-from audit.render import Contents, Heading, Table, build_report, findings_table, negative_control_check, numeric_columns, para, render_html, render_markdown, write_page
+from audit.render.build import build_report
 from audit.render.data import prepare
+from audit.render.finding_tables import findings_table, negative_control_check
+from audit.render.page import (Contents, Heading, Table, numeric_columns, para, render_html, render_markdown,
+                               write_page)
 from audit.render.sections import findings_section, overview_section
 from audit.render.masked_rows import masked_rows_summary, masked_rows_text
-from audit.render.verdict import determinism_text, recommendations, verdict_rows, verdict_section
+from audit.render.recommend import recommendations
+from audit.render.verdict import determinism_text, verdict_rows, verdict_section
 from audit.workload.variants import NEGATIVE_CONTROLS
 from tests.helpers import cpu_run
 from tests.test_report import _cell, _section, _write, _write_run
@@ -519,7 +523,7 @@ def test_the_verdict_of_the_stored_cpu_run(cpu_data) -> None:
 
 
 def test_the_gradient_budget_table_counts_cells_within_and_judged() -> None:
-    from audit.render.tables import gradient_budget_table
+    from audit.render.stability_tables import gradient_budget_table
     base = {"variant": "mine", "dtype": "fp32", "status": "ok"}
     rows = [{**base, "dq_within_budget": True, "dk_within_budget": True, "dv_within_budget": True,
              "dq_err_ratio": 1.2, "dk_err_ratio": 0.9, "dv_err_ratio": 1.1},

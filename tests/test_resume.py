@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from audit.core import grid, records
+from audit.core import records
 from audit.workload import presets
 
 ROOT = Path(__file__).resolve().parent.parent

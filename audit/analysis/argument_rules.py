@@ -8,12 +8,13 @@ import pandas as pd
 
 from ..workload.arguments import ARGUMENT_CONSEQUENCES, ARGUMENT_TITLES, ARGUMENTS, NOT_HONOURED, STATUSES
 from .finding_rows import _finding, _ok
+from .rule_registry import rule
 
 # A variant's status for one argument over its probed cells, the first that any cell has, in this
 # order (every one of workload.arguments.STATUSES): a defect wins over any number of honoured cells
 # (it is there), honoured over the statuses that say nothing either way.
-SUMMARY_ORDER: tuple[str, ...] = ("ignored", "misapplied", "accepted", "failed", "honoured", "unjudged", "uninformative",
-                                  "refused")
+SUMMARY_ORDER: tuple[str, ...] = ("ignored", "misapplied", "accepted", "failed", "honoured", "unjudged",
+                                  "uninformative", "refused")
 assert set(SUMMARY_ORDER) == set(STATUSES)
 ARGUMENT_CHECK = "argument_ignored"      # the finding's check
 
@@ -44,6 +45,7 @@ def argument_summary(frame: pd.DataFrame) -> dict[str, dict[str, str]]:
             for v, args in seen.items()}
 
 
+@rule(220)
 def check_arguments(frame: pd.DataFrame) -> list[dict]:
     """An argument the variant takes and ignores, or applies wrongly: one error finding per variant
     and argument, with the probe's numbers at its worst cell."""

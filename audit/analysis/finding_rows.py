@@ -2,7 +2,7 @@
 cells' scenarios and dtypes in words, one finding per variant, and the finding dict itself."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import pandas as pd
 

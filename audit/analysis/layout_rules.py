@@ -7,8 +7,10 @@ import pandas as pd
 from ..core.defects import crosses_documents, reads_unused_slots
 from ..core.diagnosis_names import members, title_of
 from .finding_rows import _finding, _num, _ok, _per_variant, _rows_where, _where
+from .rule_registry import rule
 
 
+@rule(80)
 def check_cross_document(frame: pd.DataFrame) -> list[dict]:
     """Packed documents that attend each other: a document's output moves with the other documents."""
     ok = _ok(frame)
@@ -23,6 +25,7 @@ def check_cross_document(frame: pd.DataFrame) -> list[dict]:
     return _per_variant(rows, make)
 
 
+@rule(90)
 def check_paged_reads(frame: pd.DataFrame) -> list[dict]:
     """A paged kernel that reads slots of its cache it must not: the mistake its output matches."""
     from ..workload.paged_mistakes import PAGED_MISTAKES
@@ -55,6 +58,7 @@ def _explained(known: list) -> str:
     return " ".join(t if i == len(texts) - 1 or t.endswith(".") else t + "." for i, t in enumerate(texts))
 
 
+@rule(200)
 def check_invariance(frame: pd.DataFrame) -> list[dict]:
     """Variants whose rows depend on the rest of the batch or on chunking: a warning, as determinism is;
     an error where the chunked output is outside the error budget (chunked prefill computes other attention)."""

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from .finding_rows import _finding, _num, _ok, _real_code
+from .rule_registry import rule
 
 SLOW_DRIFT = 0.05        # a canary reading this much slower than the fastest (or 2x its spread): a slow period
 HIGH_NOISE = 0.10        # a run noise figure above this: the report gives advice
@@ -57,6 +58,7 @@ def unstable_mask(frame: pd.DataFrame) -> pd.Series:
     return (frame["status"] == "ok") & target.gt(0) & cell_noise(frame).gt(target)
 
 
+@rule(250)
 def check_timing_noise(frame: pd.DataFrame) -> list[dict]:
     """One run-level warning for the unstable cells of real variants: how many, how wide, and the
     worst. A negative control's own defect can be its noise (broken.background_thread leaves a thread

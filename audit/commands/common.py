@@ -54,7 +54,8 @@ def write_report(run_dir: Path, before_page: Callable[[], None] | None = None) -
     build_report's (a run records its time split there)."""
     from ..analysis.findings import write_findings
     from ..core.records import read_records, to_frame
-    from ..render import build_report, is_control_finding, negative_control_check
+    from ..render.build import build_report
+    from ..render.finding_tables import is_control_finding, negative_control_check
     from ..repro.scripts import write_repro_scripts
 
     found = write_repro_scripts(run_dir, write_findings(run_dir))   # DIR/repro/: a script per finding

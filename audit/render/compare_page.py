@@ -13,8 +13,9 @@ import pandas as pd
 from ..analysis import compare_stats as stats
 from ..analysis.compare import PHASES, Comparison, Side
 from ..core.runfolder import COMPARE_CELLS_FILE, COMPARE_FIGURE_FILE
-from . import (Block, Code, Figure, Heading, Mono, Paragraph, Table, findings_table, format_value,
-               legend_below, save_figure, suptitle, variant_colors, write_page)
+from .finding_tables import findings_table
+from .page import Block, Code, Figure, Heading, Mono, Paragraph, Table, format_value, write_page
+from .plotting import legend_below, save_figure, suptitle, variant_colors
 
 TITLE = "attn-audit comparison"
 WHOLE_RUN_SHIFT = 1.1    # a median B/A over every cell beyond 1.1 or under 1/1.1 gets a note
@@ -153,8 +154,8 @@ def _method_blocks(comparison: Comparison) -> list[Block]:
         _p("Peak memory and error are deterministic: their ratios have no interval. Ratios are "
            f"taken between values floored at {stats.MEMORY_FLOOR_BYTES // 2 ** 20} MiB for peak memory "
            "(smaller peaks are page and allocator granular) and at the dtype's unit roundoff for ",
-           Mono("rel_err"), " (fp32 2⁻²⁴, bf16 2⁻⁸, fp16 2⁻¹¹: rounding the output alone gives that much), "
-           "so 1e-9 against 3e-9 reads 1. An error that turns NaN or inf reads inf."),
+           Mono("rel_err"), " (fp32 2⁻²⁴, bf16 2⁻⁸, fp16 2⁻¹¹: rounding the output alone gives that "
+           "much), so 1e-9 against 3e-9 reads 1. An error that turns NaN or inf reads inf."),
         _p("A ", Mono("--fail-on latency:+T%"), " fails a cell when its whole interval lies above 1 + T "
            "(in either phase); memory and error fail when the floored ratio is above 1 + T. "
            "Findings are recomputed from both runs' records with the same rules and matched on their "

@@ -12,11 +12,10 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from ..analysis.findings import NEGATIVE_CONTROL_PREFIX
+from ..analysis.finding_rows import NEGATIVE_CONTROL_PREFIX
 from ..core.grid import FOLLOWS, INPUT_AXES
 
 BASELINE_VARIANT = "eager"
-SEVERITY_ORDER = ("error", "warning", "info")
 MIB = 2 ** 20
 LOG_FLOOR = 1e-12          # rel_err values below this (exact 0 included) are drawn here
 REASON_WIDTH = 120

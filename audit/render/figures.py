@@ -14,7 +14,7 @@ from .data import (LOG_FLOOR, MIB, NEGATIVE_CONTROL_PREFIX, NONFINITE_COLUMNS, N
 from .page import Figure
 from .plotting import (DTYPE_COLORS, DTYPE_STYLES, grouped_bars, legend_below, line_panels, log2_x_axis,
                        save_figure, suptitle, variant_colors)
-from .tables import saturation_sweep_table
+from .stability_tables import saturation_sweep_table
 
 Drawn = tuple[Any, str]            # (matplotlib figure, caption)
 Draw = Callable[[pd.DataFrame, dict], "Drawn | None"]

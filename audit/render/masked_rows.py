@@ -13,7 +13,7 @@ import re
 
 import pandas as pd
 
-from ..analysis.findings import FINFO_MIN_SCENARIO
+from ..analysis.numerics_rules import FINFO_MIN_SCENARIO
 from .data import MASK_FORMS, describe_values, ok_rows, scenario_order, variant_order
 from .page import Block, Heading, Inline, Link, Table, para, slugify
 

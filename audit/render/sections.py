@@ -10,15 +10,18 @@ from typing import Any
 
 import pandas as pd
 
+from ..analysis.findings import SEVERITY_ORDER
 from ..core.grid import AXES
 from ..core.runfolder import FINDINGS_FILE, RUN_FILE
 from .data import (BASELINE_VARIANT, MIB, NEGATIVE_CONTROL_PREFIX, NONFINITE_COLUMNS, NORMAL_SCENARIO,
-                   REASON_WIDTH, SEVERITY_ORDER, dtype_order, is_negative_control,
+                   REASON_WIDTH, dtype_order, is_negative_control,
                    memory_ratio_vs_baseline, normal_rows, ok_rows, sorted_values, speed_rows)
 from .page import Anchor, Badge, Block, Code, Heading, Link, Mono, Span, Table, format_value, para, slugify
-from .tables import (anchored_findings, budget_kind, ceilings_table, describe_shape,
-                     findings_summary, findings_table, host_bound_table, is_control_finding,
-                     negative_control_check, rerun_command, shape_table, speedup_table, stated_shape)
+from .finding_tables import (anchored_findings, findings_summary, findings_table, is_control_finding,
+                             negative_control_check)
+from .speed_tables import (ceilings_table, describe_shape, host_bound_table, rerun_command, shape_table,
+                           speedup_table, stated_shape)
+from .time_budget import budget_kind
 
 
 def read_json(path: Path) -> Any:

@@ -10,11 +10,14 @@ from typing import Any, Iterable
 import pandas as pd
 
 from ..core.runfolder import SEED_CLAIMS_FILE
-from .data import BASELINE_VARIANT, FP16_MAX, FP16_RANGE_SCENARIO, MASK_FORMS, NEGATIVE_CONTROL_PREFIX, NORMAL_SCENARIO, dtype_order, golden_saturation_rows, normal_rows, ok_rows, scenario_alpha, scenario_order, variant_order
+from .data import (BASELINE_VARIANT, FP16_MAX, FP16_RANGE_SCENARIO, MASK_FORMS, NEGATIVE_CONTROL_PREFIX,
+                   NORMAL_SCENARIO, dtype_order, golden_saturation_rows, normal_rows, ok_rows, scenario_alpha,
+                   scenario_order, variant_order)
 from .page import MISSING, Block, Figure, Heading, Mono, Table, format_value, para
-from .tables import (alignment_table, budget_table, fp16_overflow_table, gradient_budget_table, gradient_table, leakage_table,
-                     lse_table,
-                     saturation_table, scenario_table, seed_claims_table, wide_by_variant)
+from .stability_tables import (alignment_table, budget_table, fp16_overflow_table, gradient_budget_table,
+                               gradient_table, leakage_table, lse_table, saturation_table, scenario_table,
+                               seed_claims_table, wide_by_variant)
+
 
 def _names_or_none(values: Iterable[str]) -> str:
     names = list(values)

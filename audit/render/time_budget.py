@@ -11,9 +11,34 @@ from ..core.timesplit import GROUPS, RUN_PARTS, largest_overhead
 from ..workload.inputs import coverage_kind
 from .data import numeric
 from .page import Block, Heading, Mono, Table, format_value, para
-from .tables import budget_cuts_table, budget_kind
 
 UNCOVERED_SHOWN = 30        # rows of the table of variant × dtype × mask kinds left without a cell
+
+
+BUDGET_KINDS = (("over the budget at run time", "over the time budget while running (see Time budget)"),
+                ("over the budget", "over the time budget when planned (see Time budget)"),
+                ("over the per-cell limit", "predicted over the per-cell limit (see Time budget)"))
+
+
+def budget_kind(reason: str) -> str | None:
+    """The time-budget rule a skip reason names (its numbers differ per cell), or None."""
+    for marker, kind in BUDGET_KINDS:
+        if marker in reason:
+            return kind
+    return None
+
+
+def budget_cuts_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Cells skipped by the time budget or the per-cell limit, most expensive first:
+    id, variant, predicted_s, rule."""
+    columns = ["id", "variant", "predicted_s", "rule"]
+    if frame.empty or "reason" not in frame.columns:
+        return pd.DataFrame(columns=columns)
+    skipped = frame[frame["status"] == "skipped"].copy()
+    skipped["rule"] = skipped["reason"].fillna("").astype(str).map(budget_kind)
+    skipped = skipped[skipped["rule"].notna()]
+    skipped["predicted_s"] = numeric(skipped, "predicted_s")
+    return skipped.sort_values("predicted_s", ascending=False)[columns].reset_index(drop=True)
 
 
 def coverage_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -61,7 +86,8 @@ def _split_blocks(run_info: dict | None) -> list[Block]:
     parts = split.get("parts_s") or {}
     overhead = largest_overhead(split)
     ratio = split.get("wall_over_measured")
-    by_group = ", ".join(f"{g} {format_value(float(groups[g]))} s" for g in GROUPS if abs(float(groups.get(g, 0))) >= 0.05)
+    by_group = ", ".join(f"{g} {format_value(float(groups[g]))} s" for g in GROUPS
+                         if abs(float(groups.get(g, 0))) >= 0.05)
     text = [f"Where the {format_value(wall)} s of wall time went (this invocation, from its process's "
             f"start to the end of this page): {by_group}. Timed calls and compiling took "
             f"{format_value(measured)} s"

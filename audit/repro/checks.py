@@ -21,7 +21,7 @@ import traceback
 import types
 from typing import Any, Callable
 
-from ..analysis.findings import INPUT_SATURATION, SATURATION_EXCESS, UNDERFLOW_FRAC
+from ..analysis.numerics_rules import INPUT_SATURATION, SATURATION_EXCESS, UNDERFLOW_FRAC
 from ..core.defects import LEAK_OVER_NOISE
 from ..core.diagnosis_names import NONE, agrees, members
 from ..core.errors import BackwardUnsupported
