@@ -178,3 +178,19 @@ def test_graph_breaks_finding_fires_on_a_broken_compile_only():
     assert "up to 2 graph break(s)" in finding["message"] and finding["cells"] == ["compiled_unfused-1"]
     assert check_graph_breaks(frame.assign(graph_breaks=0)) == []
     assert check_graph_breaks(frame.drop(columns="graph_breaks")) == []
+
+
+def test_every_rule_is_registered_and_runs_in_its_order():
+    """A check_* function of a rules module runs only if it is marked @rule(order): one left unmarked
+    would judge nothing, silently. RULES holds each once, in the order the numbers state."""
+    from audit.analysis import findings
+    from audit.analysis.rule_registry import rule
+
+    defined = {name for module in findings.RULE_MODULES for name, value in vars(module).items()
+               if name.startswith("check_") and callable(value) and value.__module__ == module.__name__}
+    names = [r.__name__ for r in findings.RULES]
+    assert sorted(names) == sorted(defined) and len(names) == len(set(names))
+    assert names[:3] == ["check_nonfinite", "check_error_budget", "check_grad_error_budget"]
+    assert names[-1] == "check_timing_noise"
+    with pytest.raises(ValueError, match="taken by check_nonfinite"):
+        rule(10)(lambda frame: [])

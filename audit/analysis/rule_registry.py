@@ -20,7 +20,8 @@ def rule(order: int) -> Callable[[Rule], Rule]:
     """Registers the decorated rule to run at `order` (unique among all rules); returns it unchanged."""
     def register(check: Rule) -> Rule:
         taken = _REGISTERED.get(order)
-        if taken is not None and _name(taken) != _name(check):      # the same rule again: a module reloaded
+        # a rule registered again (its module reloaded) keeps its place; another rule may not take it
+        if taken is not None and _name(taken) != _name(check):
             raise ValueError(f"rule order {order} is taken by {taken.__name__}; {check.__name__} needs another")
         _REGISTERED[order] = check
         return check

@@ -257,6 +257,8 @@ def recommendation_table(recs: Iterable[Recommendation]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["device, dtype, mask", "use", "why"])
 
 
+# --------------------------------------------------------------------------- the section's part
+
 def recommendation_blocks(frame: pd.DataFrame, findings: list[dict] | None,
                           run_noise: float | None = None) -> list[Block]:
     """The verdict's "What to use": the matrix and the reasons in full; nothing when no device, dtype
