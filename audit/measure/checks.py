@@ -14,7 +14,7 @@ exists, in the order checks are registered:
 Checks needing "grads" run in the gradients phase, those needing "record" after timing, the
 others in the numerics phase. Each one's seconds count in its `phase` of the record's phase_s
 (core.timesplit.CELL_PHASES). Adding a check is adding a function here with @check, its columns
-to core.records.COLUMNS and a rule that reads them (analysis.findings).
+to core.columns.COLUMNS and a rule that reads them (analysis.findings).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Pure numerical metrics. Each takes tensors and returns plain Python numbers.
 
 Adding a metric: write one function here, call it from a check in measure/checks.py, add
-its column to records.COLUMNS.
+its column to core.columns.COLUMNS.
 """
 from __future__ import annotations
 
