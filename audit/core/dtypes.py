@@ -26,14 +26,14 @@ class Dtype:
     unit_roundoff: float    # u: rounding a value to the dtype alone moves it by at most u relative
     budget_factor: float    # the error budget: err <= budget_factor * err(baseline) + atol
     atol: float             # ... its absolute term (numerics.budget_bound)
-    baseline: str           # the dtype the same-dtype baseline (hand-written attention) computes in
+    baseline: str           # the dtype the same-dtype baseline (hand-written attention) computes in: its own
     upcast: str             # the dtype a kernel on it may compute in: that dtype's matmul rate bounds it too
     fused_kernels: bool     # the fused half-precision kernels take it (SDPA's flash and cuDNN backends)
     model_audit: bool       # `audit model` (and a run's model audit) runs it by default
     color: str              # the plots' colour (a matplotlib name) ...
     marker: str             # ... marker ...
     line: str               # ... and line style, so lines that coincide stay told apart
-    scaled: bool = False    # needs per-tensor scales (FP8); the audit has no scaled dtype yet
+    scaled: bool = False    # needs per-tensor scales (FP8): register() refuses one until inputs carry scales
 
     @property
     def epsilon(self) -> float:
@@ -46,15 +46,20 @@ _REGISTRY: dict[str, Dtype] = {}
 
 
 def register(dtype: Dtype) -> Dtype:
-    """Add a dtype at the narrow end of the registry; UsageError when its name is taken or its
-    baseline or upcast dtype is neither itself nor registered."""
+    """Add a dtype at the narrow end of the registry. UsageError when its name is taken, its upcast
+    dtype is neither itself nor registered, or it asks for what the measurement does not do yet: per-tensor
+    scales (scaled) or a baseline in another dtype (the same-dtype baseline, measure/cellcache.py, runs on
+    the cell's own inputs)."""
     if dtype.name in _REGISTRY:
         raise UsageError(f"dtype {dtype.name!r} is registered already")
-    for role in ("baseline", "upcast"):
-        other = getattr(dtype, role)
-        if other != dtype.name and other not in _REGISTRY:
-            raise UsageError(f"dtype {dtype.name!r}: its {role} dtype {other!r} is not registered; "
-                             f"registered: {', '.join(_REGISTRY)}")
+    if dtype.upcast != dtype.name and dtype.upcast not in _REGISTRY:
+        raise UsageError(f"dtype {dtype.name!r}: its upcast dtype {dtype.upcast!r} is not registered; "
+                         f"registered: {', '.join(_REGISTRY)}")
+    if dtype.scaled:
+        raise UsageError(f"dtype {dtype.name!r} is scaled: the audit draws no per-tensor scales yet")
+    if dtype.baseline != dtype.name:
+        raise UsageError(f"dtype {dtype.name!r}: a baseline in {dtype.baseline!r} is not measured yet (the "
+                         "baseline computes in the cell's own dtype)")
     _REGISTRY[dtype.name] = dtype
     return dtype
 

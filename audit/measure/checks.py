@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..core.defects import grad_outside_budget, lse_outside_budget, numerics_defect
+from ..core.dtypes import by_torch_name
 from ..core.errors import Unsupported
 from ..core.grid import Case
 from ..core.timesplit import CELL_PHASES
 from ..workload.arguments import probed_arguments
-from ..workload.inputs import TORCH_DTYPES, Inputs, invariance_applies
+from ..workload.inputs import Inputs, invariance_applies
 from ..workload.presets import Preset
 from ..workload.variants import Variant
 from .cellcache import Reference, lse_rmse, merged_output, sinks_for_slices
@@ -589,7 +590,8 @@ def check_output(out: Any, q: Any, v: Any) -> None:
 
 def _dtype_name(dtype: Any) -> str:
     name = str(dtype).replace("torch.", "")
-    return next((short for short, long in TORCH_DTYPES.items() if long == name), name)
+    spec = by_torch_name(name)                  # a registered dtype by its short name, another by torch's
+    return name if spec is None else spec.name
 
 
 

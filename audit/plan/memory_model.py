@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from ..core.dtypes import dtype_spec
 from ..core.grid import Case
-from ..measure.roofline import DTYPE_BYTES
 
 # variant -> bytes per score element of one forward+backward, from the input dtype's size.
 # eager (bf16): 8.0-10.0 = 4 x 2 bytes; eager_fp32 and sdpa_math hold fp32 scores: 16.0-23.0;
@@ -65,7 +65,7 @@ def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
         per_element = NEGATIVE_CONTROL_SCORE_BYTES
     if per_element is None:
         return None
-    size = DTYPE_BYTES[case.dtype]
+    size = dtype_spec(case.dtype).bytes
     n = score_elements(case, q_len)
     per = per_element(size)
     how = f"{per} bytes per score element × B·H·Tq·Tk = {n:.3g} elements"
@@ -116,4 +116,5 @@ def too_big(case: Case, q_len: int, free: int | None) -> str | None:
 def held_copy_bytes(case: Case, q_len: int) -> int:
     """What the determinism check (measure/repeats.py) holds while the cell runs: the first run's
     out (B·H·Tq·d_v) and gradients, in the input dtype: memory beside the peak, not in it."""
-    return (case.batch * case.heads * q_len * case.effective_d_v + gradient_elements(case, q_len)) * DTYPE_BYTES[case.dtype]
+    size = dtype_spec(case.dtype).bytes
+    return (case.batch * case.heads * q_len * case.effective_d_v + gradient_elements(case, q_len)) * size

@@ -19,7 +19,7 @@ from .figures import FIGURES, draw_figures
 from .page import (MISSING, Badge, Block, Code, Contents, Figure, Heading, Link, Mono, Paragraph, Table,
                    format_value, html_table, markdown_table, numeric_columns, para, render_html,
                    render_markdown, severity_badges, write_page)
-from .plotting import DTYPE_COLORS, legend_below, overflowing_artists, save_figure, suptitle, variant_colors
+from .plotting import legend_below, overflowing_artists, save_figure, suptitle, variant_colors
 from .tables import (alignment_table, budget_cuts_table, budget_table, ceilings_table, findings_summary,
                      findings_table, fp16_overflow_table, gradient_table, host_bound_table,
                      is_control_finding, leakage_table, negative_control_check,
@@ -40,7 +40,7 @@ __all__ = [
     "Badge", "para", "MISSING", "format_value", "markdown_table", "html_table", "numeric_columns",
     "render_markdown", "render_html", "severity_badges",
     # figures
-    "DTYPE_COLORS", "save_figure", "legend_below", "suptitle", "variant_colors",
+    "save_figure", "legend_below", "suptitle", "variant_colors",
     "overflowing_artists",
     # data and tables
     "BASELINE_VARIANT", "NEGATIVE_CONTROL_PREFIX", "NORMAL_SCENARIO", "SEVERITY_ORDER",

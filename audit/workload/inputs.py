@@ -22,7 +22,7 @@ from typing import Any, Callable
 from ..core.errors import UsageError
 from ..core.grid import Case
 from .draws import (  # noqa: F401  (the draw functions and their helpers, re-exported: one place to import from)
-    TORCH_DTYPES, torch_dtype, _randn, _normal, _scaled, _outliers,
+    torch_dtype, _randn, _normal, _scaled, _outliers,
     _fp16_range, UNIFORM_BOUND, STUDENT_T_DOF, SPARSE_DENSITY, _uniform, _student_t,
     _heavy_tailed, zero_query_rows, constant_key_heads, _constant_rows, zero_key_positions, _sparse,
     causal_offset, causal_keep, _strided_qkv, views, read_as_contiguous, _valid_lengths, _padding, _left_padding, LOW_LSE_MARGIN,
