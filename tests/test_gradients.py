@@ -172,7 +172,8 @@ def _grads_of(fn, inputs):
     return out.detach(), torch.autograd.grad(out, (q, k, v), inputs.grad_out)
 
 
-@pytest.mark.parametrize("mistake, causal", [("document_keys_end_inclusive", False), ("document_keys_end_inclusive", True),
+@pytest.mark.parametrize("mistake, causal", [("document_keys_end_inclusive", False),
+                                             ("document_keys_end_inclusive", True),
                                              ("causal_next_key", True), ("scale_missing", False)])
 def test_gradients_that_are_the_forward_mistakes_own_are_named_by_it(mistake, causal):
     """A kernel whose forward makes a mistake and whose backward differentiates what it computed: no

@@ -24,8 +24,9 @@ ERROR_FLOOR = 1e-3
 FLOOR_EPS = 10.0                # × the dtype's machine epsilon (core/dtypes.py: Dtype.epsilon)
 GROWTH_FACTOR = 1.25          # a per-layer growth (median) over this × the baseline's, with the error over this ×
 # the baseline's too: an error over the baseline's alone is a coin flip between two correct variants (measured,
-# llama-tiny bf16: eager's and broken.clamped's (its clamp under bf16's rounding) final error 1.04-1.08 × sdpa's natively and under ATEN_CPU_CAPABILITY=default and
-# avx2 + ONEDNN_MAX_CPU_ISA=AVX2, its growth 0.98-1.03 × sdpa's), an edge the growth alone kept from a finding
+# llama-tiny bf16: eager's and broken.clamped's (its clamp under bf16's rounding) final error 1.04-1.08 × sdpa's
+# natively and under ATEN_CPU_CAPABILITY=default and avx2 + ONEDNN_MAX_CPU_ISA=AVX2, its growth 0.98-1.03 ×
+# sdpa's), an edge the growth alone kept from a finding
 # Flips: the yardstick's own decisive flips (|S|) are what the dtype's rounding does through this model; a
 # variant flipping more than FLIP_FACTOR × |S| + FLIP_SLACK decisive positions the yardstick keeps changes
 # the model beyond rounding (measured, llama-small bf16: eager 8 beyond sdpa's 6, sdpa 4 beyond eager's)

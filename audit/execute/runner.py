@@ -90,7 +90,7 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
     except KeyboardInterrupt:
         raise
     except NotImplementedError as exc:
-        if variant is not None and variant.family == "plugin":             # a plug-in (or hf:) declining a cell it does not take
+        if variant is not None and variant.family == "plugin":   # a plug-in (or hf:) declining a cell it does not take
             rec["status"], rec["reason"] = "skipped", declined(exc)
         else:
             rec["status"], rec["reason"] = "error", failure_reason(exc)

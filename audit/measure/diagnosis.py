@@ -555,4 +555,5 @@ def diagnose_grads_as_forward(evidence: GradEvidence, inputs: Inputs, ref: Any, 
     found = diagnose_grads(attempt, evidence.golden, evidence.observed, evidence.tol, mistakes=entries)
     if found.name == NONE:
         return None
-    return {"grad_diagnosis": found.name, "grad_diagnosis_err": found.err, "grad_diagnosis_golden_err": found.golden_err}
+    return {"grad_diagnosis": found.name, "grad_diagnosis_err": found.err,
+            "grad_diagnosis_golden_err": found.golden_err}

@@ -206,7 +206,7 @@ def _compare(ref: Reference, trace: Trace, logits: Any) -> dict[str, Any]:
             "growth_max": max(growth) if growth else None,
             "kl": kl if math.isfinite(kl) else None, "top1_agreement": float(agree.double().mean()),
             "top1_mismatches": flat[:, 0].tolist(),
-            "decisive_mismatches": flat[:, 0][decisive.flatten()[flat[:, 0]]].tolist(),   # one transfer, not one a position
+            "decisive_mismatches": flat[:, 0][decisive.flatten()[flat[:, 0]]].tolist(),   # one transfer, not one each
             "logprob_check": check if finite else False, "first_divergence": first}
 
 

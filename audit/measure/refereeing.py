@@ -223,8 +223,8 @@ def physically_possible(cell: Any, ceilings: dict | None) -> None:
 
 def ceilings_now(device: str, dtype: str, ceilings: dict) -> tuple[float, float | None]:
     """(matmul FLOP/s of the dtype or of its upcast dtype (core/dtypes.py), whichever is better, copy
-    bytes/s) measured again now, each the best this process has seen (referee.rechecked_rate); the copy is not re-measured (the
-    run's stands: bytes bind only past the caches)."""
+    bytes/s) measured again now, each the best this process has seen (referee.rechecked_rate); the copy
+    is not re-measured (the run's stands: bytes bind only past the caches)."""
     from .roofline import matmul_rate_now
     rates = ceilings.get("matmul_flops_per_s") or {}
     flops = max(referee.rechecked_rate(device, dt, lambda dt=dt: matmul_rate_now(device, dt, rates.get(dt)))

@@ -19,10 +19,10 @@ from ..workload.inputs import torch_dtype
 from .numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .timing import measure, sync_for, time_call
 
-# Largest problems (n of an n x n matmul, the same for every dtype). A measurement starts from a small probe and doubles it while the
-# next size still fits its share of the time budget, so a dtype the hardware emulates
-# slowly (bf16 at 0.002 TFLOP/s on an AVX2-only CPU) stays small and fast units grow
-# until the probe is large enough to run near their peak.
+# Largest problems (n of an n x n matmul, the same for every dtype). A measurement starts from a
+# small probe and doubles it while the next size still fits its share of the time budget, so a dtype
+# the hardware emulates slowly (bf16 at 0.002 TFLOP/s on an AVX2-only CPU) stays small and fast
+# units grow until the probe is large enough to run near their peak.
 CPU_MATMUL_N = 2048
 CUDA_MATMUL_N = 8192
 CPU_COPY_BYTES = 256 * 2**20      # larger than any CPU's last-level cache
@@ -250,9 +250,10 @@ def measure_ceilings(device: str, dtypes: Sequence[str] | None = None, *,
                      budget_s: float = CEILINGS_BUDGET_S, matmul_n: Mapping[str, int] | int | None = None,
                      copy_bytes: int | None = None) -> dict[str, Any]:
     """Measure this machine's matmul FLOP/s per dtype (None: every registered dtype, core/dtypes.py)
-    and copy bandwidth, once per run, in about `budget_s` seconds for the device whatever it is; on a CPU also SDPA's forward per
-    dtype (`attention_flops_per_s`, `attention_t`, `attention_reason`: _attention_rate), which the
-    cost model predicts the fused kernels' cells from (their speed in a dtype is not its matmul's).
+    and copy bandwidth, once per run, in about `budget_s` seconds for the device whatever it is; on a
+    CPU also SDPA's forward per dtype (`attention_flops_per_s`, `attention_t`, `attention_reason`:
+    _attention_rate), which the cost model predicts the fused kernels' cells from (their speed in a
+    dtype is not its matmul's).
 
     Each matmul and the copy get an equal share of the budget: the problem grows from a
     small probe while the next size fits its share (_grow), then the call is repeated
@@ -412,8 +413,8 @@ def attention_bytes(batch: int, heads: int, q_len: int, kv_len: int, d: int, dty
     """Fewest bytes an attention call must move through memory (the roofline's byte count).
 
     Forward: read Q (B·H·Tq·d), K (B·Hkv·Tk·d), V (B·Hkv·Tk·d_v; Hkv = kv_heads, default H,
-    d_v default d) and the mask, write O (B·H·Tq·d_v). With backward=True: the whole forward+backward, i.e. the forward
-    plus a backward that reads Q, K, V, O, dO and the mask again and writes dQ,
+    d_v default d) and the mask, write O (B·H·Tq·d_v). With backward=True: the whole forward+backward,
+    i.e. the forward plus a backward that reads Q, K, V, O, dO and the mask again and writes dQ,
     dK, dV. Intermediates (scores, probabilities, softmax statistics) are not
     counted: a fused kernel keeps them on chip, so this is a lower bound and the
     byte-bound time it gives is the best any implementation can reach.

@@ -63,7 +63,8 @@ def _self_check_candidates(rows: list[dict], control: str, reveals: tuple[str, .
     """A negative control's self-check candidates, per causal flag: its cells of the first scenario
     it declares (Variant.reveals) that the grid has (any scenario where it declares none, or where
     the grid has none of them), the widest registered dtype's where there are any (fp32, core/dtypes.py:
-    its diagnosis, against float64, is sharpest there): the plan buys the cheapest of each, so it is flagged and diagnosed twice."""
+    its diagnosis, against float64, is sharpest there): the plan buys the cheapest of each, so it is
+    flagged and diagnosed twice."""
     cells = [r for r in rows if r["variant"] == control]
     scenarios = [s for s in reveals if any(r["scenario"] == s for r in cells)]
     if scenarios:

@@ -12,9 +12,9 @@ from .page import Block, Figure, Heading, Mono, Table, para
 HEADING = "Model audit"
 FIGURE_FILE = "model_error.png"
 TABLE_COLUMNS = {"variant": "variant", "dtype": "dtype", "model": "model", "final_hidden_err": "error after last layer",
-                 "growth_median": "growth / layer (median)", "growth_max": "growth / layer (max)", "kl": "next-token KL",
-                 "top1_agreement": "top-1 agreement", "logprob_check": "logprob check", "batch_bitwise": "batch of 1 bitwise",
-                 "chunk_err": "chunked prefill error", "status": "status"}
+                 "growth_median": "growth / layer (median)", "growth_max": "growth / layer (max)",
+                 "kl": "next-token KL", "top1_agreement": "top-1 agreement", "logprob_check": "logprob check",
+                 "batch_bitwise": "batch of 1 bitwise", "chunk_err": "chunked prefill error", "status": "status"}
 
 
 def model_table(records: list[dict] | pd.DataFrame) -> pd.DataFrame:

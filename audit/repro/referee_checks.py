@@ -106,7 +106,8 @@ def _every_call(attention: Callable, case: Any, inputs: Any, ref: Any) -> tuple[
     outs = [_out(attention(q, k, v, **kwargs)).detach() for _ in range(TIMED_CALLS)]
     if bitwise_equal(outs[-1], outs[0]):
         return True, f"the last of {TIMED_CALLS} calls equals the first bit for bit"
-    errs = [error_vs_reference(ref.take(o), ref.golden.out, ref.golden.row_visible)["rmse"] for o in (outs[0], outs[-1])]
+    errs = [error_vs_reference(ref.take(o), ref.golden.out, ref.golden.row_visible)["rmse"]
+            for o in (outs[0], outs[-1])]
     first_ok, last_ok = (within_budget(e, ref.baseline_rmse, case.dtype) for e in errs)
     ok = not (first_ok and last_ok is False)
     return ok, (f"RMSE against the float64 golden: first call {errs[0]:.3g}, call {TIMED_CALLS} {errs[-1]:.3g} "

@@ -25,9 +25,11 @@ from .draws import (  # noqa: F401  (the draw functions and their helpers, re-ex
     torch_dtype, _randn, _normal, _scaled, _outliers,
     _fp16_range, UNIFORM_BOUND, STUDENT_T_DOF, SPARSE_DENSITY, _uniform, _student_t,
     _heavy_tailed, zero_query_rows, constant_key_heads, _constant_rows, zero_key_positions, _sparse,
-    causal_offset, causal_keep, _strided_qkv, views, read_as_contiguous, _valid_lengths, _padding, _left_padding, LOW_LSE_MARGIN,
+    causal_offset, causal_keep, _strided_qkv, views, read_as_contiguous, _valid_lengths, _padding, _left_padding,
+    LOW_LSE_MARGIN,
     low_lse_centre, _low_lse, SHIFT_BIAS, SHIFT_STEP, _shifted_bias, fully_masked_rows,
-    _fully_masked, window_size, window_keep, _sliding_window, _sinks_window, _paged_edges, SINK_ABOVE_MAX, SINK_NEGLIGIBLE, _sinks,
+    _fully_masked, window_size, window_keep, _sliding_window, _sinks_window, _paged_edges, SINK_ABOVE_MAX,
+    SINK_NEGLIGIBLE, _sinks,
     _draw_sinks, _packed, _paged)
 
 
@@ -176,7 +178,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "(its weight all on the sink: out 0) (vllm-project/vllm#52148: sinks dropped silently)",
              lambda t: t, _sinks(masked_rows=True), ("bool", "per-row"), sinks=True),
     Scenario("sinks_prefill", "the sinks scenario's q, k, v and sinks with no mask (causal or not): gpt-oss's prefill, "
-             "as a kernel taking sinks and causal but no mask runs it", lambda t: t, _sinks(masked_rows=False), sinks=True),
+             "as a kernel taking sinks and causal but no mask runs it", lambda t: t, _sinks(masked_rows=False),
+             sinks=True),
     Scenario("sinks_window", "the sinks scenario's q, k, v and sinks in a sliding window (|i - j| < T/4; causal: "
              "i - T/4 < j <= i) and no other mask: gpt-oss's sliding layers; a kernel taking sinks, causal and a "
              "window but no mask gets window=T/4", lambda t: t, _sinks_window, ("bool", "per-row"), sinks=True,

@@ -349,7 +349,8 @@ def _gpu(sets: _VariantSets) -> Preset:
             # compiles per kind of cell (~4 s each): its sinks cells only, in the stability grid's dtype
             dict(variant=("eager", "flash_op", "broken.sink_ignored"),
                  device=("cuda",), dtype=("bf16",), d_k=(128,), seq_len=(1024,), batch=(2,), heads=(16,),
-                 causal=(False, True), scenario=tuple(s for s in LSE_SCENARIOS if s != "sinks_window") + ("sinks_decode",)),
+                 causal=(False, True),
+                 scenario=tuple(s for s in LSE_SCENARIOS if s != "sinks_window") + ("sinks_decode",)),
             # views of a fused QKV buffer, on the CUDA kernels with stride rules of their own (cuDNN's, the
             # flash op's) and the control reading its inputs as contiguous memory
             dict(variant=("sdpa", "sdpa_cudnn", "flash_op", "broken.strides_ignored"), device=("cuda",),
