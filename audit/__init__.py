@@ -46,7 +46,7 @@ def model(models: "Sequence[str] | None" = None, variants: "Sequence[str] | None
     cuda); returns the records (and writes them, their findings, page and figure to `out`). docs/model.md."""
     from .commands import model as _model
     return _model.model(models or _model.DEFAULT_MODELS, variants or _model.DEFAULT_VARIANTS,
-                        dtypes or _model.DEFAULT_DTYPES, out, device)
+                        dtypes or None, out, device)
 
 
 def report(run_dir: "str | Path", out: "str | Path | None" = None) -> dict:

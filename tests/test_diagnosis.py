@@ -17,7 +17,8 @@ from audit.measure.diagnosis import diagnosis
 from audit.measure.golden import reference
 from audit.measure.cell.cellcache import build_reference
 from audit.measure.diagnosis.diagnosis import diagnose, diagnose_cell, diagnosis_slices, tolerance
-from audit.measure.golden.numerics import error_vs_reference, within_budget
+from audit.core.dtypes import dtype_spec
+from audit.measure.golden.numerics import budget_bound, error_vs_reference, within_budget
 from audit.workload import mistakes as library
 from audit.workload.inputs import make_inputs
 from audit.workload.mistake_base import PRECISIONS, ROWS, Attempt, Mistake, mistake
@@ -123,7 +124,7 @@ def test_an_implementation_making_the_mistake_is_diagnosed_with_it(name):
     case, inputs, ref = cell(**CELLS.get(name, {}))
     got = diagnosed(getattr(mistaken, name), case, inputs, ref)
     assert got["diagnosis"] == name, got
-    assert got["diagnosis_err"] <= diagnosis.BUDGET_FACTOR * ref.baseline_rmse + diagnosis.BUDGET_ATOL["fp32"]
+    assert got["diagnosis_err"] <= budget_bound(ref.baseline_rmse, "fp32")
     assert not got["diagnosis_golden_err"] <= got["diagnosis_err"]       # NaN (a NaN row) counts as worse
 
 
@@ -298,10 +299,10 @@ def test_ties_go_to_the_more_specific_mistake():
 def test_without_a_baseline_the_tolerance_comes_from_the_golden_rounding():
     case, inputs, ref = cell(causal=True)
     golden = ref.golden.out
-    assert tolerance(None, "fp32") == diagnosis.BUDGET_ATOL["fp32"]
+    assert tolerance(None, "fp32") == dtype_spec("fp32").atol
     fallback = tolerance(math.nan, "bf16", golden)
     rounding = error_vs_reference(golden.bfloat16(), golden)["rmse"]
-    assert fallback == pytest.approx(diagnosis.BUDGET_FACTOR * diagnosis.FALLBACK_ROUNDING * rounding + 1e-3)
+    assert fallback == pytest.approx(dtype_spec("bf16").budget_factor * diagnosis.FALLBACK_ROUNDING * rounding + 1e-3)
     assert diagnosed(mistaken.causal_next_key, case, inputs, ref, baseline=None)["diagnosis"] == "causal_next_key"
 
 

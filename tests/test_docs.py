@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from audit import cli
-from audit.core import grid, records
+from audit.core import columns, grid, records
 from audit.workload import inputs, presets, variants
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def test_the_schema_history_has_every_version():
         assert f"\n| {version} |" in history, version
 
 
-@pytest.mark.parametrize("column", list(records.COLUMNS))
+@pytest.mark.parametrize("column", list(columns.COLUMNS))
 def test_every_record_column_documented(column):
     assert f"| `{column}` |" in PAGES["output.md"]
 

@@ -15,7 +15,7 @@ from audit.core.records import to_frame
 from audit.execute import runner
 from audit.measure.cell import cellcache
 from audit.measure.diagnosis.diagnosis import attempt_for, diagnose_grads
-from audit.measure.golden.numerics import BUDGET_ATOL, GRAD_BUDGET_FACTOR
+from audit.measure.golden.numerics import GRAD_BUDGET_FACTOR, budget_bound
 from audit.workload import presets
 from audit.workload.backward_mistakes import BACKWARD_MISTAKES, backward_of
 from audit.workload.inputs import make_inputs
@@ -138,7 +138,7 @@ def test_each_backward_mistake_is_named_on_an_implementation_that_makes_it_and_o
     exact, low = _attempt(torch.float64), _attempt(torch.float32)
     golden = backward_of(exact)
     right32 = {g: t.double() for g, t in backward_of(low).items()}
-    tol = {g: GRAD_BUDGET_FACTOR[g] * math.sqrt(float(((right32[g] - golden[g]) ** 2).mean())) + BUDGET_ATOL["fp32"]
+    tol = {g: budget_bound(math.sqrt(float(((right32[g] - golden[g]) ** 2).mean())), "fp32", GRAD_BUDGET_FACTOR[g])
            for g in golden}
     made = {g: t.double() for g, t in _made(name, low).items()}
     exact.observed_grads = made
@@ -172,7 +172,8 @@ def _grads_of(fn, inputs):
     return out.detach(), torch.autograd.grad(out, (q, k, v), inputs.grad_out)
 
 
-@pytest.mark.parametrize("mistake, causal", [("document_keys_end_inclusive", False), ("document_keys_end_inclusive", True),
+@pytest.mark.parametrize("mistake, causal", [("document_keys_end_inclusive", False),
+                                             ("document_keys_end_inclusive", True),
                                              ("causal_next_key", True), ("scale_missing", False)])
 def test_gradients_that_are_the_forward_mistakes_own_are_named_by_it(mistake, causal):
     """A kernel whose forward makes a mistake and whose backward differentiates what it computed: no

@@ -9,7 +9,8 @@ import pytest
 
 from audit.core import grid
 from audit.core.errors import UsageError
-from audit.core.grid import AXES, DEVICES, DTYPES, INT_AXES, Case, expand, validate_axes
+from audit.core.dtypes import dtype_names
+from audit.core.grid import AXES, DEVICES, INT_AXES, Case, expand, validate_axes
 from audit.workload import presets
 from audit.workload.inputs import SCENARIOS, check_scenario
 from audit.workload.presets import Preset, preset_cases
@@ -101,7 +102,7 @@ def test_validate_rejects_unknown_dtype_listing_allowed(bad):
         validate_axes(base_axes(dtype=("fp32", bad)))
     msg = str(info.value)
     assert repr(bad) in msg
-    for allowed in DTYPES:
+    for allowed in dtype_names():
         assert allowed in msg
     assert "--dtype" in msg
 

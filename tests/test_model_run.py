@@ -106,9 +106,10 @@ def test_the_model_audit_time_is_fitted_from_a_runs_records():
     """What a run's model audit took (its time split, its records' seconds) predicts the next one: the
     same models and variants are predicted at what they took."""
     from audit.plan.overhead import fit_overheads, model_audit_seconds
-    from audit.workload.model import MODEL_DTYPES, model_variants, predicted_runs, MODEL_SPECS
+    from audit.core.dtypes import model_dtypes
+    from audit.workload.model import model_variants, predicted_runs, MODEL_SPECS
     runs = ["sdpa", "eager"]
-    n = predicted_runs(MODEL_SPECS["llama-tiny"], model_variants(runs)) * len(MODEL_DTYPES)
+    n = predicted_runs(MODEL_SPECS["llama-tiny"], model_variants(runs)) * len(model_dtypes())
     records = [{"kind": "reference", "model": "llama-tiny", "status": "ok", "seconds": 0.9}]
     records += [{"kind": "variant", "model": "llama-tiny", "status": "ok", "seconds": 0.02 + 0.01 * (i % 2)}
                 for i in range(n)]

@@ -12,7 +12,9 @@ import pytest
 
 import audit
 from audit.core.grid import AXES, Case
-from audit.core.records import COLUMNS, ENV_COLUMNS, MIGRATIONS, RECORDS_FILE, _restore, SCHEMA_VERSION, RecordWriter, completed_ids, dumps, load, migrate, new_record, read_records, to_frame
+from audit.core.columns import COLUMNS
+from audit.core.records import (ENV_COLUMNS, MIGRATIONS, RECORDS_FILE, _restore, SCHEMA_VERSION, RecordWriter,
+                                completed_ids, dumps, load, migrate, new_record, read_records, to_frame)
 
 CASE = Case("sdpa", "cpu", "bf16", 64, 1024, 1, 8, True)
 V1_GOLDEN = Path(__file__).resolve().parent / "data" / "records_v1.jsonl"

@@ -23,8 +23,8 @@ from audit.execute import runner
 from audit.measure.cell import cellcache
 from audit.measure.machine import memory
 from audit.measure.golden import reference
-from audit.measure.golden.numerics import (BUDGET_ATOL, BUDGET_FACTOR, changed_max, classify_masked_rows, relative_error,
-                                           within_budget)
+from audit.core.dtypes import dtype_names, dtype_spec
+from audit.measure.golden.numerics import changed_max, classify_masked_rows, relative_error, within_budget
 from audit.measure.golden.reference import golden_attention
 from audit.workload import inputs, presets
 from audit.workload.draws import _valid_lengths, fully_masked_rows, torch_dtype
@@ -358,8 +358,8 @@ def test_golden_is_computed_once_per_input_set(tmp_path, monkeypatch):
 # =========================================================================== numerics
 
 def test_within_budget():
-    atol = BUDGET_ATOL["fp32"]
-    assert BUDGET_FACTOR == 2.0
+    atol = dtype_spec("fp32").atol
+    assert all(dtype_spec(d).budget_factor == 2.0 for d in dtype_names())
     assert within_budget(1e-3, 1e-3, "fp32") is True                     # equal to the baseline
     assert within_budget(2e-3, 1e-3, "fp32") is True                     # at 2x (plus atol)
     assert within_budget(2e-3 + atol, 1e-3, "fp32") is True              # exactly on the edge
@@ -367,10 +367,11 @@ def test_within_budget():
     assert within_budget(0.0, 0.0, "fp32") is True
     assert within_budget(0.5 * atol, 0.0, "fp32") is True                # atol allows a floor
     assert within_budget(1.5 * atol, 0.0, "fp32") is False
-    for dtype, a in BUDGET_ATOL.items():
+    for dtype in dtype_names():
+        a = dtype_spec(dtype).atol
         assert within_budget(0.9 * a, 0.0, dtype) is True
         assert within_budget(1.1 * a, 0.0, dtype) is False
-    assert BUDGET_ATOL["fp32"] < BUDGET_ATOL["fp16"] < BUDGET_ATOL["bf16"]
+    assert dtype_spec("fp32").atol < dtype_spec("fp16").atol < dtype_spec("bf16").atol
 
 
 def test_within_budget_non_finite():

@@ -24,6 +24,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..core.dtypes import dtype_spec
+
 BOOTSTRAP_SEED = 20261130
 N_BOOTSTRAP = 2000
 CONFIDENCE = 0.95
@@ -45,9 +47,6 @@ MIN_CELLS_FOR_NOISE = 8          # fewer matched cells: the spread is a rough fi
 # gave 0.021 (fwd) and 0.007 (fwd+bwd) over 48 cells, a 2-core CPU 0.08-0.34 (docs/compare.md).
 # A comparison's own, larger estimate replaces it.
 NOISE_FLOOR_SD = 0.03
-# Unit roundoff per dtype: a relative error below it is what rounding the output to the
-# dtype alone gives, so error ratios are taken between max(error, roundoff) values.
-UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 MEMORY_FLOOR_BYTES = 2 ** 20     # peaks below 1 MiB are page- and allocator-granular noise
 
 KINDS = ("latency", "memory", "error")
@@ -184,8 +183,10 @@ def floored_ratio(a: float | None, b: float | None, floor: float) -> float:
     return max(b, floor) / max(a, floor)
 
 
-def error_floor(dtype: str | None) -> float:
-    return UNIT_ROUNDOFF.get(str(dtype), UNIT_ROUNDOFF["fp32"])
+def error_floor(dtype: str) -> float:
+    """The dtype's unit roundoff (core/dtypes.py): a relative error below it is what rounding the output
+    to the dtype alone gives, so error ratios are taken between max(error, roundoff) values."""
+    return dtype_spec(dtype).unit_roundoff
 
 
 # --------------------------------------------------------------------------- --fail-on

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..core.dtypes import dtype_spec
 from ..workload.model import DECISIVE_MARGIN
 from .finding_rows import _finding
 
@@ -20,13 +21,12 @@ ERROR_FACTOR = 2.0            # a final hidden-state error over this × the base
 # llama-tiny is 6.0-6.3e-7, llama-small's 3.0-3.1e-6, within 5% of sdpa's; broken.clamped's 8.3e-6 and 7.0e-5),
 # fp16 and bf16 1e-3 (their rounding hides a 1e-6 clamp: sdpa's own error is 2e-3 to 5e-2)
 ERROR_FLOOR = 1e-3
-FLOOR_EPS = 10.0
-EPSILON = {"fp32": 2.0 ** -23, "bf16": 2.0 ** -7, "fp16": 2.0 ** -10}
+FLOOR_EPS = 10.0                # × the dtype's machine epsilon (core/dtypes.py: Dtype.epsilon)
 GROWTH_FACTOR = 1.25          # a per-layer growth (median) over this × the baseline's, with the error over this ×
 # the baseline's too: an error over the baseline's alone is a coin flip between two correct variants (measured,
 # llama-tiny bf16: eager's and broken.clamped's (its clamp under bf16's rounding) final error 1.04-1.08 × sdpa's
-# natively and under ATEN_CPU_CAPABILITY=default and avx2 + ONEDNN_MAX_CPU_ISA=AVX2, its growth 0.98-1.03 × sdpa's),
-# an edge the growth alone kept from a finding
+# natively and under ATEN_CPU_CAPABILITY=default and avx2 + ONEDNN_MAX_CPU_ISA=AVX2, its growth 0.98-1.03 ×
+# sdpa's), an edge the growth alone kept from a finding
 # Flips: the yardstick's own decisive flips (|S|) are what the dtype's rounding does through this model; a
 # variant flipping more than FLIP_FACTOR × |S| + FLIP_SLACK decisive positions the yardstick keeps changes
 # the model beyond rounding (measured, llama-small bf16: eager 8 beyond sdpa's 6, sdpa 4 beyond eager's)
@@ -56,7 +56,7 @@ def _finite(value: Any) -> float | None:
 
 def error_floor(dtype: str) -> float:
     """The final error under which no variant is found worse than the yardstick in `dtype`."""
-    return min(ERROR_FLOOR, FLOOR_EPS * EPSILON.get(dtype, 1.0))
+    return min(ERROR_FLOOR, FLOOR_EPS * dtype_spec(dtype).epsilon)
 
 
 def check_model(records: list[dict] | pd.DataFrame) -> list[dict]:

@@ -114,7 +114,7 @@ def flagship_fraction(frame: "pd.DataFrame", ceilings: dict | None) -> str:
     """sdpa_flash bf16 d128 T8192: achieved FLOP/s over the measured bf16 matmul ceiling."""
     ok = _ok(frame)
     rows = ok[(ok[list(FLAGSHIP)] == list(FLAGSHIP.values())).all(axis=1)]
-    peak = ((ceilings or {}).get("cuda") or {}).get("matmul_flops_per_s", {}).get("bf16")
+    peak = ((ceilings or {}).get("cuda") or {}).get("matmul_flops_per_s", {}).get(FLAGSHIP["dtype"])
     if rows.empty or not peak:
         return "sdpa_flash bf16 d128 T8192: not measured"
     parts = []

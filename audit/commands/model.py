@@ -10,9 +10,10 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..core.dtypes import dtype_names, model_dtypes
 from ..core.errors import UsageError
 from ..core.runfolder import MODEL_FILE as RECORDS_FILE, MODEL_FINDINGS_FILE as FINDINGS_FILE
-from ..workload.model import MODEL_DTYPES as DEFAULT_DTYPES, MODEL_VARIANTS as DEFAULT_VARIANTS
+from ..workload.model import MODEL_VARIANTS as DEFAULT_VARIANTS
 
 HELP = "run a small decoder with each variant as its attention against float64, layer by layer"
 DESCRIPTION = (HELP + ": the hidden state's error after each layer and its growth, the next-token KL, top-1 "
@@ -29,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", nargs="+", default=list(DEFAULT_VARIANTS), metavar="NAME",
                         help=f"the attention variants, sdpa among them for the findings (default: "
                              f"{' '.join(DEFAULT_VARIANTS)}); any name `run` takes")
-    parser.add_argument("--dtype", nargs="+", default=list(DEFAULT_DTYPES), metavar="DTYPE",
-                        help="fp32, bf16, fp16 (default: fp32 bf16)")
+    parser.add_argument("--dtype", nargs="+", default=list(model_dtypes()), metavar="DTYPE",
+                        help=f"{', '.join(dtype_names())} (default: {' '.join(model_dtypes())})")
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help="cpu or cuda: where the model and its float64 run go (default: cpu)")
     parser.add_argument("--out", default=None, metavar="DIR",
@@ -38,19 +39,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def model(models: Sequence[str] = DEFAULT_MODELS, variants: Sequence[str] = DEFAULT_VARIANTS,
-          dtypes: Sequence[str] = DEFAULT_DTYPES, out: str | Path | None = None,
+          dtypes: Sequence[str] | None = None, out: str | Path | None = None,
           device: str = "cpu") -> list[dict[str, Any]]:
-    """The model audit's records (a reference record per model, one per model, variant and dtype), written
-    with its findings, page and figure to `out` when given. UsageError for a bad name or device, or a
-    missing transformers."""
-    from ..measure.model_audit import DTYPES, audit_model
+    """The model audit's records (a reference record per model, one per model, variant and dtype: None,
+    the registry's model dtypes, core.dtypes.model_dtypes), written with its findings, page and figure to
+    `out` when given. UsageError for a bad name, dtype or device, or a missing transformers."""
+    from ..measure.model_audit import audit_model
     from ..workload.hf import transformers_version
     from ..workload.model import check_model_name
     from ..workload.variants import resolve
     specs = [check_model_name(m) for m in models]
-    bad = [d for d in dtypes if d not in DTYPES]
+    dtypes = model_dtypes() if dtypes is None else dtypes
+    bad = [d for d in dtypes if d not in dtype_names()]
     if bad:
-        raise UsageError(f"--dtype: unknown dtype {bad[0]!r}; allowed: {', '.join(DTYPES)}")
+        raise UsageError(f"--dtype: unknown dtype {bad[0]!r}; allowed: {', '.join(dtype_names())}")
     if device not in DEVICES:
         raise UsageError(f"--device: unknown device {device!r}; allowed: {', '.join(DEVICES)}")
     if device == "cuda":

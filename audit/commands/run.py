@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..core.argv import to_argv
+from ..core.dtypes import dtype_names
 from ..core.errors import EXIT_INTERRUPTED, RunFailed, UsageError
 from ..core.grid import AXES
 from ..core.runfolder import RECORDS_FILE
@@ -28,7 +29,6 @@ DESCRIPTION = ("Measure every cell of the grid: one JSON record per cell is appe
 AXIS_HELP = {
     "variant": "variants: built-in names (see `list`) or package.module:function",
     "device": "devices: cpu, cuda",
-    "dtype": "dtypes: fp32, fp16, bf16",
     "d_k": "head dimensions of queries and keys (positive integers)",
     "d_v": "head dimensions of values (positive integers; default: = d_k; MLA: --d-k 192 --d-v 128)",
     "seq_len": "sequence lengths (positive integers)",
@@ -41,10 +41,17 @@ AXIS_HELP = {
 }
 
 
+def axis_help(axis: str) -> str:
+    """An axis option's help (AXIS_HELP); the dtypes are the registry's when the parser is built (core/dtypes.py)."""
+    if axis == "dtype":
+        return "dtypes: " + ", ".join(dtype_names())
+    return AXIS_HELP[axis]
+
+
 def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--preset", help="quick, cpu, gpu or gpu-check (default: gpu when CUDA is available, else cpu)")
     for axis in AXES:
-        run.add_argument("--" + axis.replace("_", "-"), dest=axis, nargs="+", metavar="V", help=AXIS_HELP[axis])
+        run.add_argument("--" + axis.replace("_", "-"), dest=axis, nargs="+", metavar="V", help=axis_help(axis))
     run.add_argument("--out", metavar="DIR",
                      help="run folder (default reports/<timestamp>/; reports/latest points to the newest)")
     run.add_argument("--budget", metavar="DURATION",

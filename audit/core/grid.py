@@ -9,9 +9,9 @@ import itertools
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from .dtypes import dtype_names
 from .errors import UsageError
 
-DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 # Axes in the order they appear in ids, records and tables.
@@ -162,7 +162,7 @@ def validate_axes(axes: Mapping[str, Iterable[Any]], *, known_variant: Callable[
         elif axis == "causal":
             norm = [_parse_bool(v) for v in values]
         elif axis == "dtype":
-            norm = [_choice("dtype", v, DTYPES) for v in values]
+            norm = [_choice("dtype", v, dtype_names()) for v in values]   # the registry (core/dtypes.py)
         elif axis == "device":
             norm = [_choice("device", v, DEVICES) for v in values]
         else:  # variant, scenario: names checked by the injected validator

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..core import records
+from ..core.columns import COLUMNS
 from ..core.errors import Unsupported
 from ..core.grid import Case
 from ..core.timesplit import PhaseClock
@@ -111,7 +112,7 @@ def run_cell(case: Case, cache: InputCache, preset: Preset, env: dict[str, Any],
     if rec["status"] != "ok":
         # A failed cell carries no measurements, not partial ones (where its time went, and how it got its
         # golden, are not ones).
-        for col in records.COLUMNS:
+        for col in COLUMNS:
             if col not in case.axes() and col not in ("schema", "id", "status", "reason", "env",
                                                        "started_at", "elapsed_s", "golden_source", "failure_file"):
                 rec[col] = None

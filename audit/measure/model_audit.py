@@ -26,7 +26,9 @@ import math
 import time
 from typing import Any, Callable, Iterator
 
+from ..core.dtypes import model_dtypes
 from ..core.errors import BackwardUnsupported, Unsupported, skip_platform_refusals
+from ..workload.inputs import torch_dtype
 from ..workload.model import (DECISIVE_MARGIN, ModelSpec, as_transformers_attention, build_model, prompts,
                               register_variant)
 
@@ -35,7 +37,6 @@ LOGPROB_TOP_K = 5                 # vLLM's check_logprobs_close default
 
 PEAKED_ENTROPY_FRACTION = 0.3     # a head is peaked when its rows' entropy is under this share of ln(keys seen)
 REFERENCE_NAME = "audit_model_float64"
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _name(variant: str) -> str:
@@ -124,9 +125,8 @@ class Reference:
     def model_in(self, dtype: str) -> Any:
         """The model cast to `dtype`, made once per dtype and shared by the variants (each sets its
         attention implementation before its runs)."""
-        import torch
         if dtype not in self._in_dtype:
-            self._in_dtype[dtype] = copy.deepcopy(self.model).to(getattr(torch, DTYPES[dtype]))
+            self._in_dtype[dtype] = copy.deepcopy(self.model).to(torch_dtype(dtype))
         return self._in_dtype[dtype]
 
     def _record(self, module: Any, q: Any, k: Any) -> None:
@@ -322,13 +322,13 @@ def record_crash(run_dir: Any, step: str, reason: str, status: str = "error") ->
 def write_run_audit(run_dir: Any, models: tuple[str, ...], run_variants: list[str], device: str = "cpu",
                     before: Callable[[str], None] | None = None, left_out: str | None = None) -> int:
     """A run's model audit, after its cells (execute/supervisor.py): `models` on `device` with the run's
-    eligible variants (workload.model.model_variants) in MODEL_DTYPES, each record appended to
+    eligible variants (workload.model.model_variants) in core.dtypes.model_dtypes(), each record appended to
     DIR/model.jsonl as it is made; an audit cut short (a crash, a time limit, Ctrl-C) resumes after its
     last record; without transformers one record saying so. Returns the records written now (0: no
     model asked for, or none left). left_out: why the run's plan leaves the audit out (plan.budget): one
     record saying so instead."""
     from ..workload.hf import transformers_version
-    from ..workload.model import MODEL_DTYPES, MODEL_SPECS, model_variants
+    from ..workload.model import MODEL_SPECS, model_variants
     from ..workload.variants import resolve
     if not models:
         return 0
@@ -345,7 +345,7 @@ def write_run_audit(run_dir: Any, models: tuple[str, ...], run_variants: list[st
     variants = [resolve(v) for v in model_variants(run_variants)]
     written = 0
     for name in models:
-        for record in audit_model(MODEL_SPECS[name], variants, list(MODEL_DTYPES), device, done, before):
+        for record in audit_model(MODEL_SPECS[name], variants, list(model_dtypes()), device, done, before):
             append_record(run_dir, record)
             written += 1
     return written

@@ -11,9 +11,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..core.dtypes import dtype_spec
 from ..core.grid import Case
 from ..measure.golden.numerics import attention_flops
-from ..measure.machine.roofline import DTYPE_BYTES
 from ..workload.variant_contract import BROKEN_PREFIX
 from .cell_work import device_type
 from .settings import Settings
@@ -44,16 +44,18 @@ class CellShape:
 
 def call_features(shape: CellShape, ceilings: Mapping[str, Any] | None) -> np.ndarray:
     """[1, F/P_dtype, F/P_fp32, S·size/BW, F/A_dtype] for one forward, from the device's ceilings;
+    P_fp32 the rate of the dtype a kernel may upcast to (core/dtypes.py: fp32 for every dtype today);
     A_dtype the measured attention probe's rate in the cell's dtype (roofline._attention_rate: a fused
     kernel's speed in a dtype is not that dtype's matmul's), P_dtype where none was measured (a GPU,
     ceilings of an older run, a dtype the probe's kernel refused)."""
     c = ceilings or {}
+    spec = dtype_spec(shape.case.dtype)
     rates = c.get("matmul_flops_per_s") or {}
-    p_dt = rates.get(shape.case.dtype) or rates.get("fp32") or 1e11
-    p_32 = rates.get("fp32") or p_dt
-    a_dt = (c.get("attention_flops_per_s") or {}).get(shape.case.dtype) or p_dt
+    p_dt = rates.get(spec.name) or rates.get(spec.upcast) or 1e11
+    p_32 = rates.get(spec.upcast) or p_dt
+    a_dt = (c.get("attention_flops_per_s") or {}).get(spec.name) or p_dt
     bw = c.get("copy_bytes_per_s") or 2e10
-    size = DTYPE_BYTES[shape.case.dtype]
+    size = spec.bytes
     return np.array([1.0, shape.flops / p_dt, shape.flops / p_32, shape.score_elems * size / bw, shape.flops / a_dt])
 
 
@@ -89,8 +91,10 @@ CUDNN_VARIANTS = ("sdpa", "sdpa_cudnn")
 
 def cudnn_config(shape: CellShape) -> tuple | None:
     """The configuration cuDNN builds an execution plan for (the H200 records: a new one costs
-    1-2 s in the first `sdpa` or `sdpa_cudnn` cell that uses it); None for other cells."""
+    1-2 s in the first `sdpa` or `sdpa_cudnn` cell that uses it); None for other cells (and for a
+    dtype cuDNN does not take: core/dtypes.py, fused_kernels)."""
     case = shape.case
-    if device_type(case.device) != "cuda" or case.variant not in CUDNN_VARIANTS or case.dtype == "fp32":
+    if device_type(case.device) != "cuda" or case.variant not in CUDNN_VARIANTS \
+            or not dtype_spec(case.dtype).fused_kernels:
         return None
     return case.dtype, case.d_k, case.d_v, case.causal, shape.mask

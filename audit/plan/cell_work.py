@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.dtypes import dtype_spec, fused_kernel_dtypes, listed
 from ..core.grid import Case
 from ..workload.inputs import SCENARIOS, invariance_applies
 
@@ -51,15 +52,16 @@ def predicted_unsupported(case: Case, shape: Any) -> str | None:
         return "no such backend on the CPU"
     if dev == "cuda" and v in ("flash_op", "efficient_op", "cudnn_op") and (shape.mask is not None or case.gqa):
         return "the raw op is called without a mask and takes no GQA"
+    fused = dtype_spec(case.dtype).fused_kernels       # the dtypes flash and cuDNN take (core/dtypes.py)
     if dev == "cuda" and v == "sdpa_flash":
         if shape.mask is not None:
             return "FLASH_ATTENTION takes no attn_mask"
-        if case.dtype == "fp32":
-            return "FLASH_ATTENTION needs fp16 or bf16"
+        if not fused:
+            return f"FLASH_ATTENTION needs {listed(fused_kernel_dtypes())}"
         if case.causal and shape.q_len != case.seq_len:
             return "FLASH_ATTENTION: is_causal with q_len != kv_len"
-    if dev == "cuda" and v == "sdpa_cudnn" and case.dtype == "fp32":
-        return "CUDNN_ATTENTION needs fp16 or bf16"
+    if dev == "cuda" and v == "sdpa_cudnn" and not fused:
+        return f"CUDNN_ATTENTION needs {listed(fused_kernel_dtypes())}"
     return None
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from ..core.dtypes import dtype_spec
 from ..core.grid import Case
-from ..measure.machine.roofline import DTYPE_BYTES
 from ..workload.variant_contract import BROKEN_PREFIX
 
 # variant -> bytes per score element of one forward+backward, from the input dtype's size.
@@ -66,7 +66,7 @@ def predicted_peak_bytes(case: Case, q_len: int) -> tuple[int, str] | None:
         per_element = NEGATIVE_CONTROL_SCORE_BYTES
     if per_element is None:
         return None
-    size = DTYPE_BYTES[case.dtype]
+    size = dtype_spec(case.dtype).bytes
     n = score_elements(case, q_len)
     per = per_element(size)
     how = f"{per} bytes per score element × B·H·Tq·Tk = {n:.3g} elements"
@@ -117,5 +117,5 @@ def too_big(case: Case, q_len: int, free: int | None) -> str | None:
 def held_copy_bytes(case: Case, q_len: int) -> int:
     """What the determinism check (measure/cell/repeats.py) holds while the cell runs: the first run's
     out (B·H·Tq·d_v) and gradients, in the input dtype: memory beside the peak, not in it."""
-    return ((case.batch * case.heads * q_len * case.effective_d_v + gradient_elements(case, q_len))
-            * DTYPE_BYTES[case.dtype])
+    size = dtype_spec(case.dtype).bytes
+    return (case.batch * case.heads * q_len * case.effective_d_v + gradient_elements(case, q_len)) * size

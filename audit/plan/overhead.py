@@ -114,7 +114,8 @@ def model_audit_seconds(models: Iterable[str], run_variants: list[str], device: 
     device's, measured) say is slower than the reference machine's (params.reference) also takes what
     the model's FLOPs (ModelSpec.forward_flops) lose there: bf16 on a CPU without AVX-512 bf16 or AMX
     runs its matmuls at 1-2 GFLOP/s, and a cpu-preset run's model audit took 34 s where 7 were planned."""
-    from ..workload.model import MODEL_DTYPES, MODEL_SPECS, TRANSFORMERS_IMPORT_S, model_variants, predicted_runs
+    from ..core.dtypes import model_dtypes
+    from ..workload.model import MODEL_SPECS, TRANSFORMERS_IMPORT_S, model_variants, predicted_runs
     specs = [MODEL_SPECS[m] for m in models if m in MODEL_SPECS]
     if not specs:
         return 0.0
@@ -127,8 +128,8 @@ def model_audit_seconds(models: Iterable[str], run_variants: list[str], device: 
         build_s = float(table.get(f"{device}|model:{spec.name}|build_s", build_s))
         run_s = float(table.get(f"{device}|model:{spec.name}|run_s", run_s))
         runs = predicted_runs(spec, variants)
-        lost = sum(spec.forward_flops() * slower.get(d, 0.0) for d in MODEL_DTYPES)
-        total += build_s * host + runs * (run_s * host * len(MODEL_DTYPES) + lost)
+        lost = sum(spec.forward_flops() * slower.get(d, 0.0) for d in model_dtypes())
+        total += build_s * host + runs * (run_s * host * len(model_dtypes()) + lost)
     return total
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from ..core.dtypes import widest_dtype
+
 COVERAGE, REAL, CONTROL_EXTRA = 0, 1, 2     # the tiers: what the budget buys first, then, last
 TIER_NAMES = {COVERAGE: "coverage and self-check", REAL: "real variants' other cells",
               CONTROL_EXTRA: "negative controls' other cells"}
@@ -61,14 +63,16 @@ def _reveals(variant: str) -> tuple[str, ...] | None:
 def _self_check_candidates(rows: list[dict], control: str, reveals: tuple[str, ...]) -> dict[str, list[str]]:
     """A negative control's self-check candidates, per causal flag: its cells of the first scenario
     it declares (Variant.reveals) that the grid has (any scenario where it declares none, or where
-    the grid has none of them), fp32 where there are any (its diagnosis, against float64, is
-    sharpest there): the plan buys the cheapest of each, so it is flagged and diagnosed twice."""
+    the grid has none of them), the widest registered dtype's where there are any (fp32, core/dtypes.py:
+    its diagnosis, against float64, is sharpest there): the plan buys the cheapest of each, so it is
+    flagged and diagnosed twice."""
     cells = [r for r in rows if r["variant"] == control]
     scenarios = [s for s in reveals if any(r["scenario"] == s for r in cells)]
     if scenarios:
         cells = [r for r in cells if r["scenario"] == scenarios[0]]
-    if any(r["dtype"] == "fp32" for r in cells):
-        cells = [r for r in cells if r["dtype"] == "fp32"]
+    widest = widest_dtype()
+    if any(r["dtype"] == widest for r in cells):
+        cells = [r for r in cells if r["dtype"] == widest]
     out: dict[str, list[str]] = {}
     for r in cells:
         out.setdefault(f"control:{control}:{bool(r['causal'])}", []).append(r["id"])

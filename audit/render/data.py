@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.finding_rows import NEGATIVE_CONTROL_PREFIX
+from ..core.dtypes import dtype_names
 from ..core.grid import FOLLOWS, INPUT_AXES
 
 BASELINE_VARIANT = "eager"
 MIB = 2 ** 20
 LOG_FLOOR = 1e-12          # rel_err values below this (exact 0 included) are drawn here
 REASON_WIDTH = 120
-DTYPE_ORDER = ("fp32", "fp16", "bf16")   # widest to narrowest
 
 METRIC_COLUMNS = (
     "fwd_ms", "fwd_iqr_ms", "fwd_n", "fwd_bwd_ms", "fwd_bwd_iqr_ms", "fwd_bwd_n",
@@ -216,9 +216,9 @@ def variant_order(variants: Iterable[Any]) -> list[str]:
 
 
 def dtype_order(values: Iterable[str]) -> list[str]:
-    """fp32, fp16, bf16 first (widest to narrowest), anything else after."""
+    """The registered dtypes first, widest to narrowest (core/dtypes.py), anything else after."""
     present = set(values)
-    known = [d for d in DTYPE_ORDER if d in present]
+    known = [d for d in dtype_names() if d in present]
     return known + sorted(present - set(known))
 
 

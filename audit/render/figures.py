@@ -12,7 +12,7 @@ import pandas as pd
 from .data import (LOG_FLOOR, MIB, NEGATIVE_CONTROL_PREFIX, NONFINITE_COLUMNS, NORMAL_SCENARIO, dtype_order,
                    golden_saturation_rows, normal_rows, ok_rows, representative_slice, speed_rows)
 from .page import Figure
-from .plotting import (DTYPE_COLORS, DTYPE_STYLES, grouped_bars, legend_below, line_panels, log2_x_axis,
+from .plotting import (dtype_color, dtype_style, grouped_bars, legend_below, line_panels, log2_x_axis,
                        save_figure, suptitle, variant_colors)
 from .stability_tables import saturation_sweep_table
 
@@ -161,10 +161,10 @@ def _draw_saturation(frame: pd.DataFrame, colors: dict) -> Drawn | None:
     for ax, (metric, label) in zip(axes, metrics):
         for key, line in means.groupby(line_keys):
             name = " ".join(str(k) for k in key)
-            style = DTYPE_STYLES.get(str(key[-1]), ("o", "-"))
+            style = dtype_style(key[-1])
             ax.plot(line["d_k"], line[metric], marker=style[0], linestyle=style[1],
                     markerfacecolor="none", label=name,
-                    color=None if several_scenarios else DTYPE_COLORS.get(str(key[-1])))
+                    color=None if several_scenarios else dtype_color(key[-1]))
         log2_x_axis(ax, means["d_k"])
         ax.set_xlabel("head dim d_k")
         ax.set_ylabel(label)

@@ -36,7 +36,7 @@ def draw_model_error(records: list[dict] | pd.DataFrame, out: Path) -> Path | No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plotting import DTYPE_STYLES, save_figure, variant_colors
+    from .plotting import dtype_style, save_figure, variant_colors
     rows = variant_rows(records)
     if rows.empty or "hidden_err" not in rows.columns:
         return None
@@ -49,7 +49,7 @@ def draw_model_error(records: list[dict] | pd.DataFrame, out: Path) -> Path | No
     for ax, model in zip(axes[0], models):
         for _, r in rows[rows["model"] == model].iterrows():
             errs = [max(e, 1e-17) for e in r["hidden_err"]]
-            marker, line = DTYPE_STYLES.get(r["dtype"], ("o", "-"))
+            marker, line = dtype_style(r["dtype"])
             ax.plot(range(1, len(errs) + 1), errs, line, marker=marker, markersize=3,
                     color=colors[r["variant"]], label=f"{r['variant']} {r['dtype']}")
         ax.set_yscale("log")

@@ -13,12 +13,20 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from ..core.dtypes import dtype_spec
 from .data import NEGATIVE_CONTROL_PREFIX, dtype_order
 
-DTYPE_COLORS = {"fp32": "tab:blue", "fp16": "tab:orange", "bf16": "tab:green"}
-# Marker and line style per dtype, so lines that coincide (saturation is a property of
-# the inputs, nearly equal across dtypes) stay visible.
-DTYPE_STYLES = {"fp32": ("o", "-"), "fp16": ("s", "--"), "bf16": ("^", ":")}
+
+def dtype_color(dtype: str) -> str:
+    """A dtype's colour in the figures (its record's, core/dtypes.py; UsageError for an unknown one)."""
+    return dtype_spec(str(dtype)).color
+
+
+def dtype_style(dtype: str) -> tuple[str, str]:
+    """A dtype's (marker, line style), so lines that coincide (saturation is a property of the inputs,
+    nearly equal across dtypes) stay visible (its record's, core/dtypes.py)."""
+    spec = dtype_spec(str(dtype))
+    return spec.marker, spec.line
 
 
 def variant_colors(variants: Iterable[str]) -> dict[str, Any]:
@@ -191,7 +199,7 @@ def grouped_bars(table: pd.DataFrame, *, ylabel: str, title: str, yscale: str,
         shown = np.maximum(values, floor) if floor is not None else values
         x = positions + (k - (len(dtypes) - 1) / 2) * width
         bars = ax.bar(x, np.nan_to_num(shown, nan=0.0), width=width, label=dtype,
-                      color=DTYPE_COLORS.get(dtype))
+                      color=dtype_color(dtype))
         if label_counts:
             ax.bar_label(bars, labels=[f"{int(v)}" if v else "" for v in np.nan_to_num(values)],
                          fontsize=7)

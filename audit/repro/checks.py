@@ -24,6 +24,7 @@ from typing import Any, Callable
 from ..analysis.numerics_rules import INPUT_SATURATION, SATURATION_EXCESS, UNDERFLOW_FRAC
 from ..core.defects import LEAK_OVER_NOISE
 from ..core.diagnosis_names import NONE, agrees, members
+from ..core.dtypes import dtype_spec
 from ..core.errors import BackwardUnsupported
 from ..core.grid import Case
 from ..measure.cell.cellcache import build_reference
@@ -34,8 +35,8 @@ from ..measure.checks.record import variant_weight_metrics
 from ..measure.cell.measurement import LEAK_REPORT_BYTES, input_grads
 from ..measure.machine.memory import held_bytes, pin_malloc_threshold
 from ..measure.cell.repeats import Repeats
-from ..measure.golden.numerics import (BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, GRADIENTS, changed_max,
-                                classify_masked_rows, error_vs_reference, within_budget)
+from ..measure.golden.numerics import (GRAD_BUDGET_FACTOR, GRADIENTS, budget_bound, changed_max,
+                                       classify_masked_rows, error_vs_reference, within_budget)
 from ..workload.compiling import fused_attention_count
 from ..workload.inputs import draw_inputs, seed_for
 from ..workload.varlen import in_form
@@ -192,7 +193,8 @@ def verify_nonfinite(case: Any, inputs: Any, load_variant: Callable, recorded: d
 
 
 def verify_error_budget(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
-    """RMSE against float64 above BUDGET_FACTOR × that of hand-written attention in the same dtype, + atol."""
+    """RMSE against float64 above the dtype's budget factor × that of hand-written attention in the same dtype,
+    + atol (numerics.budget_bound)."""
     attention, _ = load_variant()
     ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
     _, _, _, out = call_variant(attention, inputs)
@@ -200,12 +202,13 @@ def verify_error_budget(case: Any, inputs: Any, load_variant: Callable, recorded
     base = ref.baseline_rmse
     ok = within_budget(err["rmse"], base, case.dtype)
     ratio = err["rmse"] / base if base and math.isfinite(base) and base > 0 else None
-    budget = None if base is None else BUDGET_FACTOR * base + BUDGET_ATOL[case.dtype]
+    budget = None if base is None else budget_bound(base, case.dtype)
+    spec = dtype_spec(case.dtype)
     lines = [f"RMSE against the float64 golden: {err['rmse']:.4g} (max abs error {err['max_abs_err']:.4g}, "
              f"relative {err['rel_err']:.4g}), rows that see a key only",
              f"hand-written attention in {case.dtype} (the baseline): RMSE "
              f"{base if base is None else format(base, '.4g')}",
-             f"budget {BUDGET_FACTOR:g} x baseline + atol {BUDGET_ATOL[case.dtype]:g} = "
+             f"budget {spec.budget_factor:g} x baseline + atol {spec.atol:g} = "
              f"{budget if budget is None else format(budget, '.4g')}: "
              + ("within it" if ok else "OUTSIDE it" if ok is False else "no finite baseline to judge by")
              + ("" if ratio is None else f" ({ratio:.4g}x the baseline's error)")]
@@ -230,10 +233,10 @@ def verify_grad_error_budget(case: Any, inputs: Any, load_variant: Callable, rec
         b = base.get(g)
         ok = within_budget(rmse[g], b, case.dtype, GRAD_BUDGET_FACTOR[g])
         ratio = rmse[g] / b if b and math.isfinite(b) and b > 0 else None
-        budget = None if b is None else GRAD_BUDGET_FACTOR[g] * b + BUDGET_ATOL[case.dtype]
+        budget = None if b is None else budget_bound(b, case.dtype, GRAD_BUDGET_FACTOR[g])
         lines.append(f"{g}: RMSE {rmse[g]:.4g} against float64; hand-written attention in {case.dtype}: "
                      f"{'n/a' if b is None else format(b, '.4g')}; budget {GRAD_BUDGET_FACTOR[g]:g} x that + atol "
-                     f"{BUDGET_ATOL[case.dtype]:g} = {'n/a' if budget is None else format(budget, '.4g')}: "
+                     f"{dtype_spec(case.dtype).atol:g} = {'n/a' if budget is None else format(budget, '.4g')}: "
                      + ("within it" if ok else "OUTSIDE it" if ok is False else "no finite baseline to judge by")
                      + ("" if ratio is None else f" ({ratio:.4g}x the baseline's error)"))
         measured.update({f"{g}_err_ratio": ratio, f"{g}_within_budget": ok})

@@ -12,17 +12,18 @@ from typing import Any, Callable
 
 from ..measure.cell.cellcache import build_reference, lse_rmse, merged_output
 from ..measure.golden.lse import MERGEABLE_EMPTY_ROWS, classify_lse_rows
-from ..measure.golden.numerics import BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, error_vs_reference, within_budget
+from ..core.dtypes import dtype_spec
+from ..measure.golden.numerics import GRAD_BUDGET_FACTOR, budget_bound, error_vs_reference, within_budget
 
 
 def _verdict(err: float, base: float | None, dtype: str, factor: float) -> tuple[bool | None, str]:
     """(within the budget?, its sentence) for an RMSE against the baseline's."""
     ok = within_budget(err, base, dtype, factor)
-    budget = "n/a" if base is None else format(factor * base + BUDGET_ATOL[dtype], ".4g")
+    budget = "n/a" if base is None else format(budget_bound(base, dtype, factor), ".4g")
     ratio = "" if not base else f" ({err / base:.4g}x the baseline's error)"
     judged = "within it" if ok else "OUTSIDE it" if ok is False else "no finite baseline to judge by"
     return ok, (f"RMSE {err:.4g}; hand-written attention in {dtype}: {'n/a' if base is None else format(base, '.4g')}; "
-                f"budget {factor:g} x that + atol {BUDGET_ATOL[dtype]:g} = {budget}: {judged}{ratio}")
+                f"budget {factor:g} x that + atol {dtype_spec(dtype).atol:g} = {budget}: {judged}{ratio}")
 
 
 class _Halves:
@@ -50,8 +51,8 @@ def _lse_call(attention: Callable[..., Any], inputs: Any, grad: bool) -> tuple[A
 
 
 def verify_lse_error_budget(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:
-    """The lse's RMSE against float64 and its halves' merge, each against BUDGET_FACTOR × that of
-    hand-written attention in the same dtype + atol."""
+    """The lse's RMSE against float64 and its halves' merge, each against the dtype's budget factor ×
+    that of hand-written attention in the same dtype + atol (numerics.budget_bound)."""
     import torch
     attention, _ = load_variant()
     ref = build_reference(case, inputs, recorded.get("golden_alignment") or "top-left")
@@ -60,8 +61,8 @@ def verify_lse_error_budget(case: Any, inputs: Any, load_variant: Callable, reco
         return False, ["the variant returns no lse here"], {}
     with_sink = getattr(attention, "audit_lse_includes_sink", False) and ref.golden.lse_sink is not None
     err = lse_rmse(ref.take(lse).double(), ref.golden, ref.golden.lse_sink if with_sink else None)
-    lse_ok, lse_line = _verdict(err, ref.baseline_extra.get("lse_sink" if with_sink else "lse"), case.dtype,
-                                BUDGET_FACTOR)
+    factor = dtype_spec(case.dtype).budget_factor
+    lse_ok, lse_line = _verdict(err, ref.baseline_extra.get("lse_sink" if with_sink else "lse"), case.dtype, factor)
     lines = [f"lse against the float64 golden's, rows that see a key: {lse_line}"]
     measured = {"lse_err": err, "lse_within_budget": lse_ok, "merge_err": None, "merge_within_budget": None}
     extra = {n: v for n, v in inputs.call_kwargs().items() if n not in ("mask", "causal", "sinks")}
@@ -70,7 +71,7 @@ def verify_lse_error_budget(case: Any, inputs: Any, load_variant: Callable, reco
                                ref.alignment, inputs.sinks)
     if merged is not None:
         merge_err = error_vs_reference(ref.take(merged), ref.golden.out, ref.golden.row_visible)["rmse"]
-        merge_ok, merge_line = _verdict(merge_err, ref.baseline_extra.get("merge"), case.dtype, BUDGET_FACTOR)
+        merge_ok, merge_line = _verdict(merge_err, ref.baseline_extra.get("merge"), case.dtype, factor)
         lines.append(f"(out, lse) on the keys split in two, merged (lse = logaddexp, out = sum of "
                      f"exp(lse_i - lse) out_i), against the golden: {merge_line}")
         measured.update(merge_err=merge_err, merge_within_budget=merge_ok)

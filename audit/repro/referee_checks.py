@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..core.dtypes import dtype_spec
 from ..core.referee import REFEREE_CHECKS
 from ..measure.cell.cellcache import build_reference
 from ..measure.golden.numerics import budget_bound, error_vs_reference, within_budget
@@ -143,7 +144,7 @@ def _physically_possible(attention: Callable, case: Any, inputs: Any, ref: Any) 
             sync()
         best = min(best, (clock() - start) / 10)
     flops = 2.0 * visible_pairs(inputs, ref.alignment) * (q.shape[-1] + v.shape[-1])
-    rate = max(matmul_rate_now(case.device, case.dtype, None), matmul_rate_now(case.device, "fp32", None))
+    rate = max(matmul_rate_now(case.device, dt, None) for dt in (case.dtype, dtype_spec(case.dtype).upcast))
     bound, how = lower_bound_s(flops, 0.0, rate, None)
     ok = best * PHYSICAL_MARGIN >= bound
     return ok, (f"a forward took {best * 1e3:.4g} ms (best of 5 blocks of 10); this machine needs at least "

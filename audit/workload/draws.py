@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.dtypes import dtype_spec
 from ..core.grid import Case
 from .packing import PAGE_SIZE, cu_seqlens_of, document_ids, packed_documents, paged_layout
 
 
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-
-
 def torch_dtype(name: str):
+    """torch's dtype for a registered dtype name (core/dtypes.py): torch.bfloat16 for "bf16"."""
     import torch
-    return getattr(torch, TORCH_DTYPES[name])
+    return getattr(torch, dtype_spec(name).torch_name)
 
 
 def _randn(gen, shape):

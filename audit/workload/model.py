@@ -106,7 +106,6 @@ MODEL_YARDSTICKS: tuple[str, ...] = ("sdpa", "eager")
 MODEL_CONTROLS: tuple[str, ...] = ("broken.unscaled", "broken.softmax_wrong_dim", "broken.clamped",
                                    "broken.sink_ignored")
 MODEL_VARIANTS: tuple[str, ...] = ("eager", "sdpa", "flex_eager", *MODEL_CONTROLS)
-MODEL_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 # Left out of a run's model audit (`audit model` runs them when named): flex_attention uncompiled traces its
 # call with Dynamo once per shape and dtype, 0.5-1.4 s a run against sdpa's 0.01-0.12 s (measured: 2.2 s of
 # the quick preset's 4.0 s model audit, 5.1 s of the cpu preset's 12.1 s), for torch's dense fallback,
@@ -133,8 +132,8 @@ def model_variants(run_variants: list[str]) -> list[str]:
 
 
 def predicted_runs(spec: ModelSpec, variants: list[str]) -> int:
-    """How many runs of `spec` in each of MODEL_DTYPES are not refused up front (a built-in's declared
-    refusal)."""
+    """How many runs of `spec` in each of the model audit's dtypes (core.dtypes.model_dtypes) are not
+    refused up front (a built-in's declared refusal)."""
     from .variants import builtin_variants
     table = builtin_variants()
     refused = sum(1 for v in variants if v in table and table[v].refusal(spec.needs()))

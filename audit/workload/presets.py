@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..core.errors import UsageError
-from ..core.grid import AXES, DTYPES, OPTIONAL_AXES, Case, expand, sub_grid_values, validate_axes
+from ..core.grid import AXES, OPTIONAL_AXES, Case, expand, sub_grid_values, validate_axes
 from ..core.noise import default_noise_target
 from .inputs import check_scenario
 from .variant_contract import BROKEN_PREFIX
@@ -263,23 +263,24 @@ def _quick(sets: _VariantSets) -> Preset:
 
 def _cpu(sets: _VariantSets) -> Preset:
     variants, every, gqa_controls = sets.variants, sets.every, sets.gqa_controls
+    dtypes = ("fp32", "fp16", "bf16")      # the preset's choice: every dtype core/dtypes.py defines today
     return Preset(
         name="cpu",
         description="default without CUDA: every built-in variant, 3 dtypes, d_k 32-128 (and 72, 96, 192), "
                     "seq_len 128-2048, plus every scenario and negative control at T=256",
         grids=(
-            dict(variant=variants, device=("cpu",), dtype=DTYPES, d_k=(32, 64, 128),
+            dict(variant=variants, device=("cpu",), dtype=dtypes, d_k=(32, 64, 128),
                  seq_len=(128, 512, 2048), batch=(1,), heads=(2,), causal=(False, True),
                  scenario=("normal",)),
             dict(variant=("flex",), device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,),
                  seq_len=(512, 2048), batch=(1,), heads=(2,), causal=(False, True),
                  scenario=("normal",)),
-            dict(variant=every, device=("cpu",), dtype=DTYPES, d_k=(64,), seq_len=(256,),
+            dict(variant=every, device=("cpu",), dtype=dtypes, d_k=(64,), seq_len=(256,),
                  batch=(2,), heads=(2,), causal=(False, True), scenario=STABILITY_SCENARIOS),
             dict(variant=("flex",), device=("cpu",), dtype=("fp32",), d_k=(64,), seq_len=(256,),
                  batch=(2,), heads=(2,), causal=(False, True),
                  scenario=("padding", "cross_causal", "decode", "sliding_window", "softcap")),
-            dict(variant=("flash_op",), device=("cpu",), dtype=DTYPES, d_k=(64,), seq_len=(256,),
+            dict(variant=("flash_op",), device=("cpu",), dtype=dtypes, d_k=(64,), seq_len=(256,),
                  batch=(2,), heads=(2,), causal=(False, True), scenario=STABILITY_SCENARIOS),
             dict(variant=("flex_eager",), device=("cpu",), dtype=("fp32", "bf16"), d_k=(64,), seq_len=(256,),
                  batch=(2,), heads=(2,), causal=(False, True), scenario=LSE_SCENARIOS),

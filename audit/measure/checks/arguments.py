@@ -46,7 +46,7 @@ from typing import Any, Callable
 from ...core.errors import Unsupported
 from ...workload.arguments import ARGUMENTS, probed_arguments
 from ..diagnosis.diagnosis import _golden_for, attempt_for, diagnosis_slices, tolerance
-from ..golden.numerics import BUDGET_ATOL, BUDGET_FACTOR
+from ..golden.numerics import budget_bound
 
 INFORMATIVE = 4.0          # the golden must move by more than this many tolerances for a probe to tell
 
@@ -184,8 +184,8 @@ def _refused(call: Callable[..., Any], kwargs: dict, kv: tuple, heads: int) -> t
 def _lse_follows(attempt: Any, lse_a: Any, lse_b: Any, scale: float, sliced: Callable, seen: Any,
                  dtype: str, baseline: float | None) -> tuple[str, dict]:
     """The returned lse under the scale probe: its change against the golden's (keys-only lse on the
-    normal scenario's cells, where the scale is probed), judged with the lse's budget (BUDGET_FACTOR ×
-    the baseline's lse RMSE + atol); unjudged where the lse is outside it at the cell's scale."""
+    normal scenario's cells, where the scale is probed), judged with the lse's budget (numerics.budget_bound:
+    the dtype's factor × the baseline's lse RMSE + atol); unjudged where the lse is outside it at the cell's scale."""
     import torch
     with torch.no_grad():
         def golden_lse(s: float) -> Any:
@@ -198,8 +198,7 @@ def _lse_follows(attempt: Any, lse_a: Any, lse_b: Any, scale: float, sliced: Cal
         want_a, want_b = golden_lse(attempt.scale), golden_lse(scale)
         mine_a, mine_b = sliced(lse_a[..., None])[..., 0], sliced(lse_b[..., None])[..., 0]   # (b, h, Tq)
         rows = seen & torch.isfinite(mine_a) & torch.isfinite(mine_b)                      # (b, h, Tq)
-        tol = (BUDGET_FACTOR * baseline if baseline is not None and math.isfinite(baseline) else 0.0) \
-            + BUDGET_ATOL[dtype]
+        tol = budget_bound(baseline if baseline is not None and math.isfinite(baseline) else 0.0, dtype)
         own = _rmse((mine_a - want_a)[..., None], rows)
         moved = _rmse((mine_b - mine_a)[..., None], rows)
         golden_moved = _rmse((want_b - want_a)[..., None], rows)

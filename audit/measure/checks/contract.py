@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ...workload.draws import TORCH_DTYPES
+from ...core.dtypes import by_torch_name
 from ..cell.failures import ContractError
 from .registry import CellState
 
@@ -87,4 +87,5 @@ def check_output(out: Any, q: Any, v: Any) -> None:
 
 def _dtype_name(dtype: Any) -> str:
     name = str(dtype).replace("torch.", "")
-    return next((short for short, long in TORCH_DTYPES.items() if long == name), name)
+    spec = by_torch_name(name)                  # a registered dtype by its short name, another by torch's
+    return name if spec is None else spec.name

@@ -16,7 +16,7 @@ exists, in the order of CHECK_ORDER:
 Checks needing "grads" run in the gradients phase, those needing "record" after timing, the
 others in the numerics phase. Each one's seconds count in its `phase` of the record's phase_s
 (core.timesplit.CELL_PHASES). Adding a check is adding a function with @check to its family's
-module, its name to CHECK_ORDER where it must run, its columns to core.records.COLUMNS and a rule
+module, its name to CHECK_ORDER where it must run, its columns to core.columns.COLUMNS and a rule
 that reads them (analysis.findings).
 """
 from __future__ import annotations

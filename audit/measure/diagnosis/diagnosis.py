@@ -5,10 +5,10 @@ on the cell's own inputs, on a bounded subset of the golden's (batch, head) slic
 (diagnosis_slices). A mistake matches when
 
 - the variant's output is within the dtype's budget of the mistake's output
-  (err <= BUDGET_FACTOR · rmse(baseline) + atol(dtype), numerics.within_budget's rule;
+  (err <= factor(dtype) · rmse(baseline) + atol(dtype), numerics.budget_bound's rule;
   without a finite baseline, FALLBACK_ROUNDING × the golden's own rounding to the dtype
   stands in for the baseline's RMSE),
-  — or of the mistake's own budget, when larger: BUDGET_FACTOR × the error the mistaken code
+  — or of the mistake's own budget, when larger: factor(dtype) × the error the mistaken code
   itself has in the cell's dtype (the mistake run in that dtype against float64) + atol
   (a mistake of precision "cell" is evaluated in the cell's dtype only, at the cell's budget),
 - the variant's output is not correct attention's: further from the golden than the cell's
@@ -55,7 +55,7 @@ from ...workload.inputs import Inputs
 from ...workload.mistake_base import Attempt, Mistake, sq_diff
 from ...workload.mistakes import MISTAKES
 from .mistake_memo import MistakeMemo, run as memo_run
-from ..golden.numerics import BUDGET_ATOL, BUDGET_FACTOR, GRAD_BUDGET_FACTOR, attention_flops, error_vs_reference
+from ..golden.numerics import GRAD_BUDGET_FACTOR, attention_flops, budget_bound, error_vs_reference
 
 # Float64 FLOPs one mistake may spend (one forward over the diagnosis slices); like
 # reference.GOLDEN_FLOP_BUDGET, per device type. gqa_permuted spends about twice that (a fit
@@ -121,17 +121,17 @@ def _rmse(x: Any, y: Any, rows: Any) -> float:
 
 
 def tolerance(baseline_rmse: float | None, dtype: str, golden_out: Any = None, rows: Any = None,
-              factor: float = BUDGET_FACTOR) -> float:
-    """The budget a match must meet: factor · baseline + atol(dtype), as within_budget; with no
-    finite baseline, FALLBACK_ROUNDING × the RMSE of the golden rounded to the dtype."""
-    atol = BUDGET_ATOL[dtype]
+              factor: float | None = None) -> float:
+    """The budget a match must meet: numerics.budget_bound (factor · baseline + atol(dtype), the factor
+    the dtype's unless given), as within_budget; with no finite baseline, FALLBACK_ROUNDING × the RMSE of
+    the golden rounded to the dtype stands in for the baseline's (none either: atol alone)."""
     if baseline_rmse is not None and math.isfinite(baseline_rmse):
-        return factor * baseline_rmse + atol
+        return budget_bound(baseline_rmse, dtype, factor)
     if golden_out is None:
-        return atol
+        return budget_bound(0.0, dtype, factor)
     rounded = golden_out.to(torch_dtype(dtype)).double()
     rounding = error_vs_reference(rounded, golden_out, rows)["rmse"]
-    return factor * FALLBACK_ROUNDING * rounding + atol
+    return budget_bound(FALLBACK_ROUNDING * rounding, dtype, factor)
 
 
 def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
@@ -143,7 +143,7 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
     cell's own), or None: every row.
 
     tol is the cell's budget (tolerance()). own_error: a mistake's budget is also at least
-    BUDGET_FACTOR × the error of the mistaken code itself in the cell's dtype (the mistake run
+    the dtype's budget factor × the error of the mistaken code itself in the cell's dtype (the mistake run
     on the attempt in that dtype, against float64) + atol: unscaled scores, say, carry sqrt(d)
     times the rounding of scaled ones, so the correct code's baseline would be too tight. It is
     computed only where it can decide (tol < err < distance: a match needs err <= its budget <
@@ -189,7 +189,7 @@ def diagnose(observed: Any, attempt: Attempt, golden_out: Any, tol: float,
                 result.failed[m.name] = f"{type(exc).__name__}: {exc}"
                 continue
             if math.isfinite(own):
-                tol_m = max(tol, BUDGET_FACTOR * own + BUDGET_ATOL[attempt.dtype])
+                tol_m = max(tol, budget_bound(own, attempt.dtype))
         wrong = _rmse(observed, golden_out, rows)                            # the output against correct
         distinct = dist > tol_m                                              # a mistake, not a rounding
         ok = err <= tol_m and distinct and wrong > tol and err < wrong

@@ -1,12 +1,14 @@
 """Pure numerical metrics. Each takes tensors and returns plain Python numbers.
 
 Adding a metric: write one function here, call it from a check in measure/checks/, add
-its column to records.COLUMNS.
+its column to core.columns.COLUMNS.
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Iterable
+
+from ..core.dtypes import dtype_spec
 
 
 def nonfinite_counts(tensors: Iterable[Any]) -> tuple[int, int]:
@@ -56,13 +58,7 @@ def relative_error(value: Any, golden: Any) -> float:
     return diff_norm / ref_norm
 
 
-# Error budget (FlashAttention's rule): err <= BUDGET_FACTOR * err(baseline) + atol(dtype),
-# errors as RMSE against float64, baseline = `eager` in the same dtype on the same inputs.
-BUDGET_FACTOR = 2.0
-BUDGET_ATOL = {"fp32": 1e-6, "bf16": 1e-3, "fp16": 1e-4}
-
-
-# The gradient budget, per gradient, the same rule on each gradient's RMSE against the golden's:
+# The gradient budget, per gradient, the output's rule (budget_bound) on each gradient's RMSE against the golden's:
 # FlashAttention's tests hold dq, dk and dv to 2x a same-dtype PyTorch implementation's error
 # (plus the reference's own rounding); PyTorch's SDPA tests use fudge factors 180 (dq), 16 (dk)
 # and 4 (dv), but against an fp32 reference and a low-precision math backend, not against the
@@ -71,12 +67,18 @@ GRADIENTS: tuple[str, ...] = ("dq", "dk", "dv")
 GRAD_BUDGET_FACTOR = {"dq": 2.0, "dk": 2.0, "dv": 2.0}
 
 
-def budget_bound(baseline_err: float, dtype: str, factor: float = BUDGET_FACTOR) -> float:
-    """The largest error the budget allows: factor * baseline + atol(dtype)."""
-    return factor * baseline_err + BUDGET_ATOL[dtype]
+# Error budget (FlashAttention's rule): err <= factor(dtype) * err(baseline) + atol(dtype),
+# errors as RMSE against float64, baseline = `eager` in the same dtype on the same inputs; the
+# factor (2 for every dtype) and the atol are the dtype's record's (core/dtypes.py), read by
+# budget_bound alone.
+def budget_bound(baseline_err: float, dtype: str, factor: float | None = None) -> float:
+    """The largest error the budget allows: factor * baseline + atol(dtype), the factor the dtype's
+    budget_factor unless given (a gradient's, GRAD_BUDGET_FACTOR; widened by small_sample_factor)."""
+    spec = dtype_spec(dtype)
+    return (spec.budget_factor if factor is None else factor) * baseline_err + spec.atol
 
 
-def within_budget(err: float, baseline_err: float | None, dtype: str, factor: float = BUDGET_FACTOR) -> bool | None:
+def within_budget(err: float, baseline_err: float | None, dtype: str, factor: float | None = None) -> bool | None:
     """True/False against the budget err <= budget_bound(baseline); None when the baseline itself
     is not finite."""
     if baseline_err is None or not math.isfinite(baseline_err):

@@ -14,18 +14,17 @@ import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from ...core.dtypes import dtype_names, dtype_spec
 from ...workload.draws import torch_dtype
 from ..golden.numerics import BACKWARD_FLOP_FACTOR, attention_flops
 from .timing import measure, sync_for, time_call
 
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
-
-# Largest problems. A measurement starts from a small probe and doubles it while the
-# next size still fits its share of the time budget, so a dtype the hardware emulates
-# slowly (bf16 at 0.002 TFLOP/s on an AVX2-only CPU) stays small and fast units grow
-# until the probe is large enough to run near their peak.
-CPU_MATMUL_N: dict[str, int] = {"fp32": 2048, "fp16": 2048, "bf16": 2048}
-CUDA_MATMUL_N: dict[str, int] = {"fp32": 8192, "fp16": 8192, "bf16": 8192}
+# Largest problems (n of an n x n matmul, the same for every dtype). A measurement starts from a
+# small probe and doubles it while the next size still fits its share of the time budget, so a dtype
+# the hardware emulates slowly (bf16 at 0.002 TFLOP/s on an AVX2-only CPU) stays small and fast
+# units grow until the probe is large enough to run near their peak.
+CPU_MATMUL_N = 2048
+CUDA_MATMUL_N = 8192
 CPU_COPY_BYTES = 256 * 2**20      # larger than any CPU's last-level cache
 CUDA_COPY_BYTES = 2 * 2**30       # ~40x an H100/H200 L2; halved on out-of-memory
 MIN_MATMUL_N = 128
@@ -247,13 +246,14 @@ def host_probe_s(repeats: int = HOST_PROBE_REPEATS) -> float:
     return statistics.median(times)
 
 
-def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16"), *,
+def measure_ceilings(device: str, dtypes: Sequence[str] | None = None, *,
                      budget_s: float = CEILINGS_BUDGET_S, matmul_n: Mapping[str, int] | int | None = None,
                      copy_bytes: int | None = None) -> dict[str, Any]:
-    """Measure this machine's matmul FLOP/s per dtype and copy bandwidth, once per run,
-    in about `budget_s` seconds for the device whatever it is; on a CPU also SDPA's forward per
-    dtype (`attention_flops_per_s`, `attention_t`, `attention_reason`: _attention_rate), which the
-    cost model predicts the fused kernels' cells from (their speed in a dtype is not its matmul's).
+    """Measure this machine's matmul FLOP/s per dtype (None: every registered dtype, core/dtypes.py)
+    and copy bandwidth, once per run, in about `budget_s` seconds for the device whatever it is; on a
+    CPU also SDPA's forward per dtype (`attention_flops_per_s`, `attention_t`, `attention_reason`:
+    _attention_rate), which the cost model predicts the fused kernels' cells from (their speed in a
+    dtype is not its matmul's).
 
     Each matmul and the copy get an equal share of the budget: the problem grows from a
     small probe while the next size fits its share (_grow), then the call is repeated
@@ -278,9 +278,10 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
     import torch
 
     started = time.perf_counter()
+    dtypes = dtype_names() if dtypes is None else dtypes
     cuda = device.startswith("cuda")
     sync = sync_for(device)
-    defaults = CUDA_MATMUL_N if cuda else CPU_MATMUL_N
+    default_n = CUDA_MATMUL_N if cuda else CPU_MATMUL_N
     out: dict[str, Any] = {
         "device": device,
         "device_name": torch.cuda.get_device_name(torch.device(device)) if cuda else None,
@@ -313,7 +314,7 @@ def measure_ceilings(device: str, dtypes: Sequence[str] = ("fp32", "fp16", "bf16
         elif matmul_n is not None and dt in matmul_n:
             n = matmul_n[dt]
         else:
-            n = defaults.get(dt, 1024)
+            n = default_n
         _measure_matmul(out, device, dt, n, next_share(), sync)
     for dt in dtypes if not cuda else ():
         _measure_attention(out, device, dt, next_share(ATTENTION_SHARE), sync)
@@ -398,7 +399,7 @@ def matmul_plausibility(ceilings: Mapping[str, Any], dtype: str) -> tuple[bool |
     floor = sms * SM_FLOOR_FLOPS_PER_S
     bandwidth = ceilings.get("copy_bytes_per_s")
     if bandwidth:
-        floor = min(floor, bandwidth * 2 * n / (3 * DTYPE_BYTES.get(dtype, 4)))
+        floor = min(floor, bandwidth * 2 * n / (3 * dtype_spec(dtype).bytes))
     if rate >= floor:
         return True, (f"{dtype}: stopped at n={n} of {n_max}, but {rate / 1e12:.3g} TFLOP/s reaches the "
                       f"device's floor {floor / 1e12:.3g} TFLOP/s ({sms} SMs, copy bandwidth)")
@@ -418,7 +419,7 @@ def attention_bytes(batch: int, heads: int, q_len: int, kv_len: int, d: int, dty
     counted: a fused kernel keeps them on chip, so this is a lower bound and the
     byte-bound time it gives is the best any implementation can reach.
     """
-    size = DTYPE_BYTES[dtype]
+    size = dtype_spec(dtype).bytes
     d_v = d if d_v is None else d_v
     q = batch * heads * q_len * d * size
     o = batch * heads * q_len * d_v * size                       # O, dO
@@ -452,14 +453,15 @@ def pct_of_limit(flops: float, nbytes: float, seconds: float, peak_flops: float 
 
 
 def compute_ceiling(ceilings: Mapping[str, Any], dtype: str) -> float | None:
-    """FLOP/s a kernel on `dtype` inputs can reach: the better of that dtype's matmul and fp32's.
+    """FLOP/s a kernel on `dtype` inputs can reach: the better of that dtype's matmul and its upcast
+    dtype's (core/dtypes.py: fp32 for every dtype today).
 
     A kernel may upcast (SDPA on a CPU without fp16 units computes fp16 in fp32 and
     runs ~40x faster than an fp16 matmul there), so the fp32 rate also bounds what
     is attainable; where the low-precision matmul is faster (GPUs), it wins.
     """
     rates = ceilings.get("matmul_flops_per_s") or {}
-    known = [r for r in (rates.get(dtype), rates.get("fp32")) if r]
+    known = [r for r in (rates.get(dtype), rates.get(dtype_spec(dtype).upcast)) if r]
     return max(known) if known else None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ...core.dtypes import dtype_spec
 from ..cell.repeats import bitwise_equal
 from . import physical, tensors, timers
 from ..cell.cellcache import Reference
@@ -222,13 +223,13 @@ def physically_possible(cell: Any, ceilings: dict | None) -> None:
 
 
 def ceilings_now(device: str, dtype: str, ceilings: dict) -> tuple[float, float | None]:
-    """(matmul FLOP/s of the dtype or fp32, whichever is better, copy bytes/s) measured again now,
-    each the best this process has seen (physical.rechecked_rate); the copy is not re-measured (the
-    run's stands: bytes bind only past the caches)."""
+    """(matmul FLOP/s of the dtype or of its upcast dtype (core/dtypes.py), whichever is better, copy
+    bytes/s) measured again now, each the best this process has seen (physical.rechecked_rate); the copy
+    is not re-measured (the run's stands: bytes bind only past the caches)."""
     from ..machine.roofline import matmul_rate_now
     rates = ceilings.get("matmul_flops_per_s") or {}
     flops = max(physical.rechecked_rate(device, dt, lambda dt=dt: matmul_rate_now(device, dt, rates.get(dt)))
-                for dt in dict.fromkeys((dtype, "fp32")))
+                for dt in dict.fromkeys((dtype, dtype_spec(dtype).upcast)))
     return flops, ceilings.get("copy_bytes_per_s")
 
 
