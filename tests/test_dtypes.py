@@ -16,9 +16,11 @@ from audit.core.dtypes import (Dtype, by_torch_name, dtype_names, dtype_spec, fu
                                register, unregister, widest_dtype)
 from audit.core.errors import UsageError
 from audit.core.grid import Case, expand, validate_axes
-from audit.measure import numerics, roofline
+from audit.measure.golden import numerics
+from audit.measure.machine import roofline
 from audit.plan import cell_shape, cell_work
-from audit.plan.costmodel import CostModel, load_priors
+from audit.plan.costmodel import CostModel
+from audit.plan.priors import load_priors
 from audit.plan.settings import Settings
 from audit.render import data, plotting
 from audit.workload import draws

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from ..core.dtypes import dtype_spec
+from ...core.dtypes import dtype_spec
 
 
 def nonfinite_counts(tensors: Iterable[Any]) -> tuple[int, int]:
