@@ -147,7 +147,7 @@ def validate_axes(axes: Mapping[str, Iterable[Any]], *, known_variant: Callable[
     """Check and normalise every axis value; raise UsageError naming the bad one.
 
     `known_variant(name) -> None` and `known_scenario(name) -> None` raise UsageError for
-    unknown variants and scenarios (injected so plug-in loading stays in variants.py and the
+    unknown variants and scenarios (injected so plug-in loading stays in workload (variants.py, plugins.py) and the
     scenario table in inputs.py: grid imports neither). presets.preset_cases always checks
     scenarios.
     """

@@ -4,7 +4,7 @@ A compiled cell's cost is mostly its compile, and that depends on the cache more
 machine: on 2 CPU cores a compile whose C++ kernels are already built in the cache
 (TORCHINDUCTOR_CACHE_DIR; Triton's kernels live there too unless TRITON_CACHE_DIR moves them)
 takes 0.3-0.4 s, one that must build them 1.8-2 s. The audit compiles with Inductor's FX-graph
-cache off (variants._compiled_fn: a cached graph would skip the pattern matcher), so the graph
+cache off (workload.compiling._compiled_fn: a cached graph would skip the pattern matcher), so the graph
 is always lowered again; what the cache saves is building the kernels, which writes new files
 into it. A compile is therefore a miss when it wrote a new compiled binary into the cache (a
 kernel's shared library, a cubin, a precompiled header), else a hit. Each compiled cell
