@@ -7,7 +7,8 @@ have a right `out` and still break every such consumer. This module holds:
 
 - `split_calls`: the two calls on the keys split in two, each with the cell's causal masking
   and mask cut to its keys (so a query row may see no key of one half);
-- `merge_partials`: the merge those consumers do, in float64;
+- `merge_partials`: the merge those consumers do, in float64 (workload/merge_functions.py, the
+  audited merges' reference);
 - `keys_only_lse`: a variant's lse as the keys-only convention (a kernel declaring that its lse
   counts the sink gets the sink taken out);
 - `classify_lse_rows`: what an lse is on rows that see no key.
@@ -21,6 +22,7 @@ from typing import Any, Callable
 
 from ...core.errors import Unsupported
 from ...workload.draws import causal_keep, causal_offset
+from ...workload.merge_functions import merge_partials  # noqa: F401  (the merge, defined with the other merges)
 
 
 def split_point(tk: int) -> int:
@@ -91,27 +93,6 @@ def causal_position_halves(call: Callable[..., Any], q: Any, k: Any, v: Any, h: 
     first = (torch.cat([first_sq[0], first_all[0]], -2), torch.cat([first_sq[1], first_all[1]], -1))
     second = (torch.cat([empty_out, second_sq[0]], -2), torch.cat([empty_lse, second_sq[1]], -1))
     return first, second
-
-
-def merge_partials(first: tuple[Any, Any], second: tuple[Any, Any]) -> tuple[Any, Any]:
-    """Two partial results over disjoint keys -> the full one, in float64, as split-KV and ring
-    attention merge them: lse = logaddexp(lse1, lse2), out = Σ exp(lse_i - lse) · out_i. A part
-    with no key weighs 0, whatever its out: its lse is -inf, or +inf (FlashAttention-2's final
-    lse of an empty row; vLLM's merge_attn_states reads both infinities as empty); two empty parts
-    give out 0 and lse -inf (a naive merge: NaN). An lse of 0 or
-    another finite value there weighs the part's out in; NaN makes the row NaN.
-    out_i: (B, H, Tq, d); lse_i: (B, H, Tq) -> ((B, H, Tq, d), (B, H, Tq))."""
-    import torch
-    (o1, l1), (o2, l2) = first, second
-    l1, l2 = (torch.where(t == math.inf, torch.full_like(t, -math.inf), t) for t in (l1.double(), l2.double()))
-    lse = torch.logaddexp(l1, l2)                                               # (B, H, Tq)
-    out = 0.0
-    for o, lp in ((o1, l1), (o2, l2)):
-        # an empty part weighs 0, also beside another empty one: exp(-inf - -inf) is NaN, the naive
-        # merge's NaN on a row that sees no key in either part (out 0, lse -inf here)
-        w = torch.where(lp == -math.inf, torch.zeros_like(lp), torch.exp(lp - lse))[..., None]   # (B, H, Tq, 1)
-        out = out + torch.where(w == 0, torch.zeros_like(w), w * o.double())
-    return out, lse
 
 
 def keys_only_lse(lse: Any, sinks: Any, includes_sink: bool) -> Any:

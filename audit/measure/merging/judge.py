@@ -1,0 +1,135 @@
+"""A merge function judged on one partial state: what it returns (right, NaN, inf, wrong), its errors
+against the float64 golden, and the known mistakes that explain a wrong result.
+
+The rule: on rows that see a key, out within MERGE_ATOL_ROUNDINGS roundings of the out dtype per part of
+the golden's magnitude (each part's out is rounded once, and the merge rounds once more) and the lse
+within as many float32 roundings of its magnitude; on rows that see none, out 0 and lse -inf
+(flashinfer #4051: merge((0, -inf), (0, -inf)) = (0, -inf)). A NaN anywhere is "nan"; an infinity in
+out, or an infinite lse on a row that sees a key, or +inf on one that sees none, is "inf"; any other
+miss is "wrong".
+
+The diagnosis: each known mistake (workload/merge_mistakes.py) merges the same parts as the function
+does (a chain for more than two); a mistake explains the result when it gives NaN and infinities
+where the function did and agrees within the rule elsewhere, and it is named only where the right
+merge would not have given the same. Two mistakes that explain it both are both named ("a or b"):
+on such a state they cannot be told apart, and rounding must not pick one.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...core.diagnosis_names import NONE, joined
+from ...core.dtypes import dtype_spec
+from ...workload.merge_functions import MergeFunction, merge_partials
+from ...workload.merge_mistakes import MERGE_MISTAKES
+from .states import PartialState
+
+MERGE_RECORD_VERSION = 1
+MERGE_ATOL_ROUNDINGS = 4.0
+OUTCOMES = ("right", "nan", "inf", "wrong", "error")
+
+
+def tolerances(state: PartialState) -> tuple[float, float]:
+    """(out, lse) tolerances of a state: MERGE_ATOL_ROUNDINGS unit roundoffs per part and one more for
+    the merge, of the out dtype times the golden out's magnitude, and of float32 times the lse's."""
+    out, lse = state.golden
+    n = len(state.parts) + 1
+    finite = lse[lse.isfinite()]
+    out_scale = max(1.0, float(out.abs().max())) if out.numel() else 1.0
+    lse_scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
+    return (MERGE_ATOL_ROUNDINGS * n * dtype_spec(state.dtype).unit_roundoff * out_scale,
+            MERGE_ATOL_ROUNDINGS * n * dtype_spec("fp32").unit_roundoff * lse_scale)
+
+
+def _measures(result: tuple[Any, Any], state: PartialState) -> dict[str, Any]:
+    """Counts of rows with NaN or inf, the errors on rows that see a key, what rows that see none got."""
+    import torch
+    out, lse = (t.detach().double() for t in result)                            # (B, H, T, d), (B, H, T)
+    g_out, g_lse = state.golden
+    seen = g_lse.isfinite()                                                     # (B, H, T)
+    empty = ~seen
+    diff = (out - g_out).abs().amax(-1)                                         # (B, H, T): NaN stays NaN
+    diff = torch.where(diff.isnan(), torch.full_like(diff, math.inf), diff)
+    lse_diff = torch.where(lse.isnan(), torch.full_like(lse, math.inf), (lse - g_lse).abs())
+    return {
+        "out_nan_rows": int(out.isnan().any(-1).sum()), "out_inf_rows": int(out.isinf().any(-1).sum()),
+        "lse_nan_rows": int(lse.isnan().sum()),
+        "lse_inf_rows": int((lse.isinf() & seen).sum() + (lse == math.inf)[empty].sum()),
+        "empty_rows": int(empty.sum()),
+        "max_abs_err": float(diff[seen].max()) if seen.any() else 0.0,
+        "lse_max_err": float(lse_diff[seen].max()) if seen.any() else 0.0,
+        "empty_out_max": float(diff[empty].max()) if empty.any() else 0.0,
+        "empty_lse_right": bool((lse[empty] == -math.inf).all()) if empty.any() else True,
+    }
+
+
+def outcome_of(m: dict[str, Any], out_tol: float, lse_tol: float) -> str:
+    """right | nan | inf | wrong, by the rule of the module docstring."""
+    if m["out_nan_rows"] or m["lse_nan_rows"]:
+        return "nan"
+    if m["out_inf_rows"] or m["lse_inf_rows"]:
+        return "inf"
+    if (m["max_abs_err"] > out_tol or m["lse_max_err"] > lse_tol or m["empty_out_max"] > out_tol
+            or not m["empty_lse_right"]):
+        return "wrong"
+    return "right"
+
+
+def _same(a: tuple[Any, Any], b: tuple[Any, Any], out_tol: float, lse_tol: float) -> bool:
+    """Whether two merges' results agree: NaN and infinities at the same places, the rest within the rule."""
+    import torch
+    for x, y, tol in ((a[0], b[0], out_tol), (a[1], b[1], lse_tol)):
+        x, y = x.detach().double(), y.detach().double()
+        if not torch.equal(x.isnan(), y.isnan()) or not torch.equal(x.isinf(), y.isinf()):
+            return False
+        inf = x.isinf()
+        if not torch.equal(x[inf], y[inf]):
+            return False
+        finite = x.isfinite()
+        if finite.any() and float((x[finite] - y[finite]).abs().max()) > tol:
+            return False
+    return True
+
+
+def _chain(fn: Any, parts: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    out, lse = parts[0]
+    for part in parts[1:]:
+        out, lse = fn(out, lse, *part)
+    return out, lse
+
+
+def diagnose_merge(result: tuple[Any, Any], state: PartialState, out_tol: float, lse_tol: float) -> str:
+    """The known mistakes whose merge of the state's parts gives `result` where the right merge does not
+    ("a or b" where several do), or "none"."""
+    right = _chain(lambda *a: merge_partials((a[0], a[1]), (a[2], a[3])), state.parts)
+    found = []
+    for mistake in MERGE_MISTAKES.values():
+        theirs = _chain(mistake.fn, state.parts)
+        if _same(theirs, result, out_tol, lse_tol) and not _same(theirs, right, out_tol, lse_tol):
+            found.append(mistake)
+    return joined(m.name for m in found)
+
+
+def audit_merge(merge: MergeFunction, state: PartialState) -> dict[str, Any]:
+    """One record: the merge function on one state (plain, versioned; a call that raises is status
+    "error" with its reason, never numbers)."""
+    out_tol, lse_tol = tolerances(state)
+    record: dict[str, Any] = {"merge_version": MERGE_RECORD_VERSION, "merge": merge.name, "form": merge.form,
+                              "lse_base": merge.lse_base, "control": merge.control, "state": state.name,
+                              "dtype": state.dtype, "parts": len(state.parts), "out_tol": out_tol,
+                              "lse_tol": lse_tol}
+    try:
+        result = merge.merge([(o.clone(), l.clone()) for o, l in state.parts])
+    except Exception as exc:                   # a user's function may raise anything: the record says what
+        return {**record, "status": "error", "outcome": "error", "reason": f"{type(exc).__name__}: {exc}",
+                "diagnosis": None}
+    m = _measures(result, state)
+    outcome = outcome_of(m, out_tol, lse_tol)
+    diagnosis = NONE if outcome == "right" else diagnose_merge(result, state, out_tol, lse_tol)
+    return {**record, **m, "status": "ok", "reason": None, "outcome": outcome, "diagnosis": diagnosis}
+
+
+def audit_merges(merges: dict[str, MergeFunction], states: list[PartialState]) -> list[dict[str, Any]]:
+    """Every merge function on every state, in that order."""
+    return [audit_merge(fn, st) for fn in merges.values() for st in states]

@@ -1,0 +1,139 @@
+"""The partial states a merge function is audited on, each with its float64 golden.
+
+A state is the (out, lse) parts of attention over disjoint sets of keys, in key order, as the
+consumers of a merge produce them, and the golden: float64 attention over all the keys, with
+(out 0, lse -inf) for a row that sees none (cuDNN frontend's context-parallel oracle,
+test/python/sdpa/cp_numerics/reference_math.py, defines an empty chunk the same way). Each part is
+the float64 golden over its keys (golden/reference.py), its out rounded to the state's dtype and its
+lse to float32, as a kernel hands them on.
+
+Real splits of a cell (SPLITS): two shards; a ring of four shards merged in a chain under causal
+masking (later shards are empty for early queries); the causal load-balanced split of context
+parallelism (each of two ranks holds a chunk from each end); split-KV decode (one query, four
+splits). Edge states (EDGES): one part empty on some rows, first or second; both parts empty
+(fully masked rows); the empty part carrying FlashAttention's +inf lse; lses more than 88 apart
+(float32's exp overflows past 88.7); fully masked rows in a causal split.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ...core.dtypes import dtype_spec
+from ...workload.draws import causal_keep
+from ..golden.reference import golden_attention
+
+BATCH, HEADS, QUERIES, KEYS, HEAD_DIM = 1, 2, 16, 16, 16
+FAR_APART = 100.0                       # nats between two parts' lses: exp(100) overflows float32 (88.7)
+
+
+@dataclass
+class PartialState:
+    """Parts (out (B, H, T, d) in `dtype`, lse (B, H, T) float32) in key order, and the golden over all keys."""
+
+    name: str
+    dtype: str
+    parts: list[tuple[Any, Any]]
+    golden: tuple[Any, Any]             # float64 (out, lse): (0, -inf) on a row that sees no key
+    what: str                           # what it tests, one line (docs/numerics.md)
+
+
+@dataclass(frozen=True)
+class Split:
+    name: str
+    what: str
+    shards: Callable[[int], list[list[int]]]       # keys -> the key indices of each part, in merge order
+    causal: bool = False
+    queries: int = QUERIES
+    hidden_keys: tuple[int, ...] = ()              # keys no query sees (key padding)
+    hidden_rows: tuple[int, ...] = ()              # query rows that see no key of the FIRST part
+    hidden_rows_second: tuple[int, ...] = ()       # ... of the second part
+    empty_lse: float = -math.inf                   # the lse an empty part carries (+inf: FlashAttention's)
+    bias: tuple[float, ...] = ()                   # a score added to every key of each part (lses apart)
+
+
+def _contiguous(n: int) -> Callable[[int], list[list[int]]]:
+    return lambda tk: [list(range(i * tk // n, (i + 1) * tk // n)) for i in range(n)]
+
+
+def _load_balanced(tk: int) -> list[list[int]]:
+    """Two ranks, four chunks: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2 (context parallelism's
+    causal load balancing: each rank as much of the triangle)."""
+    c = tk // 4
+    return [list(range(0, c)) + list(range(3 * c, tk)), list(range(c, 3 * c))]
+
+
+SPLITS: tuple[Split, ...] = (
+    Split("two_shards", "the keys in two halves, no mask", _contiguous(2)),
+    Split("ring_4", "four shards merged in a chain under causal masking: later shards empty for early queries",
+          _contiguous(4), causal=True),
+    Split("load_balanced", "causal, two ranks each holding a chunk from each end (context parallelism)",
+          _load_balanced, causal=True),
+    Split("split_kv_decode", "one query over four splits of the keys (split-KV decoding)", _contiguous(4), queries=1),
+)
+EDGES: tuple[Split, ...] = (
+    Split("first_empty", "the first part empty on half the rows (lse -inf, out 0)", _contiguous(2),
+          hidden_rows=tuple(range(QUERIES // 2))),
+    Split("second_empty", "the second part empty on half the rows", _contiguous(2),
+          hidden_rows_second=tuple(range(QUERIES // 2))),
+    Split("both_empty", "rows that see no key in either part: the merge must give (0, -inf), not NaN",
+          _contiguous(2), hidden_rows=tuple(range(4)), hidden_rows_second=tuple(range(4))),
+    Split("posinf_empty", "the first part empty on half the rows with FlashAttention's +inf lse (out 0)",
+          _contiguous(2), hidden_rows=tuple(range(QUERIES // 2)), empty_lse=math.inf),
+    Split("far_apart", f"the second part's scores {FAR_APART:g} higher: lses {FAR_APART:g} nats apart "
+          "(exp overflows float32 past 88.7)", _contiguous(2), bias=(0.0, FAR_APART)),
+    Split("causal_fully_masked", "causal, two shards, the first two keys hidden: the first two rows see no key",
+          _contiguous(2), causal=True, hidden_keys=(0, 1)),
+)
+STATE_DTYPES = ("fp32", "bf16", "fp16")     # outs in these, lses in float32 (a kernel's usual pair)
+
+
+def _inputs(seed: int, queries: int) -> tuple[Any, Any, Any]:
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(BATCH, HEADS, queries, HEAD_DIM, generator=gen, dtype=torch.float64)   # (B, H, Tq, d)
+    k, v = (torch.randn(BATCH, HEADS, KEYS, HEAD_DIM, generator=gen, dtype=torch.float64) for _ in range(2))
+    return q, k, v
+
+
+def _visible(split: Split, tq: int) -> Any:
+    """(1, 1, Tq, Tk) bool: which key each query sees (causal top-left, hidden keys) before the parts' own rows."""
+    import torch
+    vis = causal_keep(tq, KEYS, "cpu") if split.causal else torch.ones(tq, KEYS, dtype=torch.bool)
+    vis = vis.clone()
+    vis[:, list(split.hidden_keys)] = False
+    return vis[None, None]
+
+
+def build_state(split: Split, dtype: str, seed: int = 0) -> PartialState:
+    """One state: each part the float64 golden over its keys (rounded to `dtype`, lse float32), the
+    golden over all keys with the same visibility and score bias."""
+    import torch
+    q, k, v = _inputs(seed, split.queries)
+    shards = split.shards(KEYS)
+    visible = _visible(split, split.queries)
+    for part, rows in ((0, split.hidden_rows), (1, split.hidden_rows_second)):   # rows a part gives no key
+        if rows:
+            visible[0, 0, torch.tensor(rows)[:, None], torch.tensor(shards[part])[None, :]] = False
+    bias = torch.zeros(KEYS, dtype=torch.float64)                               # (Tk,)
+    for part, extra in enumerate(split.bias):
+        bias[shards[part]] = extra
+    whole = golden_attention(q, k, v, visible=visible, score_mod=lambda s: s + bias)
+    out_dtype = getattr(torch, dtype_spec(dtype).torch_name)
+    parts = []
+    for idx in shards:
+        sel = torch.tensor(idx)
+        g = golden_attention(q, k[..., sel, :], v[..., sel, :], visible=visible[..., sel],
+                             score_mod=lambda s, b=bias[sel]: s + b)
+        lse = g.lse.clone()
+        lse[lse == -math.inf] = split.empty_lse                                 # FlashAttention's +inf, where asked
+        parts.append((g.out.to(out_dtype), lse.float()))
+    return PartialState(split.name, dtype, parts, (whole.out, whole.lse), split.what)
+
+
+def all_states(dtypes: tuple[str, ...] = STATE_DTYPES, seed: int = 0) -> list[PartialState]:
+    """Every split in every dtype, every edge state in float32 and the narrowest dtypes' first (bf16)."""
+    states = [build_state(s, dt, seed) for s in SPLITS for dt in dtypes]
+    states += [build_state(s, dt, seed) for s in EDGES for dt in dtypes[:2]]
+    return states
