@@ -152,8 +152,10 @@ def test_readme_plugin_example_runs(tmp_path, monkeypatch):
 def test_every_known_mistake_documented():
     from audit.workload.backward_mistakes import BACKWARD_MISTAKES
     from audit.workload.lse_mistakes import all_lse_mistakes
+    from audit.workload.merge_mistakes import MERGE_MISTAKES
     from audit.workload.mistakes import MISTAKES
     from audit.workload.paged_mistakes import PAGED_MISTAKES
-    missing = [name for name in [*MISTAKES, *BACKWARD_MISTAKES, *all_lse_mistakes(), *PAGED_MISTAKES]
+    missing = [name for name in [*MISTAKES, *BACKWARD_MISTAKES, *all_lse_mistakes(), *PAGED_MISTAKES,
+                                                 *MERGE_MISTAKES]
                if f"| `{name}` |" not in PAGES["numerics.md"]]
     assert not missing, f"docs/numerics.md's Diagnosis tables lack {missing}"

@@ -139,16 +139,25 @@ def _guarded(rule: Rule, frame: pd.DataFrame) -> list[dict]:
 
 def write_findings(run_dir: str | Path) -> list[dict[str, Any]]:
     """Compute findings from DIR's records and write DIR/findings.json (and the model audit's to
-    DIR/model_findings.json where the run made one)."""
+    DIR/model_findings.json, the merge audit's to DIR/merge_findings.json, where the run made them)."""
     from ..core.records import load
 
-    from ..core.runfolder import MODEL_FINDINGS_FILE, read_model_records
+    from ..core.runfolder import MERGE_FINDINGS_FILE, MODEL_FINDINGS_FILE, read_merge_records, read_model_records
     found = compute_findings(load(run_dir))
     path = Path(run_dir) / FINDINGS_FILE
     path.write_text(json.dumps(found, indent=1, default=_json_default) + "\n")
     if read_model_records(run_dir):       # the model audit's own, beside (its runs are not cells: no repro script)
         (Path(run_dir) / MODEL_FINDINGS_FILE).write_text(json.dumps(model_findings(run_dir), indent=1) + "\n")
+    if read_merge_records(run_dir):       # the merge audit's, beside (merge functions are not cells)
+        (Path(run_dir) / MERGE_FINDINGS_FILE).write_text(json.dumps(merge_findings(run_dir), indent=1) + "\n")
     return found
+
+
+def merge_findings(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The merge audit's findings (analysis/merge_rules.py) of DIR's merges.jsonl."""
+    from ..core.runfolder import read_merge_records
+    from .merge_rules import check_merges
+    return check_merges(read_merge_records(run_dir))
 
 
 def model_findings(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -21,6 +21,8 @@ FINDINGS_FILE = "findings.json"
 SEED_CLAIMS_FILE = "seed_claims.csv"           # the seed tutorial's printed claims, measured again
 MODEL_FILE = "model.jsonl"                     # the model audit's records (docs/model.md)
 MODEL_FINDINGS_FILE = "model_findings.json"    # its findings (no reproduction script: `audit model` repeats them)
+MERGE_FILE = "merges.jsonl"                    # the merge functions' records (measure/merging; docs/numerics.md)
+MERGE_FINDINGS_FILE = "merge_findings.json"    # their findings
 REPRO_DIR = "repro"                            # one reproduction script per finding
 INDEX_MD = "index.md"                          # the report page, also of a compare folder
 INDEX_HTML = "index.html"
@@ -61,6 +63,12 @@ def read_canaries(run_dir: "str | object") -> list[dict]:
     """DIR/CANARY_FILE's readings (measure/machine/canary.py), in the order taken ([] where none)."""
     from pathlib import Path
     return read_jsonl(Path(run_dir) / CANARY_FILE)
+
+
+def read_merge_records(run_dir: "str | object") -> list[dict]:
+    """DIR/MERGE_FILE's records (each merge function on each partial state), [] where the run made none."""
+    from pathlib import Path
+    return read_jsonl(Path(run_dir) / MERGE_FILE)
 
 
 def read_model_records(run_dir: "str | object") -> list[dict]:

@@ -31,8 +31,8 @@ POLL_S = 0.25
 def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = True,
          prepared: dict[str, float] | None = None) -> int:
     """The measuring process: every cell not yet recorded, one record each; once none is left,
-    the seed tutorial's claims (measure.seed), so the supervising process needs no torch, then the
-    preset's model audit (measure.model_audit; its steps marked in flight like cells) unless the plan
+    the seed tutorial's claims (measure.seed), so the supervising process needs no torch, the preset's
+    merge functions on their partial states (measure.merging), then the preset's model audit (measure.model_audit; its steps marked in flight like cells) unless the plan
     left it out.
     prepared: the seconds per part this process spent preparing the run (its first process),
     for workers.jsonl."""
@@ -48,6 +48,11 @@ def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = T
         start = time.time()
         write_claims(run_dir)
         runner.write_worker_timing(run_dir, {"seed claims": time.time() - start}, started=False)
+        if getattr(preset, "merges", ()):
+            from ..measure.merging.run_audit import write_merge_audit
+            start = time.time()
+            write_merge_audit(run_dir, preset.merges)
+            runner.write_worker_timing(run_dir, {"merge audit": time.time() - start}, started=False)
         if getattr(preset, "models", ()):
             from ..measure.model_audit import write_run_audit
             start = time.time()

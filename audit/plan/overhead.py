@@ -32,9 +32,11 @@ DEFAULTS: dict[str, float] = {
     "skip_record_s": 0.00012,    # a cell the plan skips: its record written (cpu, --budget 30s: 0.4 s for 3244)
     "report_s": 4.1,             # the seed's claims, findings, reproduction scripts, figures, the page ...
     "report_per_cell_s": 0.0017,  # ... growing with the measured cells
+    "merge_audit_s": 0.6,        # the preset's merge functions on their partial states (0.55 s on a 2-core Xeon)
 }
 FITTED = ("start_s", "ceilings_factor", "between_cell_s", "report_s")
-HOST_SCALED = ("start_s", "plan_per_cell_s", "between_cell_s", "skip_record_s", "report_s", "report_per_cell_s")
+HOST_SCALED = ("start_s", "plan_per_cell_s", "between_cell_s", "skip_record_s", "report_s", "report_per_cell_s",
+               "merge_audit_s")
 # A run's start counts as cold (its measured seconds replace the predicted ones) past this factor of the
 # prediction plus these seconds: a first import of torch after an install took 10-20 s more than warm ones.
 COLD_START = (1.5, 2.0)
@@ -73,12 +75,14 @@ def constant(params: Any, device: str, name: str, host: float = 1.0) -> float:
 
 def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
                ceilings_s: float = CEILINGS_BUDGET_S, host: float = 1.0, kept: int | None = None,
-               model_audit_s: float = 0.0, canary: bool = True, spent_s: float | None = None) -> tuple[float, float]:
+               model_audit_s: float = 0.0, canary: bool = True, spent_s: float | None = None,
+               merge_audit: bool = False) -> tuple[float, float]:
     """(seconds before the first cell, seconds after the last) of a run of these cells (a
     costmodel prediction: its cells' devices and statuses); ceilings_s: the seconds the preset
     gives each device's ceilings; host: this host's host_factor; kept: how many of them the
     budget keeps (default all): the others cost a skip's record only; model_audit_s: the model audit's
-    seconds after the cells on this host (model_audit_seconds).
+    seconds after the cells on this host (model_audit_seconds); merge_audit: the preset audits merge functions
+    after the cells (Preset.merges).
 
     spent_s: a run planning itself has started already (its processes, torch's first import, the
     canary's start reading, the ceilings): where those seconds, measured, are well over the prediction
@@ -100,7 +104,8 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
             before = spent
     before += c("plan_per_cell_s") * n + c("between_cell_s") * kept + c("skip_record_s") * (n - kept)
     measured = int((pred["status"] == "ok").sum()) if n else 0
-    return before, c("report_s") + c("report_per_cell_s") * measured + model_audit_s
+    merges = c("merge_audit_s") if merge_audit and n else 0.0
+    return before, c("report_s") + c("report_per_cell_s") * measured + model_audit_s + merges
 
 
 def model_audit_seconds(models: Iterable[str], run_variants: list[str], device: str = "cpu",

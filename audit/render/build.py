@@ -17,6 +17,7 @@ from .page import Block, Contents, Heading, para, write_page
 from .sections import (compile_section, environment_section, findings_section, grid_section, memory_section,
                        numerics_section, overview_section, read_json, speed_section, title_section)
 from .masked_rows import masked_rows_section
+from .merge_section import MERGE_HEADING, merge_section, merge_verdict
 from .stability_sections import (budget_section, figures_section, fp16_section, leakage_section, lse_section,
                                  saturation_section, scenarios_section, seed_section)
 from .time_budget import time_budget_section
@@ -49,7 +50,7 @@ def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = N
     sections: list[tuple[str, Callable[[], list[Block]]]] = [
         ("Title", lambda: title_section(run_dir, run_info, frame)),
         ("Overview", lambda: overview_section(findings, frame)),
-        (VERDICT_HEADING, lambda: verdict_section(frame, findings, run_noise)),
+        (VERDICT_HEADING, lambda: verdict_section(frame, findings, run_noise) + _merge_verdict(run_dir)),
         ("Nothing measured", lambda: nothing_measured_section(frame, plan)),
         ("Contents", lambda: [Contents()]),
         ("Findings", lambda: findings_section(findings, frame)),
@@ -65,6 +66,7 @@ def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = N
         ("Error budget", lambda: budget_section(frame)),
         ("Arguments", lambda: arguments_section(frame)),
         ("Log-sum-exp", lambda: lse_section(frame)),
+        (MERGE_HEADING, lambda: _merge_section(run_dir)),
         ("fp16", lambda: fp16_section(frame)),
         ("Masked rows", lambda: masked_rows_section(frame)),
         ("Leakage", lambda: leakage_section(frame)),
@@ -87,6 +89,23 @@ def _model_section(run_dir: Path) -> list[Block]:
         return []
     figure = draw_model_error(records, run_dir / MODEL_FIGURE_FILE)
     return model_section(records, check_model(records), figure)
+
+
+def _merge_records_and_findings(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """DIR/merges.jsonl and their findings (computed again where merge_findings.json is missing)."""
+    from ..analysis.merge_rules import check_merges
+    from ..core.runfolder import MERGE_FINDINGS_FILE, read_merge_records
+    records = read_merge_records(run_dir)
+    stored = read_json(run_dir / MERGE_FINDINGS_FILE) if records else None
+    return records, stored if isinstance(stored, list) else check_merges(records)
+
+
+def _merge_section(run_dir: Path) -> list[Block]:
+    return merge_section(*_merge_records_and_findings(run_dir))
+
+
+def _merge_verdict(run_dir: Path) -> list[Block]:
+    return merge_verdict(*_merge_records_and_findings(run_dir))
 
 
 def _guarded(title: str, make: Callable[[], list[Block]]) -> list[Block]:

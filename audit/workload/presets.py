@@ -12,6 +12,7 @@ from ..core.errors import UsageError
 from ..core.grid import AXES, OPTIONAL_AXES, Case, expand, sub_grid_values, validate_axes
 from ..core.noise import default_noise_target
 from .inputs import check_scenario
+from .merges import merge_names
 from .variant_contract import BROKEN_PREFIX
 
 
@@ -38,6 +39,7 @@ class Preset:
     deterministic: bool = False   # measure under torch.use_deterministic_algorithms(True) (--deterministic)
     page_size: int = 16           # slots per page of the paged scenario's cache (a kernel declaring its own keeps it)
     models: tuple[str, ...] = ()  # the model audit's decoders after the cells (workload/model.py; docs/model.md)
+    merges: tuple[str, ...] = ()  # merge functions audited after the cells (workload/merges.py; docs/numerics.md)
     # sample on until each median is known to ±this (0: the fixed minimum only); $ATTN_AUDIT_NOISE_TARGET
     noise_target: float = field(default_factory=default_noise_target)
     noise_cap_s: float = 0.1      # ... for at most this many more seconds per measurement
@@ -257,7 +259,7 @@ def _quick(sets: _VariantSets) -> Preset:
         ),
         # tiny, host-bound cells: no roofline fraction to speak of, so a quicker ceilings measurement
         min_samples=3, min_time_s=0.01, max_cell_s=5.0, budget_s=60.0, ceilings_s=0.5, noise_cap_s=0.2,
-        models=("llama-tiny", "gpt-oss-tiny"),
+        models=("llama-tiny", "gpt-oss-tiny"), merges=merge_names(),
     )
 
 
@@ -307,7 +309,7 @@ def _cpu(sets: _VariantSets) -> Preset:
         # 0.03 s of samples at least, then on until each median is known (--noise-target): 0.05 s fixed
         # kept 845 cells of a 4-minute run where the code before the sampling rule kept 962; 0.03 s, 918
         min_samples=5, min_time_s=0.03, max_cell_s=6.0, budget_s=600.0, models=("llama-small", "gpt-oss-small"),
-        noise_cap_s=0.2,
+        noise_cap_s=0.2, merges=merge_names(),
     )
 
 

@@ -1,0 +1,233 @@
+"""Functions that merge partial attention, audited on real splits and edge states (measure/merging):
+the reference is right on every state, each negative control is caught and named by its own mistake,
+merges declared in FlashInfer's and vLLM's call forms are judged as written, and torch's
+context-parallel merge is audited as it ships."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from audit.core.diagnosis_names import members
+from audit.core.errors import UsageError
+from audit.measure.merging.judge import audit_merge, audit_merges, outcome_of
+from audit.measure.merging.states import EDGES, SPLITS, all_states, build_state
+from audit.workload.merge_functions import declare_merge, merge_partials, torch_merger_available
+from audit.workload.merges import CONTROL_PREFIX, builtin_merges
+from audit.workload.merge_mistakes import MERGE_MISTAKES
+
+pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
+
+
+@pytest.fixture(scope="module")
+def states():
+    return all_states()
+
+
+def _by_state(records):
+    return {(r["state"], r["dtype"]): r for r in records}
+
+
+def test_every_state_has_its_parts_and_a_golden_with_empty_rows_where_it_says(states):
+    names = {s.name for s in states}
+    assert names == {s.name for s in SPLITS + EDGES}
+    both = next(s for s in states if s.name == "both_empty" and s.dtype == "fp32")
+    assert (both.golden[1] == -math.inf).sum() == 8 and both.golden[0][both.golden[1] == -math.inf].abs().max() == 0
+    posinf = next(s for s in states if s.name == "posinf_empty")
+    assert (posinf.parts[0][1] == math.inf).any() and not (posinf.parts[0][1] == -math.inf).any()
+    far = next(s for s in states if s.name == "far_apart")
+    assert float(far.parts[1][1].min() - far.parts[0][1].max()) > 88.7          # past float32's exp
+    assert all(p[1].dtype == torch.float32 for s in states for p in s.parts)
+    assert {str(s.parts[0][0].dtype) for s in states} == {"torch.float32", "torch.bfloat16", "torch.float16"}
+
+
+def test_the_reference_merge_is_right_on_every_state(states):
+    records = audit_merges({"reference": builtin_merges()["reference"]}, states)
+    assert [(r["state"], r["dtype"], r["outcome"]) for r in records if r["outcome"] != "right"] == []
+    assert all(r["diagnosis"] == "none" for r in records)
+
+
+@pytest.mark.parametrize("mistake", list(MERGE_MISTAKES))
+def test_each_control_is_caught_and_named_by_its_own_mistake_wherever_it_is_wrong(states, mistake):
+    records = audit_merges({mistake: builtin_merges()[CONTROL_PREFIX + mistake]}, states)
+    wrong = [r for r in records if r["outcome"] != "right"]
+    assert wrong, f"{mistake}: right on every state, so nothing tests it"
+    unnamed = [(r["state"], r["dtype"], r["diagnosis"]) for r in wrong if mistake not in members(r["diagnosis"])]
+    assert unnamed == []
+
+
+def test_a_chain_shows_the_lse_left_unupdated_in_the_output(states):
+    """Right out for one merge, wrong in a chain: the next merge weighs the parts by the stale lse."""
+    control = builtin_merges()[CONTROL_PREFIX + "lse_not_updated"]
+    two = audit_merge(control, build_state(SPLITS[0], "fp32"))
+    ring = audit_merge(control, build_state(SPLITS[1], "fp32"))
+    assert two["max_abs_err"] <= two["out_tol"] and two["lse_max_err"] > two["lse_tol"]
+    assert ring["max_abs_err"] > 100 * ring["out_tol"]
+
+
+def test_the_rule_judges_nan_inf_wrong_and_right():
+    base = {"out_nan_rows": 0, "lse_nan_rows": 0, "out_inf_rows": 0, "lse_inf_rows": 0, "max_abs_err": 0.0,
+            "lse_max_err": 0.0, "empty_out_max": 0.0, "empty_lse_right": True}
+    assert outcome_of(base, 1e-6, 1e-6) == "right"
+    assert outcome_of({**base, "lse_nan_rows": 1}, 1e-6, 1e-6) == "nan"
+    assert outcome_of({**base, "lse_inf_rows": 2}, 1e-6, 1e-6) == "inf"
+    assert outcome_of({**base, "max_abs_err": 1e-3}, 1e-6, 1e-6) == "wrong"
+    assert outcome_of({**base, "empty_lse_right": False}, 1e-6, 1e-6) == "wrong"    # (0, 0) for an empty row
+
+
+# --------------------------------------------------------------------------- declared call forms
+
+def _flashinfer_merge_state(v_a, s_a, v_b, s_b):
+    """A stand-in of flashinfer.merge_state's exact signature: v (tokens, heads, d), s (tokens, heads)
+    float32 in base 2; an empty segment (s -inf, or FlashAttention's +inf) weighs 0, two give (0, -inf)."""
+    assert v_a.dim() == 3 and s_a.shape == v_a.shape[:2] and s_a.dtype == torch.float32
+    s_a, s_b = (torch.where(s == math.inf, -math.inf, s) for s in (s_a, s_b))
+    m = torch.maximum(s_a, s_b)
+    safe = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    w_a, w_b = torch.exp2(s_a - safe), torch.exp2(s_b - safe)
+    total = w_a + w_b
+    v = (w_a[..., None] * v_a.float() + w_b[..., None] * v_b.float()) / torch.where(total == 0, 1.0, total)[..., None]
+    return v.to(v_a.dtype), torch.where(total == 0, torch.full_like(m, -math.inf), safe + torch.log2(total))
+
+
+def _flashinfer_nan_on_empty(v_a, s_a, v_b, s_b):
+    s_a, s_b = (torch.where(s == math.inf, -math.inf, s) for s in (s_a, s_b))
+    m = torch.maximum(s_a, s_b)                                     # no guard: exp2(-inf - -inf) is NaN
+    w_a, w_b = torch.exp2(s_a - m), torch.exp2(s_b - m)
+    v = (w_a[..., None] * v_a.float() + w_b[..., None] * v_b.float()) / (w_a + w_b)[..., None]
+    return v.to(v_a.dtype), m + torch.log2(w_a + w_b)
+
+
+def _vllm_merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None):
+    """A stand-in of vLLM's merge_attn_states: writes output (tokens, heads, d); lse (heads, tokens),
+    +inf read as -inf (as vLLM's kernels do)."""
+    p = torch.where(prefix_lse == math.inf, -math.inf, prefix_lse).t()          # (tokens, heads)
+    s = torch.where(suffix_lse == math.inf, -math.inf, suffix_lse).t()
+    m = torch.maximum(p, s)
+    safe = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    w_p, w_s = torch.exp(p - safe), torch.exp(s - safe)
+    total = w_p + w_s
+    out = (w_p[..., None] * prefix_output.float() + w_s[..., None] * suffix_output.float()) / \
+        torch.where(total == 0, 1.0, total)[..., None]
+    output.copy_(out.to(output.dtype))
+    if output_lse is not None:
+        output_lse.copy_(torch.where(total == 0, torch.full_like(m, -math.inf), safe + torch.log(total)).t())
+
+
+def test_a_flashinfer_merge_state_declared_as_its_docs_say_is_right_and_its_mistake_is_named(states):
+    right = declare_merge(_flashinfer_merge_state, form="flashinfer", name="merge_state")
+    assert right.lse_base == "2"
+    assert [r["state"] for r in audit_merges({"m": right}, states) if r["outcome"] != "right"] == []
+    wrong = audit_merges({"m": declare_merge(_flashinfer_nan_on_empty, form="flashinfer")}, states)
+    bad = {(r["state"], r["outcome"]) for r in wrong if r["outcome"] != "right"}
+    assert ("both_empty", "nan") in bad and all(s in ("both_empty", "causal_fully_masked") for s, _ in bad)
+    assert all("nan_on_empty" in members(r["diagnosis"]) for r in wrong if r["outcome"] != "right")
+
+
+def test_a_merge_declared_in_the_wrong_base_is_caught():
+    """The same right function declared with a natural-log lse: every merge of unequal lses is wrong."""
+    wrong = declare_merge(_flashinfer_merge_state, form="flashinfer", lse_base="e")
+    assert audit_merge(wrong, build_state(SPLITS[0], "fp32"))["outcome"] == "wrong"
+
+
+def test_a_vllm_merge_attn_states_is_right_on_every_state_with_fa_s_plus_inf_too(states):
+    merge = declare_merge(_vllm_merge_attn_states, form="vllm")
+    assert [r["state"] for r in audit_merges({"v": merge}, states) if r["outcome"] != "right"] == []
+
+
+def test_declaring_an_unknown_form_or_base_says_what_is_allowed():
+    with pytest.raises(UsageError, match="one of pairs, flashinfer, vllm, stateful"):
+        declare_merge(_flashinfer_merge_state, form="triton")
+    with pytest.raises(UsageError, match="lse_base '10'"):
+        declare_merge(_flashinfer_merge_state, lse_base="10")
+
+
+def test_a_merge_that_raises_is_an_error_with_its_reason_not_numbers():
+    def broken(out_a, lse_a, out_b, lse_b):
+        raise RuntimeError("no kernel for this head size")
+    rec = audit_merge(declare_merge(broken), build_state(SPLITS[0], "fp32"))
+    assert rec["status"] == "error" and rec["reason"] == "RuntimeError: no kernel for this head size"
+    assert "max_abs_err" not in rec
+
+
+# --------------------------------------------------------------------------- torch's own
+
+@pytest.mark.skipif(torch_merger_available() is not None, reason=str(torch_merger_available()))
+def test_torch_context_parallel_merge_is_audited_as_it_ships(states):
+    """Whatever torch's _SDPAMerger returns, the audit's outcome is what calling it by hand shows, and
+    a NaN or a +inf that wins is named by the mistake that gives it. (torch 2.13: NaN on two empty
+    parts and on an empty first part; an empty part's +inf lse wins.)"""
+    from torch.distributed.tensor.experimental._context_parallel._attention import _SDPAMerger
+    records = _by_state(audit_merges({"t": builtin_merges()["torch_context_parallel"]}, states))
+    for state in states:
+        merger = _SDPAMerger(convert_to_f32=True, seq_dim=2)
+        for out, lse in state.parts:
+            merger.step(out, lse, partial=False)
+        out, lse = merger.results()
+        rec = records[state.name, state.dtype]
+        assert (rec["out_nan_rows"] + rec["lse_nan_rows"] > 0) == bool(out.isnan().any() or lse.isnan().any())
+        if rec["outcome"] == "nan" and state.name == "both_empty":
+            assert "nan_on_empty" in members(rec["diagnosis"])
+        if rec["outcome"] == "inf" and state.name == "posinf_empty":
+            assert "posinf_wins" in members(rec["diagnosis"])
+        if rec["outcome"] != "right":
+            assert rec["diagnosis"] != "none", (state.name, rec)
+
+
+def test_the_reference_merge_is_the_lse_checks_merge():
+    """One definition: the merge the lse checks use is the audited reference."""
+    from audit.measure.golden import lse as golden_lse
+    assert golden_lse.merge_partials is merge_partials
+
+
+# --------------------------------------------------------------------------- in a run
+
+def test_a_run_folder_gets_the_merge_records_findings_and_section(tmp_path):
+    from audit.analysis.findings import merge_findings
+    from audit.core.runfolder import read_merge_records
+    from audit.measure.merging.run_audit import write_merge_audit
+    from audit.render.merge_section import MERGE_HEADING, merge_section, merge_verdict
+    from audit.workload.merges import merge_names
+    write_merge_audit(tmp_path, merge_names() + ("no_such_merge",))
+    records = read_merge_records(tmp_path)
+    assert len(records) == (len(builtin_merges())) * len(all_states()) + 1
+    assert {r["id"] for r in records if r["merge"] == "no_such_merge"} == {"no_such_merge"}
+    found = merge_findings(tmp_path)
+    checks = {(f["check"], f["variant"]) for f in found}
+    assert ("merge_failed", "no_such_merge") in checks
+    assert not any(f["check"] == "merge_control_uncaught" for f in found)          # every control caught
+    assert not any(f["variant"] == "reference" for f in found)
+    blocks = merge_section(records, found)
+    assert blocks[0].text == MERGE_HEADING and any("Negative controls caught: 6/6" in str(b) for b in blocks)
+    assert merge_section([], []) == [] and merge_verdict([], []) == []
+    only_failed = [r for r in records if r["merge"] == "no_such_merge"]
+    assert merge_section(only_failed, found)                                        # a partial audit renders
+
+
+def test_a_control_right_everywhere_is_a_self_check_finding():
+    from audit.analysis.merge_rules import check_merges
+    recs = [{"merge": "broken_merge.x", "control": "x", "status": "ok", "outcome": "right", "state": "s",
+             "dtype": "fp32", "id": "broken_merge.x-s-fp32"}]
+    assert [f["check"] for f in check_merges(recs)] == ["merge_control_uncaught"]
+    recs[0]["outcome"] = "nan"
+    assert check_merges(recs) == []
+
+
+def test_the_plan_predicts_the_merge_audit_after_the_cells():
+    import pandas as pd
+    from audit.plan.overhead import DEFAULTS, overhead_s
+    pred = pd.DataFrame({"device": ["cpu"], "status": ["ok"]})
+    assert overhead_s(pred, host=2.0, merge_audit=True)[1] - overhead_s(pred, host=2.0)[1] == pytest.approx(
+        2.0 * DEFAULTS["merge_audit_s"])
+
+
+def test_the_quick_preset_audits_every_builtin_merge_and_reports_it(quick_run):
+    from audit.core.runfolder import MERGE_FINDINGS_FILE, read_merge_records
+    from audit.workload.merges import merge_names
+    records = read_merge_records(quick_run)
+    assert {r["merge"] for r in records} == set(merge_names())
+    assert all(r["outcome"] == "right" for r in records if r["merge"] == "reference")
+    assert (quick_run / MERGE_FINDINGS_FILE).exists()
+    page = (quick_run / "index.md").read_text()
+    assert "## Merging partial attention" in page and "Negative controls caught: 6/6" in page
