@@ -231,3 +231,80 @@ def test_the_quick_preset_audits_every_builtin_merge_and_reports_it(quick_run):
     assert (quick_run / MERGE_FINDINGS_FILE).exists()
     page = (quick_run / "index.md").read_text()
     assert "## Merging partial attention" in page and "Negative controls caught: 6/6" in page
+    import json
+    findings = json.loads((quick_run / MERGE_FINDINGS_FILE).read_text())
+    assert all((quick_run / f["repro"]).exists() for f in findings if f["check"] == "merge_wrong")
+
+
+# --------------------------------------------------------------------------- reproduction scripts
+
+SCRIPT_HARNESS = r'''
+import contextlib, io, json, runpy, sys
+for path in sys.argv[1:]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(path, run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+    print(json.dumps({"path": path, "rc": code, "out": out.getvalue(), "audit": "audit" in sys.modules}))
+'''
+
+
+def _run_scripts(paths, cwd):
+    import json
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT_HARNESS, *map(str, paths)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.skipif(torch_merger_available() is not None, reason=str(torch_merger_available()))
+def test_each_torch_merge_finding_has_a_short_script_in_torch_s_api_that_fails_and_passes_once_fixed(tmp_path):
+    from audit.analysis.findings import write_findings
+    from audit.measure.merging.run_audit import write_merge_audit
+    from audit.repro.merge_scripts import write_merge_repro_scripts
+    write_merge_audit(tmp_path, ("reference", "torch_context_parallel"))
+    write_findings(tmp_path)
+    findings = write_merge_repro_scripts(tmp_path)
+    assert findings and all(f.get("repro") for f in findings), findings
+    scripts = [tmp_path / f["repro"] for f in findings]
+    for script in scripts:
+        text = script.read_text()
+        assert len(text.splitlines()) <= 40 and "_SDPAMerger(convert_to_f32=True, seq_dim=2)" in text
+    # the same scripts with torch's merger replaced by a right one (the reference merge written for torch's step API)
+    fixed_api = ("class Fixed:\n"
+                 "    def __init__(self): self.o = self.l = None\n"
+                 "    def step(self, o, l, partial=False):\n"
+                 "        o, l = o.double(), torch.where(l == math.inf, -math.inf, l.double())\n"
+                 "        if self.o is None: self.o, self.l = o, l; return\n"
+                 "        m = torch.logaddexp(self.l, l)\n"
+                 "        w = lambda x: torch.where(x == -math.inf, 0.0, torch.exp(x - m))[..., None]\n"
+                 "        self.o, self.l = w(self.l) * self.o + w(l) * o, m\n"
+                 "    def results(self): return self.o, self.l\n"
+                 "merge_fn = Fixed\n")
+    fixed = []
+    for script in scripts:
+        text = script.read_text().replace("merge_fn = lambda: _SDPAMerger(convert_to_f32=True, seq_dim=2)\n", fixed_api)
+        fixed.append(tmp_path / f"fixed-{script.name}")
+        fixed[-1].write_text(text)
+    results = {r["path"]: r for r in _run_scripts(scripts + fixed, tmp_path)}
+    for script in scripts:
+        got = results[str(script)]
+        assert got["rc"] == 1 and "REPRODUCED: the finding holds" in got["out"] and not got["audit"], got
+    for script in fixed:
+        got = results[str(script)]
+        assert got["rc"] == 0 and "NOT REPRODUCED" in got["out"], got
+
+
+def test_the_smallest_failing_case_is_one_row_of_two_features_and_none_for_a_right_merge():
+    from audit.repro.merge_scripts import FEATURES, smallest_failing
+    state = build_state(EDGES[2], "fp32")                                   # both_empty
+    row = smallest_failing(builtin_merges()[CONTROL_PREFIX + "nan_on_empty"], state)
+    assert row is not None and row.parts[0][0].shape == (1, 1, 1, FEATURES) and row.golden[1].item() == -math.inf
+    assert smallest_failing(builtin_merges()["reference"], state) is None

@@ -1,6 +1,6 @@
 """The merge audit's records judged (measure/merging): a merge function that returns NaN, an infinity or a
-wrong result on a partial state is an error finding, naming the states, what it returned and the known
-mistake that gives it; a negative control right on every state is a self-check failure (nothing would
+wrong result on a partial state is an error finding, one per outcome and diagnosis, naming the states,
+what it returned and the known mistake that gives it; a negative control right on every state is a self-check failure (nothing would
 catch that mistake); a merge function that raised or could not run says so.
 
 Each column of a merge record has this rule: `outcome` (from the errors, the NaN and inf counts and the
@@ -51,10 +51,10 @@ def check_merges(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                                       "is right on every partial state: the merge audit would not catch its mistake",
                                       [r["id"] for r in judged]))
             continue
-        for outcome, word in OUTCOME_WORDS.items():
-            these = [r for r in bad if r.get("outcome") == outcome]
-            if not these:
-                continue
+        groups = dict.fromkeys((r.get("outcome"), r.get("diagnosis")) for r in bad)   # a finding per outcome and cause
+        for outcome, diagnosis in sorted(groups, key=lambda g: list(OUTCOME_WORDS).index(g[0])):
+            word = OUTCOME_WORDS[outcome]
+            these = [r for r in bad if r.get("outcome") == outcome and r.get("diagnosis") == diagnosis]
             names = _named(these)
             cause = (f"; the mistake that gives it: {' or '.join(names)} "
                      f"({'; '.join(MERGE_MISTAKES[n].what for n in names if n in MERGE_MISTAKES)})") if names else \

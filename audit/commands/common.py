@@ -56,9 +56,11 @@ def write_report(run_dir: Path, before_page: Callable[[], None] | None = None) -
     from ..core.records import read_records, to_frame
     from ..render.build import build_report
     from ..render.finding_tables import is_control_finding, negative_control_check
+    from ..repro.merge_scripts import write_merge_repro_scripts
     from ..repro.scripts import write_repro_scripts
 
     found = write_repro_scripts(run_dir, write_findings(run_dir))   # DIR/repro/: a script per finding
+    write_merge_repro_scripts(run_dir)                              # ... and per merge finding
     paths = build_report(run_dir, before_page)
     real = [f for f in found if not is_control_finding(f)]
     by_severity = {s: sum(f["severity"] == s for f in real) for s in ("error", "warning", "info")}

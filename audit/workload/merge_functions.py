@@ -159,6 +159,9 @@ class MergeFunction:
     lse_base: str = "e"
     description: str = ""
     control: str | None = None
+    # (the import line, the expression naming the function or factory) a reproduction script calls it by in
+    # its own library's API (repro/merge_scripts.py); None where it has no importable name
+    api: tuple[str, str] | None = None
 
     def merge(self, parts: Sequence[Part]) -> Part:
         """The merge of `parts` (two or more, in key order) as this function computes it, in the
@@ -176,7 +179,19 @@ def declare_merge(fn: Callable, *, form: str = "pairs", lse_base: str | None = N
     if base not in LSE_BASES:
         raise UsageError(f"lse_base {lse_base!r}: one of {', '.join(LSE_BASES)}")
     label = name or getattr(fn, "__qualname__", None) or repr(fn)
-    return MergeFunction(label, fn, form, base, description or MERGE_FORMS[form].description)
+    return MergeFunction(label, fn, form, base, description or MERGE_FORMS[form].description, api=importable(fn))
+
+
+def importable(fn: Callable) -> tuple[str, str] | None:
+    """(import line, expression) naming `fn` from its module, or None (a lambda, a local function, __main__)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or not qualname or "<" in qualname:
+        return None
+    return f"from {module} import {qualname.split('.')[0]}", qualname
+
+
+TORCH_MERGER_API = ("from torch.distributed.tensor.experimental._context_parallel._attention import _SDPAMerger",
+                    "lambda: _SDPAMerger(convert_to_f32=True, seq_dim=2)")
 
 
 def torch_context_parallel_merger() -> Any:

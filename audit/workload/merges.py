@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .merge_functions import MergeFunction, merge_partials, torch_context_parallel_merger, torch_merger_available
+from .merge_functions import (TORCH_MERGER_API, MergeFunction, merge_partials, torch_context_parallel_merger,
+                              torch_merger_available)
 from .merge_mistakes import MERGE_MISTAKES
 
 CONTROL_PREFIX = "broken_merge."
@@ -30,7 +31,8 @@ def builtin_merges() -> dict[str, MergeFunction]:
     if torch_merger_available() is None:
         found[TORCH_MERGE] = MergeFunction(
             TORCH_MERGE, torch_context_parallel_merger, "stateful",
-            description="torch's _SDPAMerger (context_parallel's ring attention), fp32, as it ships")
+            description="torch's _SDPAMerger (context_parallel's ring attention), fp32, as it ships",
+            api=TORCH_MERGER_API)
     for mistake in MERGE_MISTAKES.values():
         name = CONTROL_PREFIX + mistake.name
         found[name] = MergeFunction(name, mistake.fn, description=f"negative control: {mistake.what}",

@@ -42,7 +42,7 @@ def tolerances(state: PartialState) -> tuple[float, float]:
             MERGE_ATOL_ROUNDINGS * n * dtype_spec("fp32").unit_roundoff * lse_scale)
 
 
-def _measures(result: tuple[Any, Any], state: PartialState) -> dict[str, Any]:
+def measures(result: tuple[Any, Any], state: PartialState) -> dict[str, Any]:
     """Counts of rows with NaN or inf, the errors on rows that see a key, what rows that see none got."""
     import torch
     out, lse = (t.detach().double() for t in result)                            # (B, H, T, d), (B, H, T)
@@ -124,7 +124,7 @@ def audit_merge(merge: MergeFunction, state: PartialState) -> dict[str, Any]:
     except Exception as exc:                   # a user's function may raise anything: the record says what
         return {**record, "status": "error", "outcome": "error", "reason": f"{type(exc).__name__}: {exc}",
                 "diagnosis": None}
-    m = _measures(result, state)
+    m = measures(result, state)
     outcome = outcome_of(m, out_tol, lse_tol)
     diagnosis = NONE if outcome == "right" else diagnose_merge(result, state, out_tol, lse_tol)
     return {**record, **m, "status": "ok", "reason": None, "outcome": outcome, "diagnosis": diagnosis}

@@ -1,0 +1,156 @@
+"""A reproduction script per merge finding (analysis/merge_rules.py's merge_wrong), in the merge
+function's own API: the smallest failing case, one row of one partial state with two features,
+written out as literal tensors, the call as its library makes it, and the float64 golden it must give.
+It imports torch and the function's library only, prints what it got beside what it should, and exits
+1 while the finding holds ("REPRODUCED"), 0 once fixed ("NOT REPRODUCED").
+
+Why one row: a merge works row by row and feature by feature, so the first failing row of a state, cut
+to its first two features, fails as the whole state did (checked before the script is written; the
+whole feature width is kept where the cut row does not fail)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ..core.dtypes import dtype_spec
+from ..core.runfolder import MERGE_FINDINGS_FILE, REPRO_DIR, read_merge_records
+from ..measure.merging.judge import measures, outcome_of, tolerances
+from ..measure.merging.states import EDGES, SPLITS, PartialState, build_state
+from ..workload.merge_functions import MergeFunction
+from ..workload.merges import builtin_merges
+
+FEATURES = 2           # features kept of the failing row
+
+# How each call form is called in a script: `parts` is [(out, lse)] in the canonical layout (1, 1, 1, d) and
+# (1, 1, 1), natural log; the snippet leaves `out` and `lse` the same way. FN names the function or factory.
+FORM_CALLS = {
+    "pairs": ("out, lse = parts[0]\n"
+              "for o, l in parts[1:]:\n"
+              "    out, lse = FN(out, lse * TO_BASE, o, l * TO_BASE)\n"
+              "    lse = lse / TO_BASE"),
+    "stateful": ("merger = FN()\n"
+                 "for o, l in parts:\n"
+                 "    merger.step(o, l * TO_BASE, partial=False)\n"
+                 "out, lse = merger.results()\n"
+                 "lse = lse / TO_BASE"),
+    "flashinfer": ("v, s = parts[0][0].reshape(1, 1, -1), parts[0][1].reshape(1, 1) * TO_BASE   # (tokens, heads, d)\n"
+                   "for o, l in parts[1:]:\n"
+                   "    v, s = FN(v, s, o.reshape(1, 1, -1), l.reshape(1, 1) * TO_BASE)\n"
+                   "out, lse = v.reshape(1, 1, 1, -1), s.reshape(1, 1, 1) / TO_BASE"),
+    "vllm": ("v, s = parts[0][0].reshape(1, 1, -1), parts[0][1].reshape(1, 1) * TO_BASE   # lse (heads, tokens)\n"
+             "for o, l in parts[1:]:\n"
+             "    merged, merged_lse = torch.empty_like(v), torch.empty_like(s)\n"
+             "    FN(merged, v, s, o.reshape(1, 1, -1), l.reshape(1, 1) * TO_BASE, merged_lse)\n"
+             "    v, s = merged, merged_lse\n"
+             "out, lse = v.reshape(1, 1, 1, -1), s.reshape(1, 1, 1) / TO_BASE"),
+}
+
+
+def _literal(t: Any) -> str:
+    values = ", ".join("float('-inf')" if v == -math.inf else "float('inf')" if v == math.inf else
+                       "float('nan')" if v != v else repr(float(v)) for v in t.flatten().tolist())
+    return f"[{values}]"
+
+
+def _row_state(state: PartialState, b: int, h: int, t: int, features: int | None) -> PartialState:
+    """The state cut to one row (b, h, t) and its first `features` features (None: all)."""
+    cut = slice(None) if features is None else slice(0, features)
+    parts = [(o[b:b + 1, h:h + 1, t:t + 1, cut], l[b:b + 1, h:h + 1, t:t + 1]) for o, l in state.parts]
+    g_out, g_lse = state.golden
+    return PartialState(state.name, state.dtype, parts, (g_out[b:b + 1, h:h + 1, t:t + 1, cut],
+                                                         g_lse[b:b + 1, h:h + 1, t:t + 1]), state.what)
+
+
+def smallest_failing(merge: MergeFunction, state: PartialState) -> PartialState | None:
+    """The first row of `state` the merge gets wrong, cut to FEATURES features where that still fails
+    (with the state's tolerances), else the whole row; None where no row fails."""
+    out_tol, lse_tol = tolerances(state)
+    b_, h_, t_ = state.golden[1].shape
+    for b in range(b_):
+        for h in range(h_):
+            for t in range(t_):
+                for features in (FEATURES, None):
+                    row = _row_state(state, b, h, t, features)
+                    got = merge.merge([(o.clone(), l.clone()) for o, l in row.parts])
+                    if outcome_of(measures(got, row), out_tol, lse_tol) != "right":
+                        return row
+    return None
+
+
+def merge_script(finding: dict, merge: MergeFunction, row: PartialState, outcome: str) -> str:
+    """The script's text: literal parts, the call in the function's API, the golden, the verdict."""
+    import_line, expression = merge.api
+    out_tol, lse_tol = tolerances(row)
+    dtype = dtype_spec(row.dtype).torch_name
+    parts = ",\n".join(f"    (torch.tensor({_literal(o.double())}, dtype=torch.{dtype}).view(1, 1, 1, -1), "
+                       f"torch.tensor({_literal(l.double())}, dtype=torch.float32).view(1, 1, 1))"
+                       for o, l in row.parts)
+    call = FORM_CALLS[merge.form].replace("FN", "merge_fn")
+    to_base = "1.0" if merge.lse_base == "e" else "1.0 / math.log(2.0)"
+    g_out, g_lse = row.golden
+    return f'''"""{finding["message"]}
+
+The smallest failing case of the audit's state `{row.name}` ({row.dtype}): one query row, {len(row.parts)} parts of
+its keys in key order, each (out, lse) as a kernel hands it on, merged by {merge.name} in its own API.
+Expected: float64 attention over all the keys, out 0 and lse -inf on a row that sees none.
+Exit 1 while the merge still returns {outcome}, 0 once it is right."""
+import math
+import sys
+
+import torch
+{import_line}
+
+merge_fn = {expression}
+TO_BASE = {to_base}     # the lse base {merge.name} takes ({merge.lse_base})
+parts = [   # (out (1, 1, 1, d), lse (1, 1, 1) natural log) per part
+{parts},
+]
+expected_out = torch.tensor({_literal(g_out)}, dtype=torch.float64)
+expected_lse = {_literal(g_lse)}[0]
+
+{call}
+out, lse = out.double().flatten(), float(lse.double().flatten()[0])
+print("{merge.name} returned out", out.tolist(), "lse", lse)
+print("expected            out", expected_out.tolist(), "lse", expected_lse)
+right = (not out.isnan().any() and not math.isnan(lse) and bool((out - expected_out).abs().max() <= {out_tol!r})
+         and (lse == expected_lse or abs(lse - expected_lse) <= {lse_tol!r}))
+print("NOT REPRODUCED: the merge is right" if right else "REPRODUCED: the finding holds ({outcome})")
+sys.exit(0 if right else 1)
+'''
+
+
+def write_merge_repro_scripts(run_dir: str | Path) -> list[dict]:
+    """A script per merge_wrong finding of DIR/merge_findings.json, in DIR/repro/: its path (`repro`), or
+    why there is none (`repro_reason`), added to the finding; the file rewritten."""
+    run_dir = Path(run_dir)
+    path = run_dir / MERGE_FINDINGS_FILE
+    if not path.exists():
+        return []
+    findings = json.loads(path.read_text())
+    by_id = {r.get("id"): r for r in read_merge_records(run_dir)}
+    merges = builtin_merges()
+    splits = {s.name: s for s in SPLITS + EDGES}
+    for finding in findings:
+        finding.pop("repro", None)
+        finding.pop("repro_reason", None)
+        if finding.get("check") != "merge_wrong":
+            continue
+        merge = merges.get(finding["variant"])
+        ranked = sorted((by_id[c] for c in finding["cells"] if c in by_id),     # fp32 first: the plainest case
+                        key=lambda r: (r.get("dtype") != "fp32", str(r.get("id"))))
+        record = ranked[0] if ranked else None
+        if merge is None or merge.api is None or record is None or record.get("state") not in splits:
+            finding["repro_reason"] = f"{finding['variant']}: no importable name to call it by in a script"
+            continue
+        row = smallest_failing(merge, build_state(splits[record["state"]], record["dtype"]))
+        if row is None:
+            finding["repro_reason"] = "no row of the state fails when merged again"
+            continue
+        name = f"merge_wrong-{merge.name}-{record['outcome']}-{record['state']}.py".replace("/", "_")
+        (run_dir / REPRO_DIR).mkdir(exist_ok=True)
+        (run_dir / REPRO_DIR / name).write_text(merge_script(finding, merge, row, record["outcome"]))
+        finding["repro"] = f"{REPRO_DIR}/{name}"
+    path.write_text(json.dumps(findings, indent=1) + "\n")
+    return findings
