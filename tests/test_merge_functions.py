@@ -15,6 +15,7 @@ from audit.measure.merging.judge import audit_merge, audit_merges, outcome_of
 from audit.measure.merging.states import EDGES, SPLITS, all_states, build_state
 from audit.workload.merge_functions import declare_merge, merge_partials, torch_merger_available
 from audit.workload.merges import CONTROL_PREFIX, builtin_merges
+from tests.plugins.merge_standins import merge_attn_states, merge_state, merge_state_nan_on_empty
 from audit.workload.merge_mistakes import MERGE_MISTAKES
 
 pytestmark = pytest.mark.cpu_kinds     # decides on floating-point results: run again under the emulated CPU kinds
@@ -78,48 +79,11 @@ def test_the_rule_judges_nan_inf_wrong_and_right():
 
 # --------------------------------------------------------------------------- declared call forms
 
-def _flashinfer_merge_state(v_a, s_a, v_b, s_b):
-    """A stand-in of flashinfer.merge_state's exact signature: v (tokens, heads, d), s (tokens, heads)
-    float32 in base 2; an empty segment (s -inf, or FlashAttention's +inf) weighs 0, two give (0, -inf)."""
-    assert v_a.dim() == 3 and s_a.shape == v_a.shape[:2] and s_a.dtype == torch.float32
-    s_a, s_b = (torch.where(s == math.inf, -math.inf, s) for s in (s_a, s_b))
-    m = torch.maximum(s_a, s_b)
-    safe = torch.where(m == -math.inf, torch.zeros_like(m), m)
-    w_a, w_b = torch.exp2(s_a - safe), torch.exp2(s_b - safe)
-    total = w_a + w_b
-    v = (w_a[..., None] * v_a.float() + w_b[..., None] * v_b.float()) / torch.where(total == 0, 1.0, total)[..., None]
-    return v.to(v_a.dtype), torch.where(total == 0, torch.full_like(m, -math.inf), safe + torch.log2(total))
-
-
-def _flashinfer_nan_on_empty(v_a, s_a, v_b, s_b):
-    s_a, s_b = (torch.where(s == math.inf, -math.inf, s) for s in (s_a, s_b))
-    m = torch.maximum(s_a, s_b)                                     # no guard: exp2(-inf - -inf) is NaN
-    w_a, w_b = torch.exp2(s_a - m), torch.exp2(s_b - m)
-    v = (w_a[..., None] * v_a.float() + w_b[..., None] * v_b.float()) / (w_a + w_b)[..., None]
-    return v.to(v_a.dtype), m + torch.log2(w_a + w_b)
-
-
-def _vllm_merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None):
-    """A stand-in of vLLM's merge_attn_states: writes output (tokens, heads, d); lse (heads, tokens),
-    +inf read as -inf (as vLLM's kernels do)."""
-    p = torch.where(prefix_lse == math.inf, -math.inf, prefix_lse).t()          # (tokens, heads)
-    s = torch.where(suffix_lse == math.inf, -math.inf, suffix_lse).t()
-    m = torch.maximum(p, s)
-    safe = torch.where(m == -math.inf, torch.zeros_like(m), m)
-    w_p, w_s = torch.exp(p - safe), torch.exp(s - safe)
-    total = w_p + w_s
-    out = (w_p[..., None] * prefix_output.float() + w_s[..., None] * suffix_output.float()) / \
-        torch.where(total == 0, 1.0, total)[..., None]
-    output.copy_(out.to(output.dtype))
-    if output_lse is not None:
-        output_lse.copy_(torch.where(total == 0, torch.full_like(m, -math.inf), safe + torch.log(total)).t())
-
-
-def test_a_flashinfer_merge_state_declared_as_its_docs_say_is_right_and_its_mistake_is_named(states):
-    right = declare_merge(_flashinfer_merge_state, form="flashinfer", name="merge_state")
+def test_amerge_state_declared_as_its_docs_say_is_right_and_its_mistake_is_named(states):
+    right = declare_merge(merge_state, form="flashinfer", name="merge_state")
     assert right.lse_base == "2"
     assert [r["state"] for r in audit_merges({"m": right}, states) if r["outcome"] != "right"] == []
-    wrong = audit_merges({"m": declare_merge(_flashinfer_nan_on_empty, form="flashinfer")}, states)
+    wrong = audit_merges({"m": declare_merge(merge_state_nan_on_empty, form="flashinfer")}, states)
     bad = {(r["state"], r["outcome"]) for r in wrong if r["outcome"] != "right"}
     assert ("both_empty", "nan") in bad and all(s in ("both_empty", "causal_fully_masked") for s, _ in bad)
     assert all("nan_on_empty" in members(r["diagnosis"]) for r in wrong if r["outcome"] != "right")
@@ -127,20 +91,20 @@ def test_a_flashinfer_merge_state_declared_as_its_docs_say_is_right_and_its_mist
 
 def test_a_merge_declared_in_the_wrong_base_is_caught():
     """The same right function declared with a natural-log lse: every merge of unequal lses is wrong."""
-    wrong = declare_merge(_flashinfer_merge_state, form="flashinfer", lse_base="e")
+    wrong = declare_merge(merge_state, form="flashinfer", lse_base="e")
     assert audit_merge(wrong, build_state(SPLITS[0], "fp32"))["outcome"] == "wrong"
 
 
-def test_a_vllm_merge_attn_states_is_right_on_every_state_with_fa_s_plus_inf_too(states):
-    merge = declare_merge(_vllm_merge_attn_states, form="vllm")
+def test_amerge_attn_states_is_right_on_every_state_with_fa_s_plus_inf_too(states):
+    merge = declare_merge(merge_attn_states, form="vllm")
     assert [r["state"] for r in audit_merges({"v": merge}, states) if r["outcome"] != "right"] == []
 
 
 def test_declaring_an_unknown_form_or_base_says_what_is_allowed():
     with pytest.raises(UsageError, match="one of pairs, flashinfer, vllm, stateful"):
-        declare_merge(_flashinfer_merge_state, form="triton")
+        declare_merge(merge_state, form="triton")
     with pytest.raises(UsageError, match="lse_base '10'"):
-        declare_merge(_flashinfer_merge_state, lse_base="10")
+        declare_merge(merge_state, lse_base="10")
 
 
 def test_a_merge_that_raises_is_an_error_with_its_reason_not_numbers():
@@ -308,3 +272,45 @@ def test_the_smallest_failing_case_is_one_row_of_two_features_and_none_for_a_rig
     row = smallest_failing(builtin_merges()[CONTROL_PREFIX + "nan_on_empty"], state)
     assert row is not None and row.parts[0][0].shape == (1, 1, 1, FEATURES) and row.golden[1].item() == -math.inf
     assert smallest_failing(builtin_merges()["reference"], state) is None
+
+
+def test_a_run_audits_a_merge_declared_in_a_plug_in_and_writes_its_script_in_the_library_s_api(tmp_path):
+    """`run --merge-fn module:attr`: the stand-in of FlashInfer's merge_state declared as a user declares it is
+    right on every state; the one with vllm #27491's mistake is found, named, and its script calls it as
+    FlashInfer is called (importing the stand-in's module, never the audit)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root, plugins = Path(__file__).resolve().parents[1], Path(__file__).resolve().parent / "plugins"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(root)])}
+    names = ["merge_plugins:flashinfer_merge_state", "merge_plugins:flashinfer_nan_on_empty"]
+    grid = ["--preset", "quick", "--variant", "eager", "--dtype", "fp32", "--seq-len", "64", "--scenario", "normal",
+            "--causal", "false", "--budget", "none", "--no-progress"]
+    argv = [sys.executable, "-m", "audit", "run", *grid, "--merge-fn", *names, "--out", str(tmp_path / "run")]
+    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in (run / "merges.jsonl").read_text().splitlines()]
+    assert {r["merge"] for r in records} == set(names) and all(r["form"] == "flashinfer" for r in records)
+    findings = json.loads((run / "merge_findings.json").read_text())
+    assert {f["variant"] for f in findings} == {names[1]}
+    assert all("nan_on_empty" in f["message"] for f in findings)
+    script = run / findings[0]["repro"]
+    assert "from merge_standins import merge_state_nan_on_empty" in script.read_text()
+    alone_env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(plugins)}
+    alone = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           env=alone_env)
+    assert alone.returncode == 1 and "REPRODUCED" in alone.stdout, alone.stdout + alone.stderr
+
+
+def test_a_wrong_merge_name_exits_2_saying_what_is_allowed():
+    import subprocess
+    import sys
+    from pathlib import Path
+    done = subprocess.run([sys.executable, "-m", "audit", "run", "--preset", "quick", "--variant", "eager",
+                           "--merge-fn", "nope", "--dry-run"], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--merge-fn 'nope': no such merge function; one of all, none, reference" in done.stderr

@@ -91,6 +91,11 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                           "CUBLAS_WORKSPACE_CONFIG=:4096:8): a variant that raises is recorded as skipped "
                           "with deterministic_refused; the others' repeat_differs says whether they became "
                           "deterministic")
+    run.add_argument("--merge-fn", nargs="+", metavar="NAME",
+                     help="merge functions of partial attention to audit after the cells (docs/numerics.md, Merging "
+                          "partial attention): all (every built-in), none, built-in names (attn-audit list), or "
+                          "module:attr, a declare_merge(...) or a function in a module on the Python path "
+                          "(default: the quick and cpu presets' own grid audits every built-in; chosen axes none)")
     run.add_argument("--dry-run", action="store_true",
                      help="print the cells, each with its predicted time, and the predicted total per phase "
                           "and per variant (docs/planning.md); measure nothing but the ceilings")
@@ -221,6 +226,26 @@ CEILINGS_SHARE = 0.04      # of a budget, at most, for measuring the ceilings (t
 MIN_CEILINGS_S = 0.5       # ... and at least (the quick preset's)
 
 
+def _merges(args: argparse.Namespace, preset: Any, chosen: bool) -> tuple[str, ...]:
+    """The merge functions the run audits: --merge-fn's (all: every built-in; none), else the preset's own where
+    the grid is the preset's, none where axes are chosen; none on a shard or Ray's (a run of one machine,
+    as the model audit). Each name resolved here, so a wrong one exits 2 before anything runs."""
+    from ..workload.merges import builtin_merges, merge_names, resolve_merge
+    sharded = args.shard is not None or args.executor == "ray"
+    if args.merge_fn is None:
+        return () if chosen or sharded else tuple(preset.merges)
+    names = [n for name in args.merge_fn
+             for n in (merge_names() if name == "all" else () if name == "none" else (name,))]
+    if names and sharded:
+        raise UsageError("--merge-fn: the merge audit runs with a run on one machine, "
+                         "not with --shard or --executor ray")
+    builtins = builtin_merges()
+    for name in names:
+        if name != "torch_context_parallel":          # where this torch lacks it, its record says so
+            resolve_merge(name, builtins)
+    return tuple(dict.fromkeys(names))
+
+
 def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
     from ..execute.supervisor import supervise, work
     from ..workload import presets, variants
@@ -231,6 +256,7 @@ def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
         # the model audit goes with a preset's own grid on one machine: a grid of chosen axes leaves it
         # out (`audit model --variant ...` runs it for any variant), as do a shard and Ray's shards
         preset = dataclasses.replace(preset, models=())
+    preset = dataclasses.replace(preset, merges=_merges(args, preset, chosen=bool(overrides)))
     cases = presets.preset_cases(preset, overrides, known_variant=variants.check_name)
     axes = {a: tuple(dict.fromkeys(c.axes()[a] for c in cases)) for a in AXES}
     cases, extra = _shard(args, cases, preset)

@@ -19,7 +19,8 @@ from ..core.runfolder import MERGE_FINDINGS_FILE, REPRO_DIR, read_merge_records
 from ..measure.merging.judge import measures, outcome_of, tolerances
 from ..measure.merging.states import EDGES, SPLITS, PartialState, build_state
 from ..workload.merge_functions import MergeFunction
-from ..workload.merges import builtin_merges
+from ..core.errors import UsageError
+from ..workload.merges import builtin_merges, resolve_merge
 
 FEATURES = 2           # features kept of the failing row
 
@@ -137,7 +138,10 @@ def write_merge_repro_scripts(run_dir: str | Path) -> list[dict]:
         finding.pop("repro_reason", None)
         if finding.get("check") != "merge_wrong":
             continue
-        merge = merges.get(finding["variant"])
+        try:
+            merge = resolve_merge(finding["variant"], merges)
+        except UsageError:
+            merge = None
         ranked = sorted((by_id[c] for c in finding["cells"] if c in by_id),     # fp32 first: the plainest case
                         key=lambda r: (r.get("dtype") != "fp32", str(r.get("id"))))
         record = ranked[0] if ranked else None

@@ -4,10 +4,14 @@ the control is the mistake's own function). The mechanism, the call forms and de
 workload/merge_functions.py's."""
 from __future__ import annotations
 
+import importlib
+from dataclasses import replace
 from typing import Any
 
-from .merge_functions import (TORCH_MERGER_API, MergeFunction, merge_partials, torch_context_parallel_merger,
-                              torch_merger_available)
+from ..core.errors import UsageError
+
+from .merge_functions import (TORCH_MERGER_API, MergeFunction, declare_merge, merge_partials,
+                              torch_context_parallel_merger, torch_merger_available)
 from .merge_mistakes import MERGE_MISTAKES
 
 CONTROL_PREFIX = "broken_merge."
@@ -38,3 +42,26 @@ def builtin_merges() -> dict[str, MergeFunction]:
         found[name] = MergeFunction(name, mistake.fn, description=f"negative control: {mistake.what}",
                                     control=mistake.name)
     return found
+
+
+def resolve_merge(name: str, builtins: dict[str, MergeFunction] | None = None) -> MergeFunction:
+    """A merge function by name: a built-in's, or `module:attr` on the Python path (a declare_merge(...)
+    result, or a function of the pairs form; a function may say `audit_merge_form` and `audit_lse_base`).
+    UsageError names what is allowed."""
+    builtins = builtin_merges() if builtins is None else builtins
+    if name in builtins:
+        return builtins[name]
+    if ":" not in name:
+        raise UsageError(f"--merge-fn {name!r}: no such merge function; one of all, none, {', '.join(builtins)}, "
+                         "or module:attr (a declare_merge(...) in a module on the Python path)")
+    module, _, attr = name.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"--merge-fn {name!r}: cannot import {attr!r} from {module!r}: {exc}") from None
+    if isinstance(obj, MergeFunction):
+        return replace(obj, name=name)
+    if callable(obj):
+        return declare_merge(obj, form=getattr(obj, "audit_merge_form", "pairs"),
+                             lse_base=getattr(obj, "audit_lse_base", None), name=name)
+    raise UsageError(f"--merge-fn {name!r}: {type(obj).__name__} is neither declare_merge(...) nor a function")

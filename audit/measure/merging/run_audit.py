@@ -10,23 +10,29 @@ from typing import Any, Sequence
 from ...core.records import dumps
 from ...core.runfolder import MERGE_FILE
 from ...workload.merge_functions import torch_merger_available
-from ...workload.merges import TORCH_MERGE, builtin_merges
+from ...core.errors import UsageError
+from ...workload.merges import TORCH_MERGE, builtin_merges, resolve_merge
 from .judge import MERGE_RECORD_VERSION, audit_merge
 from .states import all_states
 
 
 
 def merge_records(names: Sequence[str]) -> list[dict[str, Any]]:
-    """Each named merge function on each state; a name this machine cannot run (torch's merge where
-    this torch lacks it) one record `skipped` with the reason, an unknown name one `error`."""
+    """Each named merge function (a built-in's name or module:attr, workload/merges.resolve_merge) on each
+    state; a name this machine cannot run (torch's merge where this torch lacks it) one record `skipped`
+    with the reason, a name that does not resolve one `error`."""
     merges, states = builtin_merges(), all_states()
     records: list[dict[str, Any]] = []
     for name in dict.fromkeys(names):
-        merge = merges.get(name)
+        missing = torch_merger_available() if name == TORCH_MERGE and name not in merges else None
+        try:
+            merge = None if missing else resolve_merge(name, merges)
+        except UsageError as exc:
+            missing = None
+            merge, reason = None, str(exc)
         if merge is None:
-            missing = torch_merger_available() if name == TORCH_MERGE else None
             status = "skipped" if missing else "error"
-            reason = missing or f"no merge function {name!r}: one of {', '.join(merges)}"
+            reason = missing or reason
             records.append({"merge_version": MERGE_RECORD_VERSION, "merge": name, "status": status,
                             "outcome": status, "reason": reason, "id": name})
             continue
