@@ -43,18 +43,33 @@ def test_every_state_has_its_parts_and_a_golden_with_empty_rows_where_it_says(st
     assert {str(s.parts[0][0].dtype) for s in states} == {"torch.float32", "torch.bfloat16", "torch.float16"}
 
 
-def test_the_reference_merge_is_right_on_every_state(states):
+def test_the_reference_merge_is_right_on_every_state_values_and_gradients(states):
     records = audit_merges({"reference": builtin_merges()["reference"]}, states)
     assert [(r["state"], r["dtype"], r["outcome"]) for r in records if r["outcome"] != "right"] == []
-    assert all(r["diagnosis"] == "none" for r in records)
+    assert [(r["state"], r["dtype"], r["grad_outcome"]) for r in records if r["grad_outcome"] != "right"] == []
+    assert all(r["diagnosis"] == "none" and r["grad_diagnosis"] == "none" for r in records)
+
+
+def test_a_merge_with_detached_weights_is_right_in_value_and_caught_by_its_gradient_alone(states):
+    records = audit_merges({"d": builtin_merges()[CONTROL_PREFIX + "weights_detached"]}, states)
+    assert all(r["outcome"] == "right" for r in records)
+    assert all(r["grad_outcome"] == "wrong" for r in records if r["state"] in ("two_shards", "ring_4"))
+
+
+def test_a_merge_written_into_a_tensor_is_not_differentiable_and_not_judged(states):
+    rec = audit_merge(declare_merge(merge_attn_states, form="vllm"), states[0])
+    assert rec["outcome"] == "right" and rec["grad_outcome"] == "not_differentiable" and rec["grad_max_err"] is None
 
 
 @pytest.mark.parametrize("mistake", list(MERGE_MISTAKES))
 def test_each_control_is_caught_and_named_by_its_own_mistake_wherever_it_is_wrong(states, mistake):
     records = audit_merges({mistake: builtin_merges()[CONTROL_PREFIX + mistake]}, states)
     wrong = [r for r in records if r["outcome"] != "right"]
-    assert wrong, f"{mistake}: right on every state, so nothing tests it"
+    wrong_grads = [r for r in records if r["grad_outcome"] in ("nan", "wrong")]
+    assert wrong or wrong_grads, f"{mistake}: right on every state, values and gradients, so nothing tests it"
     unnamed = [(r["state"], r["dtype"], r["diagnosis"]) for r in wrong if mistake not in members(r["diagnosis"])]
+    unnamed += [(r["state"], r["dtype"], r["grad_diagnosis"]) for r in wrong_grads
+                if mistake not in members(r["grad_diagnosis"])]
     assert unnamed == []
 
 
@@ -163,7 +178,7 @@ def test_a_run_folder_gets_the_merge_records_findings_and_section(tmp_path):
     assert not any(f["check"] == "merge_control_uncaught" for f in found)          # every control caught
     assert not any(f["variant"] == "reference" for f in found)
     blocks = merge_section(records, found)
-    assert blocks[0].text == MERGE_HEADING and any("Negative controls caught: 6/6" in str(b) for b in blocks)
+    assert blocks[0].text == MERGE_HEADING and any("Negative controls caught: 7/7" in str(b) for b in blocks)
     assert merge_section([], []) == [] and merge_verdict([], []) == []
     only_failed = [r for r in records if r["merge"] == "no_such_merge"]
     assert merge_section(only_failed, found)                                        # a partial audit renders
@@ -194,7 +209,7 @@ def test_the_quick_preset_audits_every_builtin_merge_and_reports_it(quick_run):
     assert all(r["outcome"] == "right" for r in records if r["merge"] == "reference")
     assert (quick_run / MERGE_FINDINGS_FILE).exists()
     page = (quick_run / "index.md").read_text()
-    assert "## Merging partial attention" in page and "Negative controls caught: 6/6" in page
+    assert "## Merging partial attention" in page and "Negative controls caught: 7/7" in page
     import json
     findings = json.loads((quick_run / MERGE_FINDINGS_FILE).read_text())
     assert all((quick_run / f["repro"]).exists() for f in findings if f["check"] == "merge_wrong")
@@ -236,8 +251,10 @@ def test_each_torch_merge_finding_has_a_short_script_in_torch_s_api_that_fails_a
     write_merge_audit(tmp_path, ("reference", "torch_context_parallel"))
     write_findings(tmp_path)
     findings = write_merge_repro_scripts(tmp_path)
-    assert findings and all(f.get("repro") for f in findings), findings
-    scripts = [tmp_path / f["repro"] for f in findings]
+    values = [f for f in findings if f["check"] == "merge_wrong"]
+    assert values and all(f.get("repro") for f in values), findings
+    assert all(f.get("repro_reason") for f in findings if f["check"] == "merge_grad_wrong")
+    scripts = [tmp_path / f["repro"] for f in values]
     for script in scripts:
         text = script.read_text()
         assert len(text.splitlines()) <= 40 and "_SDPAMerger(convert_to_f32=True, seq_dim=2)" in text

@@ -32,7 +32,8 @@ DEFAULTS: dict[str, float] = {
     "skip_record_s": 0.00012,    # a cell the plan skips: its record written (cpu, --budget 30s: 0.4 s for 3244)
     "report_s": 4.1,             # the seed's claims, findings, reproduction scripts, figures, the page ...
     "report_per_cell_s": 0.0017,  # ... growing with the measured cells
-    "merge_audit_s": 0.3,        # the merge functions on their partial states (quick runs, 2-core Xeon: 0.13-0.35 s)
+    "merge_audit_s": 0.6,        # the merge functions on their partial states, values and gradients (0.35 s on a
+                                 # 2-core Xeon, and torch's context-parallel module's import)
 }
 FITTED = ("start_s", "ceilings_factor", "between_cell_s", "report_s")
 HOST_SCALED = ("start_s", "plan_per_cell_s", "between_cell_s", "skip_record_s", "report_s", "report_per_cell_s",

@@ -21,6 +21,18 @@ def _cell(outcome: str, diagnoses: list[str]) -> str:
     return f"{word}: {' or '.join(diagnoses)}" if diagnoses and outcome not in ("right", "skipped", "error") else word
 
 
+def _gradient_cell(recs: list[Mapping[str, Any]]) -> str:
+    """The gradient column: right, not differentiable, or what it is wrong as and on which states."""
+    outcomes = {str(r.get("grad_outcome")) for r in recs if r.get("grad_outcome")}
+    bad = [r for r in recs if r.get("grad_outcome") in ("nan", "wrong", "error")]
+    if bad:
+        words = sorted({"NaN" if r["grad_outcome"] == "nan" else str(r["grad_outcome"]) for r in bad})
+        return f"{', '.join(words)} on {', '.join(dict.fromkeys(str(r['state']) for r in bad))}"
+    if outcomes == {"not_differentiable"}:
+        return "not differentiable"
+    return "right" if outcomes else ""
+
+
 def merge_table(records: list[Mapping[str, Any]]) -> pd.DataFrame:
     """One row per merge function (controls last), one column per state: the worst outcome and its mistakes."""
     summary = merge_summary(records)
@@ -37,6 +49,7 @@ def merge_table(records: list[Mapping[str, Any]]) -> pd.DataFrame:
             row[state] = "" if outcome is None else _cell(outcome, named)
         if not states:
             row["outcome"] = _cell(next(iter(by_state.values()), ""), [])
+        row["gradient"] = _gradient_cell([r for r in records if r.get("merge") == merge])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -45,7 +58,7 @@ def merge_section(records: list[Mapping[str, Any]], findings: list[Mapping[str, 
     """The section: what it tests, the table, each finding's words; nothing where no merge was audited."""
     if not records:
         return []
-    real = [f for f in findings if f.get("check") == "merge_wrong"]
+    real = [f for f in findings if f.get("check") in ("merge_wrong", "merge_grad_wrong")]
     uncaught = [f for f in findings if f.get("check") == "merge_control_uncaught"]
     controls = {str(r.get("merge")) for r in records if r.get("control")}
     blocks: list[Block] = [
@@ -55,7 +68,8 @@ def merge_section(records: list[Mapping[str, Any]], findings: list[Mapping[str, 
              "states of real splits and the edge states that break merges (an empty part, two, an empty part "
              "with FlashAttention's +inf lse, lses 100 nats apart), judged against float64 attention over all "
              "the keys, with (0, -inf) for a row that sees none (docs/numerics.md, Merging partial attention). "
-             "Each cell: the worst outcome over the state's dtypes, and the known mistake that gives it."),
+             "Each cell: the worst outcome over the state's dtypes, and the known mistake that gives it; gradient: "
+             "d/d(out_i, lse_i) through the merge against float64 autograd, where the merge is differentiable."),
         Table(merge_table(records), caption="Per merge function and partial state"),
     ]
     blocks += [para(f["message"]) for f in real]

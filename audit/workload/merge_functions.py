@@ -29,23 +29,27 @@ Part = tuple[Any, Any]                  # (out (B, H, T, d), lse (B, H, T)) in t
 
 def merge_partials(first: Part, second: Part) -> Part:
     """Two partial results over disjoint keys -> the full one, in float64, as split-KV and ring
-    attention merge them: lse = logaddexp(lse1, lse2), out = Σ exp(lse_i - lse) · out_i. A part
-    with no key weighs 0, whatever its out: its lse is -inf, or +inf (FlashAttention-2's final
-    lse of an empty row; vLLM's merge_attn_states reads both infinities as empty); two empty parts
-    give out 0 and lse -inf (a naive merge: NaN). An lse of 0 or
-    another finite value there weighs the part's out in; NaN makes the row NaN.
+    attention merge them: lse = log(exp(lse1) + exp(lse2)), out = Σ exp(lse_i - lse) · out_i, each
+    exponential taken against the larger lse. A part with no key weighs 0, whatever its out: its lse
+    is -inf, or +inf (FlashAttention-2's final lse of an empty row; vLLM's merge_attn_states reads both
+    infinities as empty); two empty parts give out 0 and lse -inf (a naive merge: NaN). An lse of 0 or
+    another finite value there weighs the part's out in; NaN makes the row NaN. Its gradient is finite
+    on empty parts too (0 through them): no exponential of -inf - -inf is taken, even where unused.
     out_i: (B, H, Tq, d); lse_i: (B, H, Tq) -> ((B, H, Tq, d), (B, H, Tq))."""
     import torch
     (o1, l1), (o2, l2) = first, second
     l1, l2 = (torch.where(t == math.inf, torch.full_like(t, -math.inf), t) for t in (l1.double(), l2.double()))
-    lse = torch.logaddexp(l1, l2)                                               # (B, H, Tq)
-    out = 0.0
-    for o, lp in ((o1, l1), (o2, l2)):
-        # an empty part weighs 0, also beside another empty one: exp(-inf - -inf) is NaN, the naive
-        # merge's NaN on a row that sees no key in either part (out 0, lse -inf here)
-        w = torch.where(lp == -math.inf, torch.zeros_like(lp), torch.exp(lp - lse))[..., None]   # (B, H, Tq, 1)
-        out = out + torch.where(w == 0, torch.zeros_like(w), w * o.double())
-    return out, lse
+    empty1, empty2 = l1 == -math.inf, l2 == -math.inf                           # (B, H, Tq)
+    both = empty1 & empty2
+    top = torch.where(both, torch.zeros_like(l1), torch.maximum(l1, l2))
+    w1, w2 = (torch.where(e, torch.zeros_like(lp), torch.exp(torch.where(e, top, lp) - top))
+              for e, lp in ((empty1, l1), (empty2, l2)))                         # each <= 1, 0 where empty
+    total = torch.where(both, torch.ones_like(w1), w1 + w2)
+    lse = torch.where(both, torch.full_like(top, -math.inf), top + torch.log(total))
+    # an empty part weighs 0 whatever its out holds (a hand-written kernel's NaN on a row with no key)
+    parts = [torch.where(w[..., None] == 0, torch.zeros_like(o, dtype=torch.float64), w[..., None] * o.double())
+             for w, o in ((w1, o1), (w2, o2))]
+    return (parts[0] + parts[1]) / total[..., None], lse                          # (B, H, Tq, d), (B, H, Tq)
 
 
 # --------------------------------------------------------------------------- the call forms

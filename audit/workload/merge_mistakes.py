@@ -111,3 +111,12 @@ def sigmoid_update(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any,
     o_a, o_b = out_a.double(), out_b.double()
     out = o_a - torch.sigmoid(b - a)[..., None] * (o_a - o_b)
     return out, a - torch.nn.functional.logsigmoid(a - b)
+
+
+@merge_mistake("weights_detached", title="the merge weights detached",
+               what="merges from detached lses: right values, but no gradient reaches the parts' lses through "
+                    "the weights (a ring attention backward that drops the lse's gradient)",
+               where="hand-written ring and context-parallel attention backward passes")
+def weights_detached(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+    out, lse = merge_partials((out_a, lse_a.detach()), (out_b, lse_b.detach()))
+    return out, lse

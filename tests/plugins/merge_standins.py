@@ -3,8 +3,9 @@ runs here (tests/test_merge_functions.py): FlashInfer's `merge_state(v_a, s_a, v
 (v (tokens, heads, d), s (tokens, heads) float32 in base 2) and vLLM's `merge_attn_states(output,
 prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)` (writes output; lse (heads, tokens),
 natural log). Both read an empty part's -inf, and FlashAttention's +inf, as empty; `merge_state_nan_on_empty`
-is FlashInfer's form with the mistake of vllm #27491 (two empty parts give NaN). Imports torch only, so a
-reproduction script can import them as it would import the library."""
+is FlashInfer's form with the mistake of vllm #27491 (two empty parts give NaN). Like the libraries' CUDA
+kernels they carry no gradient (torch.no_grad). Imports torch only, so a reproduction script can import
+them as it would import the library."""
 from __future__ import annotations
 
 import math
@@ -16,6 +17,7 @@ def _as_empty(*lses):
     return [torch.where(s == math.inf, -math.inf, s) for s in lses]
 
 
+@torch.no_grad()
 def merge_state(v_a, s_a, v_b, s_b):
     assert v_a.dim() == 3 and s_a.shape == v_a.shape[:2] and s_a.dtype == torch.float32
     s_a, s_b = _as_empty(s_a, s_b)
@@ -27,6 +29,7 @@ def merge_state(v_a, s_a, v_b, s_b):
     return v.to(v_a.dtype), torch.where(total == 0, torch.full_like(m, -math.inf), safe + torch.log2(total))
 
 
+@torch.no_grad()
 def merge_state_nan_on_empty(v_a, s_a, v_b, s_b):
     s_a, s_b = _as_empty(s_a, s_b)
     m = torch.maximum(s_a, s_b)                                     # no guard: exp2(-inf - -inf) is NaN
@@ -35,6 +38,7 @@ def merge_state_nan_on_empty(v_a, s_a, v_b, s_b):
     return v.to(v_a.dtype), m + torch.log2(w_a + w_b)
 
 
+@torch.no_grad()
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None):
     p, s = (t.t() for t in _as_empty(prefix_lse, suffix_lse))        # (tokens, heads)
     m = torch.maximum(p, s)

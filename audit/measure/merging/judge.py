@@ -23,9 +23,10 @@ from ...core.diagnosis_names import NONE, joined
 from ...core.dtypes import dtype_spec
 from ...workload.merge_functions import MergeFunction, merge_partials
 from ...workload.merge_mistakes import MERGE_MISTAKES
+from .gradients import merge_gradient
 from .states import PartialState
 
-MERGE_RECORD_VERSION = 1
+MERGE_RECORD_VERSION = 2          # 2: the gradient columns (gradients.py)
 MERGE_ATOL_ROUNDINGS = 4.0
 OUTCOMES = ("right", "nan", "inf", "wrong", "error")
 
@@ -102,10 +103,15 @@ def _chain(fn: Any, parts: list[tuple[Any, Any]]) -> tuple[Any, Any]:
 def diagnose_merge(result: tuple[Any, Any], state: PartialState, out_tol: float, lse_tol: float) -> str:
     """The known mistakes whose merge of the state's parts gives `result` where the right merge does not
     ("a or b" where several do), or "none"."""
-    right = _chain(lambda *a: merge_partials((a[0], a[1]), (a[2], a[3])), state.parts)
+    memo = state.memo
+    if ("values", None) not in memo:                  # the same for every function audited on this state
+        memo[("values", None)] = _chain(lambda *a: merge_partials((a[0], a[1]), (a[2], a[3])), state.parts)
+    right = memo[("values", None)]
     found = []
     for mistake in MERGE_MISTAKES.values():
-        theirs = _chain(mistake.fn, state.parts)
+        if ("values", mistake.name) not in memo:
+            memo[("values", mistake.name)] = _chain(mistake.fn, state.parts)
+        theirs = memo[("values", mistake.name)]
         if _same(theirs, result, out_tol, lse_tol) and not _same(theirs, right, out_tol, lse_tol):
             found.append(mistake)
     return joined(m.name for m in found)
@@ -123,11 +129,16 @@ def audit_merge(merge: MergeFunction, state: PartialState) -> dict[str, Any]:
         result = merge.merge([(o.clone(), l.clone()) for o, l in state.parts])
     except Exception as exc:                   # a user's function may raise anything: the record says what
         return {**record, "status": "error", "outcome": "error", "reason": f"{type(exc).__name__}: {exc}",
-                "diagnosis": None}
+                "diagnosis": None, "grad_outcome": None}
     m = measures(result, state)
     outcome = outcome_of(m, out_tol, lse_tol)
     diagnosis = NONE if outcome == "right" else diagnose_merge(result, state, out_tol, lse_tol)
-    return {**record, **m, "status": "ok", "reason": None, "outcome": outcome, "diagnosis": diagnosis}
+    try:
+        grads = merge_gradient(merge, state)
+    except Exception as exc:                   # its backward raised: said, and the values still judged
+        grads = {"grad_outcome": "error", "grad_nan": None, "grad_max_err": None, "grad_tol": None,
+                 "grad_diagnosis": None, "grad_reason": f"{type(exc).__name__}: {exc}"}
+    return {**record, **m, "status": "ok", "reason": None, "outcome": outcome, "diagnosis": diagnosis, **grads}
 
 
 def audit_merges(merges: dict[str, MergeFunction], states: list[PartialState]) -> list[dict[str, Any]]:

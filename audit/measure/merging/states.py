@@ -17,7 +17,7 @@ splits). Edge states (EDGES): one part empty on some rows, first or second; both
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...core.dtypes import dtype_spec
@@ -37,6 +37,9 @@ class PartialState:
     parts: list[tuple[Any, Any]]
     golden: tuple[Any, Any]             # float64 (out, lse): (0, -inf) on a row that sees no key
     what: str                           # what it tests, one line (docs/numerics.md)
+    # what every merge function audited on this state is compared with, made once (judge.py, gradients.py):
+    # the right merge's and each known mistake's results and gradients
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
