@@ -419,6 +419,29 @@ def test_keeper_cuts_the_controls_extra_cells_then_other_cells_then_coverage_and
     assert smallest.reason("cover") is None and list(smallest.skip) == ["real"]
 
 
+def test_a_cell_cut_at_run_time_hands_its_shared_costs_to_the_next_cell_needing_them():
+    """The first compiled cell carries the compiler's start (Plan.groups); cut, the next compiled cell pays
+    it: its prediction says so, and so does what is left (an emulated slow CPU measured the next compiled
+    cell at 14 s against 3.3 s predicted without it)."""
+    clock = Clock()
+    predicted = {"first": 13.0, "eager": 1.0, "second": 3.0, "third": 3.0}      # first: 3 own + 10 start
+    work = {"first": [3.0, [0, 1]], "eager": [1.0, []], "second": [3.0, [0, 2]], "third": [3.0, [0, 3]]}
+    groups = [["compiler start", 10.0], ["compile first", 0.0], ["compile second", 0.0], ["compile third", 0.0]]
+    plan = Plan(budget_s=100.0, deadline_unix=clock.now + 18.0, predicted=predicted, work=work, groups=groups,
+                tier={"first": 1, "eager": 1, "second": 1, "third": 1})
+    keeper = Keeper(plan, list(predicted), clock=clock)
+    assert keeper.reason("first") is not None                  # 20 s predicted, 18 s left: the dearest goes
+    assert keeper.predicted["second"] == pytest.approx(13.0) and keeper.predicted["third"] == pytest.approx(3.0)
+    assert keeper.remaining_s() == pytest.approx(17.0)         # eager 1 + second 13 + third 3
+    keeper.done("eager", 1.0)
+    keeper.done("second", 13.0)                                # as predicted now: the run is on time
+    assert keeper.ratios == [1.0, 1.0]
+    bought = Keeper(plan, list(predicted), clock=clock)        # a start already paid is not handed on
+    bought.bought.add(0)
+    bought._cut("first", 1.0, 18.0)
+    assert bought.predicted["second"] == pytest.approx(3.0)
+
+
 def test_the_progress_bar_moves_by_predicted_seconds_and_its_time_left_is_the_plans():
     import io
 
