@@ -137,7 +137,7 @@ def test_every_finding_has_a_script_and_the_two_runs_fire_every_check(quick_run,
             assert finding.get("repro"), finding
             assert (run / finding["repro"]).is_file()
             assert "repro_reason" not in finding, finding["repro_reason"]
-        merge_scripts = [f for f in _merge_findings(run) if f.get("repro")]     # the merge audit's (test_merge_functions)
+        merge_scripts = [f for f in _merge_findings(run) if f.get("repro")]     # the merge audit's (test_merge_run)
         assert len(list((run / "repro").glob("*.py"))) == len(findings_of(run)) + len(merge_scripts)
     assert checks == EVERY_CHECK == set(WORST)     # every check fired, and each has a recipe
 

@@ -142,7 +142,8 @@ def write_findings(run_dir: str | Path) -> list[dict[str, Any]]:
     DIR/model_findings.json, the merge audit's to DIR/merge_findings.json, where the run made them)."""
     from ..core.records import load
 
-    from ..core.runfolder import MERGE_FINDINGS_FILE, MODEL_FINDINGS_FILE, read_merge_records, read_model_records
+    from ..core.runfolder import (MERGE_FINDINGS_FILE, MODEL_FINDINGS_FILE, read_merge_records,
+                                  read_model_records)
     found = compute_findings(load(run_dir))
     path = Path(run_dir) / FINDINGS_FILE
     path.write_text(json.dumps(found, indent=1, default=_json_default) + "\n")

@@ -48,7 +48,8 @@ RUN_PARTS: dict[str, tuple[str, str]] = {
     "between cells": ("bookkeeping", "writing records, keeping to the budget, the progress bar, "
                                      "a measuring process's exit"),
     "seed claims": ("report", "measuring the seed tutorial's printed claims again"),
-    "merge audit": ("report", "the merge functions audited on partial states (numerics.md, Merging partial attention)"),
+    "merge audit": ("report", "the merge functions audited on partial states (numerics.md: Merging partial "
+                              "attention)"),
     "model audit": ("report", "the model audit: small decoders with each variant as their attention (model.md)"),
     "report": ("report", "findings, reproduction scripts, figures and the report page"),
     "other": ("bookkeeping", "what no part above accounts for"),

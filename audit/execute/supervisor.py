@@ -32,8 +32,8 @@ def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = T
          prepared: dict[str, float] | None = None) -> int:
     """The measuring process: every cell not yet recorded, one record each; once none is left,
     the seed tutorial's claims (measure.seed), so the supervising process needs no torch, the preset's
-    merge functions on their partial states (measure.merging), then the preset's model audit (measure.model_audit; its steps marked in flight like cells) unless the plan
-    left it out.
+    merge functions on their partial states (measure.merging), then the preset's model audit
+    (measure.model_audit; its steps marked in flight like cells) unless the plan left it out.
     prepared: the seconds per part this process spent preparing the run (its first process),
     for workers.jsonl."""
     from ..measure.machine.environment import environment

@@ -322,7 +322,7 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
     from .settings import Settings
     from .overhead import overhead_s as overhead_of
 
-    def overhead_s(*args: Any, **kwargs: Any) -> tuple[float, float]:     # with the model and merge audits after the cells
+    def overhead_s(*args: Any, **kwargs: Any) -> tuple[float, float]:     # the model and merge audits after the cells
         return overhead_of(*args, model_audit_s=model_s, canary=bool(preset.noise_target), spent_s=spent_s,
                            merge_audit=bool(getattr(preset, "merges", ())), **kwargs)
     before, after = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
