@@ -1,6 +1,7 @@
-"""A reproduction script per merge finding (analysis/merge_rules.py's merge_wrong), in the merge
-function's own API: the smallest failing case, one row of one partial state with two features,
-written out as literal tensors, the call as its library makes it, and the float64 golden it must give.
+"""A reproduction script per merge finding (analysis/merge_rules.py's merge_wrong; merge_grad_wrong's
+by merge_grad_scripts.py), in the merge function's own API: the smallest failing case, one row of one
+partial state with two features, written out as literal tensors, the call as its library makes it, and
+the float64 golden it must give.
 It imports torch and the function's library only, prints what it got beside what it should, and exits
 1 while the finding holds ("REPRODUCED"), 0 once fixed ("NOT REPRODUCED").
 
@@ -10,59 +11,17 @@ whole feature width is kept where the cut row does not fail)."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Any
 
 from ..core.dtypes import dtype_spec
+from ..core.errors import UsageError
 from ..core.runfolder import MERGE_FINDINGS_FILE, REPRO_DIR, read_merge_records
 from ..measure.merging.judge import measures, outcome_of, tolerances
 from ..measure.merging.states import EDGES, SPLITS, PartialState, build_state
 from ..workload.merge_functions import MergeFunction
-from ..core.errors import UsageError
 from ..workload.merges import builtin_merges, resolve_merge
-
-FEATURES = 2           # features kept of the failing row
-
-# How each call form is called in a script: `parts` is [(out, lse)] in the canonical layout (1, 1, 1, d) and
-# (1, 1, 1), natural log; the snippet leaves `out` and `lse` the same way. FN names the function or factory.
-FORM_CALLS = {
-    "pairs": ("out, lse = parts[0]\n"
-              "for o, l in parts[1:]:\n"
-              "    out, lse = FN(out, lse * TO_BASE, o, l * TO_BASE)\n"
-              "    lse = lse / TO_BASE"),
-    "stateful": ("merger = FN()\n"
-                 "for o, l in parts:\n"
-                 "    merger.step(o, l * TO_BASE, partial=False)\n"
-                 "out, lse = merger.results()\n"
-                 "lse = lse / TO_BASE"),
-    "flashinfer": ("v, s = parts[0][0].reshape(1, 1, -1), parts[0][1].reshape(1, 1) * TO_BASE   # (tokens, heads, d)\n"
-                   "for o, l in parts[1:]:\n"
-                   "    v, s = FN(v, s, o.reshape(1, 1, -1), l.reshape(1, 1) * TO_BASE)\n"
-                   "out, lse = v.reshape(1, 1, 1, -1), s.reshape(1, 1, 1) / TO_BASE"),
-    "vllm": ("v, s = parts[0][0].reshape(1, 1, -1), parts[0][1].reshape(1, 1) * TO_BASE   # lse (heads, tokens)\n"
-             "for o, l in parts[1:]:\n"
-             "    merged, merged_lse = torch.empty_like(v), torch.empty_like(s)\n"
-             "    FN(merged, v, s, o.reshape(1, 1, -1), l.reshape(1, 1) * TO_BASE, merged_lse)\n"
-             "    v, s = merged, merged_lse\n"
-             "out, lse = v.reshape(1, 1, 1, -1), s.reshape(1, 1, 1) / TO_BASE"),
-}
-
-
-def _literal(t: Any) -> str:
-    values = ", ".join("float('-inf')" if v == -math.inf else "float('inf')" if v == math.inf else
-                       "float('nan')" if v != v else repr(float(v)) for v in t.flatten().tolist())
-    return f"[{values}]"
-
-
-def _row_state(state: PartialState, b: int, h: int, t: int, features: int | None) -> PartialState:
-    """The state cut to one row (b, h, t) and its first `features` features (None: all)."""
-    cut = slice(None) if features is None else slice(0, features)
-    parts = [(o[b:b + 1, h:h + 1, t:t + 1, cut], l[b:b + 1, h:h + 1, t:t + 1]) for o, l in state.parts]
-    g_out, g_lse = state.golden
-    return PartialState(state.name, state.dtype, parts, (g_out[b:b + 1, h:h + 1, t:t + 1, cut],
-                                                         g_lse[b:b + 1, h:h + 1, t:t + 1]), state.what)
-
+from .merge_cases import FEATURES, FORM_CALLS, literal, row_state
+from .merge_grad_scripts import gradient_script, smallest_failing_gradient
 
 def smallest_failing(merge: MergeFunction, state: PartialState) -> PartialState | None:
     """The first row of `state` the merge gets wrong, cut to FEATURES features where that still fails
@@ -73,7 +32,7 @@ def smallest_failing(merge: MergeFunction, state: PartialState) -> PartialState 
         for h in range(h_):
             for t in range(t_):
                 for features in (FEATURES, None):
-                    row = _row_state(state, b, h, t, features)
+                    row = row_state(state, b, h, t, features)
                     got = merge.merge([(o.clone(), l.clone()) for o, l in row.parts])
                     if outcome_of(measures(got, row), out_tol, lse_tol) != "right":
                         return row
@@ -85,8 +44,8 @@ def merge_script(finding: dict, merge: MergeFunction, row: PartialState, outcome
     import_line, expression = merge.api
     out_tol, lse_tol = tolerances(row)
     dtype = dtype_spec(row.dtype).torch_name
-    parts = ",\n".join(f"    (torch.tensor({_literal(o.double())}, dtype=torch.{dtype}).view(1, 1, 1, -1), "
-                       f"torch.tensor({_literal(l.double())}, dtype=torch.float32).view(1, 1, 1))"
+    parts = ",\n".join(f"    (torch.tensor({literal(o.double())}, dtype=torch.{dtype}).view(1, 1, 1, -1), "
+                       f"torch.tensor({literal(l.double())}, dtype=torch.float32).view(1, 1, 1))"
                        for o, l in row.parts)
     call = FORM_CALLS[merge.form].replace("FN", "merge_fn")
     to_base = "1.0" if merge.lse_base == "e" else "1.0 / math.log(2.0)"
@@ -108,8 +67,8 @@ TO_BASE = {to_base}     # the lse base {merge.name} takes ({merge.lse_base})
 parts = [   # (out (1, 1, 1, d), lse (1, 1, 1) natural log) per part
 {parts},
 ]
-expected_out = torch.tensor({_literal(g_out)}, dtype=torch.float64)
-expected_lse = {_literal(g_lse)}[0]
+expected_out = torch.tensor({literal(g_out)}, dtype=torch.float64)
+expected_lse = {literal(g_lse)}[0]
 
 {call}
 out, lse = out.double().flatten(), float(lse.double().flatten()[0])
@@ -123,7 +82,8 @@ sys.exit(0 if right else 1)
 
 
 def write_merge_repro_scripts(run_dir: str | Path) -> list[dict]:
-    """A script per merge_wrong finding of DIR/merge_findings.json, in DIR/repro/: its path (`repro`), or
+    """A script per merge_wrong and merge_grad_wrong finding of DIR/merge_findings.json, in DIR/repro/: its
+    path (`repro`), or
     why there is none (`repro_reason`), added to the finding; the file rewritten."""
     run_dir = Path(run_dir)
     path = run_dir / MERGE_FINDINGS_FILE
@@ -136,11 +96,7 @@ def write_merge_repro_scripts(run_dir: str | Path) -> list[dict]:
     for finding in findings:
         finding.pop("repro", None)
         finding.pop("repro_reason", None)
-        if finding.get("check") == "merge_grad_wrong":
-            finding["repro_reason"] = ("no script for a gradient through a merge yet: the finding's states and "
-                                       "numbers are the record's")
-            continue
-        if finding.get("check") != "merge_wrong":
+        if finding.get("check") not in ("merge_wrong", "merge_grad_wrong"):
             continue
         try:
             merge = resolve_merge(finding["variant"], merges)
@@ -152,13 +108,21 @@ def write_merge_repro_scripts(run_dir: str | Path) -> list[dict]:
         if merge is None or merge.api is None or record is None or record.get("state") not in splits:
             finding["repro_reason"] = f"{finding['variant']}: no importable name to call it by in a script"
             continue
-        row = smallest_failing(merge, build_state(splits[record["state"]], record["dtype"]))
-        if row is None:
+        state = build_state(splits[record["state"]], record["dtype"])
+        if finding["check"] == "merge_grad_wrong":
+            found = smallest_failing_gradient(merge, state)
+            outcome = record.get("grad_outcome")
+            text = None if found is None else gradient_script(finding, merge, *found)
+        else:
+            row = smallest_failing(merge, state)
+            outcome = record["outcome"]
+            text = None if row is None else merge_script(finding, merge, row, outcome)
+        if text is None:
             finding["repro_reason"] = "no row of the state fails when merged again"
             continue
-        name = f"merge_wrong-{merge.name}-{record['outcome']}-{record['state']}.py".replace("/", "_")
+        name = f"{finding['check']}-{merge.name}-{outcome}-{record['state']}.py".replace("/", "_")
         (run_dir / REPRO_DIR).mkdir(exist_ok=True)
-        (run_dir / REPRO_DIR / name).write_text(merge_script(finding, merge, row, record["outcome"]))
+        (run_dir / REPRO_DIR / name).write_text(text)
         finding["repro"] = f"{REPRO_DIR}/{name}"
     path.write_text(json.dumps(findings, indent=1) + "\n")
     return findings
