@@ -161,7 +161,8 @@ def test_the_reference_merge_is_the_lse_checks_merge():
 
 
 def test_the_smallest_failing_case_is_one_row_of_two_features_and_none_for_a_right_merge():
-    from audit.repro.merge_scripts import FEATURES, smallest_failing
+    from audit.repro.merge_cases import FEATURES
+    from audit.repro.merge_scripts import smallest_failing
     state = build_state(EDGES[2], "fp32")                                   # both_empty
     row = smallest_failing(builtin_merges()[CONTROL_PREFIX + "nan_on_empty"], state)
     assert row is not None and row.parts[0][0].shape == (1, 1, 1, FEATURES) and row.golden[1].item() == -math.inf

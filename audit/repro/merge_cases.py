@@ -3,7 +3,7 @@ for a gradient): the call snippet of each call form, tensors written as literals
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterator
 
 from ..measure.merging.states import PartialState
 
@@ -47,3 +47,15 @@ def row_state(state: PartialState, b: int, h: int, t: int, features: int | None)
     g_out, g_lse = state.golden
     return PartialState(state.name, state.dtype, parts, (g_out[b:b + 1, h:h + 1, t:t + 1, cut],
                                                          g_lse[b:b + 1, h:h + 1, t:t + 1]), state.what)
+
+
+def candidate_rows(state: PartialState) -> Iterator[PartialState]:
+    """The rows a smallest failing case is looked for in, in order: each row of `state` (batch, head,
+    query), first cut to FEATURES features, then whole (a merge works row by row and feature by feature,
+    so a failing row cut to two features fails too, unless the failure sits in the features cut off)."""
+    b_, h_, t_ = state.golden[1].shape
+    for b in range(b_):
+        for h in range(h_):
+            for t in range(t_):
+                for features in (FEATURES, None):
+                    yield row_state(state, b, h, t, features)

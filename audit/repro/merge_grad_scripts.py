@@ -13,23 +13,18 @@ from ..core.dtypes import dtype_spec
 from ..measure.merging.gradients import RIGHT, _grads, _upstream, merge_gradient
 from ..measure.merging.states import PartialState
 from ..workload.merge_functions import MergeFunction
-from .merge_cases import FEATURES, FORM_CALLS, literal, row_state
+from .merge_cases import FORM_CALLS, candidate_rows, literal
 
 BAD = ("nan", "wrong")
 
 
 def smallest_failing_gradient(merge: MergeFunction, state: PartialState) -> tuple[PartialState, dict] | None:
-    """The first row of `state` whose gradient through the merge fails, cut to FEATURES features where that
-    still fails, and its gradient columns; None where no row fails."""
-    b_, h_, t_ = state.golden[1].shape
-    for b in range(b_):
-        for h in range(h_):
-            for t in range(t_):
-                for features in (FEATURES, None):
-                    row = row_state(state, b, h, t, features)
-                    got = merge_gradient(merge, row)
-                    if got["grad_outcome"] in BAD:
-                        return row, got
+    """The first row of `state` whose gradient through the merge fails (merge_cases.candidate_rows), and
+    its gradient columns; None where no row fails."""
+    for row in candidate_rows(state):
+        got = merge_gradient(merge, row)
+        if got["grad_outcome"] in BAD:
+            return row, got
     return None
 
 

@@ -20,23 +20,19 @@ from ..measure.merging.judge import measures, outcome_of, tolerances
 from ..measure.merging.states import EDGES, SPLITS, PartialState, build_state
 from ..workload.merge_functions import MergeFunction
 from ..workload.merges import builtin_merges, resolve_merge
-from .merge_cases import FEATURES, FORM_CALLS, literal, row_state
+from .merge_cases import FORM_CALLS, candidate_rows, literal
 from .merge_grad_scripts import gradient_script, smallest_failing_gradient
 
+
 def smallest_failing(merge: MergeFunction, state: PartialState) -> PartialState | None:
-    """The first row of `state` the merge gets wrong, cut to FEATURES features where that still fails
-    (with the state's tolerances), else the whole row; None where no row fails."""
+    """The first row of `state` the merge gets wrong (candidate_rows; with the state's tolerances);
+    None where no row fails."""
     out_tol, lse_tol = tolerances(state)
-    b_, h_, t_ = state.golden[1].shape
-    for b in range(b_):
-        for h in range(h_):
-            for t in range(t_):
-                for features in (FEATURES, None):
-                    row = row_state(state, b, h, t, features)
-                    got = merge.merge([(o.clone(), l.clone()) for o, l in row.parts])
-                    if outcome_of(measures(got, row), out_tol, lse_tol) != "right":
-                        return row
-    return None
+
+    def fails(row: PartialState) -> bool:
+        got = merge.merge([(o.clone(), l.clone()) for o, l in row.parts])
+        return outcome_of(measures(got, row), out_tol, lse_tol) != "right"
+    return next((row for row in candidate_rows(state) if fails(row)), None)
 
 
 def merge_script(finding: dict, merge: MergeFunction, row: PartialState, outcome: str) -> str:
