@@ -86,13 +86,27 @@ def _untokens_lse(x: Any, like: Any) -> Any:
     return x.reshape(b, t, h).permute(0, 2, 1)
 
 
-def _pairs(fn: Callable, parts: Sequence[Part], base: str) -> Part:
-    """fn(out_a, lse_a, out_b, lse_b) -> (out, lse), (B, H, T, d) and (B, H, T): folded left over the parts."""
+def chain(fn: Callable, parts: Sequence[Part]) -> Part:
+    """fn(out_a, lse_a, out_b, lse_b) -> (out, lse) folded left over the parts, in key order: how a two-part
+    merge merges many (a ring, split-KV's splits)."""
     out, lse = parts[0]
     for o, l in parts[1:]:
-        merged_out, merged_lse = fn(out, _to_base(lse, base), o, _to_base(l, base))
-        out, lse = merged_out, _from_base(merged_lse, base)
+        out, lse = fn(out, lse, o, l)
     return out, lse
+
+
+def reference_pairs(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Part:
+    """merge_partials in the pairs form: the reference merge as an audited function and as what the
+    judge compares with."""
+    return merge_partials((out_a, lse_a), (out_b, lse_b))
+
+
+def _pairs(fn: Callable, parts: Sequence[Part], base: str) -> Part:
+    """fn(out_a, lse_a, out_b, lse_b) -> (out, lse), (B, H, T, d) and (B, H, T), its lse in `base`: chained."""
+    def in_base(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Part:
+        out, lse = fn(out_a, _to_base(lse_a, base), out_b, _to_base(lse_b, base))
+        return out, _from_base(lse, base)
+    return chain(in_base, parts)
 
 
 def _flashinfer(fn: Callable, parts: Sequence[Part], base: str) -> Part:

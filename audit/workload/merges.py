@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import replace
-from typing import Any
 
 from ..core.errors import UsageError
 
-from .merge_functions import (TORCH_MERGER_API, MergeFunction, declare_merge, merge_partials,
+from .merge_functions import (TORCH_MERGER_API, MergeFunction, declare_merge, reference_pairs,
                               torch_context_parallel_merger, torch_merger_available)
 from .merge_mistakes import MERGE_MISTAKES
 
@@ -24,13 +23,9 @@ def merge_names() -> tuple[str, ...]:
     return ("reference", TORCH_MERGE) + tuple(CONTROL_PREFIX + name for name in MERGE_MISTAKES)
 
 
-def _reference(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
-    return merge_partials((out_a, lse_a), (out_b, lse_b))
-
-
 def builtin_merges() -> dict[str, MergeFunction]:
     """Every built-in merge function by name, the reference first."""
-    found = {"reference": MergeFunction("reference", _reference, description="the audit's own float64 merge "
+    found = {"reference": MergeFunction("reference", reference_pairs, description="the audit's own float64 merge "
                                         "(merge_partials): reads -inf and +inf as an empty part")}
     if torch_merger_available() is None:
         found[TORCH_MERGE] = MergeFunction(

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 from ...core.diagnosis_names import joined
 from ...core.dtypes import dtype_spec
-from ...workload.merge_functions import MergeFunction, merge_partials
+from ...workload.merge_functions import MergeFunction, chain, reference_pairs
 from ...workload.merge_mistakes import MERGE_MISTAKES
 from .states import PartialState
 
@@ -66,16 +66,12 @@ def _memo(state: PartialState, name: str, make: Callable[[], Any]) -> Any:
     return state.memo[key]
 
 
-def _chain(fn: Callable) -> Callable[[list], tuple[Any, Any]]:
-    def merge(parts: list) -> tuple[Any, Any]:
-        out, lse = parts[0]
-        for o, l in parts[1:]:
-            out, lse = fn(out, lse, o, l)
-        return out, lse
-    return merge
+def _chained(fn: Callable) -> Callable[[list], tuple[Any, Any]]:
+    """A two-part merge as a merge of all parts (merge_functions.chain), as _grads calls it."""
+    return lambda parts: chain(fn, parts)
 
 
-RIGHT = _chain(lambda o1, l1, o2, l2: merge_partials((o1, l1), (o2, l2)))
+RIGHT = _chained(reference_pairs)
 
 
 def _agree(a: list[Any], b: list[Any], tol: float) -> bool:
@@ -107,7 +103,7 @@ def merge_gradient(merge: MergeFunction, state: PartialState) -> dict[str, Any]:
     if outcome != "right":
         found = []
         for mistake in MERGE_MISTAKES.values():
-            theirs = _memo(state, mistake.name, lambda: _grads(_chain(mistake.fn), state.parts, state, widen=True))
+            theirs = _memo(state, mistake.name, lambda: _grads(_chained(mistake.fn), state.parts, state, widen=True))
             if theirs is not None and _agree(theirs, got, tol) and not _agree(theirs, right, tol):
                 found.append(mistake.name)
         named = joined(found)

@@ -21,7 +21,7 @@ from typing import Any
 
 from ...core.diagnosis_names import NONE, joined
 from ...core.dtypes import dtype_spec
-from ...workload.merge_functions import MergeFunction, merge_partials
+from ...workload.merge_functions import MergeFunction, chain, reference_pairs
 from ...workload.merge_mistakes import MERGE_MISTAKES
 from .gradients import merge_gradient
 from .states import PartialState
@@ -93,24 +93,17 @@ def _same(a: tuple[Any, Any], b: tuple[Any, Any], out_tol: float, lse_tol: float
     return True
 
 
-def _chain(fn: Any, parts: list[tuple[Any, Any]]) -> tuple[Any, Any]:
-    out, lse = parts[0]
-    for part in parts[1:]:
-        out, lse = fn(out, lse, *part)
-    return out, lse
-
-
 def diagnose_merge(result: tuple[Any, Any], state: PartialState, out_tol: float, lse_tol: float) -> str:
     """The known mistakes whose merge of the state's parts gives `result` where the right merge does not
     ("a or b" where several do), or "none"."""
     memo = state.memo
     if ("values", None) not in memo:                  # the same for every function audited on this state
-        memo[("values", None)] = _chain(lambda *a: merge_partials((a[0], a[1]), (a[2], a[3])), state.parts)
+        memo[("values", None)] = chain(reference_pairs, state.parts)
     right = memo[("values", None)]
     found = []
     for mistake in MERGE_MISTAKES.values():
         if ("values", mistake.name) not in memo:
-            memo[("values", mistake.name)] = _chain(mistake.fn, state.parts)
+            memo[("values", mistake.name)] = chain(mistake.fn, state.parts)
         theirs = memo[("values", mistake.name)]
         if _same(theirs, result, out_tol, lse_tol) and not _same(theirs, right, out_tol, lse_tol):
             found.append(mistake)
