@@ -18,7 +18,7 @@ import numpy as np
 
 from ..core.runfolder import RUN_FILE
 from ..measure.golden.numerics import BACKWARD_FLOP_FACTOR
-from .fitbase import case_of as _case_of, golden_read_s, mean_of_most as _mean_of_most, nnls as _nnls, run_host
+from .fitbase import case_of as _case_of, golden_read_s, labelled_rows, rows as _rows, mean_of_most as _mean_of_most, nnls as _nnls, run_host
 from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,
                          measured_attention)
 from .cell_work import (REFEREE_CALLS, call_variant, device_type, kernel_key, leak_probe_count, masked_rows_checked,
@@ -67,7 +67,7 @@ class RunData:
         compiled = frame["compile_s"].notna()
         if outcomes is not None:
             compiled &= frame["compile_cache"].isin(list(outcomes)) if "compile_cache" in frame.columns else False
-        return {kernel_key(CellShape.of(_case_of(row))) for _, row in frame[compiled].iterrows()}
+        return {kernel_key(CellShape.of(_case_of(row))) for row in _rows(frame[compiled])}
 
 
 
@@ -141,7 +141,7 @@ def _fit_calls(runs: list[RunData], out: Params) -> None:
     probed = {device_type(d) for run in runs for d, c in (run.ceilings or {}).items() if measured_attention(c)}
     groups: dict[str, list[tuple[np.ndarray, float]]] = {}
     for run in runs:
-        for _, row in run.frame.iterrows():
+        for row in _rows(run.frame):
             if row["status"] != "ok":
                 continue
             case = _case_of(row)
@@ -177,7 +177,7 @@ def _median_per_variant(runs: list[RunData], column: str, scale: float = 1.0) ->
         if column not in frame.columns:
             continue
         host = run_host(run)
-        for _, row in frame[frame[column].notna()].iterrows():
+        for row in _rows(frame[frame[column].notna()]):
             values.setdefault(f"{device_type(row['device'])}|{row['variant']}", []).append(
                 float(row[column]) * scale / host)
     return {k: float(np.median(v)) for k, v in values.items()}
@@ -201,7 +201,7 @@ def _compile_medians(runs: list[RunData]) -> dict[str, float]:
             continue
         first = _first_compiled(frame)
         host = run_host(run)
-        for label, row in frame[frame["compile_s"].notna()].iterrows():
+        for label, row in labelled_rows(frame[frame["compile_s"].notna()]):
             if label == first:
                 continue
             base = f"{device_type(row['device'])}|{call_variant(CellShape.of(_case_of(row)))}"
@@ -252,7 +252,7 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
         first = _first_compiled(run.frame)
         host = run_host(run)
         says_source = "golden_source" in run.frame.columns and run.settings.golden_store
-        for i, (label, row) in enumerate(run.frame.iterrows()):
+        for i, (label, row) in enumerate(labelled_rows(run.frame)):
             case = _case_of(row)
             dev = device_type(case.device)
             shape = CellShape.of(case)
@@ -341,9 +341,10 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
 def compare(run: RunData, model: CostModel) -> Any:
     """Predicted against recorded elapsed_s for every cell of a run folder (its own settings,
     ceilings and order). Columns: id, status, recorded_s, predicted_s, ratio (predicted / recorded)."""
-    cases = [_case_of(row) for _, row in run.frame.iterrows()]
+    frame_rows = _rows(run.frame)
+    cases = [_case_of(row) for row in frame_rows]
     model = CostModel(model.params, host=run_host(run))     # the host the run was made on
-    stored = {c.input_key for c, (_, row) in zip(cases, run.frame.iterrows()) if row.get("golden_source") == "read"} \
+    stored = {c.input_key for c, row in zip(cases, frame_rows) if row.get("golden_source") == "read"} \
         if "golden_source" in run.frame.columns else set()
     pred = model.predict(cases, run.settings, run.ceilings, warm_compiles=run.compiled_keys(["hit"]),
                          stored_goldens=stored)

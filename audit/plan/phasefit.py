@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..workload.variant_contract import BROKEN_PREFIX
-from .fitbase import case_of, golden_read_s, mean_of_most, nnls, run_host
+from .fitbase import case_of, golden_read_s, mean_of_most, nnls, rows, run_host
 
 CHECK_PHASES = ("numerics", "leak", "invariance", "determinism", "saturation", "referee")
 MIN_CELLS = 20          # cells a device needs before its phases are fitted (else the older fit stands)
@@ -55,7 +55,7 @@ def fit_phases(runs: Sequence[Any], out: Any) -> None:
         seen: set[str] = set()
         first = True                                   # the run's first measured cell (it starts the device)
         previous = None
-        for _, row in frame.iterrows():
+        for row in rows(frame):
             phases = row.get("phase_s")
             case = case_of(row)
             first_use = case.variant not in seen
