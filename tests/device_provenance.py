@@ -88,14 +88,16 @@ class HostProvenance(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = getattr(func, "__name__", str(func))
-        tensors = _tensors((args, kwargs))
-        host = [t for t in tensors if t in self.host]
         if func in FACTORIES:
             out = func(*args, **kwargs)
             if kwargs.get("device") is None:
                 self._mark(out, _call_site())
             return out
+        if not self.host:          # no host-born tensor alive: none can meet device data, none is made
+            return func(*args, **kwargs)
+        name = getattr(func, "__name__", str(func))
+        tensors = _tensors((args, kwargs))
+        host = [t for t in tensors if t in self.host]
         if name in MOVES and tensors and tensors[0] is args[0]:
             out = func(*args, **kwargs)
             if name == "cpu" or (name == "to" and not _names_device(args, kwargs)):
