@@ -137,14 +137,15 @@ def _guarded(rule: Rule, frame: pd.DataFrame) -> list[dict]:
                          "of attn-audit (or records edited by hand): please report it with the run folder.", [])]
 
 
-def write_findings(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Compute findings from DIR's records and write DIR/findings.json (and the model audit's to
-    DIR/model_findings.json, the merge audit's to DIR/merge_findings.json, where the run made them)."""
-    from ..core.records import load
+def write_findings(run_dir: str | Path, records: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Compute findings from DIR's records (`records`: those already read) and write DIR/findings.json
+    (and the model audit's to DIR/model_findings.json, the merge audit's to DIR/merge_findings.json,
+    where the run made them)."""
+    from ..core.records import read_records, to_frame
 
     from ..core.runfolder import (MERGE_FINDINGS_FILE, MODEL_FINDINGS_FILE, read_merge_records,
                                   read_model_records)
-    found = compute_findings(load(run_dir))
+    found = compute_findings(to_frame(read_records(run_dir) if records is None else records))
     path = Path(run_dir) / FINDINGS_FILE
     path.write_text(json.dumps(found, indent=1, default=_json_default) + "\n")
     if read_model_records(run_dir):       # the model audit's own, beside (its runs are not cells: no repro script)

@@ -59,12 +59,13 @@ def write_report(run_dir: Path, before_page: Callable[[], None] | None = None) -
     from ..repro.merge_scripts import write_merge_repro_scripts
     from ..repro.scripts import write_repro_scripts
 
-    found = write_repro_scripts(run_dir, write_findings(run_dir))   # DIR/repro/: a script per finding
+    records = read_records(run_dir)                                 # read once for each step below
+    found = write_repro_scripts(run_dir, write_findings(run_dir, records), records)   # DIR/repro/: a script per finding
     write_merge_repro_scripts(run_dir)                              # ... and per merge finding
-    paths = build_report(run_dir, before_page)
+    paths = build_report(run_dir, before_page, records)
     real = [f for f in found if not is_control_finding(f)]
     by_severity = {s: sum(f["severity"] == s for f in real) for s in ("error", "warning", "info")}
-    controls = negative_control_check(to_frame(read_records(run_dir)), found)
+    controls = negative_control_check(to_frame(records), found)
     missed = ", ".join(controls.loc[~controls["flagged"], "control"])
     print(f"findings about real code: {by_severity['error']} error, {by_severity['warning']} warning, "
           f"{by_severity['info']} info ({run_dir / FINDINGS_FILE}); negative controls flagged: "

@@ -26,17 +26,18 @@ from .verdict import VERDICT_HEADING, verdict_section
 PAGE_TITLE = "attn-audit report"
 
 
-def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = None) -> dict[str, Path | list[Path]]:
+def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = None,
+                 records: list[dict] | None = None) -> dict[str, Path | list[Path]]:
     """Read DIR's records (and run.json/findings.json), write figures (PNG) into DIR,
     DIR/index.md and DIR/index.html. Return {"index_md": ..., "index_html": ...,
     "figures": [paths...]}. Never measures anything.
 
     before_page: called once the figures are drawn, before the page is made, and run.json read
     again after it (a run writes its time split there then, so the page shows the report's own
-    time up to its last step).
+    time up to its last step). records: DIR's, where already read.
     """
     run_dir = Path(run_dir)
-    records = read_records(run_dir)
+    records = read_records(run_dir) if records is None else records
     frame = prepare(to_frame(records))
     findings = read_json(run_dir / FINDINGS_FILE)
     figures = draw_figures(frame, run_dir)

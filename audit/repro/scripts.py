@@ -356,9 +356,10 @@ Exit status: 1 while the finding holds, 0 once it no longer does, 2 when it cann
 """'''
 
 
-def write_repro_scripts(run_dir: str | Path, findings: list[dict]) -> list[dict]:
+def write_repro_scripts(run_dir: str | Path, findings: list[dict], records: list[dict] | None = None) -> list[dict]:
     """Write DIR/repro/<check>-<variant>.py per finding; add `repro` (path relative to DIR) or
-    `repro_reason` (why there is none) to each finding and rewrite DIR/findings.json."""
+    `repro_reason` (why there is none) to each finding and rewrite DIR/findings.json. `records`: DIR's,
+    where already read."""
     from ..analysis.findings import _json_default
     from ..core.records import read_records
     from .embed import NotSelfContained
@@ -368,7 +369,7 @@ def write_repro_scripts(run_dir: str | Path, findings: list[dict]) -> list[dict]
     out_dir.mkdir(exist_ok=True)
     for old in out_dir.glob("*.py"):
         old.unlink()
-    by_id = {r["id"]: r for r in read_records(run_dir)}
+    by_id = {r["id"]: r for r in (read_records(run_dir) if records is None else records)}
     run_file = run_dir / RUN_FILE
     run_info = json.loads(run_file.read_text()) if run_file.exists() else {}
     taken: set[str] = set()
