@@ -96,6 +96,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                           "partial attention): all (every built-in), none, built-in names (attn-audit list), or "
                           "module:attr, a declare_merge(...) or a function in a module on the Python path "
                           "(default: the quick and cpu presets' own grid audits every built-in; chosen axes none)")
+    run.add_argument("--merge-parts", nargs="+", metavar="VARIANT", default=[],
+                     help="attention variants that return their log-sum-exp (uncompiled, on the CPU: eager, "
+                          "flash_op, flex_eager, a plug-in's) whose own (out, lse) over parts of the keys the merge "
+                          "functions are audited on too, beside the golden's (docs/numerics.md, Merging partial "
+                          "attention); a kernel whose parts no merge can merge right is a merge_parts_wrong finding. "
+                          "Without a merge function (--merge-fn, or the preset's) the reference merge is audited")
     run.add_argument("--dry-run", action="store_true",
                      help="print the cells, each with its predicted time, and the predicted total per phase "
                           "and per variant (docs/planning.md); measure nothing but the ceilings")
@@ -246,6 +252,21 @@ def _merges(args: argparse.Namespace, preset: Any, chosen: bool) -> tuple[str, .
     return tuple(dict.fromkeys(names))
 
 
+def _merge_parts(args: argparse.Namespace, preset: Any) -> dict[str, tuple[str, ...]]:
+    """--merge-parts' variants, each checked here (a wrong one exits 2 naming those allowed), and the reference
+    merge where no merge function is audited (their states would be judged by nothing)."""
+    from ..measure.merging.run_audit import parts_variant
+    names = tuple(dict.fromkeys(args.merge_parts or ()))
+    if not names:
+        return {}
+    if args.shard is not None or args.executor == "ray":
+        raise UsageError("--merge-parts: the merge audit runs with a run on one machine, "
+                         "not with --shard or --executor ray")
+    for name in names:
+        parts_variant(name)
+    return {"merge_parts": names, "merges": preset.merges or ("reference",)}
+
+
 def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
     from ..execute.supervisor import supervise, work
     from ..workload import presets, variants
@@ -257,6 +278,7 @@ def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
         # out (`audit model --variant ...` runs it for any variant), as do a shard and Ray's shards
         preset = dataclasses.replace(preset, models=())
     preset = dataclasses.replace(preset, merges=_merges(args, preset, chosen=bool(overrides)))
+    preset = dataclasses.replace(preset, **_merge_parts(args, preset))
     cases = presets.preset_cases(preset, overrides, known_variant=variants.check_name)
     axes = {a: tuple(dict.fromkeys(c.axes()[a] for c in cases)) for a in AXES}
     cases, extra = _shard(args, cases, preset)

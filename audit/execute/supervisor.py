@@ -51,7 +51,7 @@ def work(cases: Sequence[Any], run_dir: Path, preset: Any, *, progress: bool = T
         if getattr(preset, "merges", ()):
             from ..measure.merging.run_audit import write_merge_audit
             start = time.time()
-            write_merge_audit(run_dir, preset.merges)
+            write_merge_audit(run_dir, preset.merges, getattr(preset, "merge_parts", ()))
             runner.write_worker_timing(run_dir, {"merge audit": time.time() - start}, started=False)
         if getattr(preset, "models", ()):
             from ..measure.model_audit import write_run_audit

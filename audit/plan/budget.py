@@ -104,6 +104,12 @@ class Selection:
     standby_tier: dict[str, int] = field(default_factory=dict)
 
 
+
+def merge_state_sets(preset: Any) -> int:
+    """How many sets of partial states the preset's merge audit judges its merge functions on: none without
+    merge functions, else the golden's and one per kernel in Preset.merge_parts (plan/overhead.py)."""
+    return (1 + len(getattr(preset, "merge_parts", ()))) if getattr(preset, "merges", ()) else 0
+
 def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: float | None,
            repredict: Callable[[list[str]], Any] | None = None) -> Selection:
     """The cells to skip so the predicted total fits `budget_s - reserve_s`, tier by tier.
@@ -324,7 +330,7 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
 
     def overhead_s(*args: Any, **kwargs: Any) -> tuple[float, float]:     # the model and merge audits after the cells
         return overhead_of(*args, model_audit_s=model_s, canary=bool(preset.noise_target), spent_s=spent_s,
-                           merge_audit=bool(getattr(preset, "merges", ())), **kwargs)
+                           merge_audit=merge_state_sets(preset), **kwargs)
     before, after = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
                                ceilings_s=preset.ceilings_s, host=host)
     by_id = {c.id: c for c in cases}

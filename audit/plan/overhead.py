@@ -77,13 +77,14 @@ def constant(params: Any, device: str, name: str, host: float = 1.0) -> float:
 def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
                ceilings_s: float = CEILINGS_BUDGET_S, host: float = 1.0, kept: int | None = None,
                model_audit_s: float = 0.0, canary: bool = True, spent_s: float | None = None,
-               merge_audit: bool = False) -> tuple[float, float]:
+               merge_audit: float = 0) -> tuple[float, float]:
     """(seconds before the first cell, seconds after the last) of a run of these cells (a
     costmodel prediction: its cells' devices and statuses); ceilings_s: the seconds the preset
     gives each device's ceilings; host: this host's host_factor; kept: how many of them the
     budget keeps (default all): the others cost a skip's record only; model_audit_s: the model audit's
-    seconds after the cells on this host (model_audit_seconds); merge_audit: the preset audits merge functions
-    after the cells (Preset.merges).
+    seconds after the cells on this host (model_audit_seconds); merge_audit: the sets of partial states the
+    preset audits merge functions on after the cells (0: none; 1, the golden's; one more per kernel that
+    makes its own, Preset.merge_parts), each about merge_audit_s.
 
     spent_s: a run planning itself has started already (its processes, torch's first import, the
     canary's start reading, the ceilings): where those seconds, measured, are well over the prediction
@@ -105,7 +106,7 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
             before = spent
     before += c("plan_per_cell_s") * n + c("between_cell_s") * kept + c("skip_record_s") * (n - kept)
     measured = int((pred["status"] == "ok").sum()) if n else 0
-    merges = c("merge_audit_s") if merge_audit and n else 0.0
+    merges = c("merge_audit_s") * float(merge_audit) if merge_audit and n else 0.0
     return before, c("report_s") + c("report_per_cell_s") * measured + model_audit_s + merges
 
 

@@ -17,7 +17,9 @@ from ..core.dtypes import dtype_spec
 from ..core.errors import UsageError
 from ..core.runfolder import MERGE_FINDINGS_FILE, REPRO_DIR, read_merge_records
 from ..measure.merging.judge import measures, outcome_of, tolerances
-from ..measure.merging.states import EDGES, SPLITS, PartialState, build_state
+from ..analysis.merge_rules import state_label
+from ..measure.merging.run_audit import kernel_parts
+from ..measure.merging.states import EDGES, GOLDEN_PARTS, SPLITS, PartialState, build_state
 from ..workload.merge_functions import MergeFunction
 from ..workload.merges import builtin_merges, resolve_merge
 from .merge_cases import FORM_CALLS, candidate_rows, literal
@@ -104,7 +106,9 @@ def write_merge_repro_scripts(run_dir: str | Path) -> list[dict]:
         if merge is None or merge.api is None or record is None or record.get("state") not in splits:
             finding["repro_reason"] = f"{finding['variant']}: no importable name to call it by in a script"
             continue
-        state = build_state(splits[record["state"]], record["dtype"])
+        made = record.get("parts_from")
+        kernel = None if made in (None, GOLDEN_PARTS) else kernel_parts(made)   # the same kernel's parts again
+        state = build_state(splits[record["state"]], record["dtype"], parts_from=kernel)
         if finding["check"] == "merge_grad_wrong":
             found = smallest_failing_gradient(merge, state)
             outcome = record.get("grad_outcome")
@@ -116,7 +120,7 @@ def write_merge_repro_scripts(run_dir: str | Path) -> list[dict]:
         if text is None:
             finding["repro_reason"] = "no row of the state fails when merged again"
             continue
-        name = f"{finding['check']}-{merge.name}-{outcome}-{record['state']}.py".replace("/", "_")
+        name = f"{finding['check']}-{merge.name}-{outcome}-{state_label(record)}.py".replace("/", "_")
         (run_dir / REPRO_DIR).mkdir(exist_ok=True)
         (run_dir / REPRO_DIR / name).write_text(text)
         finding["repro"] = f"{REPRO_DIR}/{name}"

@@ -120,3 +120,17 @@ def sigmoid_update(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any,
 def weights_detached(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
     out, lse = merge_partials((out_a, lse_a.detach()), (out_b, lse_b.detach()))
     return out, lse
+
+
+# What an attention kernel's part may hold on a row that sees none of its keys, where a merge wants (out 0,
+# lse -inf), or in its lse on every row (measure/merging/states.parts_defects): each a convention of real
+# kernels that breaks merges, or the merges that do not expect it.
+PART_DEFECTS = {
+    "lse_finite_on_empty": "a finite lse (torch's CPU flash op: 0) on rows that see no key: weighed in as a real part",
+    "lse_posinf_on_empty": "lse +inf on rows that see no key (FlashAttention's convention, flash-attention PR #978)",
+    "lse_nan_on_empty": "lse NaN on rows that see no key",
+    "out_nan_on_empty": "out NaN on rows that see no key (a merge that does not weigh an empty part by 0 gives NaN)",
+    # and on every row:
+    "lse_in_low_precision": "an lse with the out's bf16/fp16 rounding (computed in it, not in float32 as "
+                            "FlashAttention keeps it): merged, the lse and the weights carry that error",
+}

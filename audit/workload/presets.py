@@ -40,6 +40,7 @@ class Preset:
     page_size: int = 16           # slots per page of the paged scenario's cache (a kernel declaring its own keeps it)
     models: tuple[str, ...] = ()  # the model audit's decoders after the cells (workload/model.py; docs/model.md)
     merges: tuple[str, ...] = ()  # merge functions audited after the cells (workload/merges.py; docs/numerics.md)
+    merge_parts: tuple[str, ...] = ()  # attention variants whose own partial states the merges are audited on too
     # sample on until each median is known to ±this (0: the fixed minimum only); $ATTN_AUDIT_NOISE_TARGET
     noise_target: float = field(default_factory=default_noise_target)
     noise_cap_s: float = 0.1      # ... for at most this many more seconds per measurement

@@ -26,14 +26,15 @@ from ...workload.merge_mistakes import MERGE_MISTAKES
 from .gradients import merge_gradient
 from .states import PartialState
 
-MERGE_RECORD_VERSION = 2          # 2: the gradient columns (gradients.py)
+MERGE_RECORD_VERSION = 3          # 2: the gradient columns (gradients.py); 3: parts_from, parts_defects, reference_outcome
 MERGE_ATOL_ROUNDINGS = 4.0
 OUTCOMES = ("right", "nan", "inf", "wrong", "error")
 
 
 def tolerances(state: PartialState) -> tuple[float, float]:
     """(out, lse) tolerances of a state: MERGE_ATOL_ROUNDINGS unit roundoffs per part and one more for
-    the merge, of the out dtype times the golden out's magnitude, and of float32 times the lse's."""
+    the merge, of the out dtype times the golden out's magnitude, and of float32 times the lse's (a kernel's
+    parts are judged against the golden of the inputs it saw: states.py)."""
     out, lse = state.golden
     n = len(state.parts) + 1
     finite = lse[lse.isfinite()]
@@ -110,14 +111,27 @@ def diagnose_merge(result: tuple[Any, Any], state: PartialState, out_tol: float,
     return joined(m.name for m in found)
 
 
+def reference_outcome(state: PartialState) -> str:
+    """What the reference merge gives on the state's parts (right, nan, inf, wrong): where it is not right
+    the parts cannot be merged right (a kernel's that break the (0, -inf) convention of an empty part), and
+    no merge function is blamed for missing the golden there."""
+    memo = state.memo
+    if ("outcome", None) not in memo:
+        if ("values", None) not in memo:
+            memo[("values", None)] = chain(reference_pairs, state.parts)
+        memo[("outcome", None)] = outcome_of(measures(memo[("values", None)], state), *tolerances(state))
+    return memo[("outcome", None)]
+
+
 def audit_merge(merge: MergeFunction, state: PartialState) -> dict[str, Any]:
     """One record: the merge function on one state (plain, versioned; a call that raises is status
     "error" with its reason, never numbers)."""
     out_tol, lse_tol = tolerances(state)
     record: dict[str, Any] = {"merge_version": MERGE_RECORD_VERSION, "merge": merge.name, "form": merge.form,
                               "lse_base": merge.lse_base, "control": merge.control, "state": state.name,
-                              "dtype": state.dtype, "parts": len(state.parts), "out_tol": out_tol,
-                              "lse_tol": lse_tol}
+                              "dtype": state.dtype, "parts": len(state.parts), "parts_from": state.parts_from,
+                              "parts_defects": state.parts_defects, "reference_outcome": reference_outcome(state),
+                              "out_tol": out_tol, "lse_tol": lse_tol}
     try:
         result = merge.merge([(o.clone(), l.clone()) for o, l in state.parts])
     except Exception as exc:                   # a user's function may raise anything: the record says what

@@ -13,6 +13,15 @@ parallelism (each of two ranks holds a chunk from each end); split-KV decode (on
 splits). Edge states (EDGES): one part empty on some rows, first or second; both parts empty
 (fully masked rows); the empty part carrying FlashAttention's +inf lse; lses more than 88 apart
 (float32's exp overflows past 88.7); fully masked rows in a causal split.
+
+The same states with their parts made by an attention kernel (`parts_from`: a variant that returns its
+lse), so that a merge is judged on what real kernels hand it: each part the kernel on its keys in the
+state's dtype, told which key each query sees by a bool mask (as the lse checks' halves are,
+golden/lse.split_calls), its out as it returns it and its lse in float32; the golden is that of the inputs
+as the kernel sees them (rounded to the dtype), so what is judged is the kernel's and the merge's own error. Kernels differ exactly where
+merges break: on a row that sees no key torch's CPU flash op returns out 0 and lse 0, eager attention
+NaN and -inf, FlexAttention 0 and -inf. The states whose parts no kernel makes (a score bias, an
+empty part's lse replaced by +inf) stay the golden's only.
 """
 from __future__ import annotations
 
@@ -26,6 +35,10 @@ from ..golden.reference import golden_attention
 
 BATCH, HEADS, QUERIES, KEYS, HEAD_DIM = 1, 2, 16, 16, 16
 FAR_APART = 100.0                       # nats between two parts' lses: exp(100) overflows float32 (88.7)
+GOLDEN_PARTS = "golden"
+# A maker of parts: (q, k, v) in the state's dtype, (B, H, Tq, d) and (B, H, Tk_part, d), and a bool mask
+# (1, 1, Tq, Tk_part), True where a query sees a key, or None where it sees every one -> (out, lse).
+PartsMaker = Callable[..., tuple[Any, Any]]
 
 
 @dataclass
@@ -37,6 +50,8 @@ class PartialState:
     parts: list[tuple[Any, Any]]
     golden: tuple[Any, Any]             # float64 (out, lse): (0, -inf) on a row that sees no key
     what: str                           # what it tests, one line (docs/numerics.md)
+    parts_from: str = GOLDEN_PARTS      # who made the parts: the golden, or the attention variant's name
+    parts_defects: str = "none"         # what the parts hold on rows that see no key of them (parts_defects)
     # what every merge function audited on this state is compared with, made once (judge.py, gradients.py):
     # the right merge's and each known mistake's results and gradients
     memo: dict = field(default_factory=dict, repr=False, compare=False)
@@ -109,11 +124,48 @@ def _visible(split: Split, tq: int) -> Any:
     return vis[None, None]
 
 
-def build_state(split: Split, dtype: str, seed: int = 0) -> PartialState:
-    """One state: each part the float64 golden over its keys (rounded to `dtype`, lse float32), the
-    golden over all keys with the same visibility and score bias."""
+def parts_defects(parts: list[tuple[Any, Any]], empty: list[Any], dtype: str) -> str:
+    """The defects (workload/merge_mistakes.PART_DEFECTS) of kernel-made parts in `dtype`, each part's rows
+    that see none of its keys given ((B|1, H|1, Tq) bool); "none" where every such row holds (out finite,
+    lse -inf) and the lse is float32's (not every finite value one the out's dtype holds exactly)."""
+    import torch
+    found = []
+    low = getattr(torch, dtype_spec(dtype).torch_name)
+    lses = torch.cat([lse.flatten() for _, lse in parts])
+    lses = lses[lses.isfinite()]
+    if low != torch.float32 and lses.numel() >= 8 and bool((lses.to(low).float() == lses).all()):
+        found.append("lse_in_low_precision")
+    for (out, lse), rows in zip(parts, empty):
+        rows = rows.expand_as(lse)
+        if not rows.any():
+            continue
+        l, o = lse[rows], out[rows]                                             # (n,), (n, d)
+        if torch.isfinite(l).any():
+            found.append("lse_finite_on_empty")
+        if (l == math.inf).any():
+            found.append("lse_posinf_on_empty")
+        if l.isnan().any():
+            found.append("lse_nan_on_empty")
+        if o.isnan().any():
+            found.append("out_nan_on_empty")
+    return ", ".join(dict.fromkeys(found)) or "none"                       # several may hold at once
+
+
+def kernel_made(split: Split) -> bool:
+    """Whether a kernel can make this split's parts: no score bias and no lse put in by hand."""
+    return not split.bias and split.empty_lse == -math.inf
+
+
+def build_state(split: Split, dtype: str, seed: int = 0, parts_from: tuple[str, PartsMaker] | None = None
+                ) -> PartialState:
+    """One state: each part the float64 golden over its keys (rounded to `dtype`, lse float32), or, given
+    parts_from (a name and its PartsMaker), that kernel's parts; the golden over all keys with the same
+    visibility and score bias."""
     import torch
     q, k, v = _inputs(seed, split.queries)
+    out_dtype = getattr(torch, dtype_spec(dtype).torch_name)
+    if parts_from is not None:       # the kernel sees its inputs in the dtype: the golden of the same inputs
+        q, k, v = (t.to(out_dtype).double() for t in (q, k, v))
     shards = split.shards(KEYS)
     visible = _visible(split, split.queries)
     for part, rows in ((0, split.hidden_rows), (1, split.hidden_rows_second)):   # rows a part gives no key
@@ -123,7 +175,19 @@ def build_state(split: Split, dtype: str, seed: int = 0) -> PartialState:
     for part, extra in enumerate(split.bias):
         bias[shards[part]] = extra
     whole = golden_attention(q, k, v, visible=visible, score_mod=lambda s: s + bias)
-    out_dtype = getattr(torch, dtype_spec(dtype).torch_name)
+    if parts_from is not None:
+        name, make = parts_from
+        assert kernel_made(split), split.name
+        qd, kd, vd = (t.to(out_dtype) for t in (q, k, v))
+        parts, empty = [], []
+        for idx in shards:
+            sel = torch.tensor(idx)
+            sees = visible[..., sel]                                            # (1, 1, Tq, Tk_part)
+            out, lse = make(qd, kd[..., sel, :], vd[..., sel, :], None if bool(sees.all()) else sees)
+            parts.append((out.detach(), lse.detach().float()))
+            empty.append(~sees.any(-1))                                         # (1, 1, Tq)
+        return PartialState(split.name, dtype, parts, (whole.out, whole.lse), split.what, name,
+                            parts_defects(parts, empty, dtype))
     parts = []
     for idx in shards:
         sel = torch.tensor(idx)
@@ -135,8 +199,10 @@ def build_state(split: Split, dtype: str, seed: int = 0) -> PartialState:
     return PartialState(split.name, dtype, parts, (whole.out, whole.lse), split.what)
 
 
-def all_states(dtypes: tuple[str, ...] = STATE_DTYPES, seed: int = 0) -> list[PartialState]:
-    """Every split in every dtype, every edge state in float32 and the narrowest dtypes' first (bf16)."""
-    states = [build_state(s, dt, seed) for s in SPLITS for dt in dtypes]
-    states += [build_state(s, dt, seed) for s in EDGES for dt in dtypes[:2]]
-    return states
+def all_states(dtypes: tuple[str, ...] = STATE_DTYPES, seed: int = 0,
+               parts_from: tuple[str, PartsMaker] | None = None) -> list[PartialState]:
+    """Every split in every dtype, every edge state in float32 and the narrowest dtypes' first (bf16);
+    given parts_from, those whose parts a kernel can make (kernel_made), made by it."""
+    splits = [(s, dtypes) for s in SPLITS] + [(s, dtypes[:2]) for s in EDGES]
+    return [build_state(s, dt, seed, parts_from) for s, dts in splits for dt in dts
+            if parts_from is None or kernel_made(s)]
