@@ -79,7 +79,8 @@ def _parts_findings(records: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     if r.get("status") == "ok" and not _mergeable(r)}.values())          # once per state
         if not bad:
             continue
-        outcomes = ", ".join(OUTCOME_WORDS.get(str(o), str(o)) for o in dict.fromkeys(r["reference_outcome"] for r in bad))
+        outcomes = ", ".join(OUTCOME_WORDS.get(str(o), str(o))
+                             for o in dict.fromkeys(r["reference_outcome"] for r in bad))
         finding = _finding("merge_parts_wrong", "error", made,
                            f"{made}'s (out, lse) over part of the keys cannot be merged right: the reference merge "
                            f"of them gives {outcomes} on {_states_text(bad)}{_defects_text(bad)}",

@@ -106,7 +106,8 @@ def merge_verdict(records: list[Mapping[str, Any]], findings: list[Mapping[str, 
     text = "Merging partial attention: " + (f"right on every partial state: {', '.join(right)}. " if right else "")
     if wrong:
         text += "Wrong: " + "; ".join(
-            f"{m} ({', '.join(sorted({WORDS.get(o, o) for o in summary.get(m, {}).values() if o not in judged_right}))} on "
+            f"{m} ({', '.join(sorted({WORDS.get(o, o) for o in summary.get(m, {}).values() if o not in judged_right}))}"
+            f" on "
             f"{', '.join(s for s, o in summary.get(m, {}).items() if o not in ('right', UNMERGEABLE))})"
             for m in wrong) + " (see " + MERGE_HEADING + ")."
     parts = [f for f in findings if f.get("check") == "merge_parts_wrong"]

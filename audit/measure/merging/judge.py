@@ -26,7 +26,8 @@ from ...workload.merge_mistakes import MERGE_MISTAKES
 from .gradients import merge_gradient
 from .states import PartialState
 
-MERGE_RECORD_VERSION = 3          # 2: the gradient columns (gradients.py); 3: parts_from, parts_defects, reference_outcome
+# 2: the gradient columns (gradients.py); 3: parts_from, parts_defects, reference_outcome (a kernel's parts)
+MERGE_RECORD_VERSION = 3
 MERGE_ATOL_ROUNDINGS = 4.0
 OUTCOMES = ("right", "nan", "inf", "wrong", "error")
 

@@ -87,7 +87,8 @@ def state_id(merge: str, state: PartialState) -> str:
     return f"{merge}-{state.name}-{state.dtype}{made}"
 
 
-def write_merge_audit(run_dir: str | Path, names: Sequence[str], parts_from: Sequence[str] = ()) -> list[dict[str, Any]]:
+def write_merge_audit(run_dir: str | Path, names: Sequence[str],
+                      parts_from: Sequence[str] = ()) -> list[dict[str, Any]]:
     """merge_records(names, parts_from) written to DIR/MERGE_FILE (replacing what an interrupted run left)."""
     records = merge_records(names, parts_from)
     path = Path(run_dir) / MERGE_FILE
