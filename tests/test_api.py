@@ -31,6 +31,16 @@ def test_keywords_become_the_command_line_of_the_same_run():
                                                                          ["true", "false"], True)
 
 
+def test_every_option_the_parser_gave_nothing_makes_no_argument():
+    """A run's own arguments handed on (Ray's shards: ray_executor.task_argv) parse again: an option left
+    at its default, an empty list included (`--merge-parts` with no values would be refused), adds nothing."""
+    parser = run_command.run_parser()
+    args = parser.parse_args(["--preset", "quick"])
+    argv = to_argv({k: v for k, v in vars(args).items() if k != "command"}, parser._actions)
+    assert parser.parse_args(argv).merge_parts is None
+    assert to_argv({"merge_parts": []}, parser._actions) == []
+
+
 def test_an_unknown_keyword_names_the_allowed_ones():
     with pytest.raises(TypeError, match="unknown option .seqlen.; allowed: .*seq_len"):
         audit.run(preset="quick", seqlen=[128])

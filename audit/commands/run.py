@@ -96,7 +96,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                           "partial attention): all (every built-in), none, built-in names (attn-audit list), or "
                           "module:attr, a declare_merge(...) or a function in a module on the Python path "
                           "(default: the quick and cpu presets' own grid audits every built-in; chosen axes none)")
-    run.add_argument("--merge-parts", nargs="+", metavar="VARIANT", default=[],
+    run.add_argument("--merge-parts", nargs="+", metavar="VARIANT",
                      help="attention variants that return their log-sum-exp (uncompiled, on the CPU: eager, "
                           "flash_op, flex_eager, a plug-in's) whose own (out, lse) over parts of the keys the merge "
                           "functions are audited on too, beside the golden's (docs/numerics.md, Merging partial "

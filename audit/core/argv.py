@@ -8,12 +8,12 @@ from typing import Any, Mapping, Sequence
 
 def to_argv(options: Mapping[str, Any], actions: Sequence[argparse.Action]) -> list[str]:
     """The command-line arguments that give `options` ({dest: value}) to a parser with these
-    actions: True -> the flag, None or False -> nothing, a list -> the flag and its values
-    (booleans as true/false). An option the parser lacks raises TypeError naming the allowed."""
+    actions: True -> the flag, None, False or an empty list -> nothing (a flag of one or more values
+    given none would be refused), a list -> the flag and its values (booleans as true/false). An option the parser lacks raises TypeError naming the allowed."""
     flags = {a.dest: a.option_strings[0] for a in actions if a.option_strings and a.help != argparse.SUPPRESS}
     argv: list[str] = []
     for dest, value in options.items():
-        if value is None or value is False:
+        if value is None or value is False or (isinstance(value, (list, tuple)) and not value):
             continue
         if dest not in flags:
             raise TypeError(f"unknown option {dest!r}; allowed: {', '.join(sorted(flags))}")
