@@ -46,7 +46,8 @@ def row_state(state: PartialState, b: int, h: int, t: int, features: int | None)
     parts = [(o[b:b + 1, h:h + 1, t:t + 1, cut], l[b:b + 1, h:h + 1, t:t + 1]) for o, l in state.parts]
     g_out, g_lse = state.golden
     return PartialState(state.name, state.dtype, parts, (g_out[b:b + 1, h:h + 1, t:t + 1, cut],
-                                                         g_lse[b:b + 1, h:h + 1, t:t + 1]), state.what)
+                                                         g_lse[b:b + 1, h:h + 1, t:t + 1]), state.what,
+                        state.parts_from, state.parts_defects)
 
 
 def candidate_rows(state: PartialState) -> Iterator[PartialState]:
