@@ -120,6 +120,7 @@ class _Cell(CellState):
     new_threads: list = field(default_factory=list)  # Python threads the first two forwards left running
     incomplete: bool = False        # complete_at_return failed: calls whose results are read at once settle first
     settle_s: float = timers.SETTLE_MIN_S    # how long work a call left running took to finish (twice that)
+    threads_seen: set = field(default_factory=set)   # Python threads alive at the last wait (a pool's stay)
     returned_at: float = 0.0        # when the warm-up forward returned (perf_counter)
     fenced: dict | None = None      # CUDA: per-call seconds of each timed pass with a device-wide fence
 

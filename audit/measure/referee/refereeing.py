@@ -7,6 +7,7 @@ and why: docs/generated-kernels.md.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 from ...core.dtypes import dtype_spec
@@ -63,6 +64,7 @@ def complete_at_return(cell: Any) -> None:
         timers.join_threads(cell.new_threads)      # their time since the warm-up returned
         cell.settle_s = min(timers.SETTLE_MAX_S, max(timers.SETTLE_MIN_S, 2 * (timers.clock() - cell.returned_at)))
     cell.new_threads = []
+    cell.threads_seen = set(threading.enumerate())
     timers.settle(cell.sync, cell.warm_fwd)
     later = later.detach()
     if not bitwise_equal(at_return, later):
@@ -80,8 +82,19 @@ def complete_at_return(cell: Any) -> None:
 def settle_if_incomplete(cell: Any) -> None:
     """After a call whose result is read at once: let work it left running finish, for a variant
     complete_at_return already failed (once is enough for the finding)."""
-    if cell.incomplete:                    # as long as its threads took, up to SETTLE_MAX_S
-        timers.settle(cell.sync, max(cell.warm_fwd, cell.settle_s), timers.SETTLE_MAX_S)
+    if cell.incomplete:
+        wait_for_work(cell)
+
+
+def wait_for_work(cell: Any) -> None:
+    """The Python threads started since the last wait, each joined until it ends (timers.THREAD_JOIN_MAX_S:
+    a loaded machine must not make a half-written output read as another defect), then the timed wait its
+    work took before (up to SETTLE_MAX_S; device work too)."""
+    started = [t for t in threading.enumerate() if t not in cell.threads_seen and t.is_alive()]
+    if started:
+        timers.join_threads(started)
+    cell.threads_seen = set(threading.enumerate())
+    timers.settle(cell.sync, max(cell.warm_fwd, cell.settle_s), timers.SETTLE_MAX_S)
 
 
 def out_of_reach(cell: Any) -> None:
@@ -153,7 +166,7 @@ def every_call(cell: Any, last_out: Any, last_grads: tuple | None) -> None:
         return
     ref, m, dtype = cell.ref, cell.columns, cell.case.dtype
     if not bitwise_equal(last_out.detach(), cell.out):
-        timers.settle(cell.sync, max(cell.warm_fwd, cell.settle_s), timers.SETTLE_MAX_S)   # work it left running
+        wait_for_work(cell)                                                               # work it left running
     if bitwise_equal(last_out.detach(), cell.out):
         cell.verdicts.judge("every_call", True)
     else:
