@@ -20,20 +20,18 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 from ..core.diagnosis_names import members
-from ..workload.merge_mistakes import MERGE_MISTAKES, PART_DEFECTS
+from ..workload.merge_mistakes import GOLDEN_PARTS, MERGE_MISTAKES, PART_DEFECTS, parts_label
 from .finding_rows import _finding
 
 MERGE_CHECKS: tuple[str, ...] = ("merge_wrong", "merge_grad_wrong", "merge_control_uncaught", "merge_failed",
                                   "merge_parts_wrong", "merge_parts_failed")
-GOLDEN_PARTS = "golden"
 GRAD_BAD = ("nan", "wrong")
 OUTCOME_WORDS = {"nan": "NaN", "inf": "an infinity", "wrong": "a wrong result"}
 
 
 def state_label(r: Mapping[str, Any]) -> str:
     """A record's state, and @variant where a kernel made its parts: 'ring_4@eager'."""
-    made = r.get("parts_from")
-    return str(r["state"]) + (f"@{made}" if made and made != GOLDEN_PARTS else "")
+    return parts_label(str(r["state"]), r.get("parts_from"))
 
 
 def _states_text(recs: list[Mapping[str, Any]]) -> str:

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..analysis.merge_rules import UNMERGEABLE, merge_summary, state_label
 from ..core.diagnosis_names import members
+from ..workload.merge_mistakes import GOLDEN_PARTS
 from .page import Block, Heading, Table, para
 
 MERGE_HEADING = "Merging partial attention"
@@ -76,12 +77,12 @@ def merge_section(records: list[Mapping[str, Any]], findings: list[Mapping[str, 
              "Each cell: the worst outcome over the state's dtypes, and the known mistake that gives it; gradient: "
              "d/d(out_i, lse_i) through the merge against float64 autograd, where the merge is differentiable."),
     ]
-    makers = list(dict.fromkeys(r.get("parts_from") or "golden" for r in records))
+    makers = list(dict.fromkeys(r.get("parts_from") or GOLDEN_PARTS for r in records))
     for made in makers:
-        mine = [r for r in records if (r.get("parts_from") or "golden") == made and r.get("merge") is not None]
+        mine = [r for r in records if (r.get("parts_from") or GOLDEN_PARTS) == made and r.get("merge") is not None]
         if mine:
             blocks.append(Table(merge_table(mine), caption="Per merge function and partial state" + (
-                "" if made == "golden" else f", the parts made by {made} (parts unmergeable: the reference merge "
+                "" if made == GOLDEN_PARTS else f", the parts made by {made} (parts unmergeable: the reference merge "
                                             "of them misses too, the kernel's fault)")))
     blocks += [para(f["message"]) for f in real]
     caught = len(controls) - len(uncaught)

@@ -19,7 +19,8 @@ from ..core.runfolder import MERGE_FINDINGS_FILE, REPRO_DIR, read_merge_records
 from ..measure.merging.judge import measures, outcome_of, tolerances
 from ..analysis.merge_rules import state_label
 from ..measure.merging.run_audit import kernel_parts
-from ..measure.merging.states import EDGES, GOLDEN_PARTS, SPLITS, PartialState, build_state
+from ..measure.merging.states import EDGES, SPLITS, PartialState, build_state
+from ..workload.merge_mistakes import GOLDEN_PARTS
 from ..workload.merge_functions import MergeFunction
 from ..workload.merges import builtin_merges, resolve_merge
 from .merge_cases import FORM_CALLS, candidate_rows, literal

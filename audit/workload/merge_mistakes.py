@@ -122,6 +122,14 @@ def weights_detached(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[An
     return out, lse
 
 
+GOLDEN_PARTS = "golden"     # who made a partial state's parts: the float64 golden, else the attention variant's name
+
+
+def parts_label(state: str, parts_from: str | None) -> str:
+    """A partial state's name, and @variant where a kernel made its parts: 'ring_4@eager'."""
+    return state + (f"@{parts_from}" if parts_from and parts_from != GOLDEN_PARTS else "")
+
+
 # What an attention kernel's part may hold on a row that sees none of its keys, where a merge wants (out 0,
 # lse -inf), or in its lse on every row (measure/merging/states.parts_defects): each a convention of real
 # kernels that breaks merges, or the merges that do not expect it.

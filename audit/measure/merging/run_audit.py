@@ -14,7 +14,8 @@ from ...workload.merge_functions import torch_merger_available
 from ...core.errors import UsageError
 from ...workload.merges import TORCH_MERGE, builtin_merges, resolve_merge
 from .judge import MERGE_RECORD_VERSION, audit_merge
-from .states import GOLDEN_PARTS, PartialState, PartsMaker, all_states
+from ...workload.merge_mistakes import parts_label
+from .states import PartialState, PartsMaker, all_states
 
 
 def parts_variant(name: str) -> Any:
@@ -83,8 +84,7 @@ def merge_records(names: Sequence[str], parts_from: Sequence[str] = ()) -> list[
 
 def state_id(merge: str, state: PartialState) -> str:
     """A merge record's id: merge-state-dtype, and @variant on a kernel's parts."""
-    made = "" if state.parts_from == GOLDEN_PARTS else f"@{state.parts_from}"
-    return f"{merge}-{state.name}-{state.dtype}{made}"
+    return f"{merge}-{state.name}-{state.dtype}" + parts_label("", state.parts_from)
 
 
 def write_merge_audit(run_dir: str | Path, names: Sequence[str],

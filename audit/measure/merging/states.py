@@ -31,11 +31,11 @@ from typing import Any, Callable
 
 from ...core.dtypes import dtype_spec
 from ...workload.draws import causal_keep
+from ...workload.merge_mistakes import GOLDEN_PARTS
 from ..golden.reference import golden_attention
 
 BATCH, HEADS, QUERIES, KEYS, HEAD_DIM = 1, 2, 16, 16, 16
 FAR_APART = 100.0                       # nats between two parts' lses: exp(100) overflows float32 (88.7)
-GOLDEN_PARTS = "golden"
 # A maker of parts: (q, k, v) in the state's dtype, (B, H, Tq, d) and (B, H, Tk_part, d), and a bool mask
 # (1, 1, Tq, Tk_part), True where a query sees a key, or None where it sees every one -> (out, lse).
 PartsMaker = Callable[..., tuple[Any, Any]]
