@@ -85,3 +85,14 @@ def run_cells(cases, preset) -> dict:
         return {c.id: runner.run_cell(c, cache, preset, {}) for c in cases}
     finally:
         sys.path.remove(str(PLUGINS))
+
+
+def skip_without_torch_merger() -> None:
+    """Skip the calling test, saying why, where this torch has no context-parallel merger. Called in
+    the test, not as a skipif mark: the check imports torch.distributed, 0.7 s in every process that
+    collects the module (each pytest-xdist worker, each emulated CPU kind)."""
+    import pytest
+    from audit.workload.merge_functions import torch_merger_available
+    why = torch_merger_available()
+    if why is not None:
+        pytest.skip(why)

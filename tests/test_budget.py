@@ -497,8 +497,8 @@ def test_the_time_outside_the_cells_scales_with_the_host_but_the_ceilings_and_ca
     pred = _pred([("a", 1, "ok", 1.0, 0.0), ("b", 2, "ok", 1.0, 0.0), ("c", 3, "skipped", 0.0, 0.0)])
     ref_before, ref_after = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0)
     slow_before, slow_after = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0, host=3.0)
-    from audit.measure.machine.canary import CANARY_WALL_S, LABELS
-    ceilings = DEFAULTS["ceilings_factor"] * 2.0 + CANARY_WALL_S * len(LABELS)   # time-boxed: ceilings, canary
+    from audit.measure.machine.canary import CANARY_WALL_S, readings_for
+    ceilings = DEFAULTS["ceilings_factor"] * 2.0 + CANARY_WALL_S * readings_for(3)   # time-boxed: ceilings, canary
     assert ref_after == pytest.approx(DEFAULTS["report_s"] + 2 * DEFAULTS["report_per_cell_s"])   # 2 measured
     assert slow_after == pytest.approx(3.0 * ref_after)
     assert slow_before - ceilings == pytest.approx(3.0 * (ref_before - ceilings))
@@ -509,15 +509,15 @@ def test_a_run_planning_itself_counts_its_start_up_and_ceilings_as_measured():
     the seconds it has spent replace start_s and the ceilings in the reserve where they are well over
     them, the rest is predicted; a start quicker, or a little slower, keeps the prediction (the
     dry-run's plan)."""
-    from audit.measure.machine.canary import CANARY_WALL_S, LABELS
+    from audit.measure.machine.canary import CANARY_WALL_S, readings_for
     from audit.plan.overhead import DEFAULTS, overhead_s
     pred = _pred([("a", 1, "ok", 1.0, 0.0), ("b", 2, "ok", 1.0, 0.0), ("c", 3, "skipped", 0.0, 0.0)])
     predicted, _ = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0)
     rest = (DEFAULTS["plan_per_cell_s"] * 3 + DEFAULTS["between_cell_s"] * 3)
     assert predicted == pytest.approx(DEFAULTS["start_s"] + DEFAULTS["ceilings_factor"] * 2.0
-                                      + CANARY_WALL_S * len(LABELS) + rest)
+                                      + CANARY_WALL_S * readings_for(3) + rest)
     cold, _ = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0, spent_s=14.0)
-    assert cold == pytest.approx(14.0 + CANARY_WALL_S * (len(LABELS) - 1) + rest)   # the start reading is taken
+    assert cold == pytest.approx(14.0 + CANARY_WALL_S * (readings_for(3) - 1) + rest)   # the start reading is taken
     warm, _ = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0, spent_s=0.5)
     busy, _ = overhead_s(pred, ceilings_measured=True, ceilings_s=2.0, spent_s=predicted - rest + 1.0)
     assert warm == pytest.approx(predicted) and busy == pytest.approx(predicted)   # a start a little slow: the plan

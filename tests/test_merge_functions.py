@@ -13,8 +13,9 @@ from audit.core.diagnosis_names import members
 from audit.core.errors import UsageError
 from audit.measure.merging.judge import audit_merge, audit_merges, outcome_of
 from audit.measure.merging.states import EDGES, SPLITS, all_states, build_state
-from audit.workload.merge_functions import declare_merge, merge_partials, torch_merger_available
+from audit.workload.merge_functions import declare_merge, merge_partials
 from audit.workload.merges import CONTROL_PREFIX, builtin_merges
+from tests.helpers import skip_without_torch_merger
 from tests.plugins.merge_standins import merge_attn_states, merge_state, merge_state_nan_on_empty
 from audit.workload.merge_mistakes import MERGE_MISTAKES
 
@@ -132,11 +133,11 @@ def test_a_merge_that_raises_is_an_error_with_its_reason_not_numbers():
 
 # --------------------------------------------------------------------------- torch's own
 
-@pytest.mark.skipif(torch_merger_available() is not None, reason=str(torch_merger_available()))
 def test_torch_context_parallel_merge_is_audited_as_it_ships(states):
     """Whatever torch's _SDPAMerger returns, the audit's outcome is what calling it by hand shows, and
     a NaN or a +inf that wins is named by the mistake that gives it. (torch 2.13: NaN on two empty
     parts and on an empty first part; an empty part's +inf lse wins.)"""
+    skip_without_torch_merger()      # at run time: the check imports torch.distributed (0.7 s a collection)
     from torch.distributed.tensor.experimental._context_parallel._attention import _SDPAMerger
     records = _by_state(audit_merges({"t": builtin_merges()["torch_context_parallel"]}, states))
     for state in states:

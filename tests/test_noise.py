@@ -336,6 +336,25 @@ def test_the_quarter_readings_follow_the_planned_work_measured_not_the_records(m
     assert unplanned.progress() == pytest.approx(2 / 8)
 
 
+@pytest.mark.parametrize("cells", range(1, 9))
+def test_no_reading_is_taken_without_a_cell_since_the_last_and_the_plan_counts_the_readings(monkeypatch, cells):
+    """A reading says how fast the machine was over the cells since the one before; back to back
+    they say nothing new. A one-cell run took five readings, four after its cell (1 s of its 3.8 s);
+    it takes the start's and one more. The plan counts what is taken (canary.readings_for)."""
+    from audit.execute.runner import CanaryTimes
+    from audit.measure.machine import canary
+    taken = []
+    monkeypatch.setattr(canary, "record_canary", lambda run_dir, label, device: taken.append(label))
+    times = CanaryTimes(Path("."), [])
+    for done in range(1, cells + 1):                    # equal cells: the share of the work done
+        times.after_cell(done / cells)
+    times.at_end()
+    assert len(taken) == len(set(taken)) and 1 + len(taken) == canary.readings_for(cells)   # with the start's
+    assert set(taken) <= set(canary.LABELS[1:]) and (cells < 5 or taken == list(canary.LABELS[1:]))
+    if cells == 1:
+        assert taken == ["75%"]                         # one reading after the cell, no end right after it
+
+
 def test_advice_comes_where_the_run_was_noisy_and_names_fewer_threads_only_where_all_cores_were_used():
     from audit.analysis.noise_rules import advice
     quiet = canary_summary(_readings(1.0e-4, 1.01e-4, 1.0e-4))

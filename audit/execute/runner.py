@@ -363,24 +363,38 @@ class CanaryTimes:
     predicted seconds; quarters of every record all fell at a run's end, its cells skipped for time
     being recorded last), its end reading after the last cell (the start's is the first process's,
     before the plan). Each label once per run folder, whichever worker gets there; none with
-    --noise-target 0 (nothing judged)."""
+    --noise-target 0 (nothing judged).
+
+    A reading says how fast the machine was while the cells since the one before it were measured, so
+    none is taken without a cell since the last: a cell passing several quarters gets one reading (the
+    last quarter's label), and the end's is left out when no cell followed the last quarter's. A
+    one-cell run took five readings, four of them back to back after its cell (1 s of a 3.8 s run on a
+    2-core Xeon); it takes two (measure/machine/canary.readings_for)."""
 
     def __init__(self, run_dir: Path, cases: list[Case], on: bool = True) -> None:
         from ..measure.machine.canary import QUARTERS, canary_device
         self.run_dir, self.on = run_dir, on
         self.due = [(quarter / 4, label) for quarter, label in enumerate(QUARTERS, start=1)]   # (share, label)
         self.device = canary_device(c.device for c in cases)
+        self.cells_since = 0            # cells this process measured since its last reading
 
     def after_cell(self, progress: float) -> None:
         """After a measured cell, `progress` (0-1) of the planned work done."""
-        from ..measure.machine.canary import record_canary
+        self.cells_since += 1
+        passed = []
         while self.on and self.due and progress >= self.due[0][0]:
-            record_canary(self.run_dir, self.due.pop(0)[1], self.device)
+            passed.append(self.due.pop(0)[1])
+        if passed:
+            self._reading(passed[-1])
 
     def at_end(self) -> None:
+        if self.on and self.cells_since:
+            self._reading("end")
+
+    def _reading(self, label: str) -> None:
         from ..measure.machine.canary import record_canary
-        if self.on:
-            record_canary(self.run_dir, "end", self.device)
+        record_canary(self.run_dir, label, self.device)
+        self.cells_since = 0
 
 
 def _energy_meter(cases: list[Case]) -> Any:

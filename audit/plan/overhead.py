@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Mapping
 
-from ..measure.machine.canary import CANARY_WALL_S, LABELS as CANARY_LABELS
+from ..measure.machine.canary import CANARY_WALL_S, readings_for
 from ..measure.machine.energy import COUNTER_CHECK_WALL_S
 from ..measure.machine.roofline import CEILINGS_BUDGET_S
 
@@ -96,7 +96,7 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
     kind = device_kind(devices)
     c = lambda name: constant(params, kind, name, host)    # noqa: E731 - a short local reader
     kept = n if kept is None else min(n, kept)
-    readings = len(CANARY_LABELS) if n and canary else 0   # the canary's (none with --noise-target 0)
+    readings = readings_for(kept) if n and canary else 0   # the canary's (none with --noise-target 0)
     before = c("start_s") + CANARY_WALL_S * readings
     if ceilings_measured:
         before += c("ceilings_factor") * ceilings_s * len(devices) + COUNTER_CHECK_WALL_S * ("cuda" in devices)

@@ -22,7 +22,7 @@ from ..measure.merging.run_audit import kernel_parts
 from ..measure.merging.states import EDGES, SPLITS, PartialState, build_state
 from ..workload.merge_mistakes import GOLDEN_PARTS
 from ..workload.merge_functions import MergeFunction
-from ..workload.merges import builtin_merges, resolve_merge
+from ..workload.merges import TORCH_MERGE, builtin_merges, resolve_merge
 from .merge_cases import FORM_CALLS, candidate_rows, literal
 from .merge_grad_scripts import gradient_script, smallest_failing_gradient
 
@@ -90,7 +90,7 @@ def write_merge_repro_scripts(run_dir: str | Path) -> list[dict]:
         return []
     findings = json.loads(path.read_text())
     by_id = {r.get("id"): r for r in read_merge_records(run_dir)}
-    merges = builtin_merges()
+    merges = builtin_merges(torch_merge=any(f.get("variant") == TORCH_MERGE for f in findings))
     splits = {s.name: s for s in SPLITS + EDGES}
     for finding in findings:
         finding.pop("repro", None)

@@ -28,6 +28,13 @@ LABELS = ("start", *QUARTERS, "end")
 CANARY_WALL_S = 0.3        # one reading's wall time, warm-up included (0.25 s on a 2-core Xeon): plan/overhead.py
 
 
+def readings_for(cells: int) -> int:
+    """How many readings a run measuring `cells` cells takes (execute/runner.CanaryTimes): the start's,
+    then one after a cell at most for each later label, none without a cell since the last. With
+    more than four cells all five (a run's costs spread over its cells); fewer take fewer."""
+    return min(len(LABELS), 1 + cells) if cells > 0 else 1
+
+
 def time_canary(device: str = "cpu", *, seconds: float = CANARY_S) -> dict[str, Any]:
     """One reading: the median seconds of the reference matmul, how well it is known (ci_rel), the
     samples, and when. Never raises: a failure is the reading's `reason`."""

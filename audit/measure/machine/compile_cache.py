@@ -21,7 +21,16 @@ LOCKS = "locks"        # Inductor's lock files: touched by hits too
 
 
 def cache_dir() -> str | None:
-    """Inductor's cache folder as this process resolves it (None without Inductor)."""
+    """Inductor's cache folder as this process resolves it (None without Inductor).
+
+    Where TORCHINDUCTOR_CACHE_DIR is set, torch's own cache_dir() is that path made absolute (and
+    the folder made): read here without importing torch._inductor, whose package import took 1 s of
+    every run's start in the process that writes run.json (a run that compiles nothing in it)."""
+    given = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if given:
+        folder = os.path.abspath(given)
+        os.makedirs(folder, exist_ok=True)
+        return folder
     try:
         from torch._inductor.runtime.runtime_utils import cache_dir as inductor_cache_dir
     except ImportError:
