@@ -112,3 +112,16 @@ def test_flex_fails_on_a_graph_break_instead_of_running_eagerly(monkeypatch):
     flex = resolve("flex").build()         # (flex cells of the quick preset run it without a break)
     with pytest.raises(RuntimeError, match="did not compile as one graph"):
         flex(q, k, v, score_mod=breaking_score_mod)
+
+
+def test_the_cache_folder_read_from_the_environment_is_the_one_torch_resolves(tmp_path, monkeypatch):
+    """compile_cache.cache_dir reads TORCHINDUCTOR_CACHE_DIR itself (no import of torch._inductor): a
+    relative path resolves, and the folder is made, as torch's own cache_dir() does."""
+    from torch._inductor.runtime.runtime_utils import cache_dir as torch_cache_dir
+    from audit.measure.machine import compile_cache
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "relative/inductor")
+    ours = compile_cache.cache_dir()
+    assert ours == str(tmp_path / "relative" / "inductor") and (tmp_path / "relative" / "inductor").is_dir()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "relative/inductor")    # torch's writes the absolute path back
+    assert torch_cache_dir() == ours
