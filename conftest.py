@@ -153,12 +153,14 @@ def pytest_collection_modifyitems(config, items):
     pytest-xdist worker keeps alike): by the time one is reached the run, started in the
     background when collection ends, is made, and no worker waits for it. They are marked
     `shared_run`: `make test`'s emulated CPU kinds leave them out (the run is the whole quick preset).
+    Within each of the two parts the tests marked `slow` go first: last, one took 20 s on one worker
+    while the other had finished (tests/test_ray.py, 14 s of a 262 s phase with a core idle).
 
     The tests of a module that use a module-scoped fixture (a run of faulty plug-ins, a built
     report) go to one pytest-xdist worker (`make test`: `--dist loadgroup`): spread over two,
     each worker built the fixture (tests/test_repro.py's run of faulty plug-ins, 11-14 s on 2
     cores of an AVX2-only AMD EPYC, was made twice)."""
-    items.sort(key=_uses_shared_run)
+    items.sort(key=lambda item: (_uses_shared_run(item), item.get_closest_marker("slow") is None))
     for item in items:
         if _uses_shared_run(item):
             item.add_marker(pytest.mark.shared_run)

@@ -46,6 +46,7 @@ SHARDED = {"variant": ("eager", "sdpa", "sdpa_math", "broken.clamped"), "dtype":
 VERDICTS = ("status", "out_nan", "grad_nan", "within_budget", "masked_rows", "fused_sdpa")
 
 
+@pytest.mark.slow           # 20 s on a worker: started first among the tests reading the quick run
 def test_part_of_the_quick_preset_as_two_ray_shards_one_of_them_killed_and_retried(cluster, quick_run, tmp_path):
     """Two shards as Ray tasks: every cell of the unsharded grid once, with the session's local
     run's verdicts; SIGKILL of the Ray worker running the first shard (the pid it reports) once it
