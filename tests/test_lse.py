@@ -398,3 +398,55 @@ def test_the_merge_of_two_empty_parts_is_an_empty_row_not_nan():
     assert merged[0, 0, 2].tolist() == [1.0, 1.0] and lse[0, 0, 2] == 0.0   # a finite lse: read as keys
     naive = torch.exp(l2 - torch.logaddexp(l2, l2))
     assert bool(torch.isnan(naive).all())
+
+
+# --------------------------------------------------------------------------- context parallel: N shards
+
+def test_the_keys_cut_in_shards_cover_each_key_once_the_first_shards_a_key_longer():
+    from audit.measure.golden.lse import shard_bounds
+    assert shard_bounds(64, 4) == [(0, 16), (16, 32), (32, 48), (48, 64)]
+    assert shard_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert shard_bounds(3, 4) is None                                   # fewer keys than shards
+
+
+def test_causal_shards_by_position_merge_to_what_the_masked_shards_merge_to():
+    """A kernel that takes causal but no mask gets its shards by position (rows before a shard see
+    none of it); merged, they are the masked shards' merge, and the whole attention's."""
+    from audit.measure.golden.lse import causal_position_shards, merge_ring, shard_bounds, shard_calls
+    from audit.workload.eager import eager_lse_attention
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 24, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    whole = eager_lse_attention(q, k, v, causal=True)
+    masked = merge_ring(shard_calls(eager_lse_attention, q, k, v, None, True, "top-left", 4))
+    by_position = merge_ring(causal_position_shards(eager_lse_attention, q, k, v, shard_bounds(24, 4)))
+    for got in (masked, by_position):
+        assert torch.allclose(got[0], whole[0], atol=1e-12) and torch.allclose(got[1], whole[1], atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_kernel_wrong_only_on_short_key_ranges_passes_two_halves_and_fails_context_parallel(dtype):
+    """broken.lse_tile_padding counts the padding of its 32-key tile: 64 keys, and two halves of 32, are
+    right; 4 and 8 shards (16 and 8 keys) are not. eager and eager_fp32 are within at every N."""
+    cases = [cell(v, scenario, dtype, causal, heads=2, t=64) for v in ("broken.lse_tile_padding", "eager", "eager_fp32")
+             for scenario in ("normal", "padding") for causal in (False, True)]
+    recs = run(cases)
+    for c in cases:
+        rec = recs[c.id]
+        assert rec["status"] == "ok", rec["reason"]
+        assert set(rec["shards_errs"]) == {"4", "8"} and rec["merge_within_budget"] is True, c.id
+        want = c.variant != "broken.lse_tile_padding"
+        assert rec["shards_within_budget"] is want, (c.id, rec["shards_err_ratios"])
+        assert (rec["shards_err_ratio"] <= 2.5) is want, (c.id, rec["shards_err_ratio"])
+    found = [f for f in compute_findings(to_frame(list(recs.values()))) if f["check"] == "lse_error_budget"]
+    assert [f["variant"] for f in found] == ["broken.lse_tile_padding"]
+    assert "shards, merged as context parallel merges its ranks'" in found[0]["message"]
+
+
+def test_the_context_parallel_table_reads_each_shard_count_and_an_empty_frame():
+    from audit.render.stability_tables import shards_table
+    assert shards_table(to_frame([])).empty
+    recs = run([cell(v, "normal", "fp32", False, heads=2, t=64) for v in ("broken.lse_tile_padding", "eager")])
+    table = shards_table(to_frame(list(recs.values()))).set_index("variant")
+    assert list(table.columns) == ["dtype", "2 shards", "4 shards", "8 shards", "cells"]
+    assert table.loc["eager", "8 shards"] < 2 and table.loc["broken.lse_tile_padding", "8 shards"] > 100
+    assert table.loc["broken.lse_tile_padding", "2 shards"] < 2

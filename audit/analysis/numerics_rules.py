@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..core.defects import BUDGETED_GRADIENTS, grad_outside_budget, leaks, nonfinite
 from ..core.grid import INPUT_AXES
+from ..workload.merge_functions import SHARD_COUNTS
 from .finding_rows import _finding, _num, _ok, _per_variant, _real_code, _rows_where, _where
 from .rule_registry import rule
 
@@ -101,11 +102,12 @@ def _outside(g: pd.DataFrame, verdict: str, ratio: str, label: str) -> str | Non
 
 @rule(40)
 def check_lse_error_budget(frame: pd.DataFrame) -> list[dict]:
-    """A returned log-sum-exp outside its budget, or its halves' merge outside theirs
-    (measure.checks.lse: lse_error, lse_merge): 2 × hand-written attention's in the same dtype + atol."""
+    """A returned log-sum-exp outside its budget, or its halves' merge or its shards' (context parallel)
+    outside theirs (measure.checks.lse: lse_error, lse_merge, lse_shards): 2 × hand-written attention's in
+    the same dtype + atol."""
     ok = _ok(frame)
     bad = pd.Series(False, index=ok.index)
-    for verdict in ("lse_within_budget", "merge_within_budget"):
+    for verdict in ("lse_within_budget", "merge_within_budget", "shards_within_budget"):
         if verdict in ok:
             bad |= ok[verdict].astype("object").eq(False)
     rows = ok[bad]
@@ -113,7 +115,11 @@ def check_lse_error_budget(frame: pd.DataFrame) -> list[dict]:
     def make(variant: str, g: pd.DataFrame) -> dict:
         parts = [p for p in (_outside(g, "lse_within_budget", "lse_err_ratio", "its lse"),
                              _outside(g, "merge_within_budget", "merge_err_ratio",
-                                      "its (out, lse) merged over the keys split in two")) if p]
+                                      "its (out, lse) merged over the keys split in two"),
+                             _outside(g, "shards_within_budget", "shards_err_ratio",
+                                      "its (out, lse) over the keys cut in "
+                                      f"{' and '.join(map(str, SHARD_COUNTS))} shards, merged as context parallel "
+                                      "merges its ranks'")) if p]
         return _finding("lse_error_budget", "error", variant,
                         f"{variant}'s log-sum-exp is outside its error budget (RMSE vs float64 above 2× that of "
                         f"hand-written attention's in the same dtype, plus atol): {'; '.join(parts)} ({_where(g)}). "

@@ -144,6 +144,13 @@ COLUMNS: dict[str, str] = {
                  "take a half's mask (reason says) or the keys cannot be split",
     "merge_err_ratio": "merge_err over that of the same-dtype baseline's merge",
     "merge_within_budget": "merge_err <= 2 * the baseline's + atol(dtype); null when not judged",
+    "shards_errs": "context parallel: per number of key shards N (\"4\", \"8\": SHARD_COUNTS), the RMSE against the "
+                   "float64 golden of the variant's (out, lse) on the keys cut in N contiguous shards, merged in ring "
+                   "order (sinks applied once, after); null where the variant cannot take a shard's mask (reason "
+                   "says); an N is left out where the keys are fewer",
+    "shards_err_ratios": "per N, shards_errs over the same-dtype baseline's on the same shards",
+    "shards_err_ratio": "the largest of shards_err_ratios",
+    "shards_within_budget": "every N's shards_errs <= 2 * the baseline's + atol(dtype); null when not judged",
     "lse_differentiable": "whether the returned lse carries a gradient (requires_grad in a forward+backward cell)",
     "lse_dq_err_ratio": "RMSE of the gradient through the lse alone (dq of <lse, grad_lse>, grad_lse random) against "
                         "the golden's, over the same-dtype baseline's",

@@ -49,8 +49,8 @@ def nonfinite(rec: Mapping[str, Any]) -> bool:
 
 # The gradients the gradient budget judges: dq, dk, dv and, in a sinks cell, the sinks'.
 BUDGETED_GRADIENTS = (*REPEATED_TENSORS[1:], "dsinks")
-# The verdicts on a returned log-sum-exp (measure.checks.lse: lse_error, lse_merge, lse_grads).
-LSE_VERDICTS = ("lse_within_budget", "merge_within_budget", "lse_grads_within_budget")
+# The verdicts on a returned log-sum-exp (measure.checks.lse: lse_error, lse_merge, lse_shards, lse_grads).
+LSE_VERDICTS = ("lse_within_budget", "merge_within_budget", "shards_within_budget", "lse_grads_within_budget")
 
 
 def grad_outside_budget(rec: Mapping[str, Any]) -> list[str]:

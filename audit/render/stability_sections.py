@@ -15,7 +15,7 @@ from .data import (BASELINE_VARIANT, FP16_MAX, FP16_RANGE_SCENARIO, MASK_FORMS, 
                    scenario_order, variant_order)
 from .page import MISSING, Block, Figure, Heading, Mono, Table, format_value, para
 from .stability_tables import (alignment_table, budget_table, fp16_overflow_table, gradient_budget_table,
-                               gradient_table, leakage_table, lse_table, saturation_table, scenario_table,
+                               gradient_table, leakage_table, lse_table, saturation_table, scenario_table, shards_table,
                                seed_claims_table, wide_by_variant)
 
 
@@ -98,13 +98,26 @@ def lse_section(frame: pd.DataFrame) -> list[Block]:
     return [
         Heading(3, "The log-sum-exp"),
         para("Variants returning their log-sum-exp (lse): the lse against the float64 golden's, the "
-             "(out, lse) of two halves of the keys merged as split-KV and ring attention merge them, and "
+             "(out, lse) of two halves of the keys merged as split-KV and ring attention merge them, the "
+             "same over the keys cut in more shards and merged in ring order (context parallel), and "
              "the gradient through the lse alone, each within 2 × hand-written attention's error in the "
              "same dtype + atol (cells within / cells judged), with the largest ratio; whether the lse "
              "carries a gradient, and what it is on rows that see no key (a merge reads only -inf and "
              "+inf as empty). Outside: lse_error_budget and lse_grad_budget findings."),
         Table(table),
+        *_shards_blocks(frame),
     ]
+
+
+def _shards_blocks(frame: pd.DataFrame) -> list[Block]:
+    table = shards_table(frame)
+    if table.empty:
+        return []
+    return [para("Context parallel: the largest error of the merged (out, lse) over the hand-written "
+                 "baseline's on the same split, against the number of key shards merged. A ratio that "
+                 "grows with the shards where 2 is fine is a kernel wrong on short key ranges or on "
+                 "shards a row sees no key of (its lse there not -inf)."),
+            Table(table)]
 
 
 def _fp16_verdict(row: pd.Series) -> str:

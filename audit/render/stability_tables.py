@@ -138,15 +138,16 @@ def gradient_budget_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 LSE_VERDICTS = (("lse", "lse_within_budget", "lse_err_ratio"), ("merge", "merge_within_budget", "merge_err_ratio"),
+                ("context parallel", "shards_within_budget", "shards_err_ratio"),
                 ("lse gradient", "lse_grads_within_budget", "lse_dq_err_ratio"))
 
 
 def lse_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The log-sum-exp checks per variant x dtype over the ok cells of variants returning one: for
-    the lse, the merge of two halves and the gradient through it, "within/judged" and the largest
-    ratio to the baseline's error (the gradient: dq's); whether the lse carries a gradient; what it
-    is on rows that see no key. Columns: variant, dtype, lse, merge, lse gradient, max ratios,
-    differentiable, on empty rows."""
+    the lse, the merge of two halves, the merge of N shards (context parallel) and the gradient through
+    it, "within/judged" and the largest ratio to the baseline's error (the gradient: dq's); whether the
+    lse carries a gradient; what it is on rows that see no key. Columns: variant, dtype, lse, merge,
+    context parallel, lse gradient, max ratios, differentiable, on empty rows."""
     columns = ["variant", "dtype", *(name for name, _, _ in LSE_VERDICTS),
                *(f"max {ratio}" for _, _, ratio in LSE_VERDICTS), "differentiable", "on empty rows"]
     ok = ok_rows(frame)
@@ -167,6 +168,30 @@ def lse_table(frame: pd.DataFrame) -> pd.DataFrame:
                                      else "mixed") if len(diff) else "not judged"
             empty = sorted(set(sel["lse_masked_rows"].dropna().astype(str))) if "lse_masked_rows" in sel else []
             row["on empty rows"] = ", ".join(empty) or "no such row"
+            out.append(row)
+    return pd.DataFrame(out, columns=columns)
+
+
+def shards_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The error of a merge against the number of key shards it merges, per variant x dtype over the ok
+    cells judged: for 2 (merge_err_ratio), then each N of the context-parallel check (shards_err_ratios),
+    the largest ratio to the same-dtype baseline's error over the same split. Columns: variant, dtype,
+    "N shards" for N = 2 and each of shards_err_ratios' keys, cells."""
+    ok = ok_rows(frame)
+    if ok.empty or "shards_err_ratios" not in ok.columns:
+        return pd.DataFrame(columns=["variant", "dtype", "2 shards", "cells"])
+    judged = ok[ok["shards_err_ratios"].map(lambda d: isinstance(d, dict) and bool(d))]
+    counts = sorted({int(n) for d in judged["shards_err_ratios"] for n in d})
+    columns = ["variant", "dtype", "2 shards", *(f"{n} shards" for n in counts), "cells"]
+    out = []
+    for variant in variant_order(judged["variant"]):
+        for dtype in dtype_order(judged.loc[judged["variant"] == variant, "dtype"]):
+            sel = judged[(judged["variant"] == variant) & (judged["dtype"] == dtype)]
+            row: dict[str, Any] = {"variant": variant, "dtype": dtype, "2 shards": numeric(sel, "merge_err_ratio").max(),
+                                   "cells": len(sel)}
+            for n in counts:
+                row[f"{n} shards"] = pd.to_numeric(sel["shards_err_ratios"].map(lambda d, n=n: d.get(str(n))),
+                                                   errors="coerce").max()
             out.append(row)
     return pd.DataFrame(out, columns=columns)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..measure.cell.cellcache import build_reference, lse_rmse, merged_output
+from ..measure.cell.cellcache import baseline_shards, build_reference, lse_rmse, merged_output, shards_output
 from ..measure.golden.lse import MERGEABLE_EMPTY_ROWS, classify_lse_rows
+from ..workload.merge_functions import SHARD_COUNTS
 from ..core.dtypes import dtype_spec
 from ..measure.golden.numerics import GRAD_BUDGET_FACTOR, budget_bound, error_vs_reference, within_budget
 
@@ -75,9 +76,33 @@ def verify_lse_error_budget(case: Any, inputs: Any, load_variant: Callable, reco
         lines.append(f"(out, lse) on the keys split in two, merged (lse = logaddexp, out = sum of "
                      f"exp(lse_i - lse) out_i), against the golden: {merge_line}")
         measured.update(merge_err=merge_err, merge_within_budget=merge_ok)
+    shards_ok = _verify_shards(attention, extra, inputs, ref, case.dtype, factor, lines, measured)
     if recorded.get("lse_diagnosis"):
         lines.append(f"the audit's diagnosis: {recorded['lse_diagnosis']} (not re-run by this script)")
-    return lse_ok is False or measured["merge_within_budget"] is False, lines, measured
+    return lse_ok is False or measured["merge_within_budget"] is False or shards_ok is False, lines, measured
+
+
+def _verify_shards(attention: Callable[..., Any], extra: dict, inputs: Any, ref: Any, dtype: str, factor: float,
+                   lines: list[str], measured: dict) -> bool | None:
+    """Context parallel as the lse_shards check runs it: the keys cut in N shards (SHARD_COUNTS), each
+    part's (out, lse) merged in ring order; a line per N, measured["shards_errs"], and the verdict for all."""
+    import torch
+    errs, verdicts = {}, []
+    for n in SHARD_COUNTS:
+        with torch.no_grad():
+            merged = shards_output(_Halves(attention, extra), inputs.q, inputs.k, inputs.v, inputs.mask,
+                                   inputs.causal, ref.alignment, inputs.sinks, n)
+        if merged is None:
+            continue
+        err = error_vs_reference(ref.take(merged), ref.golden.out, ref.golden.row_visible)["rmse"]
+        ok, line = _verdict(err, baseline_shards(ref, inputs, n), dtype, factor)
+        lines.append(f"(out, lse) on the keys cut in {n} shards, merged in ring order (context parallel), "
+                     f"against the golden: {line}")
+        errs[str(n)] = err
+        verdicts.append(ok)
+    within = None if not verdicts or None in verdicts else all(verdicts)
+    measured.update(shards_errs=errs or None, shards_within_budget=within)
+    return within
 
 
 def verify_lse_grad_budget(case: Any, inputs: Any, load_variant: Callable, recorded: dict) -> tuple:

@@ -27,6 +27,13 @@ LSE_BASES = ("e", "2")                 # the base of the logarithm a form's lse 
 Part = tuple[Any, Any]                  # (out (B, H, T, d), lse (B, H, T)) in the canonical state
 
 
+# Context parallel and ring attention over N ranks: the keys cut into N contiguous shards, each
+# rank's (out, lse) merged in ring order (measure.golden.lse.shard_calls; the lse_shards check). The
+# two-way split is the lse_merge check's. A shard of few keys shows what a two-way split hides: a
+# kernel that mishandles a key range shorter than its tile (T 64 in 4 shards: 16 keys each).
+SHARD_COUNTS: tuple[int, ...] = (4, 8)
+
+
 def merge_partials(first: Part, second: Part) -> Part:
     """Two partial results over disjoint keys -> the full one, in float64, as split-KV and ring
     attention merge them: lse = log(exp(lse1) + exp(lse2)), out = Σ exp(lse_i - lse) · out_i, each

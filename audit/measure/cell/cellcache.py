@@ -15,7 +15,7 @@ from ...workload.lse_kernels import apply_sinks_by_lse
 from ...workload.variant_contract import Variant
 from ...workload.varlen import document_owner
 from ..golden import golden_store
-from ..golden.lse import merge_partials, split_calls
+from ..golden.lse import merge_partials, merge_ring, shard_calls, split_calls
 from ..diagnosis.mistake_memo import MistakeMemo
 from ..referee.tensors import shifted_values
 from ..golden.numerics import error_vs_reference
@@ -353,6 +353,39 @@ def merged_output(call: Any, q: Any, k: Any, v: Any, mask: Any, causal: bool, al
         return None
     out, lse = merge_partials(*halves)
     return out if sinks is None else apply_sinks_by_lse(out, lse, sinks)
+
+
+def shards_output(call: Any, q: Any, k: Any, v: Any, mask: Any, causal: bool, alignment: str, sinks: Any,
+                  n: int) -> Any:
+    """`call`'s (out, lse) on n key shards (context parallel: measure.golden.lse.shard_calls), merged in
+    ring order, the sinks applied once after through the merged lse: (B, H, Tq, d) float64, or None
+    where there are fewer keys than shards. The shards are called without sinks."""
+    parts = shard_calls(call, q, k, v, mask, causal, alignment, n)
+    if parts is None:
+        return None
+    out, lse = merge_ring(parts)
+    return out if sinks is None else apply_sinks_by_lse(out, lse, sinks)
+
+
+def baseline_shards(ref: "Reference", inputs: Inputs, n: int) -> float | None:
+    """RMSE of eager's (out, lse) in the input dtype over n key shards merged (shards_output), against the
+    golden on its slices: the lse_shards check's budget. Computed by the first variant of an input set
+    that returns an lse, and kept in ref.baseline_extra as shards_<n> (most cells' variants return none:
+    building it with every reference cost each cell 12 calls). None where it cannot run."""
+    import torch
+    key = f"shards_{n}"
+    if key not in ref.baseline_extra:
+        q, mask = (take_slices(t, ref.slices) for t in (inputs.q, inputs.mask))
+        k, v = (take_slices(t, ref.slices, heads=ref.heads) for t in (inputs.k, inputs.v))
+        try:
+            with torch.no_grad():
+                out = shards_output(eager_lse_attention, q, k, v, mask, inputs.causal, ref.alignment,
+                                    sinks_for_slices(inputs.sinks, ref.slices), n)
+        except Exception:  # noqa: BLE001 - no baseline: the budget becomes null, not fake
+            out = None
+        ref.baseline_extra[key] = None if out is None else \
+            error_vs_reference(out, ref.golden.out, ref.golden.row_visible)["rmse"]
+    return ref.baseline_extra[key]
 
 
 def _baseline_merge(q: Any, k: Any, v: Any, mask: Any, causal: bool, golden: Golden, alignment: str,

@@ -1,14 +1,16 @@
 """The checks of a returned log-sum-exp (measure/checks/registry.py: CHECK_ORDER): its error and
-budget against the float64 golden's, its halves merged as split-KV attention merges them, the
-gradient through it, and the known mistakes of the lse they match."""
+budget against the float64 golden's, its halves merged as split-KV attention merges them, its shards
+merged as context parallel merges N ranks', the gradient through it, and the known mistakes of the
+lse they match."""
 from __future__ import annotations
 
 from typing import Any
 
 from ...core.defects import lse_outside_budget
 from ...core.errors import Unsupported
-from ..cell.cellcache import lse_rmse, merged_output
+from ..cell.cellcache import baseline_shards, lse_rmse, merged_output, shards_output
 from ..cell.failures import failure_reason
+from ...workload.merge_functions import SHARD_COUNTS
 from ..golden.lse import classify_lse_rows, keys_only_lse
 from ..golden.numerics import GRAD_BUDGET_FACTOR, error_vs_reference, within_budget
 from .contract import split_out_lse
@@ -49,8 +51,25 @@ def _keys_only(cell: CellState) -> Any:
     return keys_only_lse(cell.lse, cell.inputs.sinks, cell.variant.lse_includes_sink)
 
 
-@check("lse_merge", needs=("out", "golden", "variant"),
-       when=lambda cell: _returns_lse(cell) and "cu_seqlens" not in cell.kwargs)   # documents cannot be halved
+WINDOW_NOT_SPLIT = ("the window is handed as an argument, and a part of the keys puts it elsewhere (it is drawn "
+                    "from each query's position in the call)")
+
+
+def _splittable(cell: CellState) -> bool:
+    return _returns_lse(cell) and "cu_seqlens" not in cell.kwargs     # documents cannot be split
+
+
+def _lse_call(cell: CellState) -> Any:
+    """The variant as (q, k, v, mask=, causal=) -> (out, lse), its other arguments (scale, softcap)
+    kept: what a split of the keys calls on each part (the sinks are applied once, after)."""
+    extra = {name: value for name, value in cell.kwargs.items() if name not in ("mask", "causal", "sinks")}
+
+    def call(q, k, v, *, mask=None, causal=False):
+        return split_out_lse(cell.fn(q, k, v, mask=mask, causal=causal, **extra), q)
+    return call
+
+
+@check("lse_merge", needs=("out", "golden", "variant"), when=_splittable)
 def lse_merge(cell: CellState) -> dict[str, Any]:
     """The variant on the keys split in two, the halves' (out, lse) merged as split-KV and ring
     attention merge them (sinks applied once, after), against the float64 golden: RMSE, ratio to
@@ -59,18 +78,12 @@ def lse_merge(cell: CellState) -> dict[str, Any]:
     import torch
     out = {"merge_err": None, "merge_err_ratio": None, "merge_within_budget": None}
     if cell.kwargs.get("window") is not None:
-        return {**out, "reason": reason_with(cell, "merge check not run: the window is handed as an argument, and a "
-                                               "half of the keys puts it elsewhere (it is drawn from each query's "
-                                               "position in the call)")}
-    extra = {name: value for name, value in cell.kwargs.items() if name not in ("mask", "causal", "sinks")}
-
-    def call(q, k, v, *, mask=None, causal=False):
-        return split_out_lse(cell.fn(q, k, v, mask=mask, causal=causal, **extra), q)
-
+        return {**out, "reason": reason_with(cell, f"merge check not run: {WINDOW_NOT_SPLIT}")}
     try:
         with torch.no_grad():
-            merged = merged_output(call, cell.q.detach(), cell.k.detach(), cell.v.detach(), cell.kwargs.get("mask"),
-                                   cell.inputs.causal, cell.ref.alignment, cell.kwargs.get("sinks"))
+            merged = merged_output(_lse_call(cell), cell.q.detach(), cell.k.detach(), cell.v.detach(),
+                                   cell.kwargs.get("mask"), cell.inputs.causal, cell.ref.alignment,
+                                   cell.kwargs.get("sinks"))
     except Unsupported as exc:
         return {**out, "reason": reason_with(cell, f"merge check not run: {exc}")}
     if merged is None:
@@ -80,6 +93,40 @@ def lse_merge(cell: CellState) -> dict[str, Any]:
     base = cell.ref.baseline_extra.get("merge")
     return {"merge_err": rmse, "merge_err_ratio": baseline_ratio(rmse, base),
             "merge_within_budget": within_budget(rmse, base, cell.case.dtype)}
+
+
+@check("lse_shards", needs=("out", "golden", "variant"), when=_splittable)
+def lse_shards(cell: CellState) -> dict[str, Any]:
+    """Context parallel: the variant on the keys cut in N contiguous shards (SHARD_COUNTS), each rank's
+    (out, lse) merged in ring order (sinks applied once, after), against the float64 golden. Per N
+    (keys "4", "8"): the RMSE (shards_errs) and its ratio to the same-dtype baseline's over the same
+    shards (shards_err_ratios); the worst ratio (shards_err_ratio) and one verdict for all N. A kernel
+    wrong only on a key range shorter than its tile passes the two-way merge and fails here."""
+    import torch
+    out = {"shards_errs": None, "shards_err_ratios": None, "shards_err_ratio": None, "shards_within_budget": None}
+    if cell.kwargs.get("window") is not None:
+        return {**out, "reason": reason_with(cell, f"context-parallel check not run: {WINDOW_NOT_SPLIT}")}
+    call = _lse_call(cell)
+    errs, ratios, verdicts = {}, {}, []
+    for n in SHARD_COUNTS:
+        try:
+            with torch.no_grad():
+                merged = shards_output(call, cell.q.detach(), cell.k.detach(), cell.v.detach(),
+                                       cell.kwargs.get("mask"), cell.inputs.causal, cell.ref.alignment,
+                                       cell.kwargs.get("sinks"), n)
+        except Unsupported as exc:
+            return {**out, "reason": reason_with(cell, f"context-parallel check not run: {exc}")}
+        if merged is None:                                  # fewer keys than shards
+            continue
+        rmse = error_vs_reference(cell.ref.take(merged), cell.golden.out, cell.golden.row_visible)["rmse"]
+        base = baseline_shards(cell.ref, cell.inputs, n)
+        errs[str(n)], ratios[str(n)] = rmse, baseline_ratio(rmse, base)
+        verdicts.append(within_budget(rmse, base, cell.case.dtype))
+    if not errs:
+        return out
+    known = [r for r in ratios.values() if r is not None]
+    return {"shards_errs": errs, "shards_err_ratios": ratios, "shards_err_ratio": max(known) if known else None,
+            "shards_within_budget": None if None in verdicts else all(verdicts)}
 
 
 @check("lse_grads", needs=("grads", "golden", "variant"),

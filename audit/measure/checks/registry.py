@@ -97,7 +97,7 @@ CHECK_ORDER: tuple[str, ...] = (
     # the gradients
     "nonfinite_grads", "grad_errors", "grad_budget", "grad_diagnosis", "sink_grad",
     # the log-sum-exp
-    "lse_error", "lse_merge", "lse_grads", "lse_diagnosis", "lse_grad_diagnosis",
+    "lse_error", "lse_merge", "lse_shards", "lse_grads", "lse_diagnosis", "lse_grad_diagnosis",
     # after timing
     "saturation", "diagnosis", "grad_forward_diagnosis",
 )
