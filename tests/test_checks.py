@@ -10,12 +10,13 @@ import pytest
 
 from audit.measure.checks import registry as checks
 
-# The order of registration before CHECK_ORDER made it explicit (a later check reads an earlier one's columns).
+# The order of registration before CHECK_ORDER made it explicit (a later check reads an earlier one's columns),
+# and lse_shards (context parallel) after the two-way merge since.
 ORDER_BEFORE = (
     "nonfinite_out", "error_budget", "masked_rows", "leak", "cross_document", "paged_reads", "arguments",
     "batch_invariance", "chunk_invariance", "causal_alignment",
     "nonfinite_grads", "grad_errors", "grad_budget", "grad_diagnosis", "sink_grad",
-    "lse_error", "lse_merge", "lse_grads", "lse_diagnosis", "lse_grad_diagnosis",
+    "lse_error", "lse_merge", "lse_shards", "lse_grads", "lse_diagnosis", "lse_grad_diagnosis",
     "saturation", "diagnosis", "grad_forward_diagnosis",
 )
 

@@ -425,28 +425,30 @@ def test_causal_shards_by_position_merge_to_what_the_masked_shards_merge_to():
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_a_kernel_wrong_only_on_short_key_ranges_passes_two_halves_and_fails_context_parallel(dtype):
-    """broken.lse_tile_padding counts the padding of its 32-key tile: 64 keys, and two halves of 32, are
-    right; 4 and 8 shards (16 and 8 keys) are not. eager and eager_fp32 are within at every N."""
-    cases = [cell(v, scenario, dtype, causal, heads=2, t=64) for v in ("broken.lse_tile_padding", "eager", "eager_fp32")
+    """lse_kernels:tile_padding counts the padding of its 32-key tile: 64 keys, and two halves of 32, are
+    right; 4 and 8 shards (16 and 8 keys) are not. eager, eager_fp32 and lse_kernels:correct are within
+    at every N."""
+    cases = [cell(v, scenario, dtype, causal, heads=2, t=64)
+             for v in ("lse_kernels:tile_padding", "lse_kernels:correct", "eager", "eager_fp32")
              for scenario in ("normal", "padding") for causal in (False, True)]
     recs = run(cases)
     for c in cases:
         rec = recs[c.id]
         assert rec["status"] == "ok", rec["reason"]
         assert set(rec["shards_errs"]) == {"4", "8"} and rec["merge_within_budget"] is True, c.id
-        want = c.variant != "broken.lse_tile_padding"
+        want = c.variant != "lse_kernels:tile_padding"
         assert rec["shards_within_budget"] is want, (c.id, rec["shards_err_ratios"])
         assert (rec["shards_err_ratio"] <= 2.5) is want, (c.id, rec["shards_err_ratio"])
     found = [f for f in compute_findings(to_frame(list(recs.values()))) if f["check"] == "lse_error_budget"]
-    assert [f["variant"] for f in found] == ["broken.lse_tile_padding"]
+    assert [f["variant"] for f in found] == ["lse_kernels:tile_padding"]
     assert "shards, merged as context parallel merges its ranks'" in found[0]["message"]
 
 
 def test_the_context_parallel_table_reads_each_shard_count_and_an_empty_frame():
     from audit.render.stability_tables import shards_table
     assert shards_table(to_frame([])).empty
-    recs = run([cell(v, "normal", "fp32", False, heads=2, t=64) for v in ("broken.lse_tile_padding", "eager")])
+    recs = run([cell(v, "normal", "fp32", False, heads=2, t=64) for v in ("lse_kernels:tile_padding", "eager")])
     table = shards_table(to_frame(list(recs.values()))).set_index("variant")
     assert list(table.columns) == ["dtype", "2 shards", "4 shards", "8 shards", "cells"]
-    assert table.loc["eager", "8 shards"] < 2 and table.loc["broken.lse_tile_padding", "8 shards"] > 100
-    assert table.loc["broken.lse_tile_padding", "2 shards"] < 2
+    assert table.loc["eager", "8 shards"] < 2 and table.loc["lse_kernels:tile_padding", "8 shards"] > 100
+    assert table.loc["lse_kernels:tile_padding", "2 shards"] < 2

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator
 from .columns import COLUMNS
 from .runfolder import QUARANTINE_FILE, RECORDS_FILE
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 STATUSES = ("ok", "skipped", "error", "oom", "timeout")
 
 
@@ -233,9 +233,15 @@ def _v15_to_v16(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _v16_to_v17(record: dict[str, Any]) -> dict[str, Any]:
+    """v17 added the context-parallel check (shards_errs, shards_err_ratios, shards_err_ratio,
+    shards_within_budget); not measured before: null."""
+    return _at_schema(record, 17)
+
+
 MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7, 7: _v7_to_v8,
               8: _v8_to_v9, 9: _v9_to_v10, 10: _v10_to_v11, 11: _v11_to_v12, 12: _v12_to_v13,
-              13: _v13_to_v14, 14: _v14_to_v15, 15: _v15_to_v16}
+              13: _v13_to_v14, 14: _v14_to_v15, 15: _v15_to_v16, 16: _v16_to_v17}
 
 
 class NewerSchema(ValueError):

@@ -107,26 +107,7 @@ LSE_CONTROLS: dict[str, str] = {
     "sink_ignored": "takes the sinks argument and drops it (vllm-project/vllm#52148)",
     "lse_base2": "returns its log-sum-exp in base 2 (pytorch/pytorch#181645)",
     "lse_no_grad": "returns a log-sum-exp no gradient flows back through (pytorch/torchtitan#4796)",
-    "lse_tile_padding": "counts the padding of its last key tile (32 keys) as keys of score 0 and value 0: right "
-                        "on a cell's keys, wrong on a context-parallel shard of fewer keys",
 }
-LSE_TILE = 32             # broken_lse_tile_padding's key tile: a cell of 64 keys fills two
-
-
-def broken_lse_tile_padding(q, k, v, *, mask=None, causal=False, scale=None, sinks=None):
-    """eager's (out, lse) with the keys padded up to a whole tile of LSE_TILE and the padding counted in
-    the row sum (score 0, value 0): lse' = logaddexp(lse, log(pad)), out' = out · exp(lse - lse'). A key
-    count that fills its tiles (64, 128) is right, a two-way split of it too; 16 keys (4 shards of 64)
-    are not."""
-    import math
-    import torch
-    out, lse = eager_lse_attention(q, k, v, mask=mask, causal=causal, scale=scale, sinks=sinks)
-    pad = -k.shape[-2] % LSE_TILE
-    if not pad:
-        return out, lse
-    padded = torch.logaddexp(lse, torch.full_like(lse, math.log(pad)))                  # (B, H, Tq)
-    empty = torch.isneginf(lse)[..., None]                      # a row that sees no key: the padding's out, 0
-    return torch.where(empty, torch.zeros_like(out), out * torch.exp(lse - padded)[..., None].to(out.dtype)), padded
 
 
 def broken_sink_ignored_probs(q, k, *, mask=None, causal=False, scale=None, score_mod=None, sinks=None):

@@ -14,7 +14,7 @@ from .argument_controls import ARGUMENT_CONTROL_CELLS, ARGUMENT_CONTROLS
 from .arguments import ARGUMENTS
 from .controls import (BACKWARD_CONTROLS, LSE_CONTROLS, broken_backward_dq_scale_missing,
                        broken_backward_rowsum_d_missing, broken_clamped_probs, broken_gqa_wrong_head_probs,
-                       broken_lse_base2, broken_lse_no_grad, broken_lse_tile_padding, broken_mask_after_softmax_probs,
+                       broken_lse_base2, broken_lse_no_grad, broken_mask_after_softmax_probs,
                        broken_no_max_subtraction_probs, broken_sink_ignored, broken_sink_ignored_probs,
                        broken_softmax_wrong_dim_probs, broken_unscaled_probs, broken_zero_keys_as_padding_probs,
                        kv_tiled)
@@ -140,8 +140,7 @@ def _negative_controls() -> list[Variant]:
                                           **no_sinks},
                              reveals=("normal", "scaled_x4", "outliers", "padding")))
     for attention, reveals in ((broken_sink_ignored, ("sinks",)), (broken_lse_base2, ("normal", "padding")),
-                               (broken_lse_no_grad, ("normal", "padding")),
-                               (broken_lse_tile_padding, ("normal", "padding"))):
+                               (broken_lse_no_grad, ("normal", "padding"))):
         # right out (but for the sinks it drops), wrong or missing extras: the LSE and sinks checks
         name = BROKEN_PREFIX + attention.__name__.removeprefix("broken_")
         needs_sinks = {"sinks": "it drops the sinks: a cell without them has nothing to show"} \

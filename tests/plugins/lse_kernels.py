@@ -99,3 +99,24 @@ def _declared_dropping():
 
 
 sink_kernel_dropping_sinks = _declared_dropping()   # a mask-less sink kernel that drops its sinks
+
+
+TILE = 32               # tile_padding's key tile: a cell of 64 keys fills two
+
+
+def tile_padding(q, k, v, **kw):
+    """Counts the padding of its last key tile as keys of score 0 and value 0 (a kernel that masks its
+    tail tile's scores to 0 instead of -inf): right on 64 keys and on two halves of them, wrong on a
+    context-parallel shard of 16 or 8 keys. lse' = logaddexp(lse, log(pad)), out' = out · exp(lse - lse');
+    a row that sees no key keeps out 0."""
+    out, lse = attention(q, k, v, **kw)
+    pad = -k.shape[-2] % TILE
+    if not pad:
+        return out, lse
+    padded = torch.logaddexp(lse, torch.full_like(lse, math.log(pad)))                      # (B, H, Tq)
+    weight = torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - padded))
+    return (out.float() * weight[..., None]).to(q.dtype), padded
+
+
+tile_padding.audit_returns = "out_lse"
+tile_padding.audit_supports = ("gqa", "sinks")
