@@ -89,9 +89,19 @@ def test_reading_a_file_of_unknown_schema_raises(tmp_path):
         read_records(tmp_path)
 
 
-def test_schema_is_16_with_migrations_from_1_to_15():
-    assert SCHEMA_VERSION == 16
-    assert set(MIGRATIONS) == set(range(1, 16))
+def test_schema_is_17_with_migrations_from_1_to_16():
+    assert SCHEMA_VERSION == 17
+    assert set(MIGRATIONS) == set(range(1, 17))
+
+
+def test_a_v16_record_reads_the_context_parallel_columns_as_not_measured():
+    old = full_record()
+    for col in ("shards_errs", "shards_err_ratios", "shards_err_ratio", "shards_within_budget"):
+        old.pop(col, None)
+    old.update(schema=16)
+    new = migrate(old)
+    assert new["schema"] == 17 and new["shards_within_budget"] is None and new["shards_errs"] is None
+    assert new["lse_err"] == old.get("lse_err")
 
 
 def test_a_v15_record_gets_its_medians_interval_from_its_raw_samples(tmp_path):
