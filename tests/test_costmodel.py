@@ -268,3 +268,18 @@ def test_warm_compiles_come_from_runs_that_compiled_into_this_cache(tmp_path, mo
     assert warm_compiles([run(folder, "2.0.0")], cells) == set()       # by another torch
     assert warm_compiles([run(folder, threads=torch.get_num_threads() + 1)], cells) == set()  # other threads
     assert warm_compiles([run(folder)], [grid.Case("eager", "cpu", "fp32", 32, 64, 1, 2, False, "normal")]) == set()
+
+
+def test_the_context_parallel_check_is_predicted_where_it_runs_and_not_for_records_made_before_it():
+    """shards_seconds: a cell returning its lse, of at most SHARD_MAX_KEYS keys, in a run of schema 17
+    on: one forward's work and SHARD_CHECK_S per shard count; nothing for sdpa (no lse), for a longer
+    cell, or for records of schema 16 (their cells never ran it: the shipped priors' fit stands)."""
+    from audit.plan.cell_work import SHARD_CHECK_S, shards_seconds
+    from audit.workload.merge_functions import SHARD_COUNTS, SHARD_MAX_KEYS
+    new, old = Settings(), Settings.of_run({"schema": 16})
+    eager = grid.Case("eager", "cpu", "fp32", 32, 64, 1, 2, False, "normal")
+    assert shards_seconds(eager, new, 0.001, host=2.0) == pytest.approx(len(SHARD_COUNTS) * (0.001 + 2 * SHARD_CHECK_S["cpu"]))
+    assert shards_seconds(eager, old, 0.001) == 0.0
+    assert shards_seconds(grid.Case("sdpa", "cpu", "fp32", 32, 64, 1, 2, False, "normal"), new, 0.001) == 0.0
+    long = grid.Case("eager", "cpu", "fp32", 32, 2 * SHARD_MAX_KEYS, 1, 2, False, "normal")
+    assert shards_seconds(long, new, 0.001) == 0.0

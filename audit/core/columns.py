@@ -147,7 +147,8 @@ COLUMNS: dict[str, str] = {
     "shards_errs": "context parallel: per number of key shards N (\"4\", \"8\": SHARD_COUNTS), the RMSE against the "
                    "float64 golden of the variant's (out, lse) on the keys cut in N contiguous shards, merged in ring "
                    "order (sinks applied once, after); null where the variant cannot take a shard's mask (reason "
-                   "says); an N is left out where the keys are fewer",
+                   "says); an N is left out where the keys are fewer; null on cells of more than 4096 keys "
+                   "(SHARD_MAX_KEYS)",
     "shards_err_ratios": "per N, shards_errs over the same-dtype baseline's on the same shards",
     "shards_err_ratio": "the largest of shards_err_ratios",
     "shards_within_budget": "every N's shards_errs <= 2 * the baseline's + atol(dtype); null when not judged",

@@ -165,6 +165,26 @@ def returns_lse(variant: str, device: str) -> bool:
     return spec is not None and spec.returns_lse(device)
 
 
+# The context-parallel check's seconds per shard count beyond its forwards (the float64 merge in ring
+# order, the comparison; the same-dtype baseline's split once per input set): 6.5 ms more a T-64 cell
+# returning an lse for 4 and 8 shards, its forwards 0.4 ms of it (2-core Xeon). CUDA: not measured
+# (no GPU lent since the check was written): an estimate of N merges' launches, about 0.1 ms each.
+SHARD_CHECK_S = {"cpu": 0.003, "cuda": 0.001}
+
+
+def shards_seconds(case: Case, settings: Any, t_f: float, host: float = 1.0) -> float:
+    """A cell's seconds in the lse_shards check (measure.checks.lse): per shard count N its N calls on
+    1/N of the keys (one forward's work, t_f) and SHARD_CHECK_S (times the host's factor); 0 where the
+    variant returns no lse, the cell has more than SHARD_MAX_KEYS keys, or the run's records predate
+    the check (Settings.lse_shards)."""
+    from ..workload.merge_functions import SHARD_COUNTS, SHARD_MAX_KEYS
+    dev = device_type(case.device)
+    if not (settings.lse_checks and getattr(settings, "lse_shards", False) and case.seq_len <= SHARD_MAX_KEYS
+            and returns_lse(case.variant, dev)):
+        return 0.0
+    return len(SHARD_COUNTS) * (t_f + SHARD_CHECK_S[dev] * host)
+
+
 def checks_calls(case: Case, settings: Any, shape: Any = None) -> tuple[float, float]:
     """(forwards, forward+backwards) a cell's checks make beyond its warm-up and timed calls: the
     numerics call of each pass, the leak probes, a returned lse's halves and gradient, the referee's

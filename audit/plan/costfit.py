@@ -22,7 +22,7 @@ from .fitbase import case_of as _case_of, golden_read_s, labelled_rows, rows as 
 from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,
                          measured_attention)
 from .cell_work import (REFEREE_CALLS, call_variant, device_type, kernel_key, leak_probe_count, masked_rows_checked,
-                        returns_lse)
+                        returns_lse, shards_seconds)
 from .costmodel import COMPILED_VARIANTS, CostModel
 from .priors import REFEREE_DEFAULT_S, Params
 from .settings import Settings
@@ -234,7 +234,7 @@ def _explained(row: Any, shape: CellShape, settings: Settings, host: float = 1.0
     return ((1 + settings.warmup_fwd_calls + lse + referee) * t_f + (1 + settings.warmup_fwd_bwd_calls + lse) * t_fb
             + referee_s
             + leak_probe_count(shape.case) * t_f
-            + compile_s + energy
+            + compile_s + energy + shards_seconds(shape.case, settings, t_f, host)
             + _samples_wall(row, "fwd") + _samples_wall(row, "fwd_bwd"))
 
 

@@ -47,7 +47,7 @@ from ..workload.variants import builtin_variants
 from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,
                          N_CALL_FEATURES)
 from .cell_work import (REFEREE_CALLS, REFUSAL_S, argument_compile_default_s, argument_compile_keys, argument_probes,
-                        refusal_probes, call_variant, compile_key, kernel_key,
+                        refusal_probes, call_variant, compile_key, kernel_key, shards_seconds,
                         checks_calls, declared_refusal, device_type, invariance_compile_keys, leak_probe_count,
                         masked_rows_checked, paged_call, predicted_unsupported, returns_lse, tensor_elems)
 from .priors import (BACKWARD_DEFAULT_FACTOR, DIAGNOSIS_DEFAULT_S, DIAGNOSIS_FLOPS_PER_S, FAMILY_DEFAULTS, HOST_BOUND,
@@ -374,6 +374,7 @@ class CostModel:
             seconds += t_f * (len(probes) - refusals) + REFUSAL_S * refusals
         if settings.lse_checks and returns_lse(case.variant, dev):   # the merge's halves, the lse's gradient
             seconds += t_f + t_fb
+        seconds += shards_seconds(case, settings, t_f, self.host)      # context parallel's shards
         if settings.referee:             # its forwards and the rest (its float64 forward: _golden_s)
             seconds += REFEREE_CALLS * t_f + REFEREE_DEFAULT_S[dev] * self.host
         if settings.masked_rows_loop:

@@ -25,6 +25,7 @@ class Settings:
     warmup_fwd_calls: int = 1       # forward warm-up calls besides the numerics call (schema 8 and before: 2) ...
     warmup_fwd_bwd_calls: int = 1   # ... and forward+backward ones (schema 8 and before: 2)
     lse_checks: bool = True         # the lse checks of variants returning one (schema 10 and before: none)
+    lse_shards: bool = True         # their context-parallel shards (schema 16 and before: none)
     referee: bool = True            # the referee's calls and float64 forward (schema 11 and before: none)
     invariance: bool = True         # the batch and chunk invariance calls (schema 12 and before: none)
     golden_store: bool = True       # references read back from the golden store (schema 13 and before: none)
@@ -54,6 +55,8 @@ class Settings:
         argv = list(run_info.get("argv") or [])
         if "--energy-window-s" in argv:
             base = replace(base, energy_window_s=float(argv[argv.index("--energy-window-s") + 1]))
+        if int(run_info.get("schema", 3)) <= 16:
+            base = replace(base, lse_shards=False)
         if int(run_info.get("schema", 3)) <= 14:
             base = replace(base, arguments=False)
         if int(run_info.get("schema", 3)) <= 13:

@@ -187,8 +187,8 @@ def shards_table(frame: pd.DataFrame) -> pd.DataFrame:
     for variant in variant_order(judged["variant"]):
         for dtype in dtype_order(judged.loc[judged["variant"] == variant, "dtype"]):
             sel = judged[(judged["variant"] == variant) & (judged["dtype"] == dtype)]
-            row: dict[str, Any] = {"variant": variant, "dtype": dtype, "2 shards": numeric(sel, "merge_err_ratio").max(),
-                                   "cells": len(sel)}
+            row: dict[str, Any] = {"variant": variant, "dtype": dtype,
+                                   "2 shards": numeric(sel, "merge_err_ratio").max(), "cells": len(sel)}
             for n in counts:
                 row[f"{n} shards"] = pd.to_numeric(sel["shards_err_ratios"].map(lambda d, n=n: d.get(str(n))),
                                                    errors="coerce").max()

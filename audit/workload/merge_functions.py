@@ -32,6 +32,10 @@ Part = tuple[Any, Any]                  # (out (B, H, T, d), lse (B, H, T)) in t
 # two-way split is the lse_merge check's. A shard of few keys shows what a two-way split hides: a
 # kernel that mishandles a key range shorter than its tile (T 64 in 4 shards: 16 keys each).
 SHARD_COUNTS: tuple[int, ...] = (4, 8)
+# ... on cells of at most this many keys: beyond, a shard of 8 holds 512 keys or more, and the check's
+# two forwards of a long cell cost what its short cells show (0.16 s a cell of T 16384 on the reference
+# H200: its speed grid went 4 s over the gpu preset's 8 minutes)
+SHARD_MAX_KEYS = 4096
 
 
 def merge_partials(first: Part, second: Part) -> Part:

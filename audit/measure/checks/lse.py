@@ -10,7 +10,7 @@ from ...core.defects import lse_outside_budget
 from ...core.errors import Unsupported
 from ..cell.cellcache import baseline_shards, lse_rmse, merged_output, shards_output
 from ..cell.failures import failure_reason
-from ...workload.merge_functions import SHARD_COUNTS
+from ...workload.merge_functions import SHARD_COUNTS, SHARD_MAX_KEYS
 from ..golden.lse import classify_lse_rows, keys_only_lse
 from ..golden.numerics import GRAD_BUDGET_FACTOR, error_vs_reference, within_budget
 from .contract import split_out_lse
@@ -95,13 +95,15 @@ def lse_merge(cell: CellState) -> dict[str, Any]:
             "merge_within_budget": within_budget(rmse, base, cell.case.dtype)}
 
 
-@check("lse_shards", needs=("out", "golden", "variant"), when=_splittable)
+@check("lse_shards", needs=("out", "golden", "variant"),
+       when=lambda cell: _splittable(cell) and cell.k.shape[-2] <= SHARD_MAX_KEYS)
 def lse_shards(cell: CellState) -> dict[str, Any]:
     """Context parallel: the variant on the keys cut in N contiguous shards (SHARD_COUNTS), each rank's
     (out, lse) merged in ring order (sinks applied once, after), against the float64 golden. Per N
     (keys "4", "8"): the RMSE (shards_errs) and its ratio to the same-dtype baseline's over the same
     shards (shards_err_ratios); the worst ratio (shards_err_ratio) and one verdict for all N. A kernel
-    wrong only on a key range shorter than its tile passes the two-way merge and fails here."""
+    wrong only on a key range shorter than its tile passes the two-way merge and fails here. Cells of up
+    to SHARD_MAX_KEYS keys."""
     import torch
     out = {"shards_errs": None, "shards_err_ratios": None, "shards_err_ratio": None, "shards_within_budget": None}
     if cell.kwargs.get("window") is not None:
