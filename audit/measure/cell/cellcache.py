@@ -15,7 +15,7 @@ from ...workload.lse_kernels import apply_sinks_by_lse
 from ...workload.variant_contract import Variant
 from ...workload.varlen import document_owner
 from ..golden import golden_store
-from ..golden.lse import merge_partials, merge_ring, shard_calls, split_calls
+from ..golden.lse import merge_ring, shard_calls
 from ..diagnosis.mistake_memo import MistakeMemo
 from ..referee.tensors import shifted_values
 from ..golden.numerics import error_vs_reference
@@ -347,12 +347,9 @@ def merged_output(call: Any, q: Any, k: Any, v: Any, mask: Any, causal: bool, al
                   sinks: Any = None) -> Any:
     """`call`'s (out, lse) on the keys split in two, merged as split-KV and ring attention merge them
     (measure.golden.lse), the sinks applied once after through the merged lse: (B, H, Tq, d) float64, or
-    None where the keys cannot be split (one key). The halves are called without sinks."""
-    halves = split_calls(call, q, k, v, mask, causal, alignment)
-    if halves is None:
-        return None
-    out, lse = merge_partials(*halves)
-    return out if sinks is None else apply_sinks_by_lse(out, lse, sinks)
+    None where the keys cannot be split (one key). The halves are called without sinks: shards_output's
+    two shards."""
+    return shards_output(call, q, k, v, mask, causal, alignment, sinks, 2)
 
 
 def shards_output(call: Any, q: Any, k: Any, v: Any, mask: Any, causal: bool, alignment: str, sinks: Any,

@@ -5,9 +5,9 @@ parts of the keys and merge the parts' (out, lse) pairs; sinks can be applied af
 through the lse. A kernel whose lse is wrong (another base, no scale, heads left unwritten) can
 have a right `out` and still break every such consumer. This module holds:
 
-- `split_calls`: the two calls on the keys split in two, each with the cell's causal masking
-  and mask cut to its keys (so a query row may see no key of one half); `shard_calls` and
-  `merge_ring`: the same over N shards (context parallel, SHARD_COUNTS), merged in ring order;
+- `shard_calls`: the calls on the keys cut in N shards (two: the halves, at split_point; more:
+  context parallel, SHARD_COUNTS), each with the cell's causal masking and mask cut to its keys (so
+  a query row may see no key of a shard), and `merge_ring`, their merge in ring order;
 - `merge_partials`: the merge those consumers do, in float64 (workload/merge_functions.py, the
   audited merges' reference);
 - `keys_only_lse`: a variant's lse as the keys-only convention (a kernel declaring that its lse
@@ -28,41 +28,8 @@ from ...workload.merge_functions import merge_partials  # noqa: F401  (the merge
 
 def split_point(tk: int) -> int:
     """Where the keys are split: the first half gets ceil(Tk / 2) keys (a decode cell's single key
-    cannot be split: None is returned by split_calls)."""
+    cannot be split: shard_calls returns None)."""
     return (tk + 1) // 2
-
-
-def half_masks(q: Any, k: Any, mask: Any, causal: bool, alignment: str = "top-left") -> list[Any]:
-    """The cell's causal masking and mask as one mask per key half: [(B|1, 1, Tq|1, h), (.., Tk - h)],
-    bool where the cell's mask is bool or absent, additive (-inf where causal hides) where it is
-    float; None for a half where nothing is masked at all (or a bool mask hides nothing of it)."""
-    tk = k.shape[-2]
-    h = split_point(tk)
-    return _cut_masks(_full_mask(q, k, mask, causal, alignment), [(0, h), (h, tk)])
-
-
-def split_calls(call: Callable[..., Any], q: Any, k: Any, v: Any, mask: Any, causal: bool,
-                alignment: str = "top-left", **extra: Any) -> tuple[tuple[Any, Any], tuple[Any, Any]] | None:
-    """(out, lse) of `call` on each half of the keys: q (B, H, Tq, d), k and v (B, Hkv, Tk, d) cut
-    along Tk; each half's masking given as a mask (half_masks), causal False. None when Tk < 2.
-
-    A kernel that takes causal but no mask (Unsupported on a half's mask) gets the causal halves
-    of a self-attention cell (Tq == Tk, no other mask) by position instead: causal_position_halves."""
-    tk = k.shape[-2]
-    if tk < 2:
-        return None
-    h = split_point(tk)
-    masks = half_masks(q, k, mask, causal, alignment)
-    halves = []
-    for part, m in zip((slice(0, h), slice(h, tk)), masks):
-        try:
-            result = call(q, k[..., part, :], v[..., part, :], mask=m, causal=False, **extra)
-        except Unsupported:
-            if not (causal and mask is None and q.shape[-2] == tk):
-                raise
-            return causal_position_halves(call, q, k, v, h, **extra)
-        halves.append((result[0], result[1]))
-    return halves[0], halves[1]
 
 
 def causal_position_halves(call: Callable[..., Any], q: Any, k: Any, v: Any, h: int,
@@ -80,7 +47,7 @@ def causal_position_halves(call: Callable[..., Any], q: Any, k: Any, v: Any, h: 
 
 def shard_bounds(tk: int, n: int) -> list[tuple[int, int]] | None:
     """[(start, stop)] of n contiguous key shards, the first ones a key longer where n does not
-    divide Tk (split_point's convention); None when there are fewer keys than shards."""
+    divide Tk (two shards: split at split_point); None when there are fewer keys than shards."""
     if tk < n:
         return None
     size, extra = divmod(tk, n)

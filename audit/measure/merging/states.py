@@ -17,7 +17,7 @@ splits). Edge states (EDGES): one part empty on some rows, first or second; both
 The same states with their parts made by an attention kernel (`parts_from`: a variant that returns its
 lse), so that a merge is judged on what real kernels hand it: each part the kernel on its keys in the
 state's dtype, told which key each query sees by a bool mask (as the lse checks' halves are,
-golden/lse.split_calls), its out as it returns it and its lse in float32; the golden is that of the
+golden/lse.shard_calls), its out as it returns it and its lse in float32; the golden is that of the
 inputs as the kernel sees them (rounded to the dtype), so what is judged is the kernel's and the merge's
 own error. Kernels differ exactly where merges break: on a row that sees no key torch's CPU flash op
 returns out 0 and lse 0, eager attention NaN and -inf, FlexAttention 0 and -inf. The states whose parts no kernel makes (a score bias, an
