@@ -1,9 +1,19 @@
 """Shared test inputs."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
+
+# What `make test`'s EMULATED_CPUS set to make this machine behave like another CPU kind.
+EMULATION_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+def emulated_cpu_kind() -> str | None:
+    """The other CPU kind this process emulates ("ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"),
+    or None when it runs as this machine is."""
+    return " ".join(f"{name}={os.environ[name]}" for name in EMULATION_ENV if os.environ.get(name)) or None
 
 
 def random_qkv(b: int = 1, h: int = 2, tq: int = 16, tk: int = 16, d: int = 8,
