@@ -98,6 +98,20 @@ def test_identical_distributions_give_an_interval_containing_one():
     assert not ci.excludes_above(1.0)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 28, 57, 188])
+def test_the_bootstrap_medians_are_numpys_medians_of_the_same_resamples(n):
+    """The rank shortcut gives exactly what taking each resample's median gives, ties included
+    (samples are timer ticks: equal values are common), from the same draws of the generator."""
+    gen = np.random.default_rng(n)
+    values = np.round(gen.lognormal(-7, 0.3, n), 6)                    # rounded: ties
+    values[: n // 3] = values[0]
+    gen.shuffle(values)
+    rng_a, rng_b = np.random.default_rng(5), np.random.default_rng(5)
+    expected = np.median(values[rng_a.integers(0, n, (500, n))], axis=1)
+    assert np.array_equal(stats.bootstrap_medians(values, rng_b, 500), expected)
+    assert rng_a.integers(0, 2**31) == rng_b.integers(0, 2**31)             # the generators moved alike
+
+
 def test_a_3x_shift_excludes_the_threshold_even_with_run_to_run_noise():
     a, b = lognormal(30, 1e-3, 0.1, seed=1), lognormal(30, 3e-3, 0.1, seed=2)
     ci = stats.bootstrap_ratio(a, b)

@@ -75,6 +75,25 @@ def cell_seed(key: str) -> int:
     return BOOTSTRAP_SEED ^ zlib.crc32(key.encode("utf-8"))
 
 
+def bootstrap_medians(values: np.ndarray, rng: np.random.Generator, n_boot: int) -> np.ndarray:
+    """The medians of n_boot resamples of `values` (n), drawn from `rng`: the same numbers as
+    np.median(values[rng.integers(0, n, (n_boot, n))], axis=1), in a third to a quarter of the time
+    (a compare of two quick runs spent 4.6 of its 7.3 s here). A resample's order is its draws'
+    ranks' order, so only the middle one or two ranks of each are found, a partition of integers
+    rather than a median of floats, and looked up in the sorted values."""
+    n = values.size
+    order = np.argsort(values, kind="stable")                                       # (n,)
+    rank = np.empty(n, dtype=np.intp)
+    rank[order] = np.arange(n)
+    ranks = rank[rng.integers(0, n, (n_boot, n))]                                   # (n_boot, n)
+    ordered = values[order]                                                         # (n,)
+    mid = n // 2
+    if n % 2:
+        return ordered[np.partition(ranks, mid, axis=1)[:, mid]]
+    middle = np.partition(ranks, (mid - 1, mid), axis=1)                            # (n_boot, n)
+    return (ordered[middle[:, mid - 1]] + ordered[middle[:, mid]]) / 2
+
+
 def bootstrap_ratio(a: Sequence[float], b: Sequence[float], *, seed: int = BOOTSTRAP_SEED,
                     n_boot: int = N_BOOTSTRAP, confidence: float = CONFIDENCE) -> RatioCI:
     """Percentile bootstrap of median(b) / median(a) from raw samples (seconds per call)."""
@@ -83,8 +102,8 @@ def bootstrap_ratio(a: Sequence[float], b: Sequence[float], *, seed: int = BOOTS
     if a_arr.size == 0 or b_arr.size == 0 or np.median(a_arr) <= 0:
         return NO_RATIO
     rng = np.random.default_rng(seed)
-    a_boot = np.median(a_arr[rng.integers(0, a_arr.size, (n_boot, a_arr.size))], axis=1)  # (n_boot,)
-    b_boot = np.median(b_arr[rng.integers(0, b_arr.size, (n_boot, b_arr.size))], axis=1)  # (n_boot,)
+    a_boot = bootstrap_medians(a_arr, rng, n_boot)                                  # (n_boot,)
+    b_boot = bootstrap_medians(b_arr, rng, n_boot)                                  # (n_boot,)
     ratios = b_boot / a_boot
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(ratios, [tail, 100 - tail])
