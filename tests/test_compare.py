@@ -110,6 +110,9 @@ def test_the_bootstrap_medians_are_numpys_medians_of_the_same_resamples(n):
     expected = np.median(values[rng_a.integers(0, n, (500, n))], axis=1)
     assert np.array_equal(stats.bootstrap_medians(values, rng_b, 500), expected)
     assert rng_a.integers(0, 2**31) == rng_b.integers(0, 2**31)             # the generators moved alike
+    values[n // 2] = np.nan                                                  # NaN: numpy's way, the same
+    expected = np.median(values[np.random.default_rng(6).integers(0, n, (500, n))], axis=1)
+    assert np.array_equal(stats.bootstrap_medians(values, np.random.default_rng(6), 500), expected, equal_nan=True)
 
 
 def test_a_3x_shift_excludes_the_threshold_even_with_run_to_run_noise():
