@@ -115,6 +115,7 @@ def test_what_transformers_cannot_give_a_cell_is_skipped_with_the_reason(cells):
     assert "ignores softcap" in cells["hf:eager", "fp32", "softcap", False]["reason"]
     from audit.workload import variants
     assert variants.resolve("hf:flex_attention").refusal({"score_mod"}) is None    # it takes softcap
+    assert variants.resolve("hf:sdpa").upstream == "transformers"              # its findings shrink (test_shrink.py)
     assert "SIGSEGV" in cells["hf:flex_attention", "fp32", "fully_masked_neginf", False]["reason"]
     nomask = cells["hf:hf_plugin:nomask", "fp32", "padding", False]
     assert nomask["status"] == "skipped" and "no mask function" in nomask["reason"]

@@ -39,7 +39,7 @@ def hf_variant(spec: str) -> Variant:
     return Variant(spec, f"transformers' {name} attention function, called as a model calls it "
                          f"(mask from masking_utils, KV-cache causal alignment)",
                    lambda: hf.build(name), compiled=hf.split(name)[1] == "flex_attention", family="plugin",
-                   unsupported=hf.capabilities(name), causal_alignment="bottom-right")
+                   unsupported=hf.capabilities(name), causal_alignment="bottom-right", upstream="transformers")
 
 
 def load_plugin(spec: str) -> Variant:
@@ -71,7 +71,7 @@ def load_plugin(spec: str) -> Variant:
     if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
         raise UsageError(f"--variant: {spec}.{PAGE_SIZE_ATTRIBUTE} is {page_size!r}; allowed: a positive integer")
     return Variant(spec, description, lambda: fn, family="plugin", unsupported=_undeclared(spec, fn), forms=forms,
-                   page_size=page_size,
+                   page_size=page_size, upstream=module_name.partition(".")[0],
                    causal_alignment=_declared_alignment(spec, fn), **declared_returns(f"--variant: {spec}", fn))
 
 

@@ -64,6 +64,9 @@ class Variant:
     page_size: int | None = None
     # False: it takes no mask tensor (a layout-only kernel: cu_seqlens or a cache's used lengths only)
     masks: bool = True
+    # The library whose code it runs when that is not the audit's ("torch", "transformers", a plug-in's
+    # module): a finding about it is that library's, shrunk to its smallest failing cell (execute/shrink.py)
+    upstream: str | None = None
 
     @property
     def negative_control(self) -> bool:

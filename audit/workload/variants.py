@@ -47,27 +47,27 @@ def _implementations() -> list[Variant]:
         Variant("compiled_unfused", "torch.compile(eager) with pattern matching off: the hand-written math compiled",
                 functools.partial(_compiled, {"pattern_matcher": False}), compiled=True, family="compiled"),
         Variant("sdpa", "F.scaled_dot_product_attention, the dispatcher's choice of backend",
-                lambda: _sdpa(None), family="sdpa", backend=sdpa_dispatch_choice,
+                lambda: _sdpa(None), family="sdpa", upstream=TORCH, backend=sdpa_dispatch_choice,
                 unsupported=sdpa_limits),
         Variant("sdpa_math", "SDPA forced to the MATH backend (reference C++ composite)",
-                lambda: _sdpa("MATH"), family="sdpa", backend=_forced("MATH"),
+                lambda: _sdpa("MATH"), family="sdpa", upstream=TORCH, backend=_forced("MATH"),
                 unsupported=sdpa_limits),
         Variant("sdpa_flash", "SDPA forced to the FLASH_ATTENTION backend",
-                lambda: _sdpa("FLASH_ATTENTION"), family="sdpa", backend=_forced("FLASH_ATTENTION"),
+                lambda: _sdpa("FLASH_ATTENTION"), family="sdpa", upstream=TORCH, backend=_forced("FLASH_ATTENTION"),
                 unsupported=sdpa_limits),
         Variant("sdpa_efficient", "SDPA forced to the EFFICIENT_ATTENTION (memory-efficient) backend",
-                lambda: _sdpa("EFFICIENT_ATTENTION"), family="sdpa", backend=_forced("EFFICIENT_ATTENTION"),
+                lambda: _sdpa("EFFICIENT_ATTENTION"), family="sdpa", upstream=TORCH, backend=_forced("EFFICIENT_ATTENTION"),
                 unsupported=sdpa_limits),
         Variant("sdpa_cudnn", "SDPA forced to the CUDNN_ATTENTION backend",
-                lambda: _sdpa("CUDNN_ATTENTION"), family="sdpa", backend=_forced("CUDNN_ATTENTION"),
+                lambda: _sdpa("CUDNN_ATTENTION"), family="sdpa", upstream=TORCH, backend=_forced("CUDNN_ATTENTION"),
                 unsupported=sdpa_limits),
         Variant("flex", "torch.compile(flex_attention): causal/padding/window as block masks, float masks "
                 "and soft-capping as score_mod, GQA with enable_gqa; on CUDA its LSE, sinks through it",
-                _flex, compiled=True, family="compiled", lse_on=FLEX_LSE_DEVICES, forms=("varlen",)),
+                _flex, compiled=True, family="compiled", upstream=TORCH, lse_on=FLEX_LSE_DEVICES, forms=("varlen",)),
         Variant("flex_eager", "flex_attention uncompiled (torch's dense fallback) with its LSE, sinks through it",
-                functools.partial(_flex, False), family="eager", lse_on=both, forms=("varlen",)),
+                functools.partial(_flex, False), family="eager", upstream=TORCH, lse_on=both, forms=("varlen",)),
         Variant("flash_op", "SDPA's flash kernel as its op (aten._scaled_dot_product_flash_attention[_for_cpu]), "
-                "returning out and the LSE", _flash_op, family="sdpa", lse_on=both,
+                "returning out and the LSE", _flash_op, family="sdpa", upstream=TORCH, lse_on=both,
                 unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS,
                              "latent": "the flash kernel needs q, k and v of one head size (torch: \"Q/K/V should "
                                        "have the same head size\")"}),
@@ -75,16 +75,16 @@ def _implementations() -> list[Variant]:
                 "Python loop (dense cells: each batch row one document)", lambda: varlen.packed_loop,
                 forms=("varlen",), masks=False, unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS}),
         Variant("nested_sdpa", "SDPA on jagged nested tensors built from cu_seqlens (torch's packed sequences "
-                "without flash-attn)", lambda: varlen.nested_sdpa, family="sdpa", forms=("varlen",), masks=False,
+                "without flash-attn)", lambda: varlen.nested_sdpa, family="sdpa", upstream=TORCH, forms=("varlen",), masks=False,
                 unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS,
                              "gqa": "nested-tensor SDPA takes no enable_gqa"}),
         Variant("varlen_attn", "torch.nn.attention.varlen.varlen_attn on cu_seqlens (flash-attn's varlen kernel; "
-                "CUDA only)", lambda: varlen.varlen_attn, family="sdpa", forms=("varlen",), masks=False,
+                "CUDA only)", lambda: varlen.varlen_attn, family="sdpa", upstream=TORCH, forms=("varlen",), masks=False,
                 causal_alignment="bottom-right",
                 unsupported={"score_mod": "varlen_attn has no score modification argument", "sinks": SDPA_NO_SINKS}),
         Variant("paged_flex", "torch's PagedAttention over compiled FlexAttention: the pools as its physical cache, "
                 "the block table as its page table, the used keys as a logical mask it converts to pages",
-                varlen.paged_flex, compiled=True, family="compiled", forms=("paged",), masks=False,
+                varlen.paged_flex, compiled=True, family="compiled", upstream=TORCH, forms=("paged",), masks=False,
                 causal_alignment="bottom-right",
                 unsupported={"score_mod": "the paged call takes no score modification here", "sinks": SDPA_NO_SINKS}),
         Variant("paged_gather", "paged decoding's plain reference: gather each sequence's pages by its block "
@@ -95,7 +95,7 @@ def _implementations() -> list[Variant]:
         *(Variant(f"{kind}_op", f"SDPA's {kind} kernel as its op (aten._scaled_dot_product_{kind}_attention, "
                   "compute_log_sumexp), returning out and the LSE; CUDA only, no mask",
                   functools.partial(_cuda_lse_op, kind),
-                  family="sdpa", lse_on=("cuda",), unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS})
+                  family="sdpa", upstream=TORCH, lse_on=("cuda",), unsupported={"score_mod": SDPA_NO_SCORE_MOD, "sinks": SDPA_NO_SINKS})
           for kind in ("efficient", "cudnn")),
     ]
 
@@ -193,6 +193,7 @@ def _builtin_table() -> dict[str, Variant]:
     return _builtins()
 
 
+TORCH = "torch"                # Variant.upstream of the variants that run torch's own kernels
 VERDICT_BASELINE = "sdpa"      # what a PyTorch user gets by default: the verdict's yardstick
 # The names in their registration order, made from the registrations: the implementations, then the
 # negative controls (family "broken").
