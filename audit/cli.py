@@ -15,14 +15,14 @@ import threading
 from types import ModuleType
 from typing import NoReturn, Sequence
 
-from .commands import compare, deps, fit_costs, gpu_check, listing, merge, model, report, run, verdict
+from .commands import compare, deps, fit_costs, gpu_check, listing, merge, model, report, run, shrink, verdict
 from .commands.common import UsageArgumentParser
 from .core.errors import DEBUG_ENV, EXIT_INTERNAL, EXIT_USAGE, UsageError
 from .core.records import NewerSchema
 # The subcommands, in --help's order: each module has HELP, DESCRIPTION, add_arguments, main.
 COMMANDS: dict[str, ModuleType] = {
-    "list": listing, "run": run, "report": report, "verdict": verdict, "compare": compare, "merge": merge,
-    "model": model, "fit-costs": fit_costs, "gpu-check": gpu_check, "deps": deps,
+    "list": listing, "run": run, "report": report, "shrink": shrink, "verdict": verdict, "compare": compare,
+    "merge": merge, "model": model, "fit-costs": fit_costs, "gpu-check": gpu_check, "deps": deps,
 }
 
 

@@ -144,14 +144,30 @@ def write_findings(run_dir: str | Path, records: list[dict[str, Any]] | None = N
     from ..core.records import read_records, to_frame
 
     from ..core.runfolder import (MERGE_FINDINGS_FILE, MODEL_FINDINGS_FILE, read_merge_records,
-                                  read_model_records)
-    found = compute_findings(to_frame(read_records(run_dir) if records is None else records))
+                                  read_model_records, read_shrunk)
+    found = with_smallest_cells(compute_findings(to_frame(read_records(run_dir) if records is None else records)),
+                                read_shrunk(run_dir))
     path = Path(run_dir) / FINDINGS_FILE
     path.write_text(json.dumps(found, indent=1, default=_json_default) + "\n")
     if read_model_records(run_dir):       # the model audit's own, beside (its runs are not cells: no repro script)
         (Path(run_dir) / MODEL_FINDINGS_FILE).write_text(json.dumps(model_findings(run_dir), indent=1) + "\n")
     if read_merge_records(run_dir):       # the merge audit's, beside (merge functions are not cells)
         (Path(run_dir) / MERGE_FINDINGS_FILE).write_text(json.dumps(merge_findings(run_dir), indent=1) + "\n")
+    return found
+
+
+def with_smallest_cells(found: list[dict[str, Any]], shrunk: dict[tuple[str, str], dict]) -> list[dict[str, Any]]:
+    """Each finding `audit shrink` shrank (DIR/shrunk.jsonl, by check and variant, from one of the
+    finding's cells) with its smallest failing cell: `smallest` (that line) and a sentence of the
+    message naming it."""
+    for finding in found:
+        line = shrunk.get((finding["check"], finding["variant"]))
+        if line is None or line["from"] not in finding["cells"]:     # none, or shrunk from records since changed
+            continue
+        finding["smallest"] = line
+        how = f"{line['tried']} cells tried in {line['seconds']:.1f} s" + ("" if line["complete"] else ", out of time")
+        finding["message"] += (f" Smallest failing cell: {line['id']} (shrunk from {line['from']}; {how})."
+                               if line["id"] != line["from"] else f" No smaller cell shows it ({how}).")
     return found
 
 

@@ -23,6 +23,7 @@ MODEL_FILE = "model.jsonl"                     # the model audit's records (docs
 MODEL_FINDINGS_FILE = "model_findings.json"    # its findings (no reproduction script: `audit model` repeats them)
 MERGE_FILE = "merges.jsonl"                    # the merge functions' records (measure/merging; docs/numerics.md)
 MERGE_FINDINGS_FILE = "merge_findings.json"    # their findings
+SHRUNK_FILE = "shrunk.jsonl"                   # `shrink`: each third-party finding's smallest failing cell
 REPRO_DIR = "repro"                            # one reproduction script per finding
 INDEX_MD = "index.md"                          # the report page, also of a compare folder
 INDEX_HTML = "index.html"
@@ -69,6 +70,12 @@ def read_merge_records(run_dir: "str | object") -> list[dict]:
     """DIR/MERGE_FILE's records (each merge function on each partial state), [] where the run made none."""
     from pathlib import Path
     return read_jsonl(Path(run_dir) / MERGE_FILE)
+
+
+def read_shrunk(run_dir: "str | object") -> dict[tuple[str, str], dict]:
+    """DIR/SHRUNK_FILE's lines (execute/shrink.py) by (check, variant); empty where nothing was shrunk."""
+    from pathlib import Path
+    return {(line["check"], line["variant"]): line for line in read_jsonl(Path(run_dir) / SHRUNK_FILE)}
 
 
 def read_model_records(run_dir: "str | object") -> list[dict]:

@@ -1,0 +1,55 @@
+"""`audit shrink DIR`: each finding about code the audit did not write, shrunk to its smallest failing
+cell (execute/shrink.py), written to DIR/shrunk.jsonl and named in the rebuilt report."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from ..core.errors import UsageError
+from ..core.runfolder import RECORDS_FILE, SHRUNK_FILE
+from ..core.units import parse_duration
+from .common import write_report
+
+HELP = "shrink each finding about torch's, transformers' or a plug-in's code to its smallest failing cell"
+DESCRIPTION = ("For each error or warning finding of a run folder about code the audit did not write "
+               "(torch's kernels, transformers' attention functions, plug-ins and declared kernels) whose "
+               "check a cell decides by itself, measure smaller cells of the same variant and scenario, one "
+               "axis at a time (length, batch, heads, head size, then fp32 for a lower precision), and keep "
+               "the smallest that still shows the finding. Writes DIR/shrunk.jsonl and rebuilds the report; "
+               "each finding's message then names its smallest cell.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..execute.shrink import SHRINK_MAX_FINDINGS, SHRINK_S
+    parser.add_argument("run_dir", metavar="DIR", help="run folder holding records.jsonl")
+    parser.add_argument("--seconds", metavar="DURATION", default=f"{SHRINK_S:g}s",
+                        help=f"measured cells' time per finding (default {SHRINK_S:g}s; e.g. 30s, 2m); "
+                             f"the first {SHRINK_MAX_FINDINGS} findings, errors first, are shrunk")
+    parser.add_argument("--no-report", action="store_true", help="write shrunk.jsonl only")
+
+
+def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / RECORDS_FILE).is_file():
+        raise UsageError(f"shrink: {str(run_dir)!r} has no {RECORDS_FILE}; give a run folder written by `run`")
+    try:
+        seconds = parse_duration(args.seconds)
+    except UsageError:
+        seconds = None
+    if seconds is None:
+        raise UsageError(f"--seconds: {args.seconds!r} is not a positive duration (e.g. 5s, 30s, 2m)")
+    from ..execute.lock import FolderBusy, RunLock
+    from ..execute.shrink import run_preset, shrink_run
+    from ..measure.machine.environment import environment
+    try:
+        with RunLock(run_dir):
+            lines = shrink_run(run_dir, run_preset(run_dir), environment(), seconds,
+                               progress=lambda text: print(f"attn-audit: shrunk {text}", file=sys.stderr))
+    except FolderBusy:
+        raise UsageError(f"shrink: a run is writing {run_dir}; shrink it once the run has ended") from None
+    print(f"shrunk {len(lines)} finding(s): {run_dir / SHRUNK_FILE}")
+    if not args.no_report:
+        write_report(run_dir)
+    return 0

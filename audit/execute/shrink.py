@@ -1,0 +1,155 @@
+"""The smallest cell that still shows a finding about code the audit did not write (a variant with an
+`upstream`: torch's, transformers', a plug-in's, a declared kernel's), what a maintainer asks for first.
+
+From the finding's smallest cell, each axis in SHRINK_ORDER is tried at smaller values, smallest first,
+and the first value whose cell shows the same finding (its check, of its variant, from the record of a
+cell measured again) is kept; passes repeat until none moves an axis or the finding's seconds are spent.
+Greedy and ordered, so a finding shrinks to the same cell every time its kernel behaves the same.
+
+Why not hypothesis's shrinker: it shrinks the choices a test drew, from its own search; here the
+failing cell is known and each try costs a measured cell (a second or more), so the few candidates
+an axis has are tried in a fixed order instead (docs/numerics.md, Smallest failing cell).
+
+Only checks a cell's own record decides (SHRUNK_CHECKS) are shrunk: not timing, memory, or what needs
+several runs or cells."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from ..core.grid import Case
+from ..core.runfolder import RUN_FILE, SHRUNK_FILE
+
+if TYPE_CHECKING:
+    from ..workload.presets import Preset
+
+# The axes in the order they are shrunk: the length first (it sizes every other axis's work).
+SHRINK_ORDER = ("seq_len", "batch", "heads", "d_k", "dtype")
+MIN_SEQ_LEN = 16                # the smallest length tried: a page or a document of the layouts' scenarios
+MIN_D_K = 8
+SHRINK_S = 5.0                  # seconds of measured cells one finding's shrinking may take
+SHRINK_MAX_FINDINGS = 6         # findings shrunk per run, most severe first
+# The checks a cell's own record decides (analysis rules over its correctness columns).
+SHRUNK_CHECKS = ("nonfinite", "error_budget", "grad_error_budget", "lse_error_budget", "lse_grad_budget",
+                 "lse_masked_rows", "masked_leakage", "finfo_min_mask", "fully_masked_rows", "underflow",
+                 "paged_reads", "cross_document", "arguments", "cell_failed")
+
+
+def smaller_cases(case: Case, axis: str) -> list[Case]:
+    """The cells one step of `axis` smaller than `case`, smallest first (none: the axis is at its least)."""
+    if axis == "seq_len":
+        lengths, t = [], MIN_SEQ_LEN
+        while t < case.seq_len:
+            lengths.append(t)
+            t *= 2
+        return [dataclasses.replace(case, seq_len=t) for t in lengths]
+    if axis == "batch":
+        return [dataclasses.replace(case, batch=b) for b in range(1, case.batch)]
+    if axis == "heads":                 # fewer kv heads with the group kept, then smaller groups
+        kv, group = case.effective_kv_heads, case.heads // case.effective_kv_heads
+        fewer_kv = [(group * k, k) for k in range(1, kv)]
+        smaller_groups = [(g * kv, kv) for g in range(1, group)]
+        return [dataclasses.replace(case, heads=h, kv_heads=k) for h, k in fewer_kv + smaller_groups]
+    if axis == "d_k":
+        widths, d = [], MIN_D_K
+        while d < case.d_k:
+            widths.append(d)
+            d *= 2
+        return [dataclasses.replace(case, d_k=d, d_v=None if case.d_v is None else max(1, case.d_v * d // case.d_k))
+                for d in widths]
+    if axis == "dtype":
+        return [dataclasses.replace(case, dtype="fp32")] if case.dtype != "fp32" else []
+    raise ValueError(f"no such axis to shrink: {axis}")
+
+
+@dataclasses.dataclass
+class Shrunk:
+    """Where shrinking one finding ended: the smallest cell that still showed it, how many cells it
+    measured, in how many seconds, and whether it stopped for want of time."""
+
+    cell: Case
+    tried: int
+    seconds: float
+    complete: bool
+
+
+def shrink(case: Case, shows: Callable[[Case], bool], seconds: float = SHRINK_S,
+           clock: Callable[[], float] = time.monotonic) -> Shrunk:
+    """The smallest cell from `case` (which shows the finding) that `shows` it, axis by axis in
+    SHRINK_ORDER; stops when a pass moves no axis, or after `seconds`."""
+    start, tried, moved = clock(), 0, True
+    while moved:
+        moved = False
+        for axis in SHRINK_ORDER:
+            for smaller in smaller_cases(case, axis):
+                if clock() - start > seconds:
+                    return Shrunk(case, tried, clock() - start, complete=False)
+                tried += 1
+                if shows(smaller):
+                    case, moved = smaller, True
+                    break
+    return Shrunk(case, tried, clock() - start, complete=True)
+
+
+def shrinkable(findings: Iterable[dict], upstream_of: Callable[[str], str | None]) -> list[dict]:
+    """The findings to shrink: a check a cell decides, about a variant with an upstream, errors then
+    warnings, at most SHRINK_MAX_FINDINGS."""
+    chosen = [f for f in findings if f["check"] in SHRUNK_CHECKS and f["severity"] in ("error", "warning")
+              and f["variant"] != "*" and upstream_of(f["variant"])]
+    return sorted(chosen, key=lambda f: f["severity"] != "error")[:SHRINK_MAX_FINDINGS]
+
+
+def _cell_size(record: dict) -> int:
+    return int(record["seq_len"]) * int(record["batch"]) * int(record["heads"]) * int(record["d_k"])
+
+
+def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: float = SHRINK_S,
+               progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Shrink each shrinkable finding of the run folder's records from its smallest cell; write one
+    line per finding to DIR/SHRUNK_FILE (replacing what was there) and return them."""
+    from ..analysis.findings import compute_findings
+    from ..core.records import read_records, to_frame
+    from ..measure.cell.cellcache import BuildCache, InputCache
+    from ..workload.variants import resolve
+    from .runner import run_cell
+
+    records = read_records(run_dir)
+    by_id = {r["id"]: r for r in records}
+    quick = dataclasses.replace(preset, min_samples=1, min_time_s=0.0)      # correctness, not timing
+    cache, builds = InputCache(), BuildCache()
+    measured: dict[str, dict] = {}       # one defect's findings (NaN, so outside the budget) try the same cells
+
+    def record_of(case: Case) -> dict:
+        if case.id not in measured:
+            measured[case.id] = run_cell(case, cache, quick, env, builds=builds)
+        return measured[case.id]
+    out = []
+    for finding in shrinkable(compute_findings(to_frame(records)), lambda v: resolve(v).upstream):
+        cells = [by_id[i] for i in finding["cells"] if i in by_id]
+        if not cells:
+            continue
+        first = min(cells, key=_cell_size)
+
+        def shows(case: Case, check: str = finding["check"], variant: str = finding["variant"]) -> bool:
+            record = record_of(case)
+            return any(f["check"] == check and f["variant"] == variant for f in compute_findings(to_frame([record])))
+        done = shrink(Case.from_mapping(first), shows, seconds)
+        line = {"check": finding["check"], "variant": finding["variant"], "from": first["id"],
+                "id": done.cell.id, "cell": done.cell.axes(), "tried": done.tried,
+                "seconds": round(done.seconds, 3), "complete": done.complete}
+        out.append(line)
+        if progress:
+            progress(f"{finding['check']} of {finding['variant']}: {first['id']} -> {done.cell.id} "
+                     f"({done.tried} cells, {done.seconds:.1f} s{'' if done.complete else ', out of time'})")
+    (Path(run_dir) / SHRUNK_FILE).write_text("".join(json.dumps(line) + "\n" for line in out))
+    return out
+
+
+def run_preset(run_dir: Path) -> Preset:
+    """The preset a run folder's run.json names (its sampling settings do not matter here)."""
+    from ..workload.presets import presets
+    name = json.loads((Path(run_dir) / RUN_FILE).read_text()).get("preset") or "quick"
+    return presets().get(name) or presets()["quick"]

@@ -1,0 +1,114 @@
+"""`audit shrink`: a finding about code the audit did not write, shrunk to its smallest failing cell
+(audit/execute/shrink.py), the same cell every time, within its seconds, and named in the finding."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from audit import cli
+from audit.analysis.findings import write_findings
+from audit.core.errors import EXIT_USAGE
+from audit.core.grid import Case
+from audit.core.runfolder import SHRUNK_FILE
+from audit.execute import runner
+from audit.execute.shrink import SHRINK_ORDER, Shrunk, shrink, shrinkable, smaller_cases
+from audit.workload import presets
+from audit.workload.variants import resolve
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+BIG = Case("x", "cpu", "bf16", 64, 512, 4, 8, True, "normal", kv_heads=4)
+
+
+def test_each_axis_steps_down_smallest_first_and_stops_at_its_least():
+    assert [c.seq_len for c in smaller_cases(BIG, "seq_len")] == [16, 32, 64, 128, 256]
+    assert [c.batch for c in smaller_cases(BIG, "batch")] == [1, 2, 3]
+    # fewer kv heads with the group of 2 kept, then smaller groups with the 4 kv heads
+    assert [(c.heads, c.effective_kv_heads) for c in smaller_cases(BIG, "heads")] == [(2, 1), (4, 2), (6, 3), (4, 4)]
+    assert [c.d_k for c in smaller_cases(BIG, "d_k")] == [8, 16, 32]
+    assert [c.dtype for c in smaller_cases(BIG, "dtype")] == ["fp32"]
+    least = Case("x", "cpu", "fp32", 8, 16, 1, 1, True, "normal")
+    assert all(smaller_cases(least, axis) == [] for axis in SHRINK_ORDER)
+
+
+def test_a_finding_from_some_size_on_shrinks_to_that_size_on_every_axis_and_the_same_twice():
+    def shows(case: Case) -> bool:                   # wrong from 64 keys and 2 query heads a group on
+        return case.seq_len >= 64 and case.heads // case.effective_kv_heads >= 2
+    first, again = shrink(BIG, shows), shrink(BIG, shows)
+    assert (first.cell, first.tried) == (again.cell, again.tried) and first.complete
+    small = first.cell
+    assert (small.seq_len, small.batch, small.heads, small.effective_kv_heads, small.d_k, small.dtype) == (
+        64, 1, 2, 1, 8, "fp32")
+    assert shows(small) and not any(shows(c) for axis in SHRINK_ORDER for c in smaller_cases(small, axis))
+
+
+def test_shrinking_stops_when_its_seconds_are_spent():
+    ticks = iter(range(1000))
+    done = shrink(BIG, lambda case: True, seconds=3, clock=lambda: float(next(ticks)))
+    assert isinstance(done, Shrunk) and not done.complete and done.tried <= 3
+    assert done.cell.seq_len == 16                   # what it reached: kept, with "out of time"
+
+
+def test_only_findings_about_code_the_audit_did_not_write_of_a_check_a_cell_decides_are_shrunk():
+    def finding(check, variant, severity="error"):
+        return {"check": check, "variant": variant, "severity": severity, "cells": []}
+    found = [finding("nonfinite", "eager"), finding("nonfinite", "broken.clamped"), finding("memory_leak", "sdpa"),
+             finding("causal_alignment", "*", "info"), finding("error_budget", "flash_op", "warning"),
+             finding("nonfinite", "sdpa"), finding("lse_error_budget", "shrinkable:right")]
+    sys.path.insert(0, str(PLUGINS))
+    try:
+        chosen = shrinkable(found, lambda name: resolve(name).upstream)
+        assert resolve("shrinkable:right").upstream == "shrinkable"          # a plug-in's: its module's
+    finally:
+        sys.path.remove(str(PLUGINS))
+    assert [(f["check"], f["variant"]) for f in chosen] == [
+        ("nonfinite", "sdpa"), ("lse_error_budget", "shrinkable:right"), ("error_budget", "flash_op")]
+    assert resolve("eager").upstream is None and resolve("compiled").upstream is None and resolve("sdpa").upstream
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run of two plug-ins on one cell of 128 keys: one NaN from 64 keys on, one right."""
+    sys.path.insert(0, str(PLUGINS))
+    out = tmp_path_factory.mktemp("shrink") / "run"
+    out.mkdir()
+    preset = dataclasses.replace(presets.presets()["quick"], min_samples=1, min_time_s=0.0)
+    cases = [Case(v, "cpu", "bf16", 32, 128, 2, 4, False, "normal", kv_heads=2)
+             for v in ("shrinkable:nan_from_64_keys", "shrinkable:right")]
+    runner.write_run_file(out, preset, {}, [], {}, len(cases))
+    runner.run_grid(cases, out, preset, {}, progress=False)
+    yield out
+    sys.path.remove(str(PLUGINS))
+
+
+def test_the_command_shrinks_a_plug_ins_finding_and_its_message_names_the_smallest_cell(run_dir, capsys):
+    assert cli.main(["shrink", str(run_dir), "--seconds", "60s", "--no-report"]) == 0
+    lines = [json.loads(line) for line in (run_dir / SHRUNK_FILE).read_text().splitlines()]
+    assert {line["variant"] for line in lines} == {"shrinkable:nan_from_64_keys"}     # the right one has none
+    nonfinite = next(line for line in lines if line["check"] == "nonfinite")
+    cell = nonfinite["cell"]
+    assert (cell["seq_len"], cell["batch"], cell["heads"], cell["d_k"], cell["dtype"]) == (64, 1, 2, 8, "fp32")
+    assert nonfinite["complete"] and nonfinite["tried"] > 0
+    found = {(f["check"], f["variant"]): f for f in write_findings(run_dir)}
+    message = found["nonfinite", "shrinkable:nan_from_64_keys"]["message"]
+    assert f"Smallest failing cell: {nonfinite['id']} (shrunk from {nonfinite['from']};" in message
+    assert found["nonfinite", "shrinkable:nan_from_64_keys"]["smallest"] == nonfinite
+    again = json.loads((run_dir / SHRUNK_FILE).read_text().splitlines()[0])
+    assert cli.main(["shrink", str(run_dir), "--no-report"]) == 0          # the same cell the second time
+    assert json.loads((run_dir / SHRUNK_FILE).read_text().splitlines()[0])["id"] == again["id"]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["shrink", "/nonexistent"], "has no records.jsonl"),
+    (["shrink", ".", "--seconds", "soon"], "--seconds: 'soon' is not a positive duration"),
+])
+def test_bad_input_exits_2_with_one_line_naming_it(argv, said, tmp_path, capsys):
+    if argv[1] == ".":
+        (tmp_path / "records.jsonl").write_text("")
+        argv = [argv[0], str(tmp_path), *argv[2:]]
+    assert cli.main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1, err
