@@ -194,3 +194,18 @@ def test_every_rule_is_registered_and_runs_in_its_order():
     assert names[-1] == "check_timing_noise"
     with pytest.raises(ValueError, match="taken by check_nonfinite"):
         rule(10)(lambda frame: [])
+
+
+@pytest.mark.parametrize("variant, scenario, told", [
+    ("paged_flex", "paged_edges", True), ("paged_flex", "paged", True),
+    ("sdpa", "normal", False),                      # no known handling of plain inputs to tell
+    ("broken.paged_extra_page", "paged", False),    # a control's defect is the audit's own
+])
+def test_an_output_finding_on_a_scenario_whose_reference_kernels_are_known_says_what_they_do(variant, scenario,
+                                                                                          told):
+    from audit.workload.inputs import PAGED_REFERENCES
+    [finding] = [f for f in compute_findings(_frame([{"variant": variant, "scenario": scenario,
+                                                      "out_nonfinite_visible": 3, "out_nan": 3}]))
+                 if f["check"] == "nonfinite"]
+    assert (f"Elsewhere: {PAGED_REFERENCES}." in finding["message"]) is told
+    assert finding.get("reference_kernels") == ([PAGED_REFERENCES] if told else None)

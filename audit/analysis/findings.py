@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..core.diagnosis_names import agrees, members, title_of
 from ..core.runfolder import FINDINGS_FILE
+from ..workload.variant_contract import BROKEN_PREFIX
 from . import argument_rules, layout_rules, noise_rules, numerics_rules, run_rules
 from .finding_rows import _finding, _num
 from .rule_registry import Rule, registered_rules
@@ -117,7 +118,31 @@ def compute_findings(frame: pd.DataFrame) -> list[dict]:
                 _add_diagnosis(finding, frame)
             except Exception as exc:  # noqa: BLE001 - the finding stands without its diagnosis, said so
                 finding["diagnosis_error"] = f"{type(exc).__name__}: {exc}"
+    with_reference_kernels(found, frame)
     return sorted(found, key=lambda f: (SEVERITY_ORDER.index(f["severity"]), f["check"], f["variant"]))
+
+
+# Findings about what a variant's output holds: where the reference kernels' handling of the
+# scenario is known (workload.inputs.Scenario.reference_kernels), the finding says it.
+REFERENCE_NOTE_CHECKS = ("nonfinite", "error_budget", "masked_leakage", "paged_reads")
+
+
+def with_reference_kernels(found: list[dict[str, Any]], frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each REFERENCE_NOTE_CHECKS finding about a real variant on a scenario whose reference kernels'
+    handling is known: `reference_kernels` (those sentences) and "Elsewhere: ..." in its message."""
+    from ..workload.inputs import SCENARIOS
+    if "scenario" not in frame.columns:
+        return found
+    scenario_of = dict(zip(frame["id"], frame["scenario"]))
+    for finding in found:
+        if finding["check"] not in REFERENCE_NOTE_CHECKS or finding["variant"].startswith(BROKEN_PREFIX):
+            continue
+        notes = list(dict.fromkeys(SCENARIOS[s].reference_kernels for s in (scenario_of.get(c) for c in finding["cells"])
+                                   if s in SCENARIOS and SCENARIOS[s].reference_kernels))
+        if notes:
+            finding["reference_kernels"] = notes
+            finding["message"] += " Elsewhere: " + "; ".join(notes) + "."
+    return found
 
 
 RULE_FAILED = "audit_rule_failed"     # a rule that raised on these records: the audit's bug, said in a finding

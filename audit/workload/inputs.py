@@ -128,7 +128,16 @@ class Scenario:
     work_is_visible: bool = False
     # the call form (variant_contract.CALL_FORMS) a variant takes this scenario's layout in, if any
     form: str | None = None
+    # How the reference kernels handle its inputs, with where that is said: a finding about a variant's
+    # output on it adds this (analysis/findings.py: "Elsewhere: ...")
+    reference_kernels: str | None = None
 
+
+# Paged caches: what vLLM, FlashAttention and FlashInfer do with a cache's slots past a sequence's used keys.
+PAGED_REFERENCES = ("vLLM's paged attention, FlashAttention-2 and FlashInfer never let V's slots past a "
+                    "sequence's used length reach the output: they are masked or zeroed before P·V "
+                    "(vLLM PR #936, issue #641; FlashInfer #941, fixed by #942 and #945); FlashAttention-3 "
+                    "and -4 had this bug (Dao-AILab/flash-attention #1745; #2374 open)")
 
 SOFTCAP = ScoreMod("softcap", 50.0)   # Gemma 2's attn_logit_softcapping
 SOFTCAP_Q_SCALE = 16.0                # q × 16: logits of std ~16 reach the cap's curved range
@@ -189,10 +198,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "after) in shuffled pages of 16 slots, every slot a kernel must not read NaN (last pages' tails, "
              "an extra page listed after the used ones, an unlisted page); dense variants get the used "
              "lengths as key padding (pegainfer#291: an extra page read every 16th step)",
-             lambda t: 1, _paged, ("bool", "per-batch"), kind="paged", work_is_visible=True, form="paged"),
+             lambda t: 1, _paged, ("bool", "per-batch"), kind="paged", work_is_visible=True, form="paged",
+             reference_kernels=PAGED_REFERENCES),
     Scenario("paged_edges", "the paged scenario with each sequence's used keys one past, one before and on a "
              "page boundary (a last page of one key, one short of full, full)",
-             lambda t: 1, _paged_edges, ("bool", "per-batch"), kind="paged", work_is_visible=True, form="paged"),
+             lambda t: 1, _paged_edges, ("bool", "per-batch"), kind="paged", work_is_visible=True, form="paged",
+             reference_kernels=PAGED_REFERENCES),
     Scenario("strided_qkv", "q, k, v ~ N(0, 1) as views into one fused QKV projection (B, T, H + 2·Hkv, d), each "
              "a slice of its heads transposed to (B, H, T, d): not contiguous, other heads' values between a head's "
              "rows, as a model's fused projection hands them over; a kernel reading its inputs as contiguous "
