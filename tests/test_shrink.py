@@ -112,3 +112,31 @@ def test_bad_input_exits_2_with_one_line_naming_it(argv, said, tmp_path, capsys)
     assert cli.main(argv) == EXIT_USAGE
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_finding_its_cell_no_longer_shows_here_is_said_not_shrunk(run_dir):
+    """A record that says NaN where the variant, measured again here, gives none (another machine,
+    torch or plug-in): no smallest cell is claimed, and the finding says why."""
+    import shutil
+    copy = run_dir.parent / "stale"
+    shutil.copytree(run_dir, copy)
+    lines = [json.loads(line) for line in (copy / "records.jsonl").read_text().splitlines()]
+    for rec in lines:
+        if rec["variant"] == "shrinkable:right":
+            rec.update(out_nan=3, out_nonfinite_visible=3)
+    (copy / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    from audit.execute.shrink import run_preset, shrink_run
+    got = {(line["check"], line["variant"]): line for line in shrink_run(copy, run_preset(copy), {})}
+    stale = got["nonfinite", "shrinkable:right"]
+    assert stale["id"] is None and stale["tried"] == 1 and "does not show it" in stale["reason"]
+    assert got["nonfinite", "shrinkable:nan_from_64_keys"]["cell"]["seq_len"] == 64
+    found = {(f["check"], f["variant"]): f for f in write_findings(copy)}
+    assert "Not shrunk: its cell, measured again here, does not show it" in found["nonfinite", "shrinkable:right"][
+        "message"]
+
+
+def test_plug_ins_are_imported_from_where_the_run_imported_them(tmp_path):
+    from audit.execute.shrink import import_paths
+    (tmp_path / "run.json").write_text(json.dumps({"cwd": "/work", "pythonpath": f"{PLUGINS}:/opt/x"}))
+    assert import_paths(tmp_path) == ["/work", str(PLUGINS), "/opt/x"]
+    assert import_paths(tmp_path / "none") == []

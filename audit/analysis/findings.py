@@ -190,6 +190,9 @@ def with_smallest_cells(found: list[dict[str, Any]], shrunk: dict[tuple[str, str
         if line is None or line["from"] not in finding["cells"]:     # none, or shrunk from records since changed
             continue
         finding["smallest"] = line
+        if line.get("id") is None:
+            finding["message"] += f" Not shrunk: {line.get('reason')} ({line['from']})."
+            continue
         how = f"{line['tried']} cells tried in {line['seconds']:.1f} s" + ("" if line["complete"] else ", out of time")
         finding["message"] += (f" Smallest failing cell: {line['id']} (shrunk from {line['from']}; {how})."
                                if line["id"] != line["from"] else f" No smaller cell shows it ({how}).")

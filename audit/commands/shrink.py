@@ -41,7 +41,8 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if seconds is None:
         raise UsageError(f"--seconds: {args.seconds!r} is not a positive duration (e.g. 5s, 30s, 2m)")
     from ..execute.lock import FolderBusy, RunLock
-    from ..execute.shrink import run_preset, shrink_run
+    from ..execute.shrink import import_paths, run_preset, shrink_run
+    sys.path[:0] = [p for p in import_paths(run_dir) if p not in sys.path]    # its plug-ins, as the run imported them
     from ..measure.machine.environment import environment
     try:
         with RunLock(run_dir):

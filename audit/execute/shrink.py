@@ -136,20 +136,36 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
         def shows(case: Case, check: str = finding["check"], variant: str = finding["variant"]) -> bool:
             record = record_of(case)
             return any(f["check"] == check and f["variant"] == variant for f in compute_findings(to_frame([record])))
-        done = shrink(Case.from_mapping(first), shows, seconds)
-        line = {"check": finding["check"], "variant": finding["variant"], "from": first["id"],
-                "id": done.cell.id, "cell": done.cell.axes(), "tried": done.tried,
-                "seconds": round(done.seconds, 3), "complete": done.complete}
+        start = Case.from_mapping(first)
+        began = time.monotonic()
+        if not shows(start):        # another machine, torch or plug-in than the run's: nothing to shrink from
+            line = {"check": finding["check"], "variant": finding["variant"], "from": first["id"], "id": None,
+                    "cell": None, "tried": 1, "seconds": round(time.monotonic() - began, 3), "complete": True,
+                    "reason": "its cell, measured again here, does not show it"}
+        else:
+            done = shrink(start, shows, seconds)
+            line = {"check": finding["check"], "variant": finding["variant"], "from": first["id"],
+                    "id": done.cell.id, "cell": done.cell.axes(), "tried": done.tried + 1,
+                    "seconds": round(time.monotonic() - began, 3), "complete": done.complete}
         out.append(line)
         if progress:
-            progress(f"{finding['check']} of {finding['variant']}: {first['id']} -> {done.cell.id} "
-                     f"({done.tried} cells, {done.seconds:.1f} s{'' if done.complete else ', out of time'})")
+            to = line["id"] or line["reason"]
+            progress(f"{finding['check']} of {finding['variant']}: {first['id']} -> {to} "
+                     f"({line['tried']} cells, {line['seconds']:.1f} s{'' if line['complete'] else ', out of time'})")
     (Path(run_dir) / SHRUNK_FILE).write_text("".join(json.dumps(line) + "\n" for line in out))
     return out
+
+
+def import_paths(run_dir: Path) -> list[str]:
+    """Where the run imported plug-ins from (run.json's cwd and PYTHONPATH), to import them alike."""
+    import os
+    info = json.loads((Path(run_dir) / RUN_FILE).read_text()) if (Path(run_dir) / RUN_FILE).exists() else {}
+    return [p for p in [info.get("cwd"), *(info.get("pythonpath") or "").split(os.pathsep)] if p]
 
 
 def run_preset(run_dir: Path) -> Preset:
     """The preset a run folder's run.json names (its sampling settings do not matter here)."""
     from ..workload.presets import presets
-    name = json.loads((Path(run_dir) / RUN_FILE).read_text()).get("preset") or "quick"
+    path = Path(run_dir) / RUN_FILE
+    name = (json.loads(path.read_text()).get("preset") if path.exists() else None) or "quick"
     return presets().get(name) or presets()["quick"]
