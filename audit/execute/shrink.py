@@ -120,12 +120,15 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
     by_id = {r["id"]: r for r in records}
     quick = dataclasses.replace(preset, min_samples=1, min_time_s=0.0)      # correctness, not timing
     cache, builds = InputCache(), BuildCache()
-    measured: dict[str, dict] = {}       # one defect's findings (NaN, so outside the budget) try the same cells
+    # (check, variant) of each cell measured: one defect's findings (NaN, so outside the budget) try the
+    # same cells, each measured and judged once
+    shown: dict[str, set[tuple[str, str]]] = {}
 
-    def record_of(case: Case) -> dict:
-        if case.id not in measured:
-            measured[case.id] = run_cell(case, cache, quick, env, builds=builds)
-        return measured[case.id]
+    def found_on(case: Case) -> set[tuple[str, str]]:
+        if case.id not in shown:
+            record = run_cell(case, cache, quick, env, builds=builds)
+            shown[case.id] = {(f["check"], f["variant"]) for f in compute_findings(to_frame([record]))}
+        return shown[case.id]
     out = []
     for finding in shrinkable(compute_findings(to_frame(records)), lambda v: resolve(v).upstream):
         cells = [by_id[i] for i in finding["cells"] if i in by_id]
@@ -133,20 +136,18 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
             continue
         first = min(cells, key=_cell_size)
 
-        def shows(case: Case, check: str = finding["check"], variant: str = finding["variant"]) -> bool:
-            record = record_of(case)
-            return any(f["check"] == check and f["variant"] == variant for f in compute_findings(to_frame([record])))
+        def shows(case: Case, key: tuple[str, str] = (finding["check"], finding["variant"])) -> bool:
+            return key in found_on(case)
         start = Case.from_mapping(first)
         began = time.monotonic()
+        line = {"check": finding["check"], "variant": finding["variant"], "from": first["id"]}
         if not shows(start):        # another machine, torch or plug-in than the run's: nothing to shrink from
-            line = {"check": finding["check"], "variant": finding["variant"], "from": first["id"], "id": None,
-                    "cell": None, "tried": 1, "seconds": round(time.monotonic() - began, 3), "complete": True,
-                    "reason": "its cell, measured again here, does not show it"}
+            line.update(id=None, cell=None, tried=1, complete=True,
+                        reason="its cell, measured again here, does not show it")
         else:
             done = shrink(start, shows, seconds)
-            line = {"check": finding["check"], "variant": finding["variant"], "from": first["id"],
-                    "id": done.cell.id, "cell": done.cell.axes(), "tried": done.tried + 1,
-                    "seconds": round(time.monotonic() - began, 3), "complete": done.complete}
+            line.update(id=done.cell.id, cell=done.cell.axes(), tried=done.tried + 1, complete=done.complete)
+        line["seconds"] = round(time.monotonic() - began, 3)
         out.append(line)
         if progress:
             to = line["id"] or line["reason"]
