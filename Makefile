@@ -33,6 +33,10 @@ SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/*.py suites/*.py)
 # GFLOP/s). Empty: no emulated phase.
 EMULATED_CPUS ?= ATEN_CPU_CAPABILITY=default;ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 CPU_KINDS_FILES = $(shell grep -l 'mark\.cpu_kinds' tests/*.py suites/*.py)
+# The emulated phase runs beside the parallel one, niced: it takes the cycles the parallel phase leaves
+# idle (a worker waiting on a hung cell or on its last test) and gives them back at once; the serial phase
+# waits for both, as it needs an idle machine.
+EMULATED_NICE ?= 10
 
 .PHONY: deps test-deps audit quick test test-cpu-kinds report bench-save bench-check gpu-check clean
 
@@ -48,12 +52,13 @@ audit: deps  ## run the default preset and write the report under reports/
 quick: deps  ## the quick preset (60 s budget; 49-58 s on a 2-core AMD EPYC with AVX2 only, Inductor's cache warm or cold)
 	$(PYTHON) -m audit run --preset quick $(AUDIT_ARGS)
 
-test: test-deps  ## unit tests and quick suites: in parallel what times nothing, then alone what times things, then the other CPU kinds emulated
+test: test-deps  ## unit tests and quick suites: in parallel what times nothing (beside it, at low priority, the other CPU kinds emulated), then alone what times things
 	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS) TORCHINDUCTOR_COMPILE_THREADS=$(TEST_COMPILE_THREADS); \
 	export PYTHONDONTWRITEBYTECODE=; $(PYTHON) -m compileall -q audit tests suites conftest.py > /dev/null; \
+	nice -n $(EMULATED_NICE) $(MAKE) --no-print-directory test-cpu-kinds-here > "$$home/emulated.log" 2>&1 & emulating=$$!; \
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(TEST_OPTS) tests suites; parallel=$$?; \
+	wait $$emulating; emulated=$$?; cat "$$home/emulated.log"; \
 	$(PYTHON) -m pytest -q -p no:xdist -m serial $(TEST_BENCH_OPTS) $(TEST_OPTS) $(SERIAL_FILES); serial=$$?; \
-	$(MAKE) --no-print-directory test-cpu-kinds-here; emulated=$$?; \
 	exit $$(( parallel != 0 || serial != 0 || emulated != 0 ))
 
 test-cpu-kinds:  ## only the tests marked cpu_kinds, natively then under each of EMULATED_CPUS (another CPU's results, here)

@@ -265,6 +265,10 @@ def draw_figures(frame: pd.DataFrame, out_dir: Path, processes: int | None = Non
         if processes > 1 and (os.cpu_count() or 1) > 1:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
+
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401 - once, here: each forked process would import it again (0.25 s)
             context = multiprocessing.get_context("fork")
             with ProcessPoolExecutor(max_workers=min(processes, os.cpu_count() or 1), mp_context=context) as pool:
                 drawn = list(pool.map(_draw_one, range(len(FIGURES)), timeout=600))
