@@ -76,6 +76,19 @@ def test_fixed_batch_sweeps_keep_the_batch():
     assert "B1" in label
 
 
+def test_a_line_figure_needs_two_sequence_lengths():
+    """One length gives dots, not lines (the speed tables hold those numbers): no figure; two give one."""
+    import pandas as pd
+
+    from audit.render.plotting import line_panels
+    rows = pd.DataFrame({"variant": ["eager", "sdpa"], "seq_len": [128, 128], "fwd_ms": [1.0, 0.5]})
+    assert line_panels(rows, y="fwd_ms", ylabel="ms", title="t", colors={}) is None
+    two = pd.concat([rows, rows.assign(seq_len=256, fwd_ms=[4.0, 2.0])])
+    fig = line_panels(two, y="fwd_ms", ylabel="ms", title="t", colors={})
+    assert fig is not None and [len(line.get_xdata()) for line in fig.axes[0].lines] == [2, 2]
+    plt.close(fig)
+
+
 def test_overflow_check_catches_a_cut_off_title_and_legend():
     fig, ax = plt.subplots(figsize=(3, 2))
     ax.plot([1, 2], [1, 2], label="a label far too long to fit in a three-inch figure, in one line")
