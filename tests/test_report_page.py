@@ -435,9 +435,9 @@ def test_determinism_text_from_the_repeat_columns_and_their_absence() -> None:
     assert determinism_text(old) == "not checked"
     assert determinism_text(old.assign(repeat_differs=None)) == "not checked"
     same = pd.DataFrame([{**base, "repeat_differs": [], "repeat_max_diff": 0.0}] * 42)
-    assert determinism_text(same) == "bitwise (42 cells)"
+    assert determinism_text(same) == "bitwise (42)"
     under_mode = same.assign(deterministic_algorithms=True)
-    assert determinism_text(under_mode) == "bitwise (42 cells, deterministic mode)"
+    assert determinism_text(under_mode) == "bitwise (42, deterministic mode)"
     differing = pd.DataFrame([{**base, "repeat_differs": ["dk", "dq"], "repeat_max_diff": 2e-7}] * 2
                              + [{**base, "repeat_differs": ["dq"], "repeat_max_diff": 1e-7}]
                              + [{**base, "repeat_differs": [], "repeat_max_diff": 0.0}] * 37
@@ -445,7 +445,7 @@ def test_determinism_text_from_the_repeat_columns_and_their_absence() -> None:
     assert determinism_text(differing) == "differs: dq, dk in 3 of 40 cells (max 2e-7)"
     refused = pd.DataFrame([{**base, "status": "skipped", "deterministic_refused": True, "repeat_differs": None}])
     assert determinism_text(refused) == "refuses deterministic mode (1 cell)"
-    assert determinism_text(pd.concat([refused, same])) == "refuses deterministic mode (1 cell); bitwise (42 cells)"
+    assert determinism_text(pd.concat([refused, same])) == "refuses deterministic mode (1 cell); bitwise (42)"
 
 
 def test_masked_rows_text_pools_cells_with_fully_masked_rows() -> None:
@@ -471,13 +471,14 @@ def test_masked_rows_over_many_scenarios_are_counted_and_listed_in_full_once() -
     rows = pd.DataFrame({"variant": "eager", "status": "ok", "causal": True, "dtype": "fp32", "scenario": scenarios,
                          "masked_rows": ["nan", "nan", "nan", "nan", "zero", "zero", "uniform"]})
     text, detail = masked_rows_summary(rows)
-    assert text == "NaN in 4 scenarios; zero in 2"
+    assert text == "NaN 4 · zero 2"
     assert detail == "NaN: bool, -inf float, left_padding, packed; zero: sinks, sinks_prefill"
     assert masked_rows_text(rows) == text
     assert masked_rows_summary(rows.assign(masked_rows="nan")) == ("NaN", "")    # one answer: nothing to list
 
 
-def test_the_worst_finding_names_its_diagnosis_and_links_to_its_row(tmp_path: Path) -> None:
+def test_the_worst_finding_names_its_check_and_diagnosis_and_links_to_its_row(tmp_path: Path) -> None:
+    """The check as the link's text (one line in the verdict), the mistake it matches as its title."""
     diagnosed = {"check": "error_budget", "severity": "error", "variant": "compiled", "message": "outside",
                  "cells": ["x", "y"], "diagnosis": "gqa_interleaved", "diagnosis_title": "GQA heads paired interleaved"}
     undiagnosed = {"check": "error_budget", "severity": "error", "variant": "eager", "message": "outside too",
@@ -486,8 +487,8 @@ def test_the_worst_finding_names_its_diagnosis_and_links_to_its_row(tmp_path: Pa
     result = build_report(_write_run(tmp_path, findings=[info, diagnosed, undiagnosed]))
     md = result["index_md"].read_text(encoding="utf-8")
     rows = _md_rows(_verdict_md(md), "variant")
-    assert rows["compiled"][5] == ("error [error budget: GQA heads paired interleaved]"
-                                   "(#finding-error_budget-compiled)")
+    assert rows["compiled"][5] == ('error [error budget](#finding-error_budget-compiled '
+                                   '"error budget: GQA heads paired interleaved")')
     assert rows["eager"][5] == "error [error budget](#finding-error_budget-eager)"
     assert rows["sdpa"][5] == "none"
     assert '<a id="finding-error_budget-compiled"></a>error | error_budget | compiled |' in md

@@ -2,8 +2,8 @@
 masked rows table, one column per scenario that has such rows, and the verdict's few words on it.
 
 The verdict's cell stays short whatever the grid holds: where the answer differs between scenarios
-beyond the two mask forms, it says how many scenarios give each answer ("NaN in 4 scenarios; zero in
-1"), linked to the table and with the full list as the link's title. Listing every scenario made the
+beyond the two mask forms, it says how many scenarios give each answer ("NaN 4 · zero 1": four
+scenarios NaN, one zero), linked to the table and with the full list as the link's title. Listing every scenario made the
 column as wide as its longest scenario name and cut the verdict's last column at 1400 px
 (tests/test_html_browser.py). Reads the records frame; never measures, never imports torch.
 """
@@ -78,8 +78,7 @@ def masked_rows_summary(rows: pd.DataFrame) -> tuple[str, str]:
         groups.setdefault(text, []).append(label)
     ranked = sorted(groups.items(), key=lambda item: -len(item[1]))      # the commonest answer first
     first, n_first = ranked[0][0], len(ranked[0][1])
-    text = "; ".join([f"{first} in {n_first} scenario{'s' if n_first > 1 else ''}",
-                      *(f"{answer} in {len(labels)}" for answer, labels in ranked[1:])])
+    text = " · ".join(f"{answer} {len(labels)}" for answer, labels in ranked)
     return text, "; ".join(f"{answer}: {', '.join(labels)}" for answer, labels in ranked)
 
 
@@ -87,7 +86,7 @@ def masked_rows_text(rows: pd.DataFrame) -> str:
     """What a variant returns on rows that see no key, over its ok cells that have such rows
     (finite finfo.min masks left out): "zero", "NaN", "zero (fp32), NaN (fp16)"; split by mask form
     when forms differ ("bool: other; -inf float: zero"); where other scenarios differ too, how many
-    scenarios give each answer ("NaN in 4 scenarios; zero in 1": masked_rows_summary names them);
+    scenarios give each answer ("NaN 4 · zero 1": masked_rows_summary names them);
     "not tested" when none ran."""
     return masked_rows_summary(rows)[0]
 
