@@ -115,3 +115,23 @@ def test_no_figure_of_a_cpu_run_reaches_outside_its_canvas(tmp_path, monkeypatch
     seen = _build_checked(_write_run(tmp_path), monkeypatch)
     assert len(seen) >= 6
     assert {f: over for f, (over, _) in seen.items() if over} == {}
+
+
+def test_the_saturation_figure_of_a_run_of_every_scenario_draws_lines_only(tmp_path):
+    """The stored cpu-preset run of 2026-12-05: its stability cells measure 25 scenarios at one head dim,
+    each a dot and a legend entry per dtype (57), whose legend collapsed the axes. Lines need two head
+    dims: normal's (32, 64, 128) in its three dtypes."""
+    import warnings
+
+    from audit.core.records import load
+    from tests.helpers import cpu_run
+    frame = load(cpu_run("2026-12-05/cpu", tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # "constrained_layout not applied ...": an error here
+        fig, _ = figures._draw_saturation(frame, figures.variant_colors(frame["variant"].astype(str)))
+        fig.canvas.draw()
+    assert sorted(line.get_label() for line in fig.axes[0].lines) == ["normal bf16", "normal fp16", "normal fp32"]
+    assert overflowing_artists(fig) == []
+    plt.close(fig)
+    one_head_dim = frame[frame["scenario"] != "normal"]
+    assert figures._draw_saturation(one_head_dim, {}) is None

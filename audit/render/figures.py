@@ -157,6 +157,12 @@ def _draw_saturation(frame: pd.DataFrame, colors: dict) -> Drawn | None:
     several_scenarios = rows["scenario"].nunique() > 1
     line_keys = ["scenario", "dtype"] if several_scenarios else ["dtype"]
     means = rows.groupby([*line_keys, "d_k"])[[m for m, _ in metrics]].mean().reset_index()
+    # a line needs two head dims: a scenario measured at one (the cpu preset's stability cells, 57 of
+    # them with their dtypes) was a dot and a legend entry each, whose legend collapsed the axes; the
+    # report's saturation table gives their numbers
+    means = means[means.groupby(line_keys)["d_k"].transform("nunique") >= 2]
+    if means.empty:
+        return None
     fig, axes = plt.subplots(1, 3, layout="constrained", figsize=(12, 3.8))
     for ax, (metric, label) in zip(axes, metrics):
         for key, line in means.groupby(line_keys):
