@@ -135,3 +135,22 @@ def test_the_saturation_figure_of_a_run_of_every_scenario_draws_lines_only(tmp_p
     plt.close(fig)
     one_head_dim = frame[frame["scenario"] != "normal"]
     assert figures._draw_saturation(one_head_dim, {}) is None
+
+
+def test_many_variants_get_a_row_of_bars_each_at_a_fixed_width():
+    """The cpu preset's 50 variants (controls included) drew a 55-inch-wide strip of bars; above
+    HORIZONTAL_BARS_FROM variants the bars lie in rows, the figure 10 inches wide, every label inside."""
+    import pandas as pd
+
+    from audit.render.plotting import HORIZONTAL_BARS_FROM, grouped_bars
+    for n in (HORIZONTAL_BARS_FROM, HORIZONTAL_BARS_FROM + 1, 50):
+        table = pd.DataFrame({"fp32": [10.0 ** (i % 6) for i in range(n)], "bf16": [float(i) for i in range(n)]},
+                             index=[f"broken.variant_with_a_long_name_{i}" for i in range(n)])
+        fig = grouped_bars(table, ylabel="count", title="t", yscale="symlog", label_counts=True)
+        width, height = fig.get_size_inches()
+        horizontal = n > HORIZONTAL_BARS_FROM
+        assert (width == 10.0 and height > 6) if horizontal else width == 1.1 * n + 2, (n, width, height)
+        labels = [t.get_text() for t in (fig.axes[0].get_yticklabels() if horizontal else fig.axes[0].get_xticklabels())]
+        assert labels == list(table.index)
+        assert overflowing_artists(fig) == []
+        plt.close(fig)

@@ -184,42 +184,60 @@ def line_panels(rows: pd.DataFrame, *, y: str, ylabel: str, title: str,
     return fig
 
 
+# Above this many variants grouped_bars lays its bars out horizontally: a row per variant, the figure
+# as tall as they need at a fixed width. Vertical, its width grew 1.1 in a variant: the cpu preset's 50
+# (with the negative controls) made a 55-inch figure, a strip of unreadable bars at page width.
+HORIZONTAL_BARS_FROM = 16
+
+
 def grouped_bars(table: pd.DataFrame, *, ylabel: str, title: str, yscale: str,
                  floor: float | None = None, label_counts: bool = False) -> Any:
-    """Bars of table (index: variant, columns: dtype), one group per variant."""
+    """Bars of table (index: variant, columns: dtype), one group per variant: side by side, or, above
+    HORIZONTAL_BARS_FROM variants, one row each (the value axis then horizontal)."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
     variants = list(table.index)
     dtypes = list(table.columns)
     width = 0.8 / max(len(dtypes), 1)
-    fig, ax = plt.subplots(layout="constrained", figsize=(max(6.0, 1.1 * len(variants) + 2), 4.2))
+    horizontal = len(variants) > HORIZONTAL_BARS_FROM
+    size = (10.0, 0.28 * len(variants) * max(len(dtypes), 1) ** 0.5 + 1.6) if horizontal else (
+        max(6.0, 1.1 * len(variants) + 2), 4.2)
+    fig, ax = plt.subplots(layout="constrained", figsize=size)
     positions = np.arange(len(variants))
+    value_axis = ax.xaxis if horizontal else ax.yaxis
     for k, dtype in enumerate(dtypes):
         values = table[dtype].to_numpy(dtype=float)
         shown = np.maximum(values, floor) if floor is not None else values
         x = positions + (k - (len(dtypes) - 1) / 2) * width
-        bars = ax.bar(x, np.nan_to_num(shown, nan=0.0), width=width, label=dtype,
-                      color=dtype_color(dtype))
+        draw = ax.barh if horizontal else ax.bar
+        bars = draw(x, np.nan_to_num(shown, nan=0.0), width, label=dtype, color=dtype_color(dtype))
         if label_counts:
             ax.bar_label(bars, labels=[f"{int(v)}" if v else "" for v in np.nan_to_num(values)],
                          fontsize=7)
         for xi, value in zip(x, values):
             if math.isnan(value):
-                ax.annotate("n/a", (xi, floor or 0), ha="center", va="bottom", fontsize=7,
-                            rotation=90)
+                ax.annotate("n/a", (floor or 0, xi) if horizontal else (xi, floor or 0),
+                            ha="left" if horizontal else "center", va="center" if horizontal else "bottom",
+                            fontsize=7, rotation=0 if horizontal else 90)
+    set_scale, set_lim = (ax.set_xscale, ax.set_xlim) if horizontal else (ax.set_yscale, ax.set_ylim)
     if yscale == "symlog":
-        ax.set_yscale("symlog", linthresh=1)
+        set_scale("symlog", linthresh=1)
         highest = float(np.nanmax(table.to_numpy(dtype=float), initial=0.0))
-        ax.set_ylim(bottom=0, top=max(3.0 * highest, 10.0))  # room for the count labels
+        set_lim(0, max(3.0 * highest, 10.0))           # room for the count labels
     else:
-        ax.set_yscale(yscale)
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+        set_scale(yscale)
+    value_axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
     if floor is not None:
-        ax.set_ylim(bottom=floor / 2)
-    ax.set_xticks(positions, variants, rotation=30, ha="right")
-    ax.set_ylabel(ylabel)
+        set_lim(floor / 2)
+    if horizontal:
+        ax.set_yticks(positions, variants)
+        ax.invert_yaxis()                              # the first variant on top, as in the tables
+        ax.set_xlabel(ylabel)
+    else:
+        ax.set_xticks(positions, variants, rotation=30, ha="right")
+        ax.set_ylabel(ylabel)
     suptitle(fig, title, fontsize=10)
-    ax.grid(True, axis="y", alpha=0.3)
+    ax.grid(True, axis="x" if horizontal else "y", alpha=0.3)
     fig.legend(title="dtype", loc="outside right upper", frameon=False)
     return fig
