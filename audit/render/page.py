@@ -344,7 +344,7 @@ h2 { margin-top: 2em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
 a { color: #0550ae; }
 .table-wrap { max-width: 100%; overflow-x: auto; margin: 0.5em 0 1.5em; }
 table { border-collapse: collapse; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; vertical-align: top; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.4em; vertical-align: top; }
 th { background: #f2f2f2; overflow-wrap: normal; }
 .text { text-align: left; }
 td.text { overflow-wrap: anywhere; }

@@ -271,7 +271,8 @@ def verdict_display(rows: pd.DataFrame, findings: list[dict] | None, baseline: s
         "worst finding": [finding_cell(v) for v in rows["variant"]],
         **({"args": [argument_cell(r) for r in records]}                       # records before probes: none
            if "arguments" in rows and (rows["arguments"] != NOT_PROBED).any() else {}),
-        "fully masked rows": [_unbroken(t) if not d else masked_rows_cell(t, d)
+        "fully masked rows": [_unbroken(t) if not d else Span((masked_rows_cell(t, d),),
+                                                              keep_together=len(t) <= VERDICT_UNBROKEN_CH)
                               for t, d in zip(rows["masked_rows"], rows["masked_rows_detail"])],
         "3 runs": [_unbroken(t) for t in rows["determinism"]],
     })
