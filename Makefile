@@ -33,6 +33,8 @@ SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/*.py suites/*.py)
 # GFLOP/s). Empty: no emulated phase.
 EMULATED_CPUS ?= ATEN_CPU_CAPABILITY=default;ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 CPU_KINDS_FILES = $(shell grep -l 'mark\.cpu_kinds' tests/*.py suites/*.py)
+# The session's folder (ATTN_AUDIT_TEST_HOME) goes when the recipe ends, Ctrl-C included (sh runs no EXIT
+# trap on a signal it does not trap: each interrupted run left its folder, with its quick run, in /tmp).
 # The emulated phase runs beside the parallel one, niced: it takes the cycles the parallel phase leaves
 # idle (a worker waiting on a hung cell or on its last test) and gives them back at once; the serial phase
 # waits for both, as it needs an idle machine.
@@ -53,7 +55,7 @@ quick: deps  ## the quick preset (60 s budget; 49-58 s on a 2-core AMD EPYC with
 	$(PYTHON) -m audit run --preset quick $(AUDIT_ARGS)
 
 test: test-deps  ## unit tests and quick suites: in parallel what times nothing (beside it, at low priority, the other CPU kinds emulated), then alone what times things
-	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS) TORCHINDUCTOR_COMPILE_THREADS=$(TEST_COMPILE_THREADS); \
+	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS) TORCHINDUCTOR_COMPILE_THREADS=$(TEST_COMPILE_THREADS); \
 	export PYTHONDONTWRITEBYTECODE=; $(PYTHON) -m compileall -q audit tests suites conftest.py > /dev/null; \
 	nice -n $(EMULATED_NICE) $(MAKE) --no-print-directory test-cpu-kinds-here > "$$home/emulated.log" 2>&1 & emulating=$$!; \
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(TEST_OPTS) tests suites; parallel=$$?; \
@@ -62,7 +64,7 @@ test: test-deps  ## unit tests and quick suites: in parallel what times nothing 
 	exit $$(( parallel != 0 || serial != 0 || emulated != 0 ))
 
 test-cpu-kinds:  ## only the tests marked cpu_kinds, natively then under each of EMULATED_CPUS (another CPU's results, here)
-	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS) TORCHINDUCTOR_COMPILE_THREADS=$(TEST_COMPILE_THREADS); \
+	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS) TORCHINDUCTOR_COMPILE_THREADS=$(TEST_COMPILE_THREADS); \
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "cpu_kinds and not serial and not shared_run" $(TEST_OPTS) $(CPU_KINDS_FILES); native=$$?; \
 	$(MAKE) --no-print-directory test-cpu-kinds-here; emulated=$$?; \
 	exit $$(( native != 0 || emulated != 0 ))
