@@ -48,7 +48,7 @@ PROBE = """<script>window.addEventListener('load', function () {
       if (el.classList.contains('table-wrap')) return el;
     }
     return null;}
-  var verdict = wrapAfter('verdict'), heads = verdict ? verdict.querySelectorAll('th') : [];
+  var verdict = wrapAfter('per-variant'), heads = verdict ? verdict.querySelectorAll('th') : [];
   var referee = Array.prototype.filter.call(heads, function (h) { return h.textContent === 'referee'; })[0];
   var verdictMin = null;   // the verdict table's width laid out as narrow as its contents allow
   if (verdict) {
@@ -59,7 +59,8 @@ PROBE = """<script>window.addEventListener('load', function () {
   }
   var probe = document.createElement('pre'); probe.id = 'probe';
   probe.textContent = JSON.stringify({scroll: doc.scrollWidth, client: doc.clientWidth,
-    fold: window.innerHeight, verdict_bottom: tableBottomAfter('verdict'),
+    fold: window.innerHeight, verdict_bottom: tableBottomAfter('per-variant'),
+    verdict_top: verdict ? verdict.getBoundingClientRect().top + window.scrollY : null,
     verdict_scroll: verdict ? verdict.scrollWidth : null, verdict_client: verdict ? verdict.clientWidth : null,
     verdict_min: verdictMin,
     referee_right: referee ? referee.getBoundingClientRect().right : null,
@@ -117,14 +118,14 @@ def test_the_newest_stored_cpu_runs_verdict_at_1400px(tmp_path):
     variants returning NaN on the masked rows of some scenarios and zero on others. Its verdict scrolled
     sideways in its frame (at its narrowest 1194 px in 1162) and ended at 1364 px: rows of 2-3 lines for a
     finding's words, every scenario's answer, "bitwise (223 cells)" and a column of "passed". Each row now
-    fits one line at 1400 px and the table ends above the fold (what to use, below it, does not yet)."""
+    fits one line at 1400 px; what to use, first, ends above the fold, and the table starts there."""
     run = cpu_run("2026-12-05/cpu", tmp_path / "runs")
     seen = check_page(_report(run), tmp_path)
     verdict_md = (run / "index.md").read_text().split("## Verdict", 1)[-1].split("\n## ", 1)[0]
     assert "| args |" in verdict_md and "| fully masked rows |" in verdict_md
     assert "NaN 4 · zero 1](#fully-masked-rows" in verdict_md
     assert "| referee |" not in verdict_md and "every variant passed" in verdict_md
-    assert seen["verdict_bottom"] is not None and seen["verdict_bottom"] <= FOLD_PX, seen["verdict_bottom"]
+    assert_above_the_fold(seen, whole_table=False)
 
 
 def check_page(report_dir: Path, tmp_path: Path) -> dict:
@@ -191,11 +192,14 @@ def assert_verdict_fits(seen: dict, referee: bool = True) -> None:
 FOLD_PX = int(WINDOW.split(",")[1])      # the first viewport height of a 1400 × 1000 window
 
 
-def assert_above_the_fold(seen: dict) -> None:
-    """Both tables end within the first FOLD_PX of the page (laid out at the window's width; the
-    headless window's own innerHeight, seen["fold"], is smaller by its frame, so it is not the measure)."""
+def assert_above_the_fold(seen: dict, whole_table: bool = True) -> None:
+    """What to use ends within the first FOLD_PX of the page, the table per variant after it starts there
+    and, `whole_table`, ends there too (laid out at the window's width; the headless window's own
+    innerHeight, seen["fold"], is smaller by its frame, so it is not the measure)."""
     assert seen["client"] > 1000
     assert seen["verdict_bottom"] is not None and seen["recommendations_bottom"] is not None, seen
-    assert 0 < seen["verdict_bottom"] < seen["recommendations_bottom"]
+    assert 0 < seen["recommendations_bottom"] < seen["verdict_top"] < seen["verdict_bottom"]
     assert seen["recommendations_bottom"] <= FOLD_PX, (
         f"what to use ends at {seen['recommendations_bottom']:.0f} px, below the {FOLD_PX} px fold")
+    last = seen["verdict_bottom"] if whole_table else seen["verdict_top"]
+    assert last <= FOLD_PX, f"the table per variant reaches {last:.0f} px, below the {FOLD_PX} px fold"

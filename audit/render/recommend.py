@@ -22,6 +22,7 @@ from .finding_tables import anchored_findings, finding_words
 from .page import Block, Heading, Inline, Link, Span, Table, format_value, para
 
 RECOMMENDATIONS_HEADING = "What to use"
+REASONS_HEADING = "Why, per device, dtype and mask"
 DEVICE_DTYPE = "device\u00a0dtype"        # one unbroken header: the column stays narrow
 CLOSE_LEAD = 1.10                   # where no noise was measured (records without samples): a lead under 10% ties
 MIN_SHARED_FRACTION = 0.5           # a variant joins a comparison if the shared cells stay >= half of the slice's
@@ -260,19 +261,22 @@ def recommendation_table(recs: Iterable[Recommendation]) -> pd.DataFrame:
 # --------------------------------------------------------------------------- the section's part
 
 def recommendation_blocks(frame: pd.DataFrame, findings: list[dict] | None,
-                          run_noise: float | None = None) -> list[Block]:
-    """The verdict's "What to use": the matrix and the reasons in full; nothing when no device, dtype
-    and mask kind has a timed ok cell of a real variant."""
+                          run_noise: float | None = None) -> tuple[list[Block], list[Block]]:
+    """The verdict's "What to use" (the matrix, first on the page: the answer) and its reasons in full (after
+    the table per variant, the evidence); nothing when no device, dtype and mask kind has a timed ok cell
+    of a real variant."""
     recs = recommendations(frame, findings, run_noise)
     if not recs:
-        return []
+        return [], []
     ignored = "" if findings is not None else " No findings.json: error findings were not taken into account."
     return [
         Heading(3, RECOMMENDATIONS_HEADING),
         para("The fastest variant with no error finding on a cell of that device, dtype and mask (any "
              "scenario; wrong gradients count: what is recommended is for training too); tied: a lead "
              "inside the 95% interval of the two variants' ratio, from their cells' measured noise and the "
-             "run's canary drift (Environment: timing noise)." + ignored),
+             "run's canary drift (Environment: timing noise); why, below the table per variant." + ignored),
         Table(recommendation_matrix(recs)),
-        Table(recommendation_table(recs), caption="Why, per device, dtype and mask"),
+    ], [
+        Heading(3, REASONS_HEADING),
+        Table(recommendation_table(recs)),
     ]

@@ -30,6 +30,7 @@ from .finding_tables import anchored_findings, finding_words
 from .recommend import recommendation_blocks
 
 VERDICT_HEADING = "Verdict"
+VARIANTS_HEADING = "Per variant"        # the table of every real variant against the baseline
 SEVERITY_RANK = {severity: rank for rank, severity in enumerate(SEVERITY_ORDER)}
 
 
@@ -282,8 +283,10 @@ def verdict_display(rows: pd.DataFrame, findings: list[dict] | None, baseline: s
 
 def verdict_section(frame: pd.DataFrame, findings: list[dict] | None,
                     run_noise: float | None = None) -> list[Block]:
-    """The page's first section: the verdict table, then what to use per device × dtype × mask; ties
-    by the measured noise (`run_noise`: the canary's canary_rel, noise_rules.canary_summary)."""
+    """The page's first section: what to use per device × dtype × mask (ties by the measured noise,
+    `run_noise`: the canary's canary_rel, noise_rules.canary_summary), then the table per variant, then
+    why each choice. The answer first: above the fold of a 1400 × 1000 window whatever the variant count
+    (14 rows of the table before it pushed it below, tests/test_html_browser.py)."""
     blocks: list[Block] = [Heading(2, VERDICT_HEADING)]
     ok = ok_rows(frame)
     real = _real_variants(ok)
@@ -298,7 +301,9 @@ def verdict_section(frame: pd.DataFrame, findings: list[dict] | None,
                display.columns and rows.get("refereed", pd.Series(dtype=bool)).astype(bool).any() else
                "Referee: did every call do the work it was timed for; a variant failing it is struck through, "
                "never recommended.")
-    blocks += [
+    answer, reasons = recommendation_blocks(frame, findings, run_noise)
+    blocks += answer + [
+        Heading(3, VARIANTS_HEADING),
         para(f"Against {baseline}{instead}: geometric means over matched cells (scenario ", Mono(NORMAL_SCENARIO),
              "). 3 runs: out, dq, dk, dv bitwise identical on the same inputs (in brackets, the cells "
              "checked). Forward+backward is judged by "
@@ -308,4 +313,4 @@ def verdict_section(frame: pd.DataFrame, findings: list[dict] | None,
     unrun = [v for v in _real_variants(frame) if v not in real]
     unrun_note = ([para(f"No ok cell, so not in the verdict: {', '.join(unrun)} (see Grid for why).")]
                   if unrun else [])
-    return blocks + recommendation_blocks(frame, findings, run_noise) + unrun_note
+    return blocks + unrun_note + reasons
