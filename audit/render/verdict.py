@@ -66,7 +66,7 @@ VERDICT_UNBROKEN_CH = 14
 def finding_part(finding: dict, anchor: str) -> Span:
     """The finding's severity badge and its check, linked to its row in the findings table, with its
     words (the mistake it matches, where diagnosed) as the link's title: one line per variant, so the
-    verdict and what to use stay above the fold of a 1400 × 1000 window (tests/test_html_browser.py)."""
+    table stays as short as its variants (tests/test_html_browser.py)."""
     check = str(finding.get("check") or "finding").replace("_", " ")
     words = finding_words(finding)
     return Span((Badge(str(finding.get("severity"))), " ",
@@ -297,10 +297,10 @@ def verdict_section(frame: pd.DataFrame, findings: list[dict] | None,
     rows = verdict_rows(frame, baseline)
     instead = "" if baseline == VERDICT_BASELINE else f" (no {VERDICT_BASELINE} cell is ok)"
     display = verdict_display(rows, findings, baseline)
-    referee = ("Referee: did every call do the work it was timed for; every variant passed." if "referee" not in
-               display.columns and rows.get("refereed", pd.Series(dtype=bool)).astype(bool).any() else
-               "Referee: did every call do the work it was timed for; a variant failing it is struck through, "
-               "never recommended.")
+    refereed = rows.get("refereed", pd.Series(dtype=bool)).astype(bool)
+    all_passed = "referee" not in display.columns and bool(refereed.any())
+    referee = "Referee: did every call do the work it was timed for; " + (
+        "every variant passed." if all_passed else "a variant failing it is struck through, never recommended.")
     answer, reasons = recommendation_blocks(frame, findings, run_noise)
     blocks += answer + [
         Heading(3, VARIANTS_HEADING),
