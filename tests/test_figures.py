@@ -154,3 +154,20 @@ def test_many_variants_get_a_row_of_bars_each_at_a_fixed_width():
         assert labels == list(table.index)
         assert overflowing_artists(fig) == []
         plt.close(fig)
+
+
+def test_memory_and_throughput_show_the_largest_head_dim_measured_at_two_lengths(tmp_path):
+    """The stored cpu-preset run of 2026-12-05: its d_k sweep (72, 96, 192) runs at T 128 alone, so the
+    largest head dim, 192, has one length (a figure of dots, and since lines need two, none); 128 has three."""
+    import pandas as pd
+
+    from audit.core.records import load
+    from tests.helpers import cpu_run
+    frame = load(cpu_run("2026-12-05/cpu", tmp_path))
+    colors = figures.variant_colors(frame["variant"].astype(str))
+    for draw in (figures._draw_memory, figures._draw_throughput):
+        fig, caption = draw(frame, colors)
+        assert "d_k=128" in caption and max(len(line.get_xdata()) for line in fig.axes[0].lines) == 3, caption
+        plt.close(fig)
+    one_length = pd.DataFrame({"d_k": [64, 192], "seq_len": [128, 128]})
+    assert figures._line_d_k(one_length) == 192                       # none at two lengths: the largest
