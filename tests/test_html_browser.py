@@ -92,9 +92,12 @@ def probe_page(report_dir: Path, work: Path, extra_html: str = "") -> dict:
     return json.loads(html.unescape(found.group(1)))
 
 
-def _report(run_dir: Path) -> Path:
+def _report(run_dir: Path, figures: bool = True) -> Path:
+    """The run's findings and report. figures=False leaves the PNGs out (most of a report's time): for a
+    page checked only for its text and tables, as images never reach past the page (max-width: 100%),
+    and the quick run's and the H200 run's pages are checked with theirs."""
     write_findings(run_dir)
-    build_report(run_dir)
+    build_report(run_dir, figures=figures)
     return run_dir
 
 
@@ -105,11 +108,11 @@ def test_the_quick_runs_report_at_1400px(quick_run, tmp_path):
                                                                                               "info"}
 
 
-@pytest.mark.parametrize("unpack, name", [(cpu_run, "cpu"), (h200_run, "full")])
-def test_a_stored_runs_report_at_1400px(unpack, name, tmp_path):
+@pytest.mark.parametrize("unpack, name, figures", [(cpu_run, "cpu", False), (h200_run, "full", True)])
+def test_a_stored_runs_report_at_1400px(unpack, name, figures, tmp_path):
     """The stored CPU and H200 runs (wide real tables), rebuilt by today's report code: the checks
     below, and the verdict and what to use above the fold of a 1400 × 1000 window."""
-    seen = check_page(_report(unpack(name, tmp_path / "runs")), tmp_path)
+    seen = check_page(_report(unpack(name, tmp_path / "runs"), figures), tmp_path)
     assert_above_the_fold(seen)
 
 
@@ -120,7 +123,7 @@ def test_the_newest_stored_cpu_runs_verdict_at_1400px(tmp_path):
     finding's words, every scenario's answer, "bitwise (223 cells)" and a column of "passed". Each row now
     fits one line at 1400 px; what to use, first, ends above the fold, and the table starts there."""
     run = cpu_run("2026-12-05/cpu", tmp_path / "runs")
-    seen = check_page(_report(run), tmp_path)
+    seen = check_page(_report(run, figures=False), tmp_path)
     verdict_md = (run / "index.md").read_text().split("## Verdict", 1)[-1].split("\n## ", 1)[0]
     assert "| args |" in verdict_md and "| fully masked rows |" in verdict_md
     assert "NaN 4 · zero 1](#fully-masked-rows" in verdict_md
@@ -154,7 +157,7 @@ def check_page(report_dir: Path, tmp_path: Path) -> dict:
 def test_the_probe_sees_a_page_that_scrolls_sideways_and_a_verdict_pushed_down(tmp_path):
     """The checks above can fail: the same report with one 3000-px-wide element scrolls sideways,
     and with 400 px more above the verdict it puts what to use below the fold (one page load)."""
-    report = _report(cpu_run("quick", tmp_path / "runs"))
+    report = _report(cpu_run("quick", tmp_path / "runs"), figures=False)
     seen = probe_page(report, tmp_path / "browser", '<div style="width: 3000px">a wide table</div>'
                       '<style>h1 { margin-bottom: 400px; }</style>')
     assert seen["scroll"] > seen["client"] > 1000

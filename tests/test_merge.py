@@ -50,7 +50,9 @@ def _edit(folder: Path, path: str, value) -> None:
     (folder / "run.json").write_text(json.dumps(info))
 
 
-def test_merged_folder_has_every_cell_and_reports(stored, tmp_path, capsys):
+def test_merged_folder_has_every_cell_and_reports(stored, tmp_path, capsys, monkeypatch):
+    from audit.render import figures
+    monkeypatch.setattr(figures, "FIGURES", ())      # the page, not its PNGs (tests/test_figures.py): 10 CPU-s
     a, b = _shards(stored, tmp_path)
     out = tmp_path / "merged"
     assert cli.main(["merge", str(out), str(a), str(b)]) == 0

@@ -131,6 +131,20 @@ def test_figures_written_and_referenced(built: tuple[Path, dict]) -> None:
         assert f'src="{png.name}"' in page
 
 
+def test_a_report_without_figures_is_the_same_page_less_its_pngs(built: tuple[Path, dict], tmp_path: Path) -> None:
+    """build_report(figures=False), for a caller that reads only the text: no PNG is written, the
+    Figures section says none were drawn, and every other section is the page drawn with them."""
+    run_dir, with_figures = built
+    same = tmp_path / run_dir.name                     # the page names its folder
+    same.mkdir()
+    result = build_report(_write_run(same), figures=False)
+    assert result["figures"] == [] and not list(same.glob("*.png"))
+    md, drawn_md = result["index_md"].read_text(encoding="utf-8"), with_figures["index_md"].read_text(encoding="utf-8")
+    assert "Not drawn for this page." in _section(md, "## Figures")
+    assert md.replace(_section(md, "## Figures"), "") == drawn_md.replace(_section(drawn_md, "## Figures"), "")
+    assert "<img" not in result["index_html"].read_text(encoding="utf-8")
+
+
 def test_markdown_sections_in_order(built: tuple[Path, dict]) -> None:
     _, result = built
     md = result["index_md"].read_text(encoding="utf-8")
@@ -219,7 +233,7 @@ def test_findings_open_the_report_most_severe_first(tmp_path: Path) -> None:
         {"check": "nonfinite", "severity": "error", "variant": "broken.unscaled",
          "message": "NaN in the control's outputs", "cells": ["e"]},
     ]
-    result = build_report(_write_run(tmp_path, findings=findings))
+    result = build_report(_write_run(tmp_path, findings=findings), figures=False)
     md = result["index_md"].read_text(encoding="utf-8")
     assert md.index("## Findings") < md.index("## Environment")
     findings_md = _section(md, "## Findings")
@@ -249,7 +263,7 @@ def test_report_without_baseline_says_so(tmp_path: Path) -> None:
         for case in _cases():
             if case.variant != "eager":
                 writer.write(_measured(case))
-    md = build_report(tmp_path)["index_md"].read_text(encoding="utf-8")
+    md = build_report(tmp_path, figures=False)["index_md"].read_text(encoding="utf-8")
     assert "No ok cells of the eager variant: no speed-up table." in md
 
 
@@ -331,7 +345,7 @@ def test_masked_rows_table_shows_what_each_variant_returns(tmp_path: Path) -> No
     assert table.loc["sdpa", "-inf float"] == "zero"
     assert table.loc["eager", "finfo.min float"] == "uniform"
     assert table.loc["sdpa", "finfo.min float"] == "uniform (fp32), other (fp16)"
-    md = build_report(tmp_path)["index_md"].read_text(encoding="utf-8")
+    md = build_report(tmp_path, figures=False)["index_md"].read_text(encoding="utf-8")
     section = _section(md, "## Fully masked rows")
     assert "Hand-written softmax gives NaN" in section
     assert "| eager | nan | nan | uniform |" in section
@@ -378,7 +392,7 @@ def test_fp16_overflow_table_marks_nonfinite_variants(tmp_path: Path) -> None:
     assert table.loc[("eager", "fp32"), "finite"] == True  # noqa: E712
     assert table.loc[("sdpa", "fp16"), "finite"] == True  # noqa: E712
     assert table.loc[("sdpa", "fp16"), "nonfinite"] == 0
-    md = build_report(tmp_path)["index_md"].read_text(encoding="utf-8")
+    md = build_report(tmp_path, figures=False)["index_md"].read_text(encoding="utf-8")
     section = _section(md, "## fp16 overflow")
     assert "Stay finite in fp16: sdpa." in section
     assert "Produce inf/NaN in rows that see a key: eager." in section
@@ -407,7 +421,7 @@ def test_budget_table_counts_judged_cells_only(tmp_path: Path) -> None:
     assert table.loc[("eager", "normal"), "frac_within"] == pytest.approx(1.0)
     by_dtype = budget_table(frame, by="dtype").set_index(["variant", "dtype"])
     assert by_dtype.loc[("sdpa", "fp32"), "judged"] == 3
-    md = build_report(tmp_path)["index_md"].read_text(encoding="utf-8")
+    md = build_report(tmp_path, figures=False)["index_md"].read_text(encoding="utf-8")
     section = _section(md, "## Error budget")
     assert "2 × the RMSE of `eager`" in section
     assert "| sdpa | 1/2 | 0/1 |" in section
@@ -458,7 +472,7 @@ def test_leakage_and_alignment_tables(tmp_path: Path) -> None:
     assert align.loc["sdpa", "decode"] == "top-left"
     assert align.loc["custom", "decode"] == "bottom-right (fp32), neither (fp16)"
     assert pd.isna(align.loc["custom", "cross_causal"])
-    md = build_report(tmp_path)["index_md"].read_text(encoding="utf-8")
+    md = build_report(tmp_path, figures=False)["index_md"].read_text(encoding="utf-8")
     section = _section(md, "## Masking and leakage")
     assert "| broken.mask_after_softmax | 0.500 |" in section
     assert "| custom | — | bottom-right (fp32), neither (fp16) |" in section
@@ -475,13 +489,13 @@ def _write_claims(run_dir: Path) -> None:
 def test_seed_claims_table_and_section(tmp_path: Path) -> None:
     run_dir = _write(tmp_path, [_cell("eager")])
     assert seed_claims_table(run_dir) is None
-    assert "## The seed's claims" not in build_report(run_dir)["index_md"].read_text("utf-8")
+    assert "## The seed's claims" not in build_report(run_dir, figures=False)["index_md"].read_text("utf-8")
     _write_claims(run_dir)
     claims = seed_claims_table(run_dir)
     assert list(claims["holds"]) == [True, False]
     assert claims["d_k"].iloc[0] == 64 and pd.isna(claims["d_k"].iloc[1])
     assert list(claims["seed_value"]) == ["1.00", "NaN"]  # as printed, not re-rounded
-    md = build_report(run_dir)["index_md"].read_text(encoding="utf-8")
+    md = build_report(run_dir, figures=False)["index_md"].read_text(encoding="utf-8")
     section = _section(md, "## The seed's claims, measured")
     assert "1 of 2 printed claims hold." in section
     assert "| scaled scores: std | 64 | 1.00 | 1.00 | ✓ |" in section
@@ -598,7 +612,7 @@ def test_scenario_table_counts(tmp_path: Path) -> None:
     assert list(table.index) == ["normal", "decode"]
     assert table.loc["decode", "cells"] == 2 and table.loc["decode", "ok"] == 1
     assert table.loc["normal", "cells"] == 2
-    md = build_report(tmp_path)["index_md"].read_text(encoding="utf-8")
+    md = build_report(tmp_path, figures=False)["index_md"].read_text(encoding="utf-8")
     assert "## Input scenarios" in md
 
 

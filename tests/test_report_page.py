@@ -102,7 +102,7 @@ def _table(parsed: _Page, first_header: str, has: str) -> dict:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
     run_dir = _write_run(tmp_path_factory.mktemp("page"), findings=FINDINGS)
-    return build_report(run_dir)
+    return build_report(run_dir, figures=False)      # the page's text and tables (its figures: the quick run's)
 
 
 def test_html_contents_link_every_section_heading(built: dict) -> None:
@@ -145,15 +145,16 @@ def test_text_columns_left_numeric_columns_right(built: dict) -> None:
     assert re.search(r"\.table-wrap \{[^}]*overflow-x: auto", css)
 
 
-def test_page_is_self_contained(built: dict) -> None:
-    """One folder that opens from disk: no scripts, stylesheets or fonts from elsewhere,
-    every figure an <img> with a relative path to a file of the same folder."""
-    page = built["index_html"].read_text(encoding="utf-8")
-    assert "<script" not in page and "<link" not in page and "@import" not in page
-    assert not re.search(r"(src|href)=\"[a-z]+:", page) and "url(" not in page
+def test_page_is_self_contained(built: dict, quick_run: Path) -> None:
+    """One folder that opens from disk: no scripts, stylesheets or fonts from elsewhere, every figure
+    (the session's quick run's: a real run's report) an <img> with a relative path to a file of the
+    same folder."""
+    for page in (built["index_html"].read_text(encoding="utf-8"), (quick_run / "index.html").read_text()):
+        assert "<script" not in page and "<link" not in page and "@import" not in page
+        assert not re.search(r"(src|href)=\"[a-z]+:", page) and "url(" not in page
     images = re.findall(r'<img src="([^"]+)"', page)
-    assert len(images) == len(built["figures"]) >= 6
-    assert all("/" not in src and (built["index_html"].parent / src).is_file() for src in images)
+    assert len(images) == len(list(quick_run.glob("*.png"))) >= 6
+    assert all("/" not in src and (quick_run / src).is_file() for src in images)
 
 
 def test_numeric_columns_decided_from_the_data() -> None:
@@ -484,7 +485,7 @@ def test_the_worst_finding_names_its_check_and_diagnosis_and_links_to_its_row(tm
     undiagnosed = {"check": "error_budget", "severity": "error", "variant": "eager", "message": "outside too",
                    "cells": ["z"], "diagnosis": "none", "diagnosis_title": None}
     info = {"check": "saturation", "severity": "info", "variant": "compiled", "message": "one-hot", "cells": ["a"] * 5}
-    result = build_report(_write_run(tmp_path, findings=[info, diagnosed, undiagnosed]))
+    result = build_report(_write_run(tmp_path, findings=[info, diagnosed, undiagnosed]), figures=False)
     md = result["index_md"].read_text(encoding="utf-8")
     rows = _md_rows(_verdict_md(md), "variant")
     assert rows["compiled"][5] == ('error [error budget](#finding-error_budget-compiled '

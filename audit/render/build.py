@@ -27,20 +27,23 @@ PAGE_TITLE = "attn-audit report"
 
 
 def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = None,
-                 records: list[dict] | None = None) -> dict[str, Path | list[Path]]:
+                 records: list[dict] | None = None, figures: bool = True) -> dict[str, Path | list[Path]]:
     """Read DIR's records (and run.json/findings.json), write figures (PNG) into DIR,
     DIR/index.md and DIR/index.html. Return {"index_md": ..., "index_html": ...,
     "figures": [paths...]}. Never measures anything.
 
     before_page: called once the figures are drawn, before the page is made, and run.json read
     again after it (a run writes its time split there then, so the page shows the report's own
-    time up to its last step). records: DIR's, where already read.
+    time up to its last step). records: DIR's, where already read. figures: False draws no PNG (the
+    page and its tables alone, its Figures section saying so): for a caller that reads only the text,
+    as drawing is most of a report's time (about 0.5 s a figure on one core: matplotlib's layout and
+    rendering).
     """
     run_dir = Path(run_dir)
     records = read_records(run_dir) if records is None else records
     frame = prepare(to_frame(records))
     findings = read_json(run_dir / FINDINGS_FILE)
-    figures = draw_figures(frame, run_dir)
+    drawn = draw_figures(frame, run_dir) if figures else None
     if before_page is not None:
         before_page()
     run_info = read_json(run_dir / RUN_FILE)
@@ -73,22 +76,22 @@ def build_report(run_dir: str | Path, before_page: Callable[[], None] | None = N
         ("Leakage", lambda: leakage_section(frame)),
         ("Saturation", lambda: saturation_section(frame)),
         ("The seed's claims", lambda: seed_section(run_dir)),
-        (MODEL_HEADING, lambda: _model_section(run_dir)),
-        ("Figures", lambda: figures_section(figures)),
+        (MODEL_HEADING, lambda: _model_section(run_dir, figures)),
+        ("Figures", lambda: figures_section(drawn)),
     ]
     blocks: list[Block] = [block for title, make in sections for block in _guarded(title, make)]
     pages = write_page(run_dir, blocks, PAGE_TITLE)
-    return {**pages, "figures": [run_dir / f.filename for f in figures]}
+    return {**pages, "figures": [run_dir / f.filename for f in drawn or ()]}
 
 
-def _model_section(run_dir: Path) -> list[Block]:
+def _model_section(run_dir: Path, figures: bool = True) -> list[Block]:
     """The model audit's section from DIR/model.jsonl (none where the run made no model audit)."""
     from ..core.runfolder import read_model_records
     from ..analysis.model_rules import check_model
     records = read_model_records(run_dir)
     if not records:
         return []
-    figure = draw_model_error(records, run_dir / MODEL_FIGURE_FILE)
+    figure = draw_model_error(records, run_dir / MODEL_FIGURE_FILE) if figures else None
     return model_section(records, check_model(records), figure)
 
 

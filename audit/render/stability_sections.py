@@ -291,7 +291,10 @@ def seed_section(run_dir: Path) -> list[Block]:
     return blocks + [para(f"{held} of {len(claims)} printed claims hold."), Table(display)]
 
 
-def figures_section(figures: list[Figure]) -> list[Block]:
+def figures_section(figures: list[Figure] | None) -> list[Block]:
+    """The figures drawn; None: none were drawn for this page (build_report(figures=False))."""
+    if figures is None:
+        return [Heading(2, "Figures"), para("Not drawn for this page.")]
     if not figures:
         return [Heading(2, "Figures"), para("No data to plot.")]
     return [Heading(2, "Figures"), *figures]
