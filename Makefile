@@ -25,8 +25,15 @@ TEST_THREADS ?= 1
 TEST_COMPILE_THREADS ?= 1
 TEST_BENCH_OPTS ?= --benchmark-min-rounds=3 --benchmark-max-time=0.05
 TEST_OPTS ?=
-# The files holding serial tests (a `mark.serial` in them): the serial phase collects only these.
+# The files holding serial tests (a `mark.serial` in them): the serial phase collects only these. It
+# runs in two steps: first, side by side, the serial tests marked one_core (a process that times on one
+# thread, its own core's worth of the machine) and the rest but those marked every_core (the benchmark
+# suite and the regression gate, one thread too); then those marked every_core (they time processes on
+# every core, or a neighbour burning them all), alone. Two processes of one thread each on 2 cores were
+# one core idle for a third of the phase.
 SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/*.py suites/*.py)
+ONE_CORE_FILES = $(shell grep -l 'mark\.one_core' tests/*.py suites/*.py)
+EVERY_CORE_FILES = $(shell grep -l 'mark\.every_core' tests/*.py suites/*.py)
 # The other CPU kinds, emulated on this one (docs/testing.md): the tests whose outcome rests on floating-point
 # results (marked cpu_kinds) run again under each setting, `;` between settings: ATen's kernels without a
 # vector ISA, then an AVX2-only CPU (ATen's AVX2 kernels and oneDNN's matmul capped at AVX2: bf16 at 1-2
@@ -60,8 +67,12 @@ test: test-deps  ## unit tests and quick suites: in parallel what times nothing 
 	nice -n $(EMULATED_NICE) $(MAKE) --no-print-directory test-cpu-kinds-here > "$$home/emulated.log" 2>&1 & emulating=$$!; \
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(TEST_OPTS) tests suites; parallel=$$?; \
 	wait $$emulating; emulated=$$?; cat "$$home/emulated.log"; \
-	$(PYTHON) -m pytest -q -p no:xdist -m serial $(TEST_BENCH_OPTS) $(TEST_OPTS) $(SERIAL_FILES); serial=$$?; \
-	exit $$(( parallel != 0 || serial != 0 || emulated != 0 ))
+	one_core=0; every_core=0; [ -z "$(ONE_CORE_FILES)" ] || { \
+	  $(PYTHON) -m pytest -q -p no:xdist -m "serial and one_core" $(TEST_OPTS) $(ONE_CORE_FILES) > "$$home/one_core.log" 2>&1 & beside=$$!; }; \
+	$(PYTHON) -m pytest -q -p no:xdist -m "serial and not one_core and not every_core" $(TEST_BENCH_OPTS) $(TEST_OPTS) $(SERIAL_FILES); serial=$$?; \
+	[ -z "$(ONE_CORE_FILES)" ] || { wait $$beside; one_core=$$?; cat "$$home/one_core.log"; }; \
+	[ -z "$(EVERY_CORE_FILES)" ] || { $(PYTHON) -m pytest -q -p no:xdist -m "serial and every_core" $(TEST_OPTS) $(EVERY_CORE_FILES); every_core=$$?; }; \
+	exit $$(( parallel != 0 || serial != 0 || emulated != 0 || one_core != 0 || every_core != 0 ))
 
 test-cpu-kinds:  ## only the tests marked cpu_kinds, natively then under each of EMULATED_CPUS (another CPU's results, here)
 	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS) TORCHINDUCTOR_COMPILE_THREADS=$(TEST_COMPILE_THREADS); \

@@ -529,6 +529,7 @@ def compared(runs: dict, which: str, tmp_path: Path, right: Callable[[subprocess
 
 
 @pytest.mark.serial
+@pytest.mark.every_core               # measure_pair: a run on each core at once
 def test_unchanged_rerun_exits_0(runs, tmp_path):
     proc, out = compared(runs, "unchanged", tmp_path, lambda p: p.returncode == 0)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -547,6 +548,7 @@ def _only_the_slowed_plugin(proc: subprocess.CompletedProcess) -> bool:
 
 
 @pytest.mark.serial
+@pytest.mark.every_core               # measure_pair: a run on each core at once
 def test_a_3x_slower_plugin_exits_1_and_names_its_cells(runs, tmp_path):
     proc, out = compared(runs, "slower", tmp_path, _only_the_slowed_plugin)
     assert _only_the_slowed_plugin(proc), proc.stdout[-3000:] + proc.stderr[-2000:]

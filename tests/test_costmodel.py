@@ -174,6 +174,7 @@ def _faster(ceilings: dict, factor: float) -> dict:
 
 
 @pytest.mark.serial
+@pytest.mark.one_core
 def test_a_cpu_run_made_here_is_predicted_from_its_own_ceilings(cpu_run):
     """Priors fitted on another CPU predict a run here by this machine's measured ceilings: each
     cell's per-call times are its FLOPs and bytes over them (costmodel.call_features), so the run
@@ -207,6 +208,7 @@ def test_a_cpu_run_made_here_is_predicted_from_its_own_ceilings(cpu_run):
 
 
 @pytest.mark.serial
+@pytest.mark.one_core
 def test_a_cpu_run_refitted_on_itself_is_predicted_closely(cpu_run):
     table = compare(cpu_run, CostModel(fit([cpu_run], load_priors())))
     assert 0.75 <= table["predicted_s"].sum() / table["recorded_s"].sum() <= 1.25

@@ -50,6 +50,7 @@ def _as_the_issue_says(loud: dict, quiet: dict, loud_checks: set, quiet_checks: 
 
 
 @pytest.mark.serial
+@pytest.mark.every_core               # its neighbour burns every core
 def test_a_burning_neighbour_makes_cells_unstable_and_the_noise_figure_rise(tmp_path):
     """Measured on a 2-core Xeon VM: with the burner 3 to 4 of 10 cells unstable and the noise figure
     9-11%; idle, 0 of 10 and 4.4%, in each of 2 pairs (with --noise-cap-s 0.2: 1 of 10 idle). A pair that misses is measured
