@@ -61,7 +61,7 @@ audit: deps  ## run the default preset and write the report under reports/
 quick: deps  ## the quick preset (60 s budget; 49-58 s on a 2-core AMD EPYC with AVX2 only, Inductor's cache warm or cold)
 	$(PYTHON) -m audit run --preset quick $(AUDIT_ARGS)
 
-test: test-deps  ## unit tests and quick suites: in parallel what times nothing (beside it, at low priority, the other CPU kinds emulated), then alone what times things
+test: test-deps  ## unit tests and quick suites: in parallel what times nothing (beside it, at low priority, the other CPU kinds emulated), then what times things: one-thread timers side by side, then what loads every core alone
 	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS) TORCHINDUCTOR_COMPILE_THREADS=$(TEST_COMPILE_THREADS); \
 	export PYTHONDONTWRITEBYTECODE=; $(PYTHON) -m compileall -q audit tests suites conftest.py > /dev/null; \
 	nice -n $(EMULATED_NICE) $(MAKE) --no-print-directory test-cpu-kinds-here > "$$home/emulated.log" 2>&1 & emulating=$$!; \
