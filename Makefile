@@ -29,8 +29,8 @@ TEST_OPTS ?=
 # runs in two steps: first, side by side, the serial tests marked one_core (a process that times on one
 # thread, its own core's worth of the machine) and the rest but those marked every_core (the benchmark
 # suite and the regression gate, one thread too); then those marked every_core (they time processes on
-# every core, or a neighbour burning them all), alone. Two processes of one thread each on 2 cores were
-# one core idle for a third of the phase.
+# every core, or a neighbour burning them all), alone. One serial process at a time, timing on one
+# thread, left one of 2 cores idle for about 30 s of the phase.
 SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/*.py suites/*.py)
 ONE_CORE_FILES = $(shell grep -l 'mark\.one_core' tests/*.py suites/*.py)
 EVERY_CORE_FILES = $(shell grep -l 'mark\.every_core' tests/*.py suites/*.py)
