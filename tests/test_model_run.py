@@ -102,6 +102,25 @@ def test_the_plan_keeps_the_model_audit_after_a_cell_per_variant_and_dtype_and_l
     assert unbounded.model_audit_skip is None and unbounded.model_audit_s > 0
 
 
+def test_without_transformers_the_plan_reserves_no_model_audit_and_says_why(monkeypatch):
+    """A fresh install (`audit deps`) has no transformers (an optional extra): its model audit cannot run,
+    so the plan keeps no time for it. A cold cpu-preset run under ATEN_CPU_CAPABILITY=avx2 and
+    ONEDNN_MAX_CPU_ISA=AVX2 kept 45 s for it, wrote "unavailable" in 2 ms, and ended at 547 s of 600."""
+    from audit.plan.budget import plan_run
+    from audit.plan.plan_text import model_audit_line
+    from audit.workload import hf, presets, variants
+    quick = presets.presets()["quick"]
+    cases = presets.preset_cases(quick, known_variant=variants.check_name)
+    monkeypatch.setattr(hf, "transformers_version", lambda: None)
+    plan, _, _ = plan_run(cases, quick, None, budget_s=quick.budget_s, started_unix=time.time(), measure=False)
+    assert plan.model_audit_s == 0 and plan.model_audit_skip is None
+    assert model_audit_line(plan, tuple(quick.models)) == (
+        "model audit (llama-tiny, gpt-oss-tiny): unavailable: transformers is not installed (pip install -e '.[hf]')")
+    monkeypatch.setattr(hf, "transformers_version", lambda: "5.0.0")
+    installed, _, _ = plan_run(cases, quick, None, budget_s=quick.budget_s, started_unix=time.time(), measure=False)
+    assert installed.model_audit_s > 0 and installed.report_s > plan.report_s
+
+
 def test_the_model_audit_time_is_fitted_from_a_runs_records():
     """What a run's model audit took (its time split, its records' seconds) predicts the next one: the
     same models and variants are predicted at what they took."""

@@ -327,20 +327,19 @@ def write_run_audit(run_dir: Any, models: tuple[str, ...], run_variants: list[st
     last record; without transformers one record saying so. Returns the records written now (0: no
     model asked for, or none left). left_out: why the run's plan leaves the audit out (plan.budget): one
     record saying so instead."""
-    from ..workload.hf import transformers_version
-    from ..workload.model import MODEL_SPECS, model_variants
+    from ..workload.model import MODEL_SPECS, model_audit_unavailable, model_variants
     from ..workload.variants import resolve
     if not models:
         return 0
     from ..core.runfolder import read_model_records
     earlier = read_model_records(run_dir)
     done = {key: r for r in earlier if (key := record_key(r)) is not None}
-    if left_out is not None or transformers_version() is None:
+    unavailable = model_audit_unavailable()
+    if left_out is not None or unavailable:
         if earlier:
             return 0
         append_record(run_dir, {"kind": "left_out" if left_out else "unavailable", "schema": MODEL_SCHEMA,
-                                "models": list(models),
-                                "reason": left_out or "transformers is not installed (pip install -e '.[hf]')"})
+                                "models": list(models), "reason": left_out or unavailable})
         return 1
     variants = [resolve(v) for v in model_variants(run_variants)]
     written = 0

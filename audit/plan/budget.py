@@ -290,6 +290,7 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     a run that will). `now_unix`: a run planning itself (not a dry-run): what it has spent since
     started_unix (start-up, ceilings) is measured, not predicted (overhead.overhead_s's spent_s)."""
     from .forecast import plan as predict
+    from ..workload.model import model_audit_unavailable
     from .overhead import device_kind, host_factor, model_audit_seconds
 
     forecast = predict(cases, preset, run_dir, measure=measure)
@@ -297,9 +298,9 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     measured = forecast.ceilings_measured if ceilings_measured is None else ceilings_measured
     host = host_factor(forecast.ceilings)           # the run's outside-the-cells work scales with it
     kind = device_kind(c.device for c in cases)
-    model_s = model_audit_seconds(models, list(dict.fromkeys(c.variant for c in cases)), kind, forecast.params,
-                                  host=host, ceilings=next((c for d, c in forecast.ceilings.items()
-                                                            if str(d).split(":")[0] == kind), None))
+    model_s = 0.0 if model_audit_unavailable() else model_audit_seconds(   # none without transformers
+        models, list(dict.fromkeys(c.variant for c in cases)), kind, forecast.params, host=host,
+        ceilings=next((c for d, c in forecast.ceilings.items() if str(d).split(":")[0] == kind), None))
     spent_s = None if now_unix is None else max(0.0, now_unix - started_unix)
     plan, per_dtype_whole = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix,
                                   measured=measured, host=host, model_s=model_s, spent_s=spent_s)

@@ -68,9 +68,12 @@ def model_audit_line(plan: Plan, models: tuple[str, ...]) -> str | None:
     """What the plan does with the preset's model audit, for --dry-run (None: no model asked for)."""
     if not models:
         return None
+    from ..workload.model import model_audit_unavailable
     names = ", ".join(models)
     if plan.model_audit_skip:
         return f"model audit ({names}): left out: {plan.model_audit_skip}"
+    if model_audit_unavailable():
+        return f"model audit ({names}): unavailable: {model_audit_unavailable()}"
     return f"model audit ({names}): after the cells, predicted {format_duration(plan.model_audit_s)}"
 
 

@@ -114,6 +114,16 @@ MODEL_RUN_LEFT_OUT: tuple[str, ...] = ("flex_eager",)
 TRANSFORMERS_IMPORT_S = 1.0     # importing transformers and its model code in a measuring process that has torch
 
 
+UNAVAILABLE = "transformers is not installed (pip install -e '.[hf]')"
+
+
+def model_audit_unavailable() -> str | None:
+    """Why no model audit can run in this environment (None: it can): it runs transformers' decoders, an
+    optional extra. The plan reserves no time for it then, and its record says why."""
+    from .hf import transformers_version
+    return UNAVAILABLE if transformers_version() is None else None
+
+
 def model_variants(run_variants: list[str]) -> list[str]:
     """The variants a run's model audit runs (MODEL_YARDSTICKS, MODEL_CONTROLS, then the run's own eligible
     ones)."""
