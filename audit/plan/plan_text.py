@@ -72,8 +72,8 @@ def model_audit_line(plan: Plan, models: tuple[str, ...]) -> str | None:
     names = ", ".join(models)
     if plan.model_audit_skip:
         return f"model audit ({names}): left out: {plan.model_audit_skip}"
-    if model_audit_unavailable():
-        return f"model audit ({names}): unavailable: {model_audit_unavailable()}"
+    if unavailable := model_audit_unavailable():
+        return f"model audit ({names}): unavailable: {unavailable}"
     return f"model audit ({names}): after the cells, predicted {format_duration(plan.model_audit_s)}"
 
 
