@@ -681,3 +681,26 @@ def test_run_grid_measures_a_cell_cut_for_time_when_the_planned_ones_leave_time(
     assert [r["variant"] for r in recs] == ["eager", "sdpa", "sdpa_math"]
     assert [r["status"] for r in recs] == ["ok", "ok", "skipped"]
     assert recs[2]["reason"].startswith("predicted too slow")
+
+
+def test_what_a_tier_0_cell_too_dear_for_the_budget_leaves_goes_to_the_other_tiers():
+    """A cold compile that cannot fit (flex here) must not leave the budget idle: the real variants'
+    other cells buy what tier 0 leaves (a cold quick run on an AVX2-only EPYC planned 33 s of its 60,
+    then took 54 reclaiming the rest, so its dry-run was 40% off)."""
+    rows = []
+    for variant, cost in (("sdpa", 1.0), ("eager", 1.0), ("flex", 100.0)):
+        for seq_len in (64, 128, 256):
+            for causal in (False, True):
+                rows.append({"id": f"{variant}-{seq_len}-{causal}", "variant": variant, "device": "cpu",
+                             "dtype": "fp32", "d_k": 8, "seq_len": seq_len, "batch": 1, "heads": 2, "kv_heads": 2,
+                             "causal": causal, "scenario": "normal", "status": "ok",
+                             "total_s": cost * seq_len / 64, "shared_s": 0.0})
+    pred = pd.DataFrame(rows)
+    chosen = choose(pred, budget_s=12.5, reserve_s=0.0, max_cell_s=None)      # tier 0 (4 s) and T 128's 8 s
+    kept = set(pred["id"]) - set(chosen.skip)
+    assert not any(i.startswith("flex") for i in kept) and chosen.uncovered     # flex: no cell, and said so
+    assert {"sdpa-64-False", "sdpa-64-True", "eager-64-False", "eager-64-True"} <= kept
+    later = kept - {i for i, t in chosen.tier.items() if t == 0}
+    assert later and all(i.split("-")[0] in ("sdpa", "eager") for i in later)   # the rest went to other cells
+    assert float(pred[pred["id"].isin(list(kept))]["total_s"].sum()) <= 12.5
+    assert sorted(chosen.standby)[:1] and chosen.standby[0].startswith("flex")    # reclaimed time: flex first
