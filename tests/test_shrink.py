@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from audit import cli
+from audit.analysis.argument_rules import ARGUMENT_CHECK
 from audit.analysis.findings import write_findings
 from audit.core.errors import EXIT_USAGE
 from audit.core.grid import Case
@@ -57,7 +58,8 @@ def test_only_findings_about_code_the_audit_did_not_write_of_a_check_a_cell_deci
         return {"check": check, "variant": variant, "severity": severity, "cells": []}
     found = [finding("nonfinite", "eager"), finding("nonfinite", "broken.clamped"), finding("memory_leak", "sdpa"),
              finding("causal_alignment", "*", "info"), finding("error_budget", "flash_op", "warning"),
-             finding("nonfinite", "sdpa"), finding("lse_error_budget", "shrinkable:right")]
+             finding("nonfinite", "sdpa"), finding("lse_error_budget", "shrinkable:right"),
+             finding(ARGUMENT_CHECK, "flash_op")]            # the kv_heads probe's: it shrank under another name
     sys.path.insert(0, str(PLUGINS))
     try:
         chosen = shrinkable(found, lambda name: resolve(name).upstream)
@@ -65,7 +67,8 @@ def test_only_findings_about_code_the_audit_did_not_write_of_a_check_a_cell_deci
     finally:
         sys.path.remove(str(PLUGINS))
     assert [(f["check"], f["variant"]) for f in chosen] == [
-        ("nonfinite", "sdpa"), ("lse_error_budget", "shrinkable:right"), ("error_budget", "flash_op")]
+        ("nonfinite", "sdpa"), ("lse_error_budget", "shrinkable:right"), (ARGUMENT_CHECK, "flash_op"),
+        ("error_budget", "flash_op")]
     assert resolve("eager").upstream is None and resolve("compiled").upstream is None and resolve("sdpa").upstream
 
 

@@ -196,6 +196,12 @@ def with_smallest_cells(found: list[dict[str, Any]], shrunk: dict[tuple[str, str
         how = f"{line['tried']} cells tried in {line['seconds']:.1f} s" + ("" if line["complete"] else ", out of time")
         finding["message"] += (f" Smallest failing cell: {line['id']} (shrunk from {line['from']}; {how})."
                                if line["id"] != line["from"] else f" No smaller cell shows it ({how}).")
+        if line.get("minimal"):
+            finding["minimal"] = line["minimal"]
+            finding["message"] += (f" Minimal script in the library's own API: {line['minimal']} (exit 1 here: "
+                                   f"{line.get('minimal_says')}); a report for its tracker: {line.get('minimal_report')}.")
+        elif line.get("minimal_reason"):
+            finding["message"] += f" No minimal script: {line['minimal_reason']}."
     return found
 
 

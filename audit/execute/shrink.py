@@ -32,10 +32,11 @@ MIN_SEQ_LEN = 16                # the smallest length tried: a page or a documen
 MIN_D_K = 8
 SHRINK_S = 5.0                  # seconds of measured cells one finding's shrinking may take
 SHRINK_MAX_FINDINGS = 6         # findings shrunk per run, most severe first
+MINIMAL_TIMEOUT_S = 120.0       # a minimal script's run where it is written (a compile of flex included)
 # The checks a cell's own record decides (analysis rules over its correctness columns).
 SHRUNK_CHECKS = ("nonfinite", "error_budget", "grad_error_budget", "lse_error_budget", "lse_grad_budget",
                  "lse_masked_rows", "masked_leakage", "finfo_min_mask", "fully_masked_rows", "underflow",
-                 "paged_reads", "cross_document", "arguments", "cell_failed")
+                 "paged_reads", "cross_document", "argument_ignored", "cell_failed")
 
 
 def smaller_cases(case: Case, axis: str) -> list[Case]:
@@ -147,6 +148,7 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
         else:
             done = shrink(start, shows, seconds)
             line.update(id=done.cell.id, cell=done.cell.axes(), tried=done.tried + 1, complete=done.complete)
+            line.update(write_minimal(Path(run_dir), done.cell, dict(finding, **{"from": first["id"]}), env))
         line["seconds"] = round(time.monotonic() - began, 3)
         out.append(line)
         if progress:
@@ -155,6 +157,58 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
                      f"({line['tried']} cells, {line['seconds']:.1f} s{'' if line['complete'] else ', out of time'})")
     (Path(run_dir) / SHRUNK_FILE).write_text("".join(json.dumps(line) + "\n" for line in out))
     return out
+
+
+def write_minimal(run_dir: Path, case: Case, finding: dict, env: dict[str, Any],
+                  timeout_s: float = MINIMAL_TIMEOUT_S) -> dict[str, Any]:
+    """The shrunk cell's minimal script (repro/minimal.py) in DIR/repro, run once here: kept where it exits
+    1 (the defect shows), else removed; {"minimal": path in DIR, "minimal_s", "minimal_says": its last line}
+    or {"minimal_reason": why there is none}."""
+    import subprocess
+    import sys
+    from ..core.runfolder import REPRO_DIR
+    from ..core.version import code_version
+    from ..repro.minimal import MAX_LINES, minimal_script, script_name, unsupported, upstream_draft
+    from ..workload.inputs import SCENARIOS
+    argument = finding.get("argument")
+    if why := unsupported(case, finding["check"], argument):
+        return {"minimal_reason": why}
+    title = f"{finding['variant']}: {finding['check']}. " + str(finding.get("message", "")).split(". ")[0][:200]
+    versions = (f"torch {env.get('torch')}, Python {env.get('python')}, {env.get('cpu_model') or 'CPU'} "
+                f"({env.get('cpu_capability')})")
+    text = minimal_script(case, finding["check"], title=textwrap_title(title), versions=versions, argument=argument)
+    if (n := len(text.splitlines())) > MAX_LINES:
+        return {"minimal_reason": f"its minimal script takes {n} lines, over {MAX_LINES}"}
+    path = run_dir / REPRO_DIR / script_name(finding["check"], finding["variant"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    began = time.monotonic()
+    try:
+        ran = subprocess.run([sys.executable, path.name], cwd=path.parent, capture_output=True, text=True,
+                             timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        path.unlink()
+        return {"minimal_reason": f"its minimal script ran past {timeout_s:g} s here"}
+    said = (ran.stdout.strip().splitlines() or ran.stderr.strip().splitlines() or [""])[-1][:300]
+    if ran.returncode != 1:
+        path.unlink()
+        return {"minimal_reason": f"its minimal script exits {ran.returncode} here, not 1: the library's API at "
+                                  f"the shrunk cell does not show it ({said})"}
+    seconds = round(time.monotonic() - began, 3)
+    found = (f"attn-audit {code_version()}, check `{finding['check']}`, shrunk from {finding.get('from') or '?'} "
+             f"to {case.id}")
+    draft = upstream_draft(text, name=path.name, title=title, versions=versions, found=found,
+                           check=finding["check"], argument=argument, actual=said,
+                           elsewhere=SCENARIOS[case.scenario].reference_kernels)
+    path.with_suffix(".md").write_text(draft)
+    return {"minimal": f"{REPRO_DIR}/{path.name}", "minimal_report": f"{REPRO_DIR}/{path.with_suffix('.md').name}",
+            "minimal_s": seconds, "minimal_says": said}
+
+
+def textwrap_title(title: str, width: int = 100) -> str:
+    """A docstring's first lines: `title` wrapped at `width`."""
+    import textwrap
+    return "\n".join(textwrap.wrap(title, width))
 
 
 def import_paths(run_dir: Path) -> list[str]:

@@ -121,10 +121,15 @@ def ranked_cells(finding: dict, by_id: dict[str, dict]) -> list[dict]:
                                         *(-x for x in key(r))))
 
 
+def file_safe(variant: str) -> str:
+    """A variant's name in a script's file name (`*` -> all; `hf:sdpa` -> hf_sdpa)."""
+    return "all" if variant == "*" else re.sub(r"[^A-Za-z0-9_-]+", "_", variant).strip("_")
+
+
 def script_name(finding: dict, worst: dict, taken: set[str]) -> str:
-    """`<check>-<variant>.py`, the variant made file-safe (`*` -> all); on a clash the
+    """`<check>-<variant>.py`, the variant made file-safe (file_safe); on a clash the
     worst cell's scenario is added, then a number."""
-    variant = "all" if finding["variant"] == "*" else re.sub(r"[^A-Za-z0-9_-]+", "_", finding["variant"]).strip("_")
+    variant = file_safe(finding["variant"])
     stem = f"{finding['check']}-{variant}"
     candidates = [stem, f"{stem}-{worst.get('scenario')}"] + [f"{stem}-{n}" for n in range(2, 1000)]
     name = next(c for c in candidates if c + ".py" not in taken)

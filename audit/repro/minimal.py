@@ -1,0 +1,277 @@
+"""The smallest failing case in the library's own API: DIR/repro/<check>-<variant>-minimal.py.
+
+A finding about code the audit did not write, once shrunk (execute/shrink.py), is what a maintainer
+asks for as a short script: it imports torch (and the variant's library), draws the shrunk cell's
+inputs in plain torch, calls the code as its users call it, computes attention in float64 written out
+in the script, and exits 1 while the defect shows, 0 once it is gone, so it can be bisected with. The
+long script beside it (repro/scripts.py) embeds the audit's own code; this one none of it.
+
+A script is three registrations put together, one general mechanism each:
+- CALLS: how a variant is called (its imports, and the lines that set `out`, and `lse` where the
+  variant returns one, from q, k, v and `keep`, the bool visibility of each key to each query);
+- INPUTS: how a scenario's inputs are drawn (q, k, v and keep; the scenario's own parameters, such as
+  the used lengths, computed by the audit's draw functions and written in as literals);
+- VERDICTS: how a check decides from `out` (and `lse`) against the float64 `ref`.
+A finding whose variant, scenario or check has none gets the reason instead (`minimal_reason`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from typing import Any, Callable
+
+MAX_LINES = 60          # what a maintainer reads in a tracker
+
+# The float64 attention every script compares with, written out: softmax(q k^T / sqrt(d)) v over the
+# kept keys (GQA: each key/value head repeated over its query heads), a row that sees no key zero.
+REFERENCE = '''\
+def attention64(q, k, v, keep):
+    """float64 attention written out: softmax(q k^T / sqrt(d)) v over the kept keys; no key: 0."""
+    q, k, v = (t.double() for t in (q, k, v))
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))  # GQA
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    s = s if keep is None else s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v
+'''
+
+
+# Exit 2 where the script itself fails (not the call a cell_failed finding is about): exit 1 means the defect.
+CRASH = '''\
+def cannot_check(*info):
+    sys.__excepthook__(*info)
+    os._exit(2)                      # exit 2: the script could not check (1 means the defect shows)
+sys.excepthook = cannot_check
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A variant called as its users call it: `imports` (lines), `lines` setting `out` (and `lse` where
+    `returns_lse`) from q, k, v and keep (None: every key visible); `needs` the input form it takes
+    ("dense", or "paged": k_pool, v_pool, block_table, used and page_size as INPUTS["paged"] draws them)."""
+
+    imports: tuple[str, ...]
+    lines: str
+    returns_lse: bool = False
+    needs: str = "dense"
+
+
+def _sdpa(backend: str | None) -> Call:
+    call = "out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=k.shape[1] != q.shape[1])"
+    if backend is None:
+        return Call(("import torch.nn.functional as F",), call)
+    return Call(("import torch.nn.functional as F", "from torch.nn.attention import SDPBackend, sdpa_kernel"),
+                f"with sdpa_kernel(SDPBackend.{backend}):\n    {call}")
+
+
+CALLS: dict[str, Call] = {
+    "sdpa": _sdpa(None),
+    "sdpa_math": _sdpa("MATH"),
+    "sdpa_flash": _sdpa("FLASH_ATTENTION"),
+    "flash_op": Call((), '''\
+bias = None if keep is None else torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, float("-inf"))
+out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)[:2]''',
+                     returns_lse=True),
+    "flex": Call(("from torch.nn.attention.flex_attention import create_block_mask, flex_attention",), '''\
+mask_mod = (lambda b, h, qi, ki: qi >= 0) if keep is None else (lambda b, h, qi, ki: keep[b % keep.shape[0], 0, qi, ki])
+block_mask = create_block_mask(mask_mod, q.shape[0], None, q.shape[2], k.shape[2], device="cpu")
+out = torch.compile(flex_attention, fullgraph=True)(q, k, v, block_mask=block_mask,
+                                                    enable_gqa=k.shape[1] != q.shape[1])'''),
+    "flex_eager": Call(("from torch.nn.attention.flex_attention import create_block_mask, flex_attention",), '''\
+mask_mod = (lambda b, h, qi, ki: qi >= 0) if keep is None else (lambda b, h, qi, ki: keep[b % keep.shape[0], 0, qi, ki])
+block_mask = create_block_mask(mask_mod, q.shape[0], None, q.shape[2], k.shape[2], device="cpu")
+out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])'''),
+    "paged_flex": Call(("from torch.nn.attention.experimental._paged_attention import PagedAttention",
+                        "from torch.nn.attention.flex_attention import create_block_mask, flex_attention"), '''\
+B, width = block_table.shape
+paged = PagedAttention(k_pool.shape[2] // page_size, page_size, B, device="cpu")   # its page table: ours
+paged.page_table[:, :width] = block_table
+paged.physical_to_logical[torch.arange(B)[:, None], block_table] = torch.arange(width)
+logical = create_block_mask(lambda b, h, qi, ki: ki < used[b], B, None, q.shape[2], width * page_size,
+                            device="cpu", BLOCK_SIZE=(128, page_size))
+out = torch.compile(flex_attention, fullgraph=True)(
+    q, k_pool, v_pool, block_mask=paged.convert_logical_block_mask(logical, kv_len=used))''', needs="paged"),
+}
+
+
+def _dense(case: Any, tq: int) -> str:
+    from ..core.dtypes import dtype_spec
+    dtype = f"torch.{dtype_spec(case.dtype).torch_name}"
+    return (f"B, H, HKV, TQ, T, D = {case.batch}, {case.heads}, {case.effective_kv_heads}, {tq}, {case.seq_len}, "
+            f"{case.d_k}\n"
+            f"q = torch.randn(B, H, TQ, D).to({dtype})\n"
+            f"k, v = (torch.randn(B, HKV, T, D).to({dtype}) for _ in range(2))")
+
+
+def _causal(case: Any) -> str:
+    """keep &= causal (bottom-right: the last query sees every key), where the cell is causal."""
+    if not case.causal:
+        return ""
+    return ("\ncausal = torch.ones(TQ, T, dtype=torch.bool).tril(T - TQ)            # bottom-right\n"
+            "keep = causal[None, None] if keep is None else keep & causal")
+
+
+def _normal(case: Any, tq: int) -> str:
+    return _dense(case, tq) + "\nkeep = None" + _causal(case)
+
+
+def _fully_masked(case: Any, tq: int) -> str:
+    from ..workload.draws import fully_masked_rows
+    return (_dense(case, tq) + "\nkeep = torch.ones(1, 1, TQ, T, dtype=torch.bool)\n"
+            f"keep[..., {fully_masked_rows(tq)}, :] = False                       # rows that see no key"
+            + _causal(case))
+
+
+def _padding(case: Any, tq: int) -> str:
+    from ..workload.draws import _valid_lengths
+    return (_dense(case, tq) + f"\nused = torch.tensor({_valid_lengths(case.batch, case.seq_len)})   # keys per sequence\n"
+            "keep = (torch.arange(T)[None, :] < used[:, None])[:, None, None, :]     # (B, 1, 1, T)"
+            + _causal(case))
+
+
+def _paged(lengths: Callable[[int, int], list[int]]) -> Callable[[Any, int], str]:
+    def lines(case: Any, tq: int) -> str:
+        from ..workload.packing import PAGE_SIZE
+        used = lengths(case.batch, case.seq_len)
+        return (_dense(case, tq) + f"\nused, page_size = torch.tensor({used}), {PAGE_SIZE}          # keys per sequence\n"
+                "keep = (torch.arange(T)[None, :] < used[:, None])[:, None, None, :]     # (B, 1, 1, T)\n"
+                "W = -(-T // page_size)                     # pages per sequence: sequence b's are b*W .. b*W + W-1\n"
+                "block_table = torch.arange(B * W).reshape(B, W)\n"
+                "unused = torch.arange(W * page_size)[None, :] >= used[:, None]     # (B, W*page_size): past the used keys\n"
+                "k_pool, v_pool = (torch.nn.functional.pad(t, (0, 0, 0, W * page_size - T))     # every unused slot NaN\n"
+                "                  .masked_fill(unused[:, None, :, None], float('nan'))\n"
+                "                  .transpose(0, 1).reshape(1, HKV, B * W * page_size, D) for t in (k, v))"
+                + _causal(case))
+    return lines
+
+
+def _paged_lengths(batch: int, tk: int) -> list[int]:
+    from ..workload.draws import _valid_lengths
+    return _valid_lengths(batch, tk)
+
+
+def _edge_lengths(batch: int, tk: int) -> list[int]:
+    from ..workload.draws import page_edge_lengths
+    return page_edge_lengths(batch, tk)
+
+
+# scenario -> (the input form it draws, the lines drawing q, k, v, keep (and a paged form's pools))
+INPUTS: dict[str, tuple[str, Callable[[Any, int], str]]] = {
+    "normal": ("dense", _normal),
+    "fully_masked_bool": ("dense", _fully_masked),
+    "padding": ("dense", _padding),
+    "paged": ("paged", _paged(_paged_lengths)),
+    "paged_edges": ("paged", _paged(_edge_lengths)),
+}
+
+# check -> (the lines that set `defect` (and print what shows it) from out, lse, ref and keep; what a
+# right kernel gives, for the upstream report's "Expected")
+VERDICTS: dict[str, tuple[str, str]] = {
+    "nonfinite": ('''\
+bad = ~torch.isfinite(out.double()) & torch.isfinite(ref)
+defect = bool(bad.any())
+print(f"{int(bad.sum())} of {bad.numel()} outputs are NaN/inf where float64 is finite")''',
+                  "finite outputs wherever attention computed in float64 is finite"),
+    "fully_masked_rows": ('''\
+empty = ~keep.expand(out.shape[0], out.shape[1], -1, -1).any(-1)          # (B, H, TQ): rows seeing no key
+defect = bool(out[empty].isnan().any())
+print(f"{int(out[empty].isnan().any(-1).sum())} of {int(empty.sum())} rows that see no key are NaN (float64: 0)")''',
+                          "no NaN on rows that see no key (zeros, as SDPA returns)"),
+    "lse_masked_rows": ('''\
+empty = ~keep.expand(lse.shape[0], lse.shape[1], -1, -1).any(-1)         # (B, H, TQ): rows seeing no key
+defect = bool((lse[empty] != float("-inf")).any())
+print(f"lse on the {int(empty.sum())} rows that see no key: {sorted(set(lse[empty].tolist()))} (a merge needs -inf)")''',
+                        "an lse of -inf on rows that see no key: what a merge of partial results reads as an empty "
+                        "part (FlashAttention-2 returns +inf)"),
+}
+FAILED_EXPECTED = "the call returns an output"        # cell_failed: the call raising is the verdict
+
+
+# argument (an argument_ignored finding's) -> the lines changing the inputs as its probe does, before the
+# call, and the verdict on the call's outcome after it (`refused`: the call raised)
+ARGUMENT_PROBES: dict[str, tuple[str, str, str]] = {
+    "kv_heads": ("k, v = (torch.randn(B, H - 1, T, D).to(q.dtype) for _ in range(2))   # H - 1 key/value heads",
+                 '''\
+defect = not refused                     # no pairing of H query heads with H - 1 key/value heads exists
+print(f"{H} query heads against {H - 1} key/value heads: " + (f"refused ({refused})" if refused else
+      f"an output of shape {list(out.shape)}, where the call must refuse"))''',
+                 "a refusal: H query heads cannot be paired with H - 1 key/value heads (SDPA raises \"Number of "
+                 "heads in key and value must divide the number of heads in query\")"),
+}
+
+
+def unsupported(case: Any, check: str, argument: str | None = None) -> str | None:
+    """Why no minimal script can be written for this finding (None: one can); `argument`: an
+    argument_ignored finding's argument."""
+    from ..analysis.argument_rules import ARGUMENT_CHECK
+    call, inputs = CALLS.get(case.variant), INPUTS.get(case.scenario)
+    if call is None:
+        return f"no call of {case.variant} in its own API is registered (repro/minimal.py: CALLS)"
+    if inputs is None:
+        return f"no plain-torch draw of scenario {case.scenario} is registered (repro/minimal.py: INPUTS)"
+    if check == ARGUMENT_CHECK:
+        if argument not in ARGUMENT_PROBES:
+            return f"no probe of argument {argument} is registered (repro/minimal.py: ARGUMENT_PROBES)"
+    elif check not in VERDICTS and check != "cell_failed":
+        return f"no verdict for check {check} is registered (repro/minimal.py: VERDICTS)"
+    if call.needs != inputs[0]:
+        return f"{case.variant} takes {call.needs} inputs; scenario {case.scenario} draws {inputs[0]} ones"
+    if check == "lse_masked_rows" and not call.returns_lse:
+        return f"{case.variant} returns no lse"
+    if case.device != "cpu":
+        return "minimal scripts are written for CPU cells only"
+    return None
+
+
+def _called(call: Call, check: str, argument: str | None) -> str:
+    """The call's lines and the verdict after them: the check's; for a check about the call failing
+    (cell_failed) the failure; for an argument's probe its change of the inputs before the call and
+    whether the call refused after it."""
+    if check in VERDICTS:
+        return call.lines + "\n" + VERDICTS[check][0] + "\n"
+    failing = check == "cell_failed"
+    before, after, _ = ARGUMENT_PROBES[argument] if not failing else ("", "", "")
+    caught = ("    print(f\"the call fails: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}\")\n"
+              "    sys.exit(1)\n") if failing else "    refused = f\"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}\"\n"
+    done = "defect = False\nprint(\"the call runs\")\n" if failing else after + "\n"
+    return ((before + "\n" if before else "") + ("" if failing else "refused = None\n") + "try:\n"
+            + textwrap.indent(call.lines, "    ") + "\nexcept Exception as exc:\n" + caught + done)
+
+
+def minimal_script(case: Any, check: str, *, title: str, versions: str, argument: str | None = None) -> str:
+    """The script's text for the (shrunk) cell `case` and `check` (unsupported() must be None)."""
+    from ..workload.inputs import SCENARIOS
+    call = CALLS[case.variant]
+    tq = SCENARIOS[case.scenario].q_len(case.seq_len)
+    head = (f'"""{title}\n\nThe smallest cell attn-audit found: {case.id}\n{versions}\n'
+            f'Run: python {script_name(check, case.variant)}   (exit 1: the defect shows; 0: it is gone)\n"""\n'
+            "import os\nimport sys\n\nimport torch\n")
+    parts = [head + "".join(line + "\n" for line in call.imports), CRASH, REFERENCE,
+             "torch.manual_seed(0)\n" + INPUTS[case.scenario][1](case, tq) + "\n",
+             "ref = attention64(q, k, v, keep)\n" + _called(call, check, argument) + "sys.exit(1 if defect else 0)\n"]
+    return "\n".join(parts)
+
+
+def script_name(check: str, variant: str) -> str:
+    """The minimal script's file name in DIR/repro (beside the long script, <check>-<variant>.py)."""
+    from .scripts import file_safe
+    return f"{check}-{file_safe(variant)}-minimal.py"
+
+
+def expected(check: str, argument: str | None = None) -> str:
+    """What a right kernel gives on the script's inputs, in words (the upstream report's "Expected")."""
+    if check in VERDICTS:
+        return VERDICTS[check][1]
+    return FAILED_EXPECTED if check == "cell_failed" else ARGUMENT_PROBES[str(argument)][2]
+
+
+def upstream_draft(script: str, *, name: str, title: str, versions: str, found: str, check: str,
+                   argument: str | None, actual: str, elsewhere: str | None) -> str:
+    """A report for the library's tracker, beside the minimal script: its title, the versions, the script,
+    what a right kernel gives against what this one gave, and what other kernels do where the audit knows."""
+    lines = [f"# {title}", "", f"**Versions:** {versions}", "", f"**Found by:** {found}", "", "## Reproduce", "",
+             f"`python {name}` (exit 1 while the defect shows, 0 once it is gone):", "", "```python", script.rstrip(),
+             "```", "", "## Expected", "", expected(check, argument), "", "## Actual", "", actual]
+    if elsewhere:
+        lines += ["", "## What other kernels do", "", elsewhere]
+    return "\n".join(lines) + "\n"

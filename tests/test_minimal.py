@@ -1,0 +1,75 @@
+"""Minimal scripts (audit/repro/minimal.py): the shrunk cell of a finding about torch's code, as a short
+script in torch's own API that exits 1 while the defect shows and 0 once it is gone."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from audit.core.grid import Case
+from audit.repro.minimal import CALLS, INPUTS, MAX_LINES, VERDICTS, minimal_script, script_name, unsupported
+
+CHECKS = (*VERDICTS, "cell_failed")
+
+
+def _script(case: Case, check: str) -> str:
+    return minimal_script(case, check, title=f"{case.variant}: {check}", versions="torch (test)")
+
+
+def _pairs():
+    """Every registered call with every scenario of its input form, causal and not, GQA where dense."""
+    for variant, call in CALLS.items():
+        for scenario, (form, _) in INPUTS.items():
+            if form == call.needs:
+                for causal in (False, True):
+                    yield Case(variant, "cpu", "fp32", 8, 32, 3, 4, causal, scenario, kv_heads=2)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_every_script_is_short_imports_only_torch_and_parses(check):
+    written = 0
+    for case in _pairs():
+        if unsupported(case, check):
+            continue
+        text = _script(case, check)
+        assert len(text.splitlines()) <= MAX_LINES, (case.id, check)
+        tree = ast.parse(text)
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert imported <= {"os", "sys", "torch"}, imported
+        assert "attention64" in text and "sys.exit(1 if defect else 0)" in text
+        written += 1
+    assert written
+
+
+def test_what_cannot_be_written_says_why():
+    assert "no call of eager" in unsupported(Case("eager", "cpu", "fp32", 8, 32, 1, 2, False, "normal"), "nonfinite")
+    assert "scenario sinks" in unsupported(Case("sdpa", "cpu", "fp32", 8, 32, 1, 2, False, "sinks"), "nonfinite")
+    assert "check referee" in unsupported(Case("sdpa", "cpu", "fp32", 8, 32, 1, 2, False, "normal"), "referee")
+    assert "returns no lse" in unsupported(Case("sdpa", "cpu", "fp32", 8, 32, 1, 2, False, "fully_masked_bool"),
+                                           "lse_masked_rows")
+    assert "paged inputs" in unsupported(Case("paged_flex", "cpu", "fp32", 8, 32, 1, 2, False, "normal"), "nonfinite")
+    assert script_name("nonfinite", "hf:flex_attention") == "nonfinite-hf_flex_attention-minimal.py"
+
+
+def _run(tmp_path: Path, case: Case, check: str) -> subprocess.CompletedProcess:
+    path = tmp_path / script_name(check, case.variant)
+    path.write_text(_script(case, check))
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300)
+
+
+def test_a_script_exits_1_where_torch_has_the_defect_and_0_where_it_has_not(tmp_path):
+    """torch 2.13's CPU flash op returns an lse of 0 on rows that see no key (a merge needs -inf):
+    the script says so and exits 1; SDPA's output on the same inputs is finite (NaN-free) and its
+    script exits 0. Both verdicts read the script's own float64 attention."""
+    empty = _run(tmp_path, Case("flash_op", "cpu", "fp32", 8, 16, 1, 1, False, "fully_masked_bool"),
+                 "lse_masked_rows")
+    assert empty.returncode == 1, empty.stdout + empty.stderr
+    assert "rows that see no key" in empty.stdout and "[0.0]" in empty.stdout
+    clean = _run(tmp_path, Case("sdpa", "cpu", "fp32", 8, 16, 1, 1, True, "normal"), "nonfinite")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert clean.stdout.startswith("0 of ")
