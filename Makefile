@@ -47,7 +47,7 @@ CPU_KINDS_FILES = $(shell grep -l 'mark\.cpu_kinds' tests/*.py suites/*.py)
 # waits for both, as it needs an idle machine.
 EMULATED_NICE ?= 10
 
-.PHONY: deps test-deps audit quick test test-cpu-kinds report bench-save bench-check gpu-check clean
+.PHONY: deps test-deps audit quick test test-findings test-cpu-kinds report bench-save bench-check gpu-check clean
 
 deps:  ## install whatever is missing (nothing when all is importable)
 	$(PYTHON) -m audit deps
@@ -73,6 +73,9 @@ test: test-deps  ## unit tests and quick suites: in parallel what times nothing 
 	[ -z "$(ONE_CORE_FILES)" ] || { wait $$beside; one_core=$$?; cat "$$home/one_core.log"; }; \
 	[ -z "$(EVERY_CORE_FILES)" ] || { $(PYTHON) -m pytest -q -p no:xdist -m "serial and every_core" $(TEST_OPTS) $(EVERY_CORE_FILES); every_core=$$?; }; \
 	exit $$(( parallel != 0 || serial != 0 || emulated != 0 || one_core != 0 || every_core != 0 ))
+
+test-findings: test-deps  ## docs/findings.md: every third-party defect's script, the transformers ones included (about a minute of compiles)
+	ATTN_AUDIT_SLOW_FINDINGS=1 $(PYTHON) -m pytest -q $(TEST_OPTS) tests/test_findings_gallery.py
 
 test-cpu-kinds:  ## only the tests marked cpu_kinds, natively then under each of EMULATED_CPUS (another CPU's results, here)
 	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; export ATTN_AUDIT_TEST_HOME="$$home" OMP_NUM_THREADS=$(TEST_THREADS) TORCHINDUCTOR_COMPILE_THREADS=$(TEST_COMPILE_THREADS); \

@@ -73,3 +73,18 @@ def test_a_script_exits_1_where_torch_has_the_defect_and_0_where_it_has_not(tmp_
     clean = _run(tmp_path, Case("sdpa", "cpu", "fp32", 8, 16, 1, 1, True, "normal"), "nonfinite")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert clean.stdout.startswith("0 of ")
+
+
+def test_a_report_draft_has_a_title_naming_the_api_the_script_and_expected_against_actual():
+    from audit.repro.minimal import title, upstream_draft
+    case = Case("flash_op", "cpu", "fp32", 8, 16, 1, 1, False, "fully_masked_bool")
+    heading = title(case, "lse_masked_rows")
+    assert heading.startswith("torch.ops.aten._scaled_dot_product_flash_attention_for_cpu returns a finite lse")
+    script = _script(case, "lse_masked_rows")
+    draft = upstream_draft(script, name="x.py", title=heading, versions="torch 2.13", found="attn-audit",
+                           check="lse_masked_rows", argument=None, actual="lse [0.0]", elsewhere=None)
+    assert draft.startswith(f"# {heading}\n") and script.strip() in draft
+    assert draft.index("## Expected") < draft.index("-inf on rows that see no key") < draft.index("## Actual")
+    assert "## What other kernels do" not in draft
+    kv = title(Case("flash_op", "cpu", "fp32", 8, 16, 1, 4, False, "normal"), "argument_ignored", "kv_heads")
+    assert "key/value heads that do not divide" in kv

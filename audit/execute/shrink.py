@@ -168,15 +168,15 @@ def write_minimal(run_dir: Path, case: Case, finding: dict, env: dict[str, Any],
     import sys
     from ..core.runfolder import REPRO_DIR
     from ..core.version import code_version
-    from ..repro.minimal import MAX_LINES, minimal_script, script_name, unsupported, upstream_draft
+    from ..repro.minimal import MAX_LINES, minimal_script, script_name, title, unsupported, upstream_draft
     from ..workload.inputs import SCENARIOS
     argument = finding.get("argument")
     if why := unsupported(case, finding["check"], argument):
         return {"minimal_reason": why}
-    title = f"{finding['variant']}: {finding['check']}. " + str(finding.get("message", "")).split(". ")[0][:200]
+    heading = title(case, finding["check"], argument)
     versions = (f"torch {env.get('torch')}, Python {env.get('python')}, {env.get('cpu_model') or 'CPU'} "
                 f"({env.get('cpu_capability')})")
-    text = minimal_script(case, finding["check"], title=textwrap_title(title), versions=versions, argument=argument)
+    text = minimal_script(case, finding["check"], title=textwrap_title(heading), versions=versions, argument=argument)
     if (n := len(text.splitlines())) > MAX_LINES:
         return {"minimal_reason": f"its minimal script takes {n} lines, over {MAX_LINES}"}
     path = run_dir / REPRO_DIR / script_name(finding["check"], finding["variant"])
@@ -197,7 +197,7 @@ def write_minimal(run_dir: Path, case: Case, finding: dict, env: dict[str, Any],
     seconds = round(time.monotonic() - began, 3)
     found = (f"attn-audit {code_version()}, check `{finding['check']}`, shrunk from {finding.get('from') or '?'} "
              f"to {case.id}")
-    draft = upstream_draft(text, name=path.name, title=title, versions=versions, found=found,
+    draft = upstream_draft(text, name=path.name, title=heading, versions=versions, found=found,
                            check=finding["check"], argument=argument, actual=said,
                            elsewhere=SCENARIOS[case.scenario].reference_kernels)
     path.with_suffix(".md").write_text(draft)

@@ -50,6 +50,7 @@ class Call:
     `returns_lse`) from q, k, v and keep (None: every key visible); `needs` the input form it takes
     ("dense", or "paged": k_pool, v_pool, block_table, used and page_size as INPUTS["paged"] draws them)."""
 
+    api: str                    # what the user calls, for a report's title
     imports: tuple[str, ...]
     lines: str
     returns_lse: bool = False
@@ -59,8 +60,9 @@ class Call:
 def _sdpa(backend: str | None) -> Call:
     call = "out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=k.shape[1] != q.shape[1])"
     if backend is None:
-        return Call(("import torch.nn.functional as F",), call)
-    return Call(("import torch.nn.functional as F", "from torch.nn.attention import SDPBackend, sdpa_kernel"),
+        return Call("F.scaled_dot_product_attention", ("import torch.nn.functional as F",), call)
+    return Call(f"F.scaled_dot_product_attention (SDPBackend.{backend})",
+                ("import torch.nn.functional as F", "from torch.nn.attention import SDPBackend, sdpa_kernel"),
                 f"with sdpa_kernel(SDPBackend.{backend}):\n    {call}")
 
 
@@ -68,20 +70,20 @@ CALLS: dict[str, Call] = {
     "sdpa": _sdpa(None),
     "sdpa_math": _sdpa("MATH"),
     "sdpa_flash": _sdpa("FLASH_ATTENTION"),
-    "flash_op": Call((), '''\
+    "flash_op": Call("torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", (), '''\
 bias = None if keep is None else torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, float("-inf"))
 out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)[:2]''',
                      returns_lse=True),
-    "flex": Call(("from torch.nn.attention.flex_attention import create_block_mask, flex_attention",), '''\
+    "flex": Call("torch.compile(flex_attention)", ("from torch.nn.attention.flex_attention import create_block_mask, flex_attention",), '''\
 mask_mod = (lambda b, h, qi, ki: qi >= 0) if keep is None else (lambda b, h, qi, ki: keep[b % keep.shape[0], 0, qi, ki])
 block_mask = create_block_mask(mask_mod, q.shape[0], None, q.shape[2], k.shape[2], device="cpu")
 out = torch.compile(flex_attention, fullgraph=True)(q, k, v, block_mask=block_mask,
                                                     enable_gqa=k.shape[1] != q.shape[1])'''),
-    "flex_eager": Call(("from torch.nn.attention.flex_attention import create_block_mask, flex_attention",), '''\
+    "flex_eager": Call("flex_attention", ("from torch.nn.attention.flex_attention import create_block_mask, flex_attention",), '''\
 mask_mod = (lambda b, h, qi, ki: qi >= 0) if keep is None else (lambda b, h, qi, ki: keep[b % keep.shape[0], 0, qi, ki])
 block_mask = create_block_mask(mask_mod, q.shape[0], None, q.shape[2], k.shape[2], device="cpu")
 out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])'''),
-    "paged_flex": Call(("from torch.nn.attention.experimental._paged_attention import PagedAttention",
+    "paged_flex": Call("PagedAttention over torch.compile(flex_attention)", ("from torch.nn.attention.experimental._paged_attention import PagedAttention",
                         "from torch.nn.attention.flex_attention import create_block_mask, flex_attention"), '''\
 B, width = block_table.shape
 paged = PagedAttention(k_pool.shape[2] // page_size, page_size, B, device="cpu")   # its page table: ours
@@ -164,39 +166,55 @@ INPUTS: dict[str, tuple[str, Callable[[Any, int], str]]] = {
     "paged_edges": ("paged", _paged(_edge_lengths)),
 }
 
-# check -> (the lines that set `defect` (and print what shows it) from out, lse, ref and keep; what a
-# right kernel gives, for the upstream report's "Expected")
-VERDICTS: dict[str, tuple[str, str]] = {
-    "nonfinite": ('''\
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """How a check decides in a script: `lines` setting `defect` (and printing what shows it) from out,
+    lse, ref and keep (an argument probe's: from `refused`, after `before` changed the inputs); `expected`,
+    what a right kernel gives, and `headline`, the defect in a few words (an upstream report's)."""
+
+    lines: str
+    expected: str
+    headline: str
+    before: str = ""
+
+
+# check -> its Verdict
+VERDICTS: dict[str, Verdict] = {
+    "nonfinite": Verdict('''\
 bad = ~torch.isfinite(out.double()) & torch.isfinite(ref)
 defect = bool(bad.any())
 print(f"{int(bad.sum())} of {bad.numel()} outputs are NaN/inf where float64 is finite")''',
-                  "finite outputs wherever attention computed in float64 is finite"),
-    "fully_masked_rows": ('''\
+                         "finite outputs wherever attention computed in float64 is finite",
+                         "returns NaN/inf where attention is finite"),
+    "fully_masked_rows": Verdict('''\
 empty = ~keep.expand(out.shape[0], out.shape[1], -1, -1).any(-1)          # (B, H, TQ): rows seeing no key
 defect = bool(out[empty].isnan().any())
 print(f"{int(out[empty].isnan().any(-1).sum())} of {int(empty.sum())} rows that see no key are NaN (float64: 0)")''',
-                          "no NaN on rows that see no key (zeros, as SDPA returns)"),
-    "lse_masked_rows": ('''\
+                                 "no NaN on rows that see no key (zeros, as SDPA returns)",
+                                 "returns NaN on rows that see no key"),
+    "lse_masked_rows": Verdict('''\
 empty = ~keep.expand(lse.shape[0], lse.shape[1], -1, -1).any(-1)         # (B, H, TQ): rows seeing no key
 defect = bool((lse[empty] != float("-inf")).any())
 print(f"lse on the {int(empty.sum())} rows that see no key: {sorted(set(lse[empty].tolist()))} (a merge needs -inf)")''',
-                        "an lse of -inf on rows that see no key: what a merge of partial results reads as an empty "
-                        "part (FlashAttention-2 returns +inf)"),
+                               "an lse of -inf on rows that see no key: what a merge of partial results reads as an "
+                               "empty part (FlashAttention-2 returns +inf)",
+                               "returns a finite lse on rows that see no key"),
 }
-FAILED_EXPECTED = "the call returns an output"        # cell_failed: the call raising is the verdict
+# cell_failed: the call raising is the verdict (_called)
+FAILED = Verdict("", "the call returns an output", "fails on inputs it accepts")
 
 
-# argument (an argument_ignored finding's) -> the lines changing the inputs as its probe does, before the
-# call, and the verdict on the call's outcome after it (`refused`: the call raised)
-ARGUMENT_PROBES: dict[str, tuple[str, str, str]] = {
-    "kv_heads": ("k, v = (torch.randn(B, H - 1, T, D).to(q.dtype) for _ in range(2))   # H - 1 key/value heads",
-                 '''\
+# argument (an argument_ignored finding's) -> its Verdict: `before` changes the inputs as its probe does,
+# `lines` judge the call's outcome (`refused`: what it raised, None where it returned)
+ARGUMENT_PROBES: dict[str, Verdict] = {
+    "kv_heads": Verdict('''\
 defect = not refused                     # no pairing of H query heads with H - 1 key/value heads exists
 print(f"{H} query heads against {H - 1} key/value heads: " + (f"refused ({refused})" if refused else
       f"an output of shape {list(out.shape)}, where the call must refuse"))''',
-                 "a refusal: H query heads cannot be paired with H - 1 key/value heads (SDPA raises \"Number of "
-                 "heads in key and value must divide the number of heads in query\")"),
+                        "a refusal: H query heads cannot be paired with H - 1 key/value heads (SDPA raises \"Number "
+                        "of heads in key and value must divide the number of heads in query\")",
+                        "returns an output for key/value heads that do not divide the query heads",
+                        before="k, v = (torch.randn(B, H - 1, T, D).to(q.dtype) for _ in range(2))   # H - 1 key/value heads"),
 }
 
 
@@ -228,9 +246,10 @@ def _called(call: Call, check: str, argument: str | None) -> str:
     (cell_failed) the failure; for an argument's probe its change of the inputs before the call and
     whether the call refused after it."""
     if check in VERDICTS:
-        return call.lines + "\n" + VERDICTS[check][0] + "\n"
+        return call.lines + "\n" + VERDICTS[check].lines + "\n"
     failing = check == "cell_failed"
-    before, after, _ = ARGUMENT_PROBES[argument] if not failing else ("", "", "")
+    probe = FAILED if failing else ARGUMENT_PROBES[str(argument)]
+    before, after = probe.before, probe.lines
     caught = ("    print(f\"the call fails: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}\")\n"
               "    sys.exit(1)\n") if failing else "    refused = f\"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}\"\n"
     done = "defect = False\nprint(\"the call runs\")\n" if failing else after + "\n"
@@ -258,11 +277,16 @@ def script_name(check: str, variant: str) -> str:
     return f"{check}-{file_safe(variant)}-minimal.py"
 
 
-def expected(check: str, argument: str | None = None) -> str:
-    """What a right kernel gives on the script's inputs, in words (the upstream report's "Expected")."""
+def verdict(check: str, argument: str | None = None) -> Verdict:
+    """The registered Verdict of a check (an argument_ignored finding's: its argument's probe)."""
     if check in VERDICTS:
-        return VERDICTS[check][1]
-    return FAILED_EXPECTED if check == "cell_failed" else ARGUMENT_PROBES[str(argument)][2]
+        return VERDICTS[check]
+    return FAILED if check == "cell_failed" else ARGUMENT_PROBES[str(argument)]
+
+
+def title(case: Any, check: str, argument: str | None = None) -> str:
+    """An upstream report's title: the API called, the defect, where (the scenario, shrunk cell's dtype)."""
+    return f"{CALLS[case.variant].api} {verdict(check, argument).headline} ({case.scenario} inputs, {case.dtype}, CPU)"
 
 
 def upstream_draft(script: str, *, name: str, title: str, versions: str, found: str, check: str,
@@ -271,7 +295,7 @@ def upstream_draft(script: str, *, name: str, title: str, versions: str, found: 
     what a right kernel gives against what this one gave, and what other kernels do where the audit knows."""
     lines = [f"# {title}", "", f"**Versions:** {versions}", "", f"**Found by:** {found}", "", "## Reproduce", "",
              f"`python {name}` (exit 1 while the defect shows, 0 once it is gone):", "", "```python", script.rstrip(),
-             "```", "", "## Expected", "", expected(check, argument), "", "## Actual", "", actual]
+             "```", "", "## Expected", "", verdict(check, argument).expected, "", "## Actual", "", actual]
     if elsewhere:
         lines += ["", "## What other kernels do", "", elsewhere]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,87 @@
+"""docs/findings.md: every defect listed has a script that reproduces it alone, and on the pinned torch
+each still does (exit 1): when an upgrade fixes one, this test names it.
+
+The audit's own minimal scripts (docs/findings/*-minimal.py) run in every `make test`; the hand-written
+transformers ones compile for a minute on 2 cores, so they run where ATTN_AUDIT_SLOW_FINDINGS=1
+(`make test-findings`)."""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from audit.commands.deps import REQUIREMENTS
+from audit.repro.minimal import MAX_LINES
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+PAGE = DOCS / "findings.md"
+PINNED_TORCH = REQUIREMENTS["torch"].split("==")[1]
+SLOW = os.environ.get("ATTN_AUDIT_SLOW_FINDINGS") == "1"
+
+
+def _rows() -> list[str]:
+    lines = PAGE.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| defect |"))
+    return [line for line in lines[start + 2:] if line.startswith("|")]
+
+
+def _scripts() -> list[tuple[str, str]]:
+    """(path under docs/, argument) of each row's first script: its link text may end in the case to run."""
+    found = []
+    for row in _rows():
+        script_cell = row.split(" | ")[3]
+        text, path = re.search(r"\[([^\]]+)\]\(([^)]+\.py)\)", script_cell).groups()
+        found.append((path, text.split()[1] if " " in text else ""))
+    return found
+
+
+def test_the_page_lists_at_least_the_five_torch_defects_each_with_a_script_and_a_date():
+    rows = _rows()
+    assert len(rows) >= 5
+    for row in rows:
+        cells = row.strip("|").split(" | ")
+        assert len(cells) == 6 and re.fullmatch(r"\d{4}-\d\d-\d\d", cells[5].strip()), row
+        assert "torch 2." in cells[1]
+    for path, _ in _scripts():
+        assert (DOCS / path).is_file(), path
+
+
+def _imports(text: str) -> set[str]:
+    tree = ast.parse(text)
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+
+
+MINIMAL = [(p, a) for p, a in _scripts() if p.endswith("-minimal.py")]
+BY_HAND = [(p, a) for p, a in _scripts() if not p.endswith("-minimal.py")]
+
+
+@pytest.mark.parametrize("path,case", MINIMAL, ids=[p for p, _ in MINIMAL])
+def test_each_minimal_script_is_short_in_torch_alone_and_still_shows_its_defect(path, case):
+    script = DOCS / path
+    text = script.read_text()
+    assert len(text.splitlines()) <= MAX_LINES and _imports(text) <= {"os", "sys", "torch"}
+    assert (DOCS / path).with_suffix(".md").is_file()                  # its report draft beside it
+    _expect_exit_1(script, case)
+
+
+@pytest.mark.skipif(not SLOW, reason="the hand-written transformers scripts compile for about a minute: "
+                                      "ATTN_AUDIT_SLOW_FINDINGS=1 (make test-findings) runs them")
+@pytest.mark.parametrize("path,case", BY_HAND, ids=[f"{p}-{a}" for p, a in BY_HAND])
+def test_each_hand_written_script_still_shows_its_defect(path, case):
+    pytest.importorskip("transformers")
+    _expect_exit_1(DOCS / path, case)
+
+
+def _expect_exit_1(script: Path, case: str) -> None:
+    import torch
+    if torch.__version__.split("+")[0] != PINNED_TORCH:
+        pytest.skip(f"the gallery's defects are of torch {PINNED_TORCH}; this is {torch.__version__}")
+    ran = subprocess.run([sys.executable, str(script), *([case] if case else [])], capture_output=True, text=True,
+                         timeout=600, cwd=script.parent)
+    assert ran.returncode == 1, f"{script.name} {case}: exit {ran.returncode}\n{ran.stdout[-2000:]}{ran.stderr[-2000:]}"
