@@ -3,9 +3,6 @@ script in torch's own API that exits 1 while the defect shows and 0 once it is g
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -56,23 +53,23 @@ def test_what_cannot_be_written_says_why():
     assert script_name("nonfinite", "hf:flex_attention") == "nonfinite-hf_flex_attention-minimal.py"
 
 
-def _run(tmp_path: Path, case: Case, check: str) -> subprocess.CompletedProcess:
-    path = tmp_path / script_name(check, case.variant)
-    path.write_text(_script(case, check))
-    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300)
-
-
-def test_a_script_exits_1_where_torch_has_the_defect_and_0_where_it_has_not(tmp_path):
-    """torch 2.13's CPU flash op returns an lse of 0 on rows that see no key (a merge needs -inf):
-    the script says so and exits 1; SDPA's output on the same inputs is finite (NaN-free) and its
-    script exits 0. Both verdicts read the script's own float64 attention."""
-    empty = _run(tmp_path, Case("flash_op", "cpu", "fp32", 8, 16, 1, 1, False, "fully_masked_bool"),
-                 "lse_masked_rows")
-    assert empty.returncode == 1, empty.stdout + empty.stderr
-    assert "rows that see no key" in empty.stdout and "[0.0]" in empty.stdout
-    clean = _run(tmp_path, Case("sdpa", "cpu", "fp32", 8, 16, 1, 1, True, "normal"), "nonfinite")
-    assert clean.returncode == 0, clean.stdout + clean.stderr
-    assert clean.stdout.startswith("0 of ")
+def test_a_script_is_kept_where_it_exits_1_and_removed_with_the_reason_where_it_does_not(tmp_path):
+    """torch 2.13's CPU flash op returns an lse of 0 on rows that see no key (a merge needs -inf): its
+    script exits 1 and is kept, its report draft beside it; SDPA's output on normal inputs is finite, so
+    a nonfinite script for it exits 0 and is removed, the line saying why. Both verdicts read the
+    script's own float64 attention."""
+    from audit.execute.shrink import write_minimal
+    from audit.measure.machine.environment import environment
+    env = environment()
+    empty = Case("flash_op", "cpu", "fp32", 8, 16, 1, 1, False, "fully_masked_bool")
+    kept = write_minimal(tmp_path, empty, {"check": "lse_masked_rows", "variant": "flash_op", "from": "x"}, env)
+    assert kept["minimal"] == "repro/lse_masked_rows-flash_op-minimal.py", kept
+    assert (tmp_path / kept["minimal"]).is_file() and (tmp_path / kept["minimal_report"]).is_file()
+    assert "rows that see no key: [0.0]" in kept["minimal_says"]
+    clean = Case("sdpa", "cpu", "fp32", 8, 16, 1, 1, True, "normal")
+    gone = write_minimal(tmp_path, clean, {"check": "nonfinite", "variant": "sdpa", "from": "y"}, env)
+    assert "exits 0 here, not 1" in gone["minimal_reason"] and "0 of " in gone["minimal_reason"]
+    assert not (tmp_path / "repro" / "nonfinite-sdpa-minimal.py").exists()
 
 
 def test_a_report_draft_has_a_title_naming_the_api_the_script_and_expected_against_actual():
