@@ -46,8 +46,9 @@ def faulty(tmp_path_factory):
     variants = [f"faults:{f}" for f in FAULTS] + list(CORRECT)
     # 20 samples a pass: at least 40 timed calls, so the 2 MiB a call `leaks` keeps passes the
     # 64 MiB a leak is reported at however slow the calls are (fewer, on a loaded machine)
+    # --shrink: the run shrinks its findings about the plug-ins after the cells (test_the_runs_shrinking_...)
     done = audit("run", *GRID, "--variant", *variants, "--min-samples", "20", "--cell-timeout", CELL_TIMEOUT_S,
-                 "--out", str(out))
+                 "--shrink", "20s", "--out", str(out))
     recs = {r["variant"]: r for r in records.read_records(out)}
     return done, recs, out
 
@@ -268,3 +269,22 @@ def _raise_chained(how: str) -> BaseException:
 def test_a_failure_reason_follows_raise_from_to_the_root_and_not_a_handled_exception(how, reason):
     from audit.measure.cell.failures import failure_reason
     assert failure_reason(_raise_chained(how)).startswith(reason)
+
+
+def test_the_runs_shrinking_leaves_hangs_and_crashes_alone_and_shrinks_the_rest(faulty):
+    """--shrink: after the cells, the run shrinks its findings about the plug-ins (code it did not write) in a
+    process of its own; the cells that hung or killed their process are not measured again there (no per-cell
+    limit guards it), and their lines say why."""
+    import json
+    from audit.core.runfolder import SHRUNK_FILE
+    done, _, out = faulty
+    lines = {(line["check"], line["variant"]): line
+             for line in map(json.loads, (out / SHRUNK_FILE).read_text().splitlines())}
+    assert lines, done.stderr[-3000:]
+    left = [line for (check, variant), line in lines.items() if check == "cell_failed" and variant in
+            ("faults:segfaults", "faults:exits", "faults:hangs", "faults:hangs_in_backward")]
+    assert all("hung or killed their process" in line["reason"] for line in left)
+    shrunk = [line for line in lines.values() if line["id"]]
+    assert shrunk and all(line["cell"]["seq_len"] <= 64 for line in shrunk)
+    assert all("no call of faults:" in line["minimal_reason"] for line in shrunk)      # a plug-in: no minimal script
+    assert "shrinking" in done.stderr and "Traceback" not in done.stderr

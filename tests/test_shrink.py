@@ -143,3 +143,46 @@ def test_plug_ins_are_imported_from_where_the_run_imported_them(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"cwd": "/work", "pythonpath": f"{PLUGINS}:/opt/x"}))
     assert import_paths(tmp_path) == ["/work", str(PLUGINS), "/opt/x"]
     assert import_paths(tmp_path / "none") == []
+
+
+def test_shrinking_past_the_runs_deadline_says_so_for_each_finding_left(run_dir):
+    """A run's shrinking (--shrink) ends at its deadline: a finding reached after it is not shrunk, and
+    its line (and so its finding) says why, instead of a smaller cell or nothing."""
+    import shutil
+    import time
+    copy = run_dir.parent / "late"
+    shutil.copytree(run_dir, copy)
+    from audit.execute.shrink import run_preset, shrink_run
+    lines = shrink_run(copy, run_preset(copy), {}, deadline=time.time() - 1.0)
+    assert lines and all(line["id"] is None and line["tried"] == 0 for line in lines)
+    assert all("went to the findings before it" in line["reason"] for line in lines)
+
+
+def test_the_plan_keeps_the_shrinking_time_only_for_a_grid_with_third_party_code():
+    from audit.plan.overhead import SHRINK_START_S, shrink_seconds
+    from audit.workload.variants import has_upstream
+    assert shrink_seconds(40.0, True, host=2.0) == 40.0 + 2 * SHRINK_START_S
+    assert shrink_seconds(40.0, False) == 0.0 and shrink_seconds(0.0, True) == 0.0
+    assert has_upstream("sdpa") and has_upstream("hf:sdpa") and has_upstream("some_module:kernel")
+    assert not has_upstream("eager") and not has_upstream("broken.clamped")
+
+
+@pytest.mark.parametrize("argv, shrinking", [
+    (["--variant", "sdpa", "--shrink", "15s"], True),
+    (["--variant", "eager", "--shrink", "15s"], False),           # the audit's own code: nothing to shrink
+    (["--variant", "sdpa"], False),                               # the quick preset shrinks nothing by itself
+    (["--variant", "sdpa", "--preset", "cpu", "--budget", "30s"], False),    # 7% of 30 s: under 10 s, none
+    (["--variant", "sdpa", "--preset", "cpu", "--budget", "10m"], True),
+])
+def test_the_dry_run_says_when_the_run_will_shrink(argv, shrinking, capsys):
+    args = ["run", "--preset", "quick", "--dtype", "fp32", "--seq-len", "128", "--scenario", "normal",
+            "--d-k", "64", "--dry-run", *argv]
+    assert cli.main(args) == 0
+    out = capsys.readouterr()
+    line = next(x for x in (out.out + out.err).splitlines() if x.startswith("plan:"))
+    assert ("shrinking and report" in line) == shrinking, line
+
+
+def test_a_bad_shrink_duration_exits_2_naming_it(capsys):
+    assert cli.main(["run", "--preset", "quick", "--shrink", "soon", "--dry-run"]) == EXIT_USAGE
+    assert "--shrink: 'soon' is not a duration" in capsys.readouterr().err

@@ -60,6 +60,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                           "dtype and mask kind and each negative control's self-check first, then the cheapest "
                           "cells; cells that do not fit are recorded as skipped with their predicted time "
                           "(docs/planning.md)")
+    run.add_argument("--shrink", metavar="DURATION",
+                     help="time after the cells for shrinking each error or warning finding about torch's, "
+                          "transformers' or a plug-in's code to its smallest failing cell and a minimal script in "
+                          "its own API (repro/*-minimal.py; docs/numerics.md, Smallest failing cell), e.g. 40s, or "
+                          "0 for none (default: the preset's, cpu 40s, within 7%% of --budget and none under 10 s; "
+                          "none on --shard or Ray: `audit shrink DIR` afterwards)")
     run.add_argument("--cell-timeout", type=float, metavar="S",
                      help="per-cell time limit in seconds: a cell still running after it is recorded as "
                           "timeout and its worker killed (default: 10 times the cell's predicted time, at "
@@ -225,7 +231,30 @@ def _preset(args: argparse.Namespace) -> Any:
     if budget is not None:
         # a small budget measures the ceilings in less time (a share of it), keeping the rest for cells
         overrides["ceilings_s"] = min(preset.ceilings_s, max(MIN_CEILINGS_S, CEILINGS_SHARE * budget))
+    overrides["shrink_s"] = _shrink_s(args, preset.shrink_s, budget)
     return dataclasses.replace(preset, **overrides)
+
+
+SHRINK_SHARE = 0.07        # of a budget, at most, for the preset's shrinking after the cells ...
+MIN_SHRINK_S = 10.0        # ... and none where that leaves less (a cpu-preset --budget 30s measures cells)
+
+
+def _shrink_s(args: argparse.Namespace, preset_s: float, budget: float | None) -> float:
+    """The seconds after the cells for shrinking (Preset.shrink_s): --shrink's, else the preset's within
+    SHRINK_SHARE of the budget (none under MIN_SHRINK_S); none on a shard or on Ray (`audit shrink DIR`)."""
+    if args.shrink is not None:
+        from ..core.units import parse_duration
+        try:
+            seconds = 0.0 if args.shrink.strip() in ("0", "none") else parse_duration(args.shrink)
+        except UsageError:
+            seconds = None
+        if seconds is None:
+            raise UsageError(f"--shrink: {args.shrink!r} is not a duration (e.g. 20s, 2m) or 0 for none")
+        chosen = float(seconds)
+    else:
+        chosen = preset_s if budget is None else min(preset_s, SHRINK_SHARE * budget)
+        chosen = chosen if chosen >= MIN_SHRINK_S else 0.0
+    return 0.0 if args.shard is not None or args.executor == "ray" else chosen
 
 
 CEILINGS_SHARE = 0.04      # of a budget, at most, for measuring the ceilings (the preset's ceilings_s, at most)
@@ -329,6 +358,7 @@ def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
                                  first_extra=["--prepare", repr(clock.process_started)])
         if code != 0:
             return code
+        _shrink_after_cells(run_dir, clock)
         if args.no_report:
             clock.write()
             print(f"records: {run_dir / RECORDS_FILE}")
@@ -339,6 +369,32 @@ def _execute(args: argparse.Namespace, argv: list[str], started: float) -> int:
         return 0
     finally:
         lock.release()
+
+
+SHRINK_GRACE_S = 30.0      # past its shrinking time, the shrinking process is stopped (a cell or script hung)
+
+
+def _shrink_after_cells(run_dir: Path, clock: "WallSplit") -> None:
+    """The plan's shrinking (Plan.shrink_s, --shrink) in a process of its own (`audit shrink DIR`; this one
+    never imports torch), until its time is spent: each finding about code the audit did not write gets its
+    smallest failing cell and minimal script in shrunk.jsonl, which the report reads. A failure or a hang
+    costs the run nothing more than the time: the findings then say nothing of it."""
+    import subprocess
+    from ..plan.budget import Plan
+    plan = Plan.read(run_dir)
+    if plan is None or not plan.shrink_s:
+        return
+    deadline = time.time() + plan.shrink_s
+    cmd = [sys.executable, "-m", "audit", "shrink", str(run_dir), "--no-report", "--in-run", repr(deadline)]
+    with clock.segment("shrink"):
+        try:
+            done = subprocess.run(cmd, stdout=subprocess.DEVNULL, timeout=plan.shrink_s + SHRINK_GRACE_S)
+            if done.returncode != 0:
+                print(f"attn-audit: shrinking exited with {done.returncode}; the report goes on without it",
+                      file=sys.stderr)
+        except subprocess.TimeoutExpired:
+            print(f"attn-audit: shrinking ran past its {plan.shrink_s:.0f} s and was stopped; the report goes on "
+                  "without it", file=sys.stderr)
 
 
 class WallSplit:

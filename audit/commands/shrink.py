@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"measured cells' time per finding (default {SHRINK_S:g}s; e.g. 30s, 2m); "
                              f"the first {SHRINK_MAX_FINDINGS} findings, errors first, are shrunk")
     parser.add_argument("--no-report", action="store_true", help="write shrunk.jsonl only")
+    # a run's own shrinking after its cells (commands/run.py): the run holds the folder's lock, and its
+    # shrinking time ends at this time.time()
+    parser.add_argument("--in-run", type=float, metavar="DEADLINE", help=argparse.SUPPRESS)
 
 
 def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -44,12 +47,18 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from ..execute.shrink import import_paths, run_preset, shrink_run
     sys.path[:0] = [p for p in import_paths(run_dir) if p not in sys.path]    # its plug-ins, as the run imported them
     from ..measure.machine.environment import environment
-    try:
-        with RunLock(run_dir):
-            lines = shrink_run(run_dir, run_preset(run_dir), environment(), seconds,
-                               progress=lambda text: print(f"attn-audit: shrunk {text}", file=sys.stderr))
-    except FolderBusy:
-        raise UsageError(f"shrink: a run is writing {run_dir}; shrink it once the run has ended") from None
+
+    def shrink_now() -> list[dict]:
+        return shrink_run(run_dir, run_preset(run_dir), environment(), seconds, deadline=args.in_run,
+                          progress=lambda text: print(f"attn-audit: shrunk {text}", file=sys.stderr))
+    if args.in_run is not None:         # the run holds the lock
+        lines = shrink_now()
+    else:
+        try:
+            with RunLock(run_dir):
+                lines = shrink_now()
+        except FolderBusy:
+            raise UsageError(f"shrink: a run is writing {run_dir}; shrink it once the run has ended") from None
     print(f"shrunk {len(lines)} finding(s): {run_dir / SHRUNK_FILE}")
     if not args.no_report:
         write_report(run_dir)

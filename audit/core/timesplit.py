@@ -51,6 +51,8 @@ RUN_PARTS: dict[str, tuple[str, str]] = {
     "merge audit": ("report", "the merge functions audited on partial states (numerics.md: Merging partial "
                               "attention)"),
     "model audit": ("report", "the model audit: small decoders with each variant as their attention (model.md)"),
+    "shrink": ("report", "shrinking the findings about code the audit did not write to their smallest failing "
+                         "cells and minimal scripts (numerics.md: Smallest failing cell)"),
     "report": ("report", "findings, reproduction scripts, figures and the report page"),
     "other": ("bookkeeping", "what no part above accounts for"),
 }
@@ -100,7 +102,7 @@ def split_wall(wall_s: float, segments: Mapping[str, float], cells: Iterable[Map
     (runner.write_worker_timing): a measuring process's start-up (start_s, to its first cell)
     and the parts it spent outside cells ("segments": preparing the run, the seed claims)."""
     parts = {part: 0.0 for part in RUN_PARTS}
-    for name in ("start-up", "ceilings", "plan", "seed claims", "merge audit", "model audit", "report"):
+    for name in ("start-up", "ceilings", "plan", "seed claims", "merge audit", "model audit", "shrink", "report"):
         parts[name] = float(segments.get(name, 0.0))
     in_cells = 0.0
     for rec in cells:

@@ -103,14 +103,22 @@ def shrinkable(findings: Iterable[dict], upstream_of: Callable[[str], str | None
     return sorted(chosen, key=lambda f: f["severity"] != "error")[:SHRINK_MAX_FINDINGS]
 
 
+def _hung_or_died(record: dict) -> bool:
+    """A failed cell the supervisor ended: over its time limit, or its process died (runner.record_crash)."""
+    return record.get("status") == "timeout" or "measuring process died" in str(record.get("reason") or "")
+
+
 def _cell_size(record: dict) -> int:
     return int(record["seq_len"]) * int(record["batch"]) * int(record["heads"]) * int(record["d_k"])
 
 
 def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: float = SHRINK_S,
-               progress: Callable[[str], None] | None = None) -> list[dict]:
+               progress: Callable[[str], None] | None = None, deadline: float | None = None) -> list[dict]:
     """Shrink each shrinkable finding of the run folder's records from its smallest cell; write one
-    line per finding to DIR/SHRUNK_FILE (replacing what was there) and return them."""
+    line per finding to DIR/SHRUNK_FILE (replacing what was there) and return them.
+
+    deadline (time.time()): the run's shrinking time (--shrink) ends then: each finding gets at least
+    `seconds`, or its share of what is left, and one reached after it is not shrunk, its line saying so."""
     from ..analysis.findings import compute_findings
     from ..core.records import read_records, to_frame
     from ..measure.cell.cellcache import BuildCache, InputCache
@@ -130,12 +138,31 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
             record = run_cell(case, cache, quick, env, builds=builds)
             shown[case.id] = {(f["check"], f["variant"]) for f in compute_findings(to_frame([record]))}
         return shown[case.id]
-    out = []
-    for finding in shrinkable(compute_findings(to_frame(records)), lambda v: resolve(v).upstream):
+    out: list[dict] = []
+    path = Path(run_dir) / SHRUNK_FILE
+    path.write_text("")            # each line as its finding ends: a shrinking stopped later keeps them
+
+    def keep(line: dict) -> None:
+        out.append(line)
+        with open(path, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+    chosen = shrinkable(compute_findings(to_frame(records)), lambda v: resolve(v).upstream)
+    for n, finding in enumerate(chosen):
         cells = [by_id[i] for i in finding["cells"] if i in by_id]
         if not cells:
             continue
         first = min(cells, key=_cell_size)
+        left = None if deadline is None else deadline - time.time()
+        unshrunk = {"check": finding["check"], "variant": finding["variant"], "from": first["id"], "id": None,
+                    "cell": None, "tried": 0, "complete": False, "seconds": 0.0}
+        if left is not None and left <= 0:
+            keep(dict(unshrunk, reason="the run's shrinking time (--shrink) went to the findings before it"))
+            continue
+        if finding["check"] == "cell_failed" and all(_hung_or_died(c) for c in cells):
+            keep(dict(unshrunk, complete=True, reason="its cells hung or killed their process: shrinking measures "
+                                                      "in its own process, without the run's per-cell limit"))
+            continue
+        share = seconds if left is None else max(seconds, left / (len(chosen) - n))
 
         def shows(case: Case, key: tuple[str, str] = (finding["check"], finding["variant"])) -> bool:
             return key in found_on(case)
@@ -146,16 +173,16 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
             line.update(id=None, cell=None, tried=1, complete=True,
                         reason="its cell, measured again here, does not show it")
         else:
-            done = shrink(start, shows, seconds)
+            done = shrink(start, shows, share)
             line.update(id=done.cell.id, cell=done.cell.axes(), tried=done.tried + 1, complete=done.complete)
-            line.update(write_minimal(Path(run_dir), done.cell, dict(finding, **{"from": first["id"]}), env))
+            timeout = MINIMAL_TIMEOUT_S if deadline is None else max(1.0, min(MINIMAL_TIMEOUT_S, deadline - time.time()))
+            line.update(write_minimal(Path(run_dir), done.cell, dict(finding, **{"from": first["id"]}), env, timeout))
         line["seconds"] = round(time.monotonic() - began, 3)
-        out.append(line)
+        keep(line)
         if progress:
             to = line["id"] or line["reason"]
             progress(f"{finding['check']} of {finding['variant']}: {first['id']} -> {to} "
                      f"({line['tried']} cells, {line['seconds']:.1f} s{'' if line['complete'] else ', out of time'})")
-    (Path(run_dir) / SHRUNK_FILE).write_text("".join(json.dumps(line) + "\n" for line in out))
     return out
 
 

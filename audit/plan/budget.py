@@ -60,6 +60,7 @@ class Plan:
     measured: int | None = None            # cells predicted to be measured (ok, not skipped)
     model_audit_s: float = 0.0             # the model audit after the cells, predicted (in report_s); 0: none
     model_audit_skip: str | None = None    # why the budget leaves it out (None: it runs, or none is asked for)
+    shrink_s: float = 0.0                  # shrinking third-party findings after the cells (in report_s); 0: none
     noise_s: float = 0.0                   # of the kept cells' time, sampling beyond the minimum (--noise-target)
     # per device kind: the cap's share one measurement uses
     noise_share: dict[str, float] = field(default_factory=dict)
@@ -293,7 +294,8 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     started_unix (start-up, ceilings) is measured, not predicted (overhead.overhead_s's spent_s)."""
     from .forecast import plan as predict
     from ..workload.model import model_audit_unavailable
-    from .overhead import device_kind, host_factor, model_audit_seconds
+    from ..workload.variants import has_upstream
+    from .overhead import device_kind, host_factor, model_audit_seconds, shrink_seconds
 
     forecast = predict(cases, preset, run_dir, measure=measure)
     models = tuple(getattr(preset, "models", ()))
@@ -304,8 +306,10 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
         models, list(dict.fromkeys(c.variant for c in cases)), kind, forecast.params, host=host,
         ceilings=next((c for d, c in forecast.ceilings.items() if str(d).split(":")[0] == kind), None))
     spent_s = None if now_unix is None else max(0.0, now_unix - started_unix)
+    shrink_s = shrink_seconds(getattr(preset, "shrink_s", 0.0),
+                              any(has_upstream(v) for v in dict.fromkeys(c.variant for c in cases)), host)
     plan, per_dtype_whole = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix,
-                                  measured=measured, host=host, model_s=model_s, spent_s=spent_s)
+                                  measured=measured, host=host, model_s=model_s, spent_s=spent_s, shrink_s=shrink_s)
     if budget_s is not None and model_s and not per_dtype_whole:
         # the model audit comes after a cell of every real variant per dtype (tier 0's first two priority
         # levels), before the rest: where those do not all fit with it, it is left out (a record in
@@ -313,7 +317,7 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
         reason = (f"over the budget: the {format_duration(budget_s)} budget (--budget) does not hold the model audit "
                   f"(predicted {model_s:.1f} s) after a cell of every real variant per dtype")
         plan, _ = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix, measured=measured,
-                        host=host, model_s=0.0, spent_s=spent_s)
+                        host=host, model_s=0.0, spent_s=spent_s, shrink_s=shrink_s)
         plan.model_audit_skip = reason
     from .costmodel import CostModel
     from .settings import Settings
@@ -324,16 +328,17 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
 
 
 def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float | None, started_unix: float,
-          measured: bool, host: float, model_s: float, spent_s: float | None = None) -> tuple[Plan, bool]:
-    """plan_run's plan with a model audit of model_s seconds (this host's) after the cells (0: none), and
-    whether it keeps a cell of every real variant per dtype (Selection.per_dtype)."""
+          measured: bool, host: float, model_s: float, spent_s: float | None = None,
+          shrink_s: float = 0.0) -> tuple[Plan, bool]:
+    """plan_run's plan with a model audit of model_s seconds (this host's) and shrink_s of shrinking after the
+    cells (0: none), and whether it keeps a cell of every real variant per dtype (Selection.per_dtype)."""
     from .costmodel import CostModel
     from .settings import Settings
     from .overhead import overhead_s as overhead_of
 
     def overhead_s(*args: Any, **kwargs: Any) -> tuple[float, float]:     # the model and merge audits after the cells
         return overhead_of(*args, model_audit_s=model_s, canary=bool(preset.noise_target), spent_s=spent_s,
-                           merge_audit=merge_state_sets(preset), **kwargs)
+                           merge_audit=merge_state_sets(preset), shrink_s=shrink_s, **kwargs)
     before, after = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
                                ceilings_s=preset.ceilings_s, host=host)
     by_id = {c.id: c for c in cases}
@@ -379,7 +384,7 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
                 smallest_s=None if chosen.smallest_s is None else chosen.smallest_s + sum(reserve(chosen.smallest)),
                 coverage_s=None if chosen.coverage_s is None else chosen.coverage_s + sum(reserve(chosen.coverage)),
                 measured=int(((forecast.pred["status"] == "ok") & ~forecast.pred["id"].isin(skip)).sum()),
-                model_audit_s=model_s, smallest=[i for i in chosen.smallest if i not in skip],
+                model_audit_s=model_s, shrink_s=shrink_s, smallest=[i for i in chosen.smallest if i not in skip],
                 standby=list(chosen.standby), standby_tier=dict(chosen.standby_tier))
     plan.work, plan.groups = _work(forecast.pred, set(kept) | set(chosen.standby)) if chosen.standby else ({}, [])
     return plan, not any(i in skip for i in chosen.per_dtype)

@@ -77,14 +77,15 @@ def constant(params: Any, device: str, name: str, host: float = 1.0) -> float:
 def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
                ceilings_s: float = CEILINGS_BUDGET_S, host: float = 1.0, kept: int | None = None,
                model_audit_s: float = 0.0, canary: bool = True, spent_s: float | None = None,
-               merge_audit: float = 0) -> tuple[float, float]:
+               merge_audit: float = 0, shrink_s: float = 0.0) -> tuple[float, float]:
     """(seconds before the first cell, seconds after the last) of a run of these cells (a
     costmodel prediction: its cells' devices and statuses); ceilings_s: the seconds the preset
     gives each device's ceilings; host: this host's host_factor; kept: how many of them the
     budget keeps (default all): the others cost a skip's record only; model_audit_s: the model audit's
     seconds after the cells on this host (model_audit_seconds); merge_audit: the sets of partial states the
     preset audits merge functions on after the cells (0: none; 1, the golden's; one more per kernel that
-    makes its own, Preset.merge_parts), each about merge_audit_s.
+    makes its own, Preset.merge_parts), each about merge_audit_s; shrink_s: the shrinking after the cells
+    (shrink_seconds).
 
     spent_s: a run planning itself has started already (its processes, torch's first import, the
     canary's start reading, the ceilings): where those seconds, measured, are well over the prediction
@@ -107,7 +108,18 @@ def overhead_s(pred: Any, params: Any = None, *, ceilings_measured: bool = True,
     before += c("plan_per_cell_s") * n + c("between_cell_s") * kept + c("skip_record_s") * (n - kept)
     measured = int((pred["status"] == "ok").sum()) if n else 0
     merges = c("merge_audit_s") * float(merge_audit) if merge_audit and n else 0.0
-    return before, c("report_s") + c("report_per_cell_s") * measured + model_audit_s + merges
+    return before, c("report_s") + c("report_per_cell_s") * measured + model_audit_s + merges + shrink_s
+
+
+# the shrinking process's start (python -m audit shrink: Python, torch, the run's records) on the reference host
+SHRINK_START_S = 2.5
+
+
+def shrink_seconds(preset_s: float, third_party: bool, host: float = 1.0) -> float:
+    """The seconds a run keeps after its cells for shrinking (Preset.shrink_s, --shrink: the shrinking
+    stops starting findings when they are spent) and its process's start on this host; 0 without
+    shrinking or without a variant whose code the audit did not write (nothing it could shrink)."""
+    return preset_s + SHRINK_START_S * host if preset_s > 0 and third_party else 0.0
 
 
 def model_audit_seconds(models: Iterable[str], run_variants: list[str], device: str = "cpu",

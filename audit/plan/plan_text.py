@@ -24,7 +24,7 @@ def describe(plan: Plan, n_cells: int) -> str:
     skipped = len(cut)
     skipped_s = sum(plan.predicted.get(i, 0.0) for i in cut)
     budget = "no budget" if plan.budget_s is None else f"budget {format_duration(plan.budget_s)}"
-    outside = "start-up, ceilings, model audit and report" if plan.model_audit_s else "start-up, ceilings and report"
+    outside = outside_words(plan)
     line = (f"plan: {n_cells - skipped} cells predicted {format_duration(plan.predicted_total())} "
             f"(+ {format_duration(plan.reserve_s)} {outside}), {budget}")
     if skipped:
@@ -36,7 +36,7 @@ def describe(plan: Plan, n_cells: int) -> str:
                  f"(--noise-target), at the share of --noise-cap-s a measurement uses here ({shares})")
     if plan.measured == 0 and plan.budget_s is not None and plan.smallest_s:
         return (f"plan: nothing fits the {format_duration(plan.budget_s)} budget (--budget): "
-                f"{format_duration(plan.reserve_s)} of it goes to start-up, ceilings and report, and the smallest "
+                f"{format_duration(plan.reserve_s)} of it goes to {outside_words(plan)}, and the smallest "
                 f"useful plan ({PRIORITY_NAMES[0]}) needs {format_duration(plan.smallest_s)}: "
                 f"--budget {budget_arg(plan.smallest_s)} measures that, --budget {budget_arg(plan.coverage_s)} "
                 "a cell of every variant per dtype and mask kind; every cell is recorded as skipped with its reason")
@@ -48,6 +48,13 @@ def describe(plan: Plan, n_cells: int) -> str:
         if plan.coverage_s:
             line += f" (--budget {budget_arg(plan.coverage_s)} gives each one)"
     return line
+
+
+def outside_words(plan: Plan) -> str:
+    """What the plan's reserve holds besides the cells, in words: "start-up, ceilings, shrinking and report"."""
+    parts = ["start-up", "ceilings", *(["model audit"] if plan.model_audit_s else []),
+             *(["shrinking"] if getattr(plan, "shrink_s", 0.0) else [])]
+    return ", ".join(parts) + " and report"
 
 
 def smallest_plan_line(plan: Plan) -> str | None:

@@ -41,6 +41,9 @@ class Preset:
     models: tuple[str, ...] = ()  # the model audit's decoders after the cells (workload/model.py; docs/model.md)
     merges: tuple[str, ...] = ()  # merge functions audited after the cells (workload/merges.py; docs/numerics.md)
     merge_parts: tuple[str, ...] = ()  # attention variants whose own partial states the merges are audited on too
+    # seconds after the cells for shrinking each finding about torch's, transformers' or a plug-in's code to its
+    # smallest failing cell and minimal script (execute/shrink.py; 0: none, `audit shrink DIR` later)
+    shrink_s: float = 0.0
     # sample on until each median is known to ±this (0: the fixed minimum only); $ATTN_AUDIT_NOISE_TARGET
     noise_target: float = field(default_factory=default_noise_target)
     noise_cap_s: float = 0.1      # ... for at most this many more seconds per measurement
@@ -113,6 +116,11 @@ GPU_TOKENS = 16384  # gpu preset: batch x seq_len per cell, as FlashAttention's 
 GPU_SEQ_LENS = (512, 2048, 8192, 16384)
 GPU_COMPILED_SEQ_LENS = (2048, 8192)   # compiled variants cost ~4 s of compiling per shape
 COMPILED = ("compiled", "compiled_unfused", "flex")
+
+
+# The cpu preset's shrinking after its cells: its torch findings (paged_flex's NaN, the flash op's lse and
+# kv heads) shrank, each minimal script run once, in about 40 s on a 2-core AVX2-only EPYC (loop 1.0 s)
+SHRINK_S_CPU = 40.0
 
 
 def presets() -> dict[str, Preset]:
@@ -273,6 +281,7 @@ def _cpu(sets: _VariantSets) -> Preset:
     dtypes = ("fp32", "fp16", "bf16")      # the preset's choice: every dtype core/dtypes.py defines today
     return Preset(
         name="cpu",
+        shrink_s=SHRINK_S_CPU,
         description="default without CUDA: every built-in variant, 3 dtypes, d_k 32-128 (and 72, 96, 192), "
                     "seq_len 128-2048, plus every scenario and negative control at T=256",
         grids=(

@@ -212,6 +212,14 @@ def builtin_variants() -> dict[str, Variant]:
     return dict(_builtin_table())
 
 
+def has_upstream(name: str) -> bool:
+    """Whether a variant runs code the audit did not write (its findings shrink: execute/shrink.py): a
+    built-in's `upstream`; a plug-in, an `hf:` function or a declared kernel always (resolved without
+    importing them)."""
+    table = _builtin_table()
+    return bool(table[name].upstream) if name in table else True
+
+
 def resolve(name: str) -> Variant:
     """Built-in name, hf: name or plug-in spec -> Variant; UsageError listing the valid names."""
     from .hf import is_hf_name
