@@ -186,3 +186,14 @@ def test_the_dry_run_says_when_the_run_will_shrink(argv, shrinking, capsys):
 def test_a_bad_shrink_duration_exits_2_naming_it(capsys):
     assert cli.main(["run", "--preset", "quick", "--shrink", "soon", "--dry-run"]) == EXIT_USAGE
     assert "--shrink: 'soon' is not a duration" in capsys.readouterr().err
+
+
+def test_a_compiled_variant_shrinks_to_its_uncompiled_twin_last():
+    flex = Case("flex", "cpu", "fp32", 8, 16, 1, 1, False, "normal")
+    assert [c.variant for c in smaller_cases(flex, "compiled")] == ["flex_eager"]
+    assert smaller_cases(dataclasses.replace(flex, variant="flex_eager"), "compiled") == []
+    assert smaller_cases(dataclasses.replace(flex, variant="sdpa"), "compiled") == []
+    assert SHRINK_ORDER[-1] == "compiled"
+    # a defect the uncompiled op has too ends there; one only the compiled code has stays compiled
+    assert shrink(flex, lambda case: True).cell.variant == "flex_eager"
+    assert shrink(flex, lambda case: case.variant == "flex").cell.variant == "flex"

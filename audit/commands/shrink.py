@@ -16,7 +16,8 @@ HELP = "shrink each finding about torch's, transformers' or a plug-in's code to 
 DESCRIPTION = ("For each error or warning finding of a run folder about code the audit did not write "
                "(torch's kernels, transformers' attention functions, plug-ins and declared kernels) whose "
                "check a cell decides by itself, measure smaller cells of the same variant and scenario, one "
-               "axis at a time (length, batch, heads, head size, then fp32 for a lower precision), and keep "
+               "axis at a time (length, batch, heads, head size, then fp32 for a lower precision, then a compiled "
+               "variant's uncompiled twin: flex -> flex_eager), and keep "
                "the smallest that still shows the finding. Writes DIR/shrunk.jsonl and rebuilds the report; "
                "each finding's message then names its smallest cell.")
 

@@ -26,8 +26,9 @@ from ..core.runfolder import RUN_FILE, SHRUNK_FILE
 if TYPE_CHECKING:
     from ..workload.presets import Preset
 
-# The axes in the order they are shrunk: the length first (it sizes every other axis's work).
-SHRINK_ORDER = ("seq_len", "batch", "heads", "d_k", "dtype")
+# The axes in the order they are shrunk: the length first (it sizes every other axis's work); last, the
+# variant's uncompiled twin (Variant.uncompiled), where a compiled one has one.
+SHRINK_ORDER = ("seq_len", "batch", "heads", "d_k", "dtype", "compiled")
 MIN_SEQ_LEN = 16                # the smallest length tried: a page or a document of the layouts' scenarios
 MIN_D_K = 8
 SHRINK_S = 5.0                  # seconds of measured cells one finding's shrinking may take
@@ -63,6 +64,10 @@ def smaller_cases(case: Case, axis: str) -> list[Case]:
                 for d in widths]
     if axis == "dtype":
         return [dataclasses.replace(case, dtype="fp32")] if case.dtype != "fp32" else []
+    if axis == "compiled":
+        from ..workload.variants import builtin_variants
+        twin = getattr(builtin_variants().get(case.variant), "uncompiled", None)
+        return [dataclasses.replace(case, variant=twin)] if twin else []
     raise ValueError(f"no such axis to shrink: {axis}")
 
 
@@ -164,8 +169,8 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
             continue
         share = seconds if left is None else max(seconds, left / (len(chosen) - n))
 
-        def shows(case: Case, key: tuple[str, str] = (finding["check"], finding["variant"])) -> bool:
-            return key in found_on(case)
+        def shows(case: Case, check: str = finding["check"]) -> bool:
+            return (check, case.variant) in found_on(case)       # the uncompiled twin's finding counts too
         start = Case.from_mapping(first)
         began = time.monotonic()
         line = {"check": finding["check"], "variant": finding["variant"], "from": first["id"]}

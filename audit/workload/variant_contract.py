@@ -67,6 +67,9 @@ class Variant:
     # The library whose code it runs when that is not the audit's ("torch", "transformers", a plug-in's
     # module): a finding about it is that library's, shrunk to its smallest failing cell (execute/shrink.py)
     upstream: str | None = None
+    # The same code without torch.compile, where the audit has it as a variant (flex -> flex_eager): a finding
+    # that its uncompiled twin shows too is the library's op's, not the compiler's (execute/shrink.py)
+    uncompiled: str | None = None
 
     @property
     def negative_control(self) -> bool:

@@ -63,7 +63,8 @@ def _implementations() -> list[Variant]:
                 unsupported=sdpa_limits),
         Variant("flex", "torch.compile(flex_attention): causal/padding/window as block masks, float masks "
                 "and soft-capping as score_mod, GQA with enable_gqa; on CUDA its LSE, sinks through it",
-                _flex, compiled=True, family="compiled", upstream=TORCH, lse_on=FLEX_LSE_DEVICES, forms=("varlen",)),
+                _flex, compiled=True, family="compiled", upstream=TORCH, lse_on=FLEX_LSE_DEVICES, forms=("varlen",),
+                uncompiled="flex_eager"),
         Variant("flex_eager", "flex_attention uncompiled (torch's dense fallback) with its LSE, sinks through it",
                 functools.partial(_flex, False), family="eager", upstream=TORCH, lse_on=both, forms=("varlen",)),
         Variant("flash_op", "SDPA's flash kernel as its op (aten._scaled_dot_product_flash_attention[_for_cpu]), "
