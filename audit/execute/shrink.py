@@ -34,6 +34,9 @@ MIN_D_K = 8
 SHRINK_S = 5.0                  # seconds of measured cells one finding's shrinking may take
 SHRINK_MAX_FINDINGS = 6         # findings shrunk per run, most severe first
 MINIMAL_TIMEOUT_S = 120.0       # a minimal script's run where it is written (a compile of flex included)
+# Of a run's shrinking time, what a finding keeps after its search for its minimal script's run: paged_flex's
+# compiles it in 7-22 s on a 2-core AVX2-only EPYC (loop 1.0-1.5 s), the flash op's runs in 2 s
+MINIMAL_ALLOWANCE_S = 10.0
 # The checks a cell's own record decides (analysis rules over its correctness columns).
 SHRUNK_CHECKS = ("nonfinite", "error_budget", "grad_error_budget", "lse_error_budget", "lse_grad_budget",
                  "lse_masked_rows", "masked_leakage", "finfo_min_mask", "fully_masked_rows", "underflow",
@@ -102,10 +105,14 @@ def shrink(case: Case, shows: Callable[[Case], bool], seconds: float = SHRINK_S,
 
 def shrinkable(findings: Iterable[dict], upstream_of: Callable[[str], str | None]) -> list[dict]:
     """The findings to shrink: a check a cell decides, about a variant with an upstream, errors then
-    warnings, at most SHRINK_MAX_FINDINGS."""
+    warnings, within each those a minimal script can be written for first (repro/minimal.py: writable),
+    at most SHRINK_MAX_FINDINGS. A run's shrinking time goes first to what ends in a script: on a 2-core
+    AVX2-only EPYC, paged_flex's error_budget finding took the time its NaN finding's script needed."""
+    from ..repro.minimal import writable
     chosen = [f for f in findings if f["check"] in SHRUNK_CHECKS and f["severity"] in ("error", "warning")
               and f["variant"] != "*" and upstream_of(f["variant"])]
-    return sorted(chosen, key=lambda f: f["severity"] != "error")[:SHRINK_MAX_FINDINGS]
+    return sorted(chosen, key=lambda f: (f["severity"] != "error",
+                                         not writable(f["variant"], f["check"], f.get("argument"))))[:SHRINK_MAX_FINDINGS]
 
 
 def _hung_or_died(record: dict) -> bool:
@@ -127,6 +134,7 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
     from ..analysis.findings import compute_findings
     from ..core.records import read_records, to_frame
     from ..measure.cell.cellcache import BuildCache, InputCache
+    from ..repro.minimal import writable
     from ..workload.variants import resolve
     from .runner import run_cell
 
@@ -168,18 +176,23 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
                                                       "in its own process, without the run's per-cell limit"))
             continue
         share = seconds if left is None else max(seconds, left / (len(chosen) - n))
+        if left is not None and writable(finding["variant"], finding["check"], finding.get("argument")):
+            share = max(seconds, share - MINIMAL_ALLOWANCE_S)       # its script's run comes after the search
 
         def shows(case: Case, check: str = finding["check"]) -> bool:
             return (check, case.variant) in found_on(case)       # the uncompiled twin's finding counts too
         start = Case.from_mapping(first)
         began = time.monotonic()
         line = {"check": finding["check"], "variant": finding["variant"], "from": first["id"]}
-        if not shows(start):        # another machine, torch or plug-in than the run's: nothing to shrink from
+        # measured again first, except in the run itself (its records are of this machine, torch and plug-in,
+        # and paged_flex's cell costs 11 s of the run's shrinking time on a 2-core AVX2-only EPYC)
+        if deadline is None and not shows(start):     # another machine, torch or plug-in: nothing to shrink from
             line.update(id=None, cell=None, tried=1, complete=True,
                         reason="its cell, measured again here, does not show it")
         else:
             done = shrink(start, shows, share)
-            line.update(id=done.cell.id, cell=done.cell.axes(), tried=done.tried + 1, complete=done.complete)
+            line.update(id=done.cell.id, cell=done.cell.axes(), tried=done.tried + (deadline is None),
+                        complete=done.complete)
             timeout = MINIMAL_TIMEOUT_S if deadline is None else max(1.0, min(MINIMAL_TIMEOUT_S, deadline - time.time()))
             line.update(write_minimal(Path(run_dir), done.cell, dict(finding, **{"from": first["id"]}), env, timeout))
         line["seconds"] = round(time.monotonic() - began, 3)

@@ -218,6 +218,16 @@ print(f"{H} query heads against {H - 1} key/value heads: " + (f"refused ({refuse
 }
 
 
+def writable(variant: str, check: str, argument: str | None = None) -> bool:
+    """Whether a finding of `check` about `variant` can get a minimal script at all (its scenario aside)."""
+    from ..analysis.argument_rules import ARGUMENT_CHECK
+    if variant not in CALLS:
+        return False
+    if check == ARGUMENT_CHECK:
+        return argument in ARGUMENT_PROBES
+    return check in VERDICTS or check == "cell_failed"
+
+
 def unsupported(case: Any, check: str, argument: str | None = None) -> str | None:
     """Why no minimal script can be written for this finding (None: one can); `argument`: an
     argument_ignored finding's argument."""
