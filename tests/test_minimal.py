@@ -19,8 +19,8 @@ def _script(case: Case, check: str) -> str:
 def _pairs():
     """Every registered call with every scenario of its input form, causal and not, GQA where dense."""
     for variant, call in CALLS.items():
-        for scenario, (form, _) in INPUTS.items():
-            if form == call.needs:
+        for scenario, draw in INPUTS.items():
+            if draw.pools or call.needs != "paged":
                 for causal in (False, True):
                     yield Case(variant, "cpu", "fp32", 8, 32, 3, 4, causal, scenario, kv_heads=2)
 
@@ -37,7 +37,8 @@ def test_every_script_is_short_imports_only_torch_and_parses(check):
         imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                     for alias in node.names}
         imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-        assert imported <= {"os", "sys", "torch"}, imported
+        library = {"transformers"} if case.variant.startswith("hf:") else set()    # the variant's own library
+        assert imported <= {"os", "sys", "torch"} | library, imported
         assert "attention64" in text and "sys.exit(1 if defect else 0)" in text
         written += 1
     assert written
@@ -49,7 +50,8 @@ def test_what_cannot_be_written_says_why():
     assert "check referee" in unsupported(Case("sdpa", "cpu", "fp32", 8, 32, 1, 2, False, "normal"), "referee")
     assert "returns no lse" in unsupported(Case("sdpa", "cpu", "fp32", 8, 32, 1, 2, False, "fully_masked_bool"),
                                            "lse_masked_rows")
-    assert "paged inputs" in unsupported(Case("paged_flex", "cpu", "fp32", 8, 32, 1, 2, False, "normal"), "nonfinite")
+    assert "takes a paged cache" in unsupported(Case("paged_flex", "cpu", "fp32", 8, 32, 1, 2, False, "normal"),
+                                                "nonfinite")
     assert script_name("nonfinite", "hf:flex_attention") == "nonfinite-hf_flex_attention-minimal.py"
 
 
@@ -85,3 +87,31 @@ def test_a_report_draft_has_a_title_naming_the_api_the_script_and_expected_again
     assert "## What other kernels do" not in draft
     kv = title(Case("flash_op", "cpu", "fp32", 8, 16, 1, 4, False, "normal"), "argument_ignored", "kv_heads")
     assert "key/value heads that do not divide" in kv
+
+
+def test_transformers_flex_path_is_tried_in_torch_alone_first():
+    """hf:flex_attention's minimal script is first written with torch's create_block_mask(_compile=True) and
+    compiled flex_attention alone (what transformers calls), then with transformers' own functions."""
+    from audit.repro.minimal import calls_to_try
+    assert calls_to_try("hf:flex_attention") == ("flex_compiled_mask", "hf:flex_attention")
+    assert calls_to_try("sdpa") == ("sdpa",) and calls_to_try("faults:raises") == ("faults:raises",)
+    decode = Case("hf:flex_attention", "cpu", "fp32", 8, 128, 1, 1, True, "paged")
+    alone = minimal_script(decode, "cell_failed", title="t", versions="v", call_name="flex_compiled_mask")
+    assert "import transformers" not in alone and "from transformers" not in alone and "_compile=True" in alone and "used = torch.tensor([96])" in alone
+    assert "k_pool" not in alone                                   # a dense call: no paged cache drawn
+    assert "flex_attention_forward(module" in _script(decode, "cell_failed")
+    assert "masks more" in unsupported(Case("hf:flex_attention", "cpu", "fp32", 8, 32, 1, 2, False,
+                                            "fully_masked_bool"), "cell_failed")
+
+
+def test_rebuilding_the_reports_scripts_keeps_the_minimal_ones(tmp_path):
+    """The report rewrites DIR/repro's long scripts; the minimal ones the shrinking wrote stay (a cpu-preset
+    run lost paged_flex's to its own report before this)."""
+    from audit.repro.scripts import write_repro_scripts
+    repro = tmp_path / "repro"
+    repro.mkdir()
+    (repro / "nonfinite-paged_flex-minimal.py").write_text("import sys\nsys.exit(1)\n")
+    (repro / "nonfinite-paged_flex.py").write_text("stale\n")
+    (tmp_path / "records.jsonl").write_text("")
+    write_repro_scripts(tmp_path, [], records=[])
+    assert sorted(p.name for p in repro.iterdir()) == ["nonfinite-paged_flex-minimal.py"]

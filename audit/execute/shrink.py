@@ -206,9 +206,26 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
 
 def write_minimal(run_dir: Path, case: Case, finding: dict, env: dict[str, Any],
                   timeout_s: float = MINIMAL_TIMEOUT_S) -> dict[str, Any]:
-    """The shrunk cell's minimal script (repro/minimal.py) in DIR/repro, run once here: kept where it exits
-    1 (the defect shows), else removed; {"minimal": path in DIR, "minimal_s", "minimal_says": its last line}
-    or {"minimal_reason": why there is none}."""
+    """The shrunk cell's minimal script (repro/minimal.py) in DIR/repro, run once here: written with the
+    variant's simpler calls first, then its own (repro/minimal.py: calls_to_try), the first that exits 1
+    (the defect shows) kept, the others removed; {"minimal": path in DIR, "minimal_report", "minimal_s",
+    "minimal_says": its last line} or {"minimal_reason": why there is none}. All within timeout_s."""
+    from ..repro.minimal import calls_to_try
+    deadline, why = time.monotonic() + timeout_s, None
+    for call_name in calls_to_try(finding["variant"]):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        got = _write_minimal_with(run_dir, case, finding, env, call_name, left)
+        if "minimal" in got:
+            return got
+        why = why if why and got["minimal_reason"].startswith("no call of") else got["minimal_reason"]
+    return {"minimal_reason": why or f"its minimal script ran past {timeout_s:g} s here"}
+
+
+def _write_minimal_with(run_dir: Path, case: Case, finding: dict, env: dict[str, Any], call_name: str,
+                        timeout_s: float) -> dict[str, Any]:
+    """write_minimal with one call (a CALLS entry)."""
     import subprocess
     import sys
     from ..core.runfolder import REPRO_DIR
@@ -216,12 +233,13 @@ def write_minimal(run_dir: Path, case: Case, finding: dict, env: dict[str, Any],
     from ..repro.minimal import MAX_LINES, minimal_script, script_name, title, unsupported, upstream_draft
     from ..workload.inputs import SCENARIOS
     argument = finding.get("argument")
-    if why := unsupported(case, finding["check"], argument):
+    if why := unsupported(case, finding["check"], argument, call_name):
         return {"minimal_reason": why}
-    heading = title(case, finding["check"], argument)
+    heading = title(case, finding["check"], argument, call_name)
     versions = (f"torch {env.get('torch')}, Python {env.get('python')}, {env.get('cpu_model') or 'CPU'} "
                 f"({env.get('cpu_capability')})")
-    text = minimal_script(case, finding["check"], title=textwrap_title(heading), versions=versions, argument=argument)
+    text = minimal_script(case, finding["check"], title=textwrap_title(heading), versions=versions, argument=argument,
+                          call_name=call_name)
     if (n := len(text.splitlines())) > MAX_LINES:
         return {"minimal_reason": f"its minimal script takes {n} lines, over {MAX_LINES}"}
     path = run_dir / REPRO_DIR / script_name(finding["check"], finding["variant"])
@@ -247,7 +265,7 @@ def write_minimal(run_dir: Path, case: Case, finding: dict, env: dict[str, Any],
                            elsewhere=SCENARIOS[case.scenario].reference_kernels)
     path.with_suffix(".md").write_text(draft)
     return {"minimal": f"{REPRO_DIR}/{path.name}", "minimal_report": f"{REPRO_DIR}/{path.with_suffix('.md').name}",
-            "minimal_s": seconds, "minimal_says": said}
+            "minimal_s": seconds, "minimal_says": said, "minimal_call": call_name}
 
 
 def textwrap_title(title: str, width: int = 100) -> str:

@@ -48,13 +48,17 @@ sys.excepthook = cannot_check
 class Call:
     """A variant called as its users call it: `imports` (lines), `lines` setting `out` (and `lse` where
     `returns_lse`) from q, k, v and keep (None: every key visible); `needs` the input form it takes
-    ("dense", or "paged": k_pool, v_pool, block_table, used and page_size as INPUTS["paged"] draws them)."""
+    ("dense", or "paged": k_pool, v_pool, block_table, used and page_size as a Draw with pools gives them)."""
 
     api: str                    # what the user calls, for a report's title
     imports: tuple[str, ...]
     lines: str
     returns_lse: bool = False
-    needs: str = "dense"
+    needs: str = "dense"        # "paged": the paged cache's pools (Draw.pools)
+    takes: str = "mask"         # "padding": key padding (`pad`) and CAUSAL only, not `keep` (Draw.padding)
+    # calls with fewer libraries or layers tried first (keys of CALLS): the first whose script shows the
+    # defect is the minimal one (transformers' flex path -> torch's compiled create_block_mask alone)
+    simpler: tuple[str, ...] = ()
 
 
 def _sdpa(backend: str | None) -> Call:
@@ -83,6 +87,29 @@ out = torch.compile(flex_attention, fullgraph=True)(q, k, v, block_mask=block_ma
 mask_mod = (lambda b, h, qi, ki: qi >= 0) if keep is None else (lambda b, h, qi, ki: keep[b % keep.shape[0], 0, qi, ki])
 block_mask = create_block_mask(mask_mod, q.shape[0], None, q.shape[2], k.shape[2], device="cpu")
 out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])'''),
+    "hf:flex_attention": Call(
+        "transformers' flex_attention_forward", (
+            "from transformers.integrations.flex_attention import flex_attention_forward",
+            "from transformers.masking_utils import bidirectional_mask_function, causal_mask_function, "
+            "flex_attention_mask"), '''\
+module = torch.nn.Module()                                  # what flex_attention_forward reads of a Llama layer
+module.num_key_value_groups, module.is_causal, module.training = H // HKV, CAUSAL, False
+block_mask = flex_attention_mask(batch_size=B, q_length=TQ, kv_length=T, q_offset=T - TQ, kv_offset=0,
+                                 mask_function=causal_mask_function if CAUSAL else bidirectional_mask_function,
+                                 attention_mask=pad)
+out = flex_attention_forward(module, q, k, v, block_mask, scaling=D ** -0.5)[0].transpose(1, 2)''',
+        takes="padding", simpler=("flex_compiled_mask",)),
+    # what transformers' flex_attention_mask and flex_attention_forward do, in torch alone: the block mask's
+    # mask_mod compiled (create_block_mask(_compile=True)), then compiled flex_attention
+    "flex_compiled_mask": Call(
+        "create_block_mask(_compile=True) and torch.compile(flex_attention)",
+        ("from torch.nn.attention.flex_attention import create_block_mask, flex_attention",), '''\
+def mask_mod(b, h, qi, ki):                                 # causal (bottom-right) and key padding, as transformers'
+    seen = ki <= qi + (T - TQ) if CAUSAL else ki >= 0
+    return seen if pad is None else seen & pad[b, ki]
+block_mask = create_block_mask(mask_mod, B, None, TQ, T, device="cpu", _compile=True)
+out = torch.compile(flex_attention)(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])''',
+        takes="padding"),
     "paged_flex": Call("PagedAttention over torch.compile(flex_attention)", ("from torch.nn.attention.experimental._paged_attention import PagedAttention",
                         "from torch.nn.attention.flex_attention import create_block_mask, flex_attention"), '''\
 B, width = block_table.shape
@@ -106,44 +133,55 @@ def _dense(case: Any, tq: int) -> str:
 
 
 def _causal(case: Any) -> str:
-    """keep &= causal (bottom-right: the last query sees every key), where the cell is causal."""
+    """CAUSAL, and keep &= causal (bottom-right: the last query sees every key) where the cell is causal."""
     if not case.causal:
-        return ""
-    return ("\ncausal = torch.ones(TQ, T, dtype=torch.bool).tril(T - TQ)            # bottom-right\n"
+        return "\nCAUSAL = False"
+    return ("\nCAUSAL = True\ncausal = torch.ones(TQ, T, dtype=torch.bool).tril(T - TQ)            # bottom-right\n"
             "keep = causal[None, None] if keep is None else keep & causal")
 
 
-def _normal(case: Any, tq: int) -> str:
-    return _dense(case, tq) + "\nkeep = None" + _causal(case)
+def _normal(case: Any, tq: int, pools: bool) -> str:
+    return _dense(case, tq) + "\npad = keep = None" + _causal(case)
 
 
-def _fully_masked(case: Any, tq: int) -> str:
+def _fully_masked(case: Any, tq: int, pools: bool) -> str:
     from ..workload.draws import fully_masked_rows
     return (_dense(case, tq) + "\nkeep = torch.ones(1, 1, TQ, T, dtype=torch.bool)\n"
             f"keep[..., {fully_masked_rows(tq)}, :] = False                       # rows that see no key"
             + _causal(case))
 
 
-def _padding(case: Any, tq: int) -> str:
+def _used(used: list[int], page_size: int | None = None) -> str:
+    """The used keys per sequence (and the cache's page size) as key padding, `pad` and `keep`."""
+    first = f"used = torch.tensor({used})" if page_size is None else \
+        f"used, page_size = torch.tensor({used}), {page_size}"
+    return (f"\n{first}          # keys per sequence\n"
+            "pad = torch.arange(T)[None, :] < used[:, None]                # (B, T): the used keys\n"
+            "keep = pad[:, None, None, :]                                  # (B, 1, 1, T)")
+
+
+def _padding(case: Any, tq: int, pools: bool) -> str:
     from ..workload.draws import _valid_lengths
-    return (_dense(case, tq) + f"\nused = torch.tensor({_valid_lengths(case.batch, case.seq_len)})   # keys per sequence\n"
-            "keep = (torch.arange(T)[None, :] < used[:, None])[:, None, None, :]     # (B, 1, 1, T)"
-            + _causal(case))
+    return _dense(case, tq) + _used(_valid_lengths(case.batch, case.seq_len)) + _causal(case)
 
 
-def _paged(lengths: Callable[[int, int], list[int]]) -> Callable[[Any, int], str]:
-    def lines(case: Any, tq: int) -> str:
+POOLS = ("\nW = -(-T // page_size)                     # pages per sequence: sequence b's are b*W .. b*W + W-1\n"
+         "block_table = torch.arange(B * W).reshape(B, W)\n"
+         "unused = torch.arange(W * page_size)[None, :] >= used[:, None]     # (B, W*page_size): past the used keys\n"
+         "k_pool, v_pool = (torch.nn.functional.pad(t, (0, 0, 0, W * page_size - T))     # every unused slot NaN\n"
+         "                  .masked_fill(unused[:, None, :, None], float('nan'))\n"
+         "                  .transpose(0, 1).reshape(1, HKV, B * W * page_size, D) for t in (k, v))")
+
+
+def _paged(lengths: Callable[[int, int], list[int]]) -> Callable[[Any, int, bool], str]:
+    """A paged scenario's draw: the used keys as key padding, and, for a call taking a paged cache, the
+    pools of PAGE_SIZE slots with every slot past a sequence's used keys NaN."""
+    def lines(case: Any, tq: int, pools: bool) -> str:
         from ..workload.packing import PAGE_SIZE
         used = lengths(case.batch, case.seq_len)
-        return (_dense(case, tq) + f"\nused, page_size = torch.tensor({used}), {PAGE_SIZE}          # keys per sequence\n"
-                "keep = (torch.arange(T)[None, :] < used[:, None])[:, None, None, :]     # (B, 1, 1, T)\n"
-                "W = -(-T // page_size)                     # pages per sequence: sequence b's are b*W .. b*W + W-1\n"
-                "block_table = torch.arange(B * W).reshape(B, W)\n"
-                "unused = torch.arange(W * page_size)[None, :] >= used[:, None]     # (B, W*page_size): past the used keys\n"
-                "k_pool, v_pool = (torch.nn.functional.pad(t, (0, 0, 0, W * page_size - T))     # every unused slot NaN\n"
-                "                  .masked_fill(unused[:, None, :, None], float('nan'))\n"
-                "                  .transpose(0, 1).reshape(1, HKV, B * W * page_size, D) for t in (k, v))"
-                + _causal(case))
+        if not pools:
+            return _dense(case, tq) + _used(used) + _causal(case)
+        return _dense(case, tq) + _used(used, PAGE_SIZE) + POOLS + _causal(case)
     return lines
 
 
@@ -157,13 +195,25 @@ def _edge_lengths(batch: int, tk: int) -> list[int]:
     return page_edge_lengths(batch, tk)
 
 
-# scenario -> (the input form it draws, the lines drawing q, k, v, keep (and a paged form's pools))
-INPUTS: dict[str, tuple[str, Callable[[Any, int], str]]] = {
-    "normal": ("dense", _normal),
-    "fully_masked_bool": ("dense", _fully_masked),
-    "padding": ("dense", _padding),
-    "paged": ("paged", _paged(_paged_lengths)),
-    "paged_edges": ("paged", _paged(_edge_lengths)),
+@dataclasses.dataclass(frozen=True)
+class Draw:
+    """How a scenario's inputs are drawn in a script: `lines(case, q length, pools)` set q, k, v, `keep` (the
+    visibility, causal included; None: every key), CAUSAL, and where `padding` is true `pad` (the key padding,
+    (B, T) bool, or None), all a call taking only padding and causal is given (transformers' mask functions);
+    with `pools` the scenario can also give a paged cache (k_pool, v_pool, block_table, used, page_size)."""
+
+    lines: Callable[[Any, int, bool], str]
+    pools: bool = False
+    padding: bool = True
+
+
+# scenario -> its Draw
+INPUTS: dict[str, Draw] = {
+    "normal": Draw(_normal),
+    "fully_masked_bool": Draw(_fully_masked, padding=False),
+    "padding": Draw(_padding),
+    "paged": Draw(_paged(_paged_lengths), pools=True),
+    "paged_edges": Draw(_paged(_edge_lengths), pools=True),
 }
 
 @dataclasses.dataclass(frozen=True)
@@ -228,13 +278,14 @@ def writable(variant: str, check: str, argument: str | None = None) -> bool:
     return check in VERDICTS or check == "cell_failed"
 
 
-def unsupported(case: Any, check: str, argument: str | None = None) -> str | None:
+def unsupported(case: Any, check: str, argument: str | None = None, call_name: str | None = None) -> str | None:
     """Why no minimal script can be written for this finding (None: one can); `argument`: an
-    argument_ignored finding's argument."""
+    argument_ignored finding's argument; `call_name`: the CALLS entry to write it with (the variant's)."""
     from ..analysis.argument_rules import ARGUMENT_CHECK
-    call, inputs = CALLS.get(case.variant), INPUTS.get(case.scenario)
+    name = call_name or case.variant
+    call, inputs = CALLS.get(name), INPUTS.get(case.scenario)
     if call is None:
-        return f"no call of {case.variant} in its own API is registered (repro/minimal.py: CALLS)"
+        return f"no call of {name} in its own API is registered (repro/minimal.py: CALLS)"
     if inputs is None:
         return f"no plain-torch draw of scenario {case.scenario} is registered (repro/minimal.py: INPUTS)"
     if check == ARGUMENT_CHECK:
@@ -242,10 +293,12 @@ def unsupported(case: Any, check: str, argument: str | None = None) -> str | Non
             return f"no probe of argument {argument} is registered (repro/minimal.py: ARGUMENT_PROBES)"
     elif check not in VERDICTS and check != "cell_failed":
         return f"no verdict for check {check} is registered (repro/minimal.py: VERDICTS)"
-    if call.needs != inputs[0]:
-        return f"{case.variant} takes {call.needs} inputs; scenario {case.scenario} draws {inputs[0]} ones"
+    if call.needs == "paged" and not inputs.pools:
+        return f"{name} takes a paged cache; scenario {case.scenario} draws none"
+    if call.takes == "padding" and not inputs.padding:
+        return f"{name} takes key padding and causal only; scenario {case.scenario} masks more"
     if check == "lse_masked_rows" and not call.returns_lse:
-        return f"{case.variant} returns no lse"
+        return f"{name} returns no lse"
     if case.device != "cpu":
         return "minimal scripts are written for CPU cells only"
     return None
@@ -260,31 +313,37 @@ def _called(call: Call, check: str, argument: str | None) -> str:
     failing = check == "cell_failed"
     probe = FAILED if failing else ARGUMENT_PROBES[str(argument)]
     before, after = probe.before, probe.lines
-    caught = ("    print(f\"the call fails: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}\")\n"
+    caught = ("    said = [s for s in str(exc).splitlines() if \"error:\" in s] or str(exc).strip().splitlines()[-1:] or [\"\"]\n"
+              "    print(f\"the call fails: {type(exc).__name__}: {said[0].strip()[:300]}\")   # a compiler's error line\n"
               "    sys.exit(1)\n") if failing else "    refused = f\"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}\"\n"
     done = "defect = False\nprint(\"the call runs\")\n" if failing else after + "\n"
     return ((before + "\n" if before else "") + ("" if failing else "refused = None\n") + "try:\n"
             + textwrap.indent(call.lines, "    ") + "\nexcept Exception as exc:\n" + caught + done)
 
 
-def minimal_script(case: Any, check: str, *, title: str, versions: str, argument: str | None = None) -> str:
-    """The script's text for the (shrunk) cell `case` and `check` (unsupported() must be None)."""
+def minimal_script(case: Any, check: str, *, title: str, versions: str, argument: str | None = None,
+                   call_name: str | None = None) -> str:
+    """The script's text for the (shrunk) cell `case` and `check` with CALLS[call_name] (default: the
+    variant's own; unsupported() must be None)."""
     from ..workload.inputs import SCENARIOS
-    call = CALLS[case.variant]
+    call = CALLS[call_name or case.variant]
     tq = SCENARIOS[case.scenario].q_len(case.seq_len)
     head = (f'"""{title}\n\nThe smallest cell attn-audit found: {case.id}\n{versions}\n'
             f'Run: python {script_name(check, case.variant)}   (exit 1: the defect shows; 0: it is gone)\n"""\n'
             "import os\nimport sys\n\nimport torch\n")
     parts = [head + "".join(line + "\n" for line in call.imports), CRASH, REFERENCE,
-             "torch.manual_seed(0)\n" + INPUTS[case.scenario][1](case, tq) + "\n",
+             "torch.manual_seed(0)\n" + INPUTS[case.scenario].lines(case, tq, call.needs == "paged") + "\n",
              "ref = attention64(q, k, v, keep)\n" + _called(call, check, argument) + "sys.exit(1 if defect else 0)\n"]
     return "\n".join(parts)
+
+
+MINIMAL_SUFFIX = "-minimal.py"      # a minimal script's file name ends so (the report's own scripts never do)
 
 
 def script_name(check: str, variant: str) -> str:
     """The minimal script's file name in DIR/repro (beside the long script, <check>-<variant>.py)."""
     from .scripts import file_safe
-    return f"{check}-{file_safe(variant)}-minimal.py"
+    return f"{check}-{file_safe(variant)}{MINIMAL_SUFFIX}"
 
 
 def verdict(check: str, argument: str | None = None) -> Verdict:
@@ -294,9 +353,16 @@ def verdict(check: str, argument: str | None = None) -> Verdict:
     return FAILED if check == "cell_failed" else ARGUMENT_PROBES[str(argument)]
 
 
-def title(case: Any, check: str, argument: str | None = None) -> str:
+def title(case: Any, check: str, argument: str | None = None, call_name: str | None = None) -> str:
     """An upstream report's title: the API called, the defect, where (the scenario, shrunk cell's dtype)."""
-    return f"{CALLS[case.variant].api} {verdict(check, argument).headline} ({case.scenario} inputs, {case.dtype}, CPU)"
+    api = CALLS[call_name or case.variant].api
+    return f"{api} {verdict(check, argument).headline} ({case.scenario} inputs, {case.dtype}, CPU)"
+
+
+def calls_to_try(variant: str) -> tuple[str, ...]:
+    """The CALLS entries a finding about `variant` is written with, in order: its simpler ones, then its own."""
+    own = CALLS.get(variant)
+    return (*own.simpler, variant) if own else (variant,)
 
 
 def upstream_draft(script: str, *, name: str, title: str, versions: str, found: str, check: str,

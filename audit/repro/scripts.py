@@ -374,8 +374,10 @@ def write_repro_scripts(run_dir: str | Path, findings: list[dict], records: list
     run_dir = Path(run_dir)
     out_dir = run_dir / REPRO_DIR
     out_dir.mkdir(exist_ok=True)
+    from .minimal import MINIMAL_SUFFIX
     for old in out_dir.glob("*.py"):
-        old.unlink()
+        if not old.name.endswith(MINIMAL_SUFFIX):      # the shrinking's minimal scripts are not the report's
+            old.unlink()
     by_id = {r["id"]: r for r in (read_records(run_dir) if records is None else records)}
     run_file = run_dir / RUN_FILE
     run_info = json.loads(run_file.read_text()) if run_file.exists() else {}
