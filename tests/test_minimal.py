@@ -23,6 +23,7 @@ def _pairs():
             if draw.pools or call.needs != "paged":
                 for causal in (False, True):
                     yield Case(variant, "cpu", "fp32", 8, 32, 3, 4, causal, scenario, kv_heads=2)
+                yield Case(variant, "cpu", "fp32", 8, 32, 1, 2, True, scenario, d_v=4)     # latent: values' own size
 
 
 @pytest.mark.parametrize("check", CHECKS)
@@ -40,6 +41,7 @@ def test_every_script_is_short_imports_only_torch_and_parses(check):
         library = {"transformers"} if case.variant.startswith("hf:") else set()    # the variant's own library
         assert imported <= {"os", "sys", "torch"} | library, imported
         assert "attention64" in text and "sys.exit(1 if defect else 0)" in text
+        assert ("DV = " in text) == (case.d_v is not None)
         written += 1
     assert written
 

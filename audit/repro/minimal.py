@@ -126,10 +126,15 @@ out = torch.compile(flex_attention, fullgraph=True)(
 def _dense(case: Any, tq: int) -> str:
     from ..core.dtypes import dtype_spec
     dtype = f"torch.{dtype_spec(case.dtype).torch_name}"
-    return (f"B, H, HKV, TQ, T, D = {case.batch}, {case.heads}, {case.effective_kv_heads}, {tq}, {case.seq_len}, "
-            f"{case.d_k}\n"
+    if case.d_v is None:
+        return (f"B, H, HKV, TQ, T, D = {case.batch}, {case.heads}, {case.effective_kv_heads}, {tq}, {case.seq_len}, "
+                f"{case.d_k}\n"
+                f"q = torch.randn(B, H, TQ, D).to({dtype})\n"
+                f"k, v = (torch.randn(B, HKV, T, D).to({dtype}) for _ in range(2))")
+    return (f"B, H, HKV, TQ, T, D, DV = {case.batch}, {case.heads}, {case.effective_kv_heads}, {tq}, {case.seq_len}, "
+            f"{case.d_k}, {case.d_v}                  # DV: the values' head size\n"
             f"q = torch.randn(B, H, TQ, D).to({dtype})\n"
-            f"k, v = (torch.randn(B, HKV, T, D).to({dtype}) for _ in range(2))")
+            f"k, v = torch.randn(B, HKV, T, D).to({dtype}), torch.randn(B, HKV, T, DV).to({dtype})")
 
 
 def _causal(case: Any) -> str:
@@ -170,7 +175,7 @@ POOLS = ("\nW = -(-T // page_size)                     # pages per sequence: seq
          "unused = torch.arange(W * page_size)[None, :] >= used[:, None]     # (B, W*page_size): past the used keys\n"
          "k_pool, v_pool = (torch.nn.functional.pad(t, (0, 0, 0, W * page_size - T))     # every unused slot NaN\n"
          "                  .masked_fill(unused[:, None, :, None], float('nan'))\n"
-         "                  .transpose(0, 1).reshape(1, HKV, B * W * page_size, D) for t in (k, v))")
+         "                  .transpose(0, 1).reshape(1, HKV, B * W * page_size, t.shape[-1]) for t in (k, v))")
 
 
 def _paged(lengths: Callable[[int, int], list[int]]) -> Callable[[Any, int, bool], str]:
