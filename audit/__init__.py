@@ -11,8 +11,8 @@ Layers, each a subpackage that imports only those listed before it (tests/test_s
   plan      predicting cells: cost model and its fit, budget, memory model, shards
   analysis  reading records: findings (with the diagnosis of known mistakes), compare statistics, pytest-benchmark JSON
   render    the report and compare pages (records only: no torch)
-  repro     a reproduction script per finding, checked by running it
-  execute   running a grid: runner, supervisor and worker, lock, merge, Ray
+  repro     a reproduction script per finding, checked by running it; a shrunk finding's minimal script
+  execute   running a grid: runner, supervisor and worker, lock, merge, Ray; shrinking findings
   commands  one module per subcommand: the Python API and what cli.py dispatches to
 """
 from __future__ import annotations

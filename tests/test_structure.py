@@ -30,7 +30,7 @@ LAYERS: dict[str, set[str]] = {
     "analysis": {"core", "workload"},                # the known mistakes' explanations (workload.mistakes), no torch
     "render": {"core", "workload", "analysis"},       # records and findings only: no torch
     "repro": {"core", "workload", "measure", "analysis"},
-    "execute": {"core", "workload", "measure", "plan", "analysis"},
+    "execute": {"core", "workload", "measure", "plan", "analysis", "repro"},   # shrinking writes minimal scripts
     "commands": {"core", "workload", "measure", "plan", "analysis", "render", "repro", "execute"},
 }
 # ... but never what measures a cell: plan predicts cells, it does not run them. Each entry a module or

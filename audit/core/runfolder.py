@@ -25,6 +25,7 @@ MERGE_FILE = "merges.jsonl"                    # the merge functions' records (m
 MERGE_FINDINGS_FILE = "merge_findings.json"    # their findings
 SHRUNK_FILE = "shrunk.jsonl"                   # `shrink`: each third-party finding's smallest failing cell
 REPRO_DIR = "repro"                            # one reproduction script per finding
+MINIMAL_SUFFIX = "-minimal.py"                 # ... and beside it a shrunk finding's minimal script (repro/minimal.py)
 INDEX_MD = "index.md"                          # the report page, also of a compare folder
 INDEX_HTML = "index.html"
 LATEST_LINK = "latest"                         # reports/latest -> the newest run folder
@@ -83,3 +84,9 @@ def read_model_records(run_dir: "str | object") -> list[dict]:
     none; a line a crash cut short is left out (its step is made again, or recorded as the crash)."""
     from pathlib import Path
     return read_jsonl(Path(run_dir) / MODEL_FILE)
+
+
+def file_safe(variant: str) -> str:
+    """A variant's name in a script's file name (`*` -> all; `hf:sdpa` -> hf_sdpa)."""
+    import re
+    return "all" if variant == "*" else re.sub(r"[^A-Za-z0-9_-]+", "_", variant).strip("_")

@@ -342,12 +342,9 @@ def minimal_script(case: Any, check: str, *, title: str, versions: str, argument
     return "\n".join(parts)
 
 
-MINIMAL_SUFFIX = "-minimal.py"      # a minimal script's file name ends so (the report's own scripts never do)
-
-
 def script_name(check: str, variant: str) -> str:
     """The minimal script's file name in DIR/repro (beside the long script, <check>-<variant>.py)."""
-    from .scripts import file_safe
+    from ..core.runfolder import MINIMAL_SUFFIX, file_safe
     return f"{check}-{file_safe(variant)}{MINIMAL_SUFFIX}"
 
 

@@ -18,14 +18,13 @@ import functools
 
 import json
 import math
-import re
 import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
 from ..core.diagnosis_names import agrees, members
 from ..core.referee import REFEREE_COLUMNS, failed_checks
-from ..core.runfolder import FINDINGS_FILE, REPRO_DIR, RUN_FILE
+from ..core.runfolder import FINDINGS_FILE, MINIMAL_SUFFIX, REPRO_DIR, RUN_FILE, file_safe
 from ..workload.variant_contract import BROKEN_PREFIX
 
 
@@ -119,11 +118,6 @@ def ranked_cells(finding: dict, by_id: dict[str, dict]) -> list[dict]:
               "paged_reads": "paged_diagnosis"}.get(finding["check"], "diagnosis")
     return sorted(cells, key=lambda r: (bool(members(named)) and not agrees(r.get(column), named),
                                         *(-x for x in key(r))))
-
-
-def file_safe(variant: str) -> str:
-    """A variant's name in a script's file name (`*` -> all; `hf:sdpa` -> hf_sdpa)."""
-    return "all" if variant == "*" else re.sub(r"[^A-Za-z0-9_-]+", "_", variant).strip("_")
 
 
 def script_name(finding: dict, worst: dict, taken: set[str]) -> str:
@@ -374,7 +368,6 @@ def write_repro_scripts(run_dir: str | Path, findings: list[dict], records: list
     run_dir = Path(run_dir)
     out_dir = run_dir / REPRO_DIR
     out_dir.mkdir(exist_ok=True)
-    from .minimal import MINIMAL_SUFFIX
     for old in out_dir.glob("*.py"):
         if not old.name.endswith(MINIMAL_SUFFIX):      # the shrinking's minimal scripts are not the report's
             old.unlink()
