@@ -269,35 +269,37 @@ print(f"{H} query heads against {H - 1} key/value heads: " + (f"refused ({refuse
                         "a refusal: H query heads cannot be paired with H - 1 key/value heads (SDPA raises \"Number "
                         "of heads in key and value must divide the number of heads in query\")",
                         "returns an output for key/value heads that do not divide the query heads",
-                        before="k, v = (torch.randn(B, H - 1, T, D).to(q.dtype) for _ in range(2))   # H - 1 key/value heads"),
+                        before="k, v = (torch.randn(B, H - 1, T, t.shape[-1]).to(q.dtype) for t in (k, v))   # H - 1 kv heads"),
 }
+
+
+def _no_verdict(check: str, argument: str | None) -> str | None:
+    """Why no Verdict is registered for `check` (an argument_ignored finding's: for its argument), or None."""
+    from ..analysis.argument_rules import ARGUMENT_CHECK
+    if check == ARGUMENT_CHECK:
+        return None if argument in ARGUMENT_PROBES else \
+            f"no probe of argument {argument} is registered (repro/minimal.py: ARGUMENT_PROBES)"
+    if check in VERDICTS or check == "cell_failed":
+        return None
+    return f"no verdict for check {check} is registered (repro/minimal.py: VERDICTS)"
 
 
 def writable(variant: str, check: str, argument: str | None = None) -> bool:
     """Whether a finding of `check` about `variant` can get a minimal script at all (its scenario aside)."""
-    from ..analysis.argument_rules import ARGUMENT_CHECK
-    if variant not in CALLS:
-        return False
-    if check == ARGUMENT_CHECK:
-        return argument in ARGUMENT_PROBES
-    return check in VERDICTS or check == "cell_failed"
+    return variant in CALLS and _no_verdict(check, argument) is None
 
 
 def unsupported(case: Any, check: str, argument: str | None = None, call_name: str | None = None) -> str | None:
     """Why no minimal script can be written for this finding (None: one can); `argument`: an
     argument_ignored finding's argument; `call_name`: the CALLS entry to write it with (the variant's)."""
-    from ..analysis.argument_rules import ARGUMENT_CHECK
     name = call_name or case.variant
     call, inputs = CALLS.get(name), INPUTS.get(case.scenario)
     if call is None:
         return f"no call of {name} in its own API is registered (repro/minimal.py: CALLS)"
     if inputs is None:
         return f"no plain-torch draw of scenario {case.scenario} is registered (repro/minimal.py: INPUTS)"
-    if check == ARGUMENT_CHECK:
-        if argument not in ARGUMENT_PROBES:
-            return f"no probe of argument {argument} is registered (repro/minimal.py: ARGUMENT_PROBES)"
-    elif check not in VERDICTS and check != "cell_failed":
-        return f"no verdict for check {check} is registered (repro/minimal.py: VERDICTS)"
+    if why := _no_verdict(check, argument):
+        return why
     if call.needs == "paged" and not inputs.pools:
         return f"{name} takes a paged cache; scenario {case.scenario} draws none"
     if call.takes == "padding" and not inputs.padding:
@@ -315,15 +317,16 @@ def _called(call: Call, check: str, argument: str | None) -> str:
     whether the call refused after it."""
     if check in VERDICTS:
         return call.lines + "\n" + VERDICTS[check].lines + "\n"
-    failing = check == "cell_failed"
-    probe = FAILED if failing else ARGUMENT_PROBES[str(argument)]
-    before, after = probe.before, probe.lines
-    caught = ("    said = [s for s in str(exc).splitlines() if \"error:\" in s] or str(exc).strip().splitlines()[-1:] or [\"\"]\n"
-              "    print(f\"the call fails: {type(exc).__name__}: {said[0].strip()[:300]}\")   # a compiler's error line\n"
-              "    sys.exit(1)\n") if failing else "    refused = f\"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}\"\n"
-    done = "defect = False\nprint(\"the call runs\")\n" if failing else after + "\n"
-    return ((before + "\n" if before else "") + ("" if failing else "refused = None\n") + "try:\n"
-            + textwrap.indent(call.lines, "    ") + "\nexcept Exception as exc:\n" + caught + done)
+    attempt = "try:\n" + textwrap.indent(call.lines, "    ") + "\nexcept Exception as exc:\n"
+    if check == "cell_failed":                   # the call raising is the defect: the compiler's error line
+        return (attempt
+                + "    said = [s for s in str(exc).splitlines() if \"error:\" in s] or str(exc).strip().splitlines()[-1:] or [\"\"]\n"
+                "    print(f\"the call fails: {type(exc).__name__}: {said[0].strip()[:300]}\")\n"
+                "    sys.exit(1)\n"
+                "defect = False\nprint(\"the call runs\")\n")
+    probe = ARGUMENT_PROBES[str(argument)]
+    return (probe.before + "\nrefused = None\n" + attempt
+            + "    refused = f\"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}\"\n" + probe.lines + "\n")
 
 
 def minimal_script(case: Any, check: str, *, title: str, versions: str, argument: str | None = None,
