@@ -86,8 +86,10 @@ test-cpu-kinds:  ## only the tests marked cpu_kinds, natively then under each of
 # (in the test session's own folder, ATTN_AUDIT_TEST_HOME: the emulated phase of `make test` and of
 # test-cpu-kinds) One pytest session, one worker per setting (pytest-xdist's `--tx popen//env:NAME=value`,
 # `--dist each`: every marked test on every worker), the workers side by side: each collects once.
+# A setting that is this machine's own kind (ATEN_CPU_CAPABILITY=avx2 on an AVX2-only CPU) is left out,
+# saying so (tests/cpu_kinds.py): its tests ran natively.
 test-cpu-kinds-here:
-	@tx=; n=0; cpus='$(EMULATED_CPUS)'; IFS=';'; for cpu in $$cpus; do \
+	@tx=; n=0; cpus=$$($(PYTHON) tests/cpu_kinds.py '$(EMULATED_CPUS)') || exit 2; IFS=';'; for cpu in $$cpus; do \
 	  spec=popen; IFS=' '; for kv in $$cpu; do spec="$$spec//env:$$kv"; done; \
 	  echo "CPU kind emulated on worker gw$$n: $$cpu"; tx="$$tx --tx $$spec"; n=$$((n + 1)); IFS=';'; \
 	done; IFS=' '; [ -z "$$tx" ] || $(PYTHON) -m pytest -q $$tx --dist each -m "cpu_kinds and not serial and not shared_run" $(TEST_OPTS) $(CPU_KINDS_FILES)
