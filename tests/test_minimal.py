@@ -40,7 +40,8 @@ def test_every_script_is_short_imports_only_torch_and_parses(check):
         imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         library = {"transformers"} if case.variant.startswith("hf:") else set()    # the variant's own library
         assert imported <= {"os", "sys", "torch"} | library, imported
-        assert "attention64" in text and "sys.exit(1 if defect else 0)" in text
+        assert ("attention64" in text) == (check != "cell_failed")     # a call that raises has nothing to compare
+        assert "sys.exit(1 if defect else 0)" in text
         assert ("DV = " in text) == (case.d_v is not None)
         written += 1
     assert written
@@ -117,3 +118,35 @@ def test_rebuilding_the_reports_scripts_keeps_the_minimal_ones(tmp_path):
     (tmp_path / "records.jsonl").write_text("")
     write_repro_scripts(tmp_path, [], records=[])
     assert sorted(p.name for p in repro.iterdir()) == ["nonfinite-paged_flex-minimal.py"]
+
+
+def test_a_failure_on_a_recompile_calls_first_as_the_cell_before_it():
+    """A cell that fails only after another cell of its variant ran in the process (a recompile: transformers'
+    packed masks at T=512 after T=128) gets a script that calls first as that cell, then as the failing one:
+    the call once, as a function of the cell drawn last; within 60 lines with transformers' call too."""
+    failing = Case("hf:flex_attention", "cpu", "fp32", 32, 512, 2, 2, True, "packed")
+    earlier = Case("hf:flex_attention", "cpu", "fp32", 32, 128, 2, 2, True, "packed")
+    for call_name in ("flex_compiled_mask", "hf:flex_attention"):
+        text = minimal_script(failing, "cell_failed", title="t", versions="v", call_name=call_name, before=(earlier,))
+        assert len(text.splitlines()) <= MAX_LINES, (call_name, len(text.splitlines()))
+        ast.parse(text)
+        assert text.count("def attend():") == 1 and text.count("attend()") == 3          # defined, then two calls
+        assert text.index("D = 2, 2, 2, 128, 128, 32") < text.index("first, at T=") < text.index("D = 2, 2, 2, 512, 512")
+        assert earlier.id in text and text.count("torch.manual_seed(0)") == 1
+    alone = minimal_script(failing, "cell_failed", title="t", versions="v", call_name="flex_compiled_mask")
+    assert "def attend" not in alone and "first, at T=" not in alone
+
+
+def test_the_packed_draw_gives_each_query_the_keys_of_its_own_document():
+    """The packed scenario drawn in plain torch: `rows` (B, 1, T, T) is the audit's own document mask."""
+    import torch
+
+    from audit.workload.inputs import make_inputs
+    case = Case("flex_compiled_mask", "cpu", "fp32", 8, 32, 2, 2, False, "packed")
+    text = minimal_script(case, "nonfinite", title="t", versions="v")
+    drawing = text[text.index("torch.manual_seed(0)"):text.index("ref = attention64")]
+    found: dict = {}
+    exec(compile("import torch\n" + drawing, "draw", "exec"), found)
+    ours = make_inputs(case)
+    assert torch.equal(found["rows"], ours.mask.expand_as(found["rows"])) and torch.equal(found["keep"], found["rows"])
+    assert not found["rows"][1, 0, -1].any()                # the last row ends in padding no document owns

@@ -198,3 +198,66 @@ def test_a_compiled_variant_shrinks_to_its_uncompiled_twin_last():
     # a defect the uncompiled op has too ends there; one only the compiled code has stays compiled
     assert shrink(flex, lambda case: True).cell.variant == "flex_eager"
     assert shrink(flex, lambda case: case.variant == "flex").cell.variant == "flex"
+
+
+def _failed(t: int, scenario: str, after=None, reason: str = "", d_k: int = 32) -> dict:
+    case = Case("hf:flex_attention", "cpu", "fp32", d_k, t, 1, 2, True, scenario)
+    return dict(case.axes(), id=case.id, failed_after=after, status="error", reason=reason)
+
+
+def test_a_cell_that_failed_only_after_others_is_replayed_after_the_same_call_at_another_length():
+    """A failure on a recompile shows only after another call: its script calls first the same cell at each
+    other length the run measured, the shorter first (every other axis the same), then the cell the process
+    ran last before it of its own scenario (failed_after); none where the run has neither."""
+    from audit.execute.shrink import replays
+    short, mid, other_d = _failed(64, "packed"), _failed(128, "packed"), _failed(256, "packed", d_k=64)
+    normal = _failed(128, "normal")
+    failing = _failed(512, "packed", [short["id"], normal["id"]])
+    got = [([b.id for b in before], then.id) for before, then in replays(failing, [short, mid, other_d, normal, failing])]
+    assert got == [([short["id"]], failing["id"]), ([mid["id"]], failing["id"])]   # 64 then 512, 128 then 512; the
+    # recorded predecessor (64, packed) is the first of them already
+    middle = _failed(128, "packed", [normal["id"]])
+    longer = [([b.id for b in before], then.id) for before, then in replays(middle, [middle, failing, normal])]
+    assert longer == [([middle["id"]], failing["id"])]                              # 128 first, then 512
+    assert replays(_failed(512, "packed", ["gone"]), [_failed(512, "packed")]) == []
+
+
+def test_a_failed_findings_cells_are_shrunk_by_how_they_failed_one_that_failed_alone_first():
+    """transformers' flex path on the CPU failed two ways in one run: a mask Inductor cannot compile (alone), a
+    recompile (after others). Each is a part of its own, numbered, the one that failed alone first; cells whose
+    compiler lines differ only in numbers (a generated variable's index, a line) are one failure."""
+    from audit.execute.shrink import failure_kind, failure_parts
+    vec = "InductorError: CppCompileError: C++ compile error; cause: c{}.main.cpp:{}:55: error: operands to '?:' differ"
+    rec = "InductorError: CppCompileError: C++ compile error; cause: c{}.main.cpp:{}:45: error: 'cur_qSplitSize{}' not declared"
+    assert failure_kind(rec.format("ab12", 1089, 0)) == failure_kind(rec.format("cd34", 1097, 7))
+    assert failure_kind(vec.format("ab", 83)) != failure_kind(rec.format("ab", 83, 0))
+    assert failure_kind("RuntimeError: boom") == "RuntimeError: boom" and failure_kind(None) == ": "
+    late = _failed(128, "packed", ["x"], rec.format("a", 1, 0))
+    alone = _failed(512, "paged", None, vec.format("b", 2))
+    also = _failed(512, "packed", ["y"], vec.format("c", 3))
+    finding = {"check": "cell_failed", "variant": "hf:flex_attention", "cells": [late["id"], alone["id"], also["id"]]}
+    parts = failure_parts(finding, {r["id"]: r for r in (late, alone, also)})
+    assert [(p["part"], p["cells"]) for p in parts] == [(1, [alone["id"], also["id"]]), (2, [late["id"]])]
+    assert parts[0]["failure"] == failure_kind(alone["reason"])
+    one = failure_parts(dict(finding, cells=[alone["id"]]), {alone["id"]: alone})
+    assert len(one) == 1 and "part" not in one[0]
+    other = {"check": "nonfinite", "variant": "sdpa", "cells": ["z"]}
+    assert failure_parts(other, {}) == [other]
+
+
+def test_a_finding_with_two_failures_names_each_and_its_script():
+    from audit.analysis.findings import with_smallest_cells
+    finding = {"check": "cell_failed", "variant": "v", "cells": ["a", "b"], "message": "v failed."}
+    lines = [{"check": "cell_failed", "variant": "v", "from": "a", "part": 1, "failure": "E: one", "id": "a-small",
+              "tried": 3, "seconds": 2.0, "complete": True, "minimal": "repro/x-minimal.py", "minimal_says": "fails"},
+             {"check": "cell_failed", "variant": "v", "from": "b", "part": 2, "failure": "E: two", "id": None,
+              "reason": "it failed after other cells", "minimal": "repro/x-2-minimal.py", "minimal_after": ["b-short"],
+              "minimal_says": "fails too"},
+             {"check": "cell_failed", "variant": "v", "from": "gone", "id": None, "reason": "stale"}]
+    [got] = with_smallest_cells([dict(finding)], {("cell_failed", "v"): lines})
+    said = got["message"]
+    assert said.index("Failure 1 (E: one): Smallest failing cell: a-small") < said.index("Failure 2 (E: two): Not shrunk")
+    assert "repro/x-2-minimal.py (called after b-short)" in said and "stale" not in said
+    assert got["minimal"] == "repro/x-minimal.py" and got["smallest"]["part"] == 1
+    [alone] = with_smallest_cells([dict(finding)], {("cell_failed", "v"): lines[:1]})
+    assert "Failure 1" not in alone["message"] and "Smallest failing cell: a-small" in alone["message"]

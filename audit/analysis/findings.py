@@ -181,28 +181,39 @@ def write_findings(run_dir: str | Path, records: list[dict[str, Any]] | None = N
     return found
 
 
-def with_smallest_cells(found: list[dict[str, Any]], shrunk: dict[tuple[str, str], dict]) -> list[dict[str, Any]]:
+def with_smallest_cells(found: list[dict[str, Any]], shrunk: dict[tuple[str, str], list[dict]]) -> list[dict[str, Any]]:
     """Each finding `audit shrink` shrank (DIR/shrunk.jsonl, by check and variant, from one of the
-    finding's cells) with its smallest failing cell: `smallest` (that line) and a sentence of the
-    message naming it."""
+    finding's cells) with its smallest failing cell: `smallest` (the first line) and a sentence of the
+    message per line naming it (a cell_failed finding's parts, each failure of its own, one each), and
+    `minimal`, the first minimal script."""
     for finding in found:
-        line = shrunk.get((finding["check"], finding["variant"]))
-        if line is None or line["from"] not in finding["cells"]:     # none, or shrunk from records since changed
-            continue
-        finding["smallest"] = line
-        if line.get("id") is None:
-            finding["message"] += f" Not shrunk: {line.get('reason')} ({line['from']})."
-            continue
-        how = f"{line['tried']} cells tried in {line['seconds']:.1f} s" + ("" if line["complete"] else ", out of time")
-        finding["message"] += (f" Smallest failing cell: {line['id']} (shrunk from {line['from']}; {how})."
-                               if line["id"] != line["from"] else f" No smaller cell shows it ({how}).")
-        if line.get("minimal"):
-            finding["minimal"] = line["minimal"]
-            finding["message"] += (f" Minimal script in the library's own API: {line['minimal']} (exit 1 here: "
-                                   f"{line.get('minimal_says')}); a report for its tracker: {line.get('minimal_report')}.")
-        elif line.get("minimal_reason"):
-            finding["message"] += f" No minimal script: {line['minimal_reason']}."
+        lines = [line for line in shrunk.get((finding["check"], finding["variant"]), [])
+                 if line["from"] in finding["cells"]]                # none, or shrunk from records since changed
+        if lines:
+            finding["smallest"] = lines[0]
+        for line in lines:
+            finding["message"] += _shrunk_sentence(line, len(lines) > 1)
+            if line.get("minimal") and "minimal" not in finding:
+                finding["minimal"] = line["minimal"]
     return found
+
+
+def _shrunk_sentence(line: dict[str, Any], parts: bool) -> str:
+    """What one shrunk.jsonl line adds to its finding's message (`parts`: the finding has several failures)."""
+    said = f" Failure {line.get('part')} ({line.get('failure')}):" if parts else ""
+    if line.get("id") is None:
+        said += f" Not shrunk: {line.get('reason')} ({line['from']})."
+    else:
+        how = f"{line['tried']} cells tried in {line['seconds']:.1f} s" + ("" if line["complete"] else ", out of time")
+        said += (f" Smallest failing cell: {line['id']} (shrunk from {line['from']}; {how})."
+                 if line["id"] != line["from"] else f" No smaller cell shows it ({how}).")
+    if line.get("minimal"):
+        after = f" (called after {', '.join(line['minimal_after'])})" if line.get("minimal_after") else ""
+        said += (f" Minimal script in the library's own API: {line['minimal']}{after} (exit 1 here: "
+                 f"{line.get('minimal_says')}); a report for its tracker: {line.get('minimal_report')}.")
+    elif line.get("minimal_reason"):
+        said += f" No minimal script: {line['minimal_reason']}."
+    return said
 
 
 def merge_findings(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -73,10 +73,14 @@ def read_merge_records(run_dir: "str | object") -> list[dict]:
     return read_jsonl(Path(run_dir) / MERGE_FILE)
 
 
-def read_shrunk(run_dir: "str | object") -> dict[tuple[str, str], dict]:
-    """DIR/SHRUNK_FILE's lines (execute/shrink.py) by (check, variant); empty where nothing was shrunk."""
+def read_shrunk(run_dir: "str | object") -> dict[tuple[str, str], list[dict]]:
+    """DIR/SHRUNK_FILE's lines (execute/shrink.py) by (check, variant), in order: one per finding, or one
+    per part (a cell_failed finding's cells failing in different ways); empty where nothing was shrunk."""
     from pathlib import Path
-    return {(line["check"], line["variant"]): line for line in read_jsonl(Path(run_dir) / SHRUNK_FILE)}
+    out: dict[tuple[str, str], list[dict]] = {}
+    for line in read_jsonl(Path(run_dir) / SHRUNK_FILE):
+        out.setdefault((line["check"], line["variant"]), []).append(line)
+    return out
 
 
 def read_model_records(run_dir: "str | object") -> list[dict]:

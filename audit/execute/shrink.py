@@ -145,11 +145,13 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
     # (check, variant) of each cell measured: one defect's findings (NaN, so outside the budget) try the
     # same cells, each measured and judged once
     shown: dict[str, set[tuple[str, str]]] = {}
+    failed: dict[str, str] = {}                 # cell id -> failure_kind of a cell measured here that failed
 
     def found_on(case: Case) -> set[tuple[str, str]]:
         if case.id not in shown:
             record = run_cell(case, cache, quick, env, builds=builds)
             shown[case.id] = {(f["check"], f["variant"]) for f in compute_findings(to_frame([record]))}
+            failed[case.id] = failure_kind(record.get("reason"))
         return shown[case.id]
     out: list[dict] = []
     path = Path(run_dir) / SHRUNK_FILE
@@ -159,12 +161,14 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
         out.append(line)
         with open(path, "a") as fh:
             fh.write(json.dumps(line) + "\n")
-    chosen = shrinkable(compute_findings(to_frame(records)), lambda v: resolve(v).upstream)
+    chosen = [part for finding in shrinkable(compute_findings(to_frame(records)), lambda v: resolve(v).upstream)
+              for part in failure_parts(finding, by_id)]
     for n, finding in enumerate(chosen):
         cells = [by_id[i] for i in finding["cells"] if i in by_id]
         if not cells:
             continue
-        first = min(cells, key=_cell_size)
+        # the smallest cell; of a failure, one that failed alone first (one after others may need them)
+        first = min(cells, key=lambda r: (bool(r.get("failed_after")), _cell_size(r)))
         left = None if deadline is None else deadline - time.time()
         unshrunk = {"check": finding["check"], "variant": finding["variant"], "from": first["id"], "id": None,
                     "cell": None, "tried": 0, "complete": False, "seconds": 0.0}
@@ -179,22 +183,33 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
         if left is not None and writable(finding["variant"], finding["check"], finding.get("argument")):
             share = max(seconds, share - MINIMAL_ALLOWANCE_S)       # its script's run comes after the search
 
-        def shows(case: Case, check: str = finding["check"]) -> bool:
-            return (check, case.variant) in found_on(case)       # the uncompiled twin's finding counts too
+        def shows(case: Case, check: str = finding["check"], failure: str | None = finding.get("failure")) -> bool:
+            return ((check, case.variant) in found_on(case)      # the uncompiled twin's finding counts too
+                    and (failure is None or failed.get(case.id) == failure))      # a failure: the same one
         start = Case.from_mapping(first)
         began = time.monotonic()
-        line = {"check": finding["check"], "variant": finding["variant"], "from": first["id"]}
+        line = {"check": finding["check"], "variant": finding["variant"], "from": first["id"],
+                **{k: finding[k] for k in ("failure", "part") if finding.get(k)}}
+        # a failure seen only after other cells ran (a recompile) is not shown by its cell alone: its script
+        # calls the same function at another length first (replays)
+        after_others = finding["check"] == "cell_failed" and bool(first.get("failed_after"))
+        timeout = lambda: MINIMAL_TIMEOUT_S if deadline is None else max(1.0, min(MINIMAL_TIMEOUT_S, deadline - time.time()))  # noqa: E731
         # measured again first, except in the run itself (its records are of this machine, torch and plug-in,
         # and paged_flex's cell costs 11 s of the run's shrinking time on a 2-core AVX2-only EPYC)
-        if deadline is None and not shows(start):     # another machine, torch or plug-in: nothing to shrink from
+        if after_others:    # what a cell alone shows depends on what ran before it here: not shrunk alone
+            line.update(id=None, cell=None, tried=0, complete=True,
+                        reason="it failed after other cells of its variant had run (a recompile): its script "
+                               "calls the same function at another length first")
+            line.update(write_minimal(Path(run_dir), start, dict(finding, **{"from": first["id"]}), env, timeout(),
+                                      replayed=replays(first, records)))
+        elif deadline is None and not shows(start):     # another machine, torch or plug-in: nothing to shrink from
             line.update(id=None, cell=None, tried=1, complete=True,
                         reason="its cell, measured again here, does not show it")
         else:
             done = shrink(start, shows, share)
             line.update(id=done.cell.id, cell=done.cell.axes(), tried=done.tried + (deadline is None),
                         complete=done.complete)
-            timeout = MINIMAL_TIMEOUT_S if deadline is None else max(1.0, min(MINIMAL_TIMEOUT_S, deadline - time.time()))
-            line.update(write_minimal(Path(run_dir), done.cell, dict(finding, **{"from": first["id"]}), env, timeout))
+            line.update(write_minimal(Path(run_dir), done.cell, dict(finding, **{"from": first["id"]}), env, timeout()))
         line["seconds"] = round(time.monotonic() - began, 3)
         keep(line)
         if progress:
@@ -204,28 +219,79 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
     return out
 
 
+def failure_kind(reason: Any) -> str:
+    """How a cell failed, as a line two cells failing the same way share: the exception's name and the
+    compiler's last `error:` line (else the reason), digits dropped (line numbers, hashes, a generated
+    variable's index: cur_qSplitSize0 and cur_qSplitSize7 are one failure)."""
+    import re
+    text = str(reason or "").strip().splitlines()[0] if str(reason or "").strip() else ""
+    name = text.split(":", 1)[0]
+    said = text.rsplit("error:", 1)[1] if "error:" in text else text[len(name) + 1:]
+    return f"{name}: {re.sub(r'[0-9]+', '', said).strip()[:120]}"
+
+
+def failure_parts(finding: dict, by_id: dict[str, dict]) -> list[dict]:
+    """A cell_failed finding's cells by how they failed (failure_kind), each a finding of its own to shrink,
+    with its `failure` and, where there are several, its `part` (1, 2, ...): one that failed alone first. Any
+    other finding as it is. (transformers' flex path on the CPU: a mask Inductor cannot compile, alone; and
+    a recompile that fails, only after another length.)"""
+    if finding["check"] != "cell_failed":
+        return [finding]
+    groups: dict[str, list[str]] = {}
+    for cell in finding["cells"]:
+        if cell in by_id:
+            groups.setdefault(failure_kind(by_id[cell].get("reason")), []).append(cell)
+    alone_first = sorted(groups.items(), key=lambda kv: all(by_id[c].get("failed_after") for c in kv[1]))
+    if len(alone_first) <= 1:
+        return [dict(finding, failure=next(iter(groups), None))]
+    return [dict(finding, cells=cells, failure=kind, part=n) for n, (kind, cells) in enumerate(alone_first, 1)]
+
+
+def replays(record: dict, records: Iterable[dict], most: int = 3) -> list[tuple[tuple[Case, ...], Case]]:
+    """(cells called first, the cell then called) to try where a failed cell's call runs alone: a failure on
+    a recompile. The same call at another length the run measured (every other axis the same), the shorter
+    first (as a generation loop grows), then the cell its measuring process ran last before it of its own
+    scenario (failed_after); at most `most`."""
+    cell = Case.from_mapping(record)
+    axes = {k: v for k, v in cell.axes().items() if k != "seq_len"}
+    twins = sorted({int(r["seq_len"]) for r in records if r.get("id") != record.get("id")
+                    and {k: r.get(k) for k in axes} == axes and r.get("seq_len") != record.get("seq_len")})
+    out = [((dataclasses.replace(cell, seq_len=min(t, cell.seq_len)),), dataclasses.replace(cell, seq_len=max(t, cell.seq_len)))
+           for t in twins]
+    by_id = {r.get("id"): r for r in records}
+    earlier = [by_id[i] for i in (record.get("failed_after") or []) if i in by_id and by_id[i].get("scenario") == cell.scenario]
+    out += [((Case.from_mapping(earlier[-1]),), cell)] if earlier else []
+    return list(dict.fromkeys(out))[:most]
+
+
 def write_minimal(run_dir: Path, case: Case, finding: dict, env: dict[str, Any],
-                  timeout_s: float = MINIMAL_TIMEOUT_S) -> dict[str, Any]:
+                  timeout_s: float = MINIMAL_TIMEOUT_S,
+                  replayed: Iterable[tuple[tuple[Case, ...], Case]] = ()) -> dict[str, Any]:
     """The shrunk cell's minimal script (repro/minimal.py) in DIR/repro, run once here: written with the
     variant's simpler calls first, then its own (repro/minimal.py: calls_to_try), the first that exits 1
     (the defect shows) kept, the others removed; {"minimal": path in DIR, "minimal_report", "minimal_s",
-    "minimal_says": its last line} or {"minimal_reason": why there is none}. All within timeout_s."""
+    "minimal_says": its last line} or {"minimal_reason": why there is none}. All within timeout_s.
+    `replayed` (a failed cell's, replays()): where the call alone runs, each (cells called first, cell) is
+    tried after it (a failure on a recompile); the line's `minimal_cell` is the cell the script fails on."""
     from ..repro.minimal import calls_to_try
     deadline, why = time.monotonic() + timeout_s, None
     for call_name in calls_to_try(finding["variant"]):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        got = _write_minimal_with(run_dir, case, finding, env, call_name, left)
-        if "minimal" in got:
-            return got
-        why = why if why and got["minimal_reason"].startswith("no call of") else got["minimal_reason"]
+        for before, then in ((), case), *replayed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            got = _write_minimal_with(run_dir, then, finding, env, call_name, left, before)
+            if "minimal" in got:
+                return dict(got, minimal_cell=then.id, **({"minimal_after": [b.id for b in before]} if before else {}))
+            why = why if why and got["minimal_reason"].startswith("no call of") else got["minimal_reason"]
+            if " exits 0 here" not in got["minimal_reason"]:
+                break                   # it did not run clean alone: a call before it would not explain it
     return {"minimal_reason": why or f"its minimal script ran past {timeout_s:g} s here"}
 
 
 def _write_minimal_with(run_dir: Path, case: Case, finding: dict, env: dict[str, Any], call_name: str,
-                        timeout_s: float) -> dict[str, Any]:
-    """write_minimal with one call (a CALLS entry)."""
+                        timeout_s: float, before: tuple[Case, ...] = ()) -> dict[str, Any]:
+    """write_minimal with one call (a CALLS entry), after calls as the cells `before`."""
     import subprocess
     import sys
     from ..core.runfolder import REPRO_DIR
@@ -235,14 +301,14 @@ def _write_minimal_with(run_dir: Path, case: Case, finding: dict, env: dict[str,
     argument = finding.get("argument")
     if why := unsupported(case, finding["check"], argument, call_name):
         return {"minimal_reason": why}
-    heading = title(case, finding["check"], argument, call_name)
+    heading = title(case, finding["check"], argument, call_name, again=bool(before))
     versions = (f"torch {env.get('torch')}, Python {env.get('python')}, {env.get('cpu_model') or 'CPU'} "
                 f"({env.get('cpu_capability')})")
     text = minimal_script(case, finding["check"], title=textwrap_title(heading), versions=versions, argument=argument,
-                          call_name=call_name)
+                          call_name=call_name, before=before, part=finding.get("part"))
     if (n := len(text.splitlines())) > MAX_LINES:
         return {"minimal_reason": f"its minimal script takes {n} lines, over {MAX_LINES}"}
-    path = run_dir / REPRO_DIR / script_name(finding["check"], finding["variant"])
+    path = run_dir / REPRO_DIR / script_name(finding["check"], finding["variant"], finding.get("part"))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     began = time.monotonic()

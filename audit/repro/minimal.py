@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 MAX_LINES = 60          # what a maintainer reads in a tracker
 
@@ -55,7 +55,7 @@ class Call:
     lines: str
     returns_lse: bool = False
     needs: str = "dense"        # "paged": the paged cache's pools (Draw.pools)
-    takes: str = "mask"         # "padding": key padding (`pad`) and CAUSAL only, not `keep` (Draw.padding)
+    takes: str = "mask"         # "padding": key padding (`pad`), CAUSAL and a pattern per row (`rows`), not `keep`
     # calls with fewer libraries or layers tried first (keys of CALLS): the first whose script shows the
     # defect is the minimal one (transformers' flex path -> torch's compiled create_block_mask alone)
     simpler: tuple[str, ...] = ()
@@ -90,13 +90,14 @@ out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.
     "hf:flex_attention": Call(
         "transformers' flex_attention_forward", (
             "from transformers.integrations.flex_attention import flex_attention_forward",
-            "from transformers.masking_utils import bidirectional_mask_function, causal_mask_function, "
+            "from transformers.masking_utils import and_masks, bidirectional_mask_function, causal_mask_function, "
             "flex_attention_mask"), '''\
 module = torch.nn.Module()                                  # what flex_attention_forward reads of a Llama layer
 module.num_key_value_groups, module.is_causal, module.training = H // HKV, CAUSAL, False
+mask_function = causal_mask_function if CAUSAL else bidirectional_mask_function    # and a pattern per row (documents):
+mask_function = mask_function if rows is None else and_masks(mask_function, lambda b, h, qi, ki: rows[b, 0, qi - (T - TQ), ki])
 block_mask = flex_attention_mask(batch_size=B, q_length=TQ, kv_length=T, q_offset=T - TQ, kv_offset=0,
-                                 mask_function=causal_mask_function if CAUSAL else bidirectional_mask_function,
-                                 attention_mask=pad)
+                                 mask_function=mask_function, attention_mask=pad)
 out = flex_attention_forward(module, q, k, v, block_mask, scaling=D ** -0.5)[0].transpose(1, 2)''',
         takes="padding", simpler=("flex_compiled_mask",)),
     # what transformers' flex_attention_mask and flex_attention_forward do, in torch alone: the block mask's
@@ -104,9 +105,10 @@ out = flex_attention_forward(module, q, k, v, block_mask, scaling=D ** -0.5)[0].
     "flex_compiled_mask": Call(
         "create_block_mask(_compile=True) and torch.compile(flex_attention)",
         ("from torch.nn.attention.flex_attention import create_block_mask, flex_attention",), '''\
-def mask_mod(b, h, qi, ki):                                 # causal (bottom-right) and key padding, as transformers'
+def mask_mod(b, h, qi, ki):                                 # causal (bottom-right), key padding, documents
     seen = ki <= qi + (T - TQ) if CAUSAL else ki >= 0
-    return seen if pad is None else seen & pad[b, ki]
+    seen = seen if pad is None else seen & pad[b, ki]
+    return seen if rows is None else seen & rows[b, 0, qi, ki]
 block_mask = create_block_mask(mask_mod, B, None, TQ, T, device="cpu", _compile=True)
 out = torch.compile(flex_attention)(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])''',
         takes="padding"),
@@ -141,7 +143,7 @@ def _causal(case: Any) -> str:
     """CAUSAL, and keep &= causal (bottom-right: the last query sees every key) where the cell is causal."""
     if not case.causal:
         return "\nCAUSAL = False"
-    return ("\nCAUSAL = True\ncausal = torch.ones(TQ, T, dtype=torch.bool).tril(T - TQ)            # bottom-right\n"
+    return ("\nCAUSAL, causal = True, torch.ones(TQ, T, dtype=torch.bool).tril(T - TQ)       # bottom-right\n"
             "keep = causal[None, None] if keep is None else keep & causal")
 
 
@@ -168,6 +170,15 @@ def _used(used: list[int], page_size: int | None = None) -> str:
 def _padding(case: Any, tq: int, pools: bool) -> str:
     from ..workload.draws import _valid_lengths
     return _dense(case, tq) + _used(_valid_lengths(case.batch, case.seq_len)) + _causal(case)
+
+
+def _packed(case: Any, tq: int, pools: bool) -> str:
+    from ..workload.packing import packed_documents
+    return (_dense(case, tq) + f"\ndocs = {packed_documents(case.batch, case.seq_len)}          # document lengths per row\n"
+            "owner = torch.tensor([sum(([i] * n for i, n in enumerate(row)), []) + [-1] * (T - sum(row)) for row in docs])\n"
+            "rows = ((owner[:, :, None] == owner[:, None, :]) & (owner[:, :, None] >= 0))[:, None]   # (B, 1, T, T)\n"
+            "pad, keep = None, rows                                        # owner (B, T): each key's document, -1 none"
+            + _causal(case))
 
 
 POOLS = ("\nW = -(-T // page_size)                     # pages per sequence: sequence b's are b*W .. b*W + W-1\n"
@@ -204,12 +215,14 @@ def _edge_lengths(batch: int, tk: int) -> list[int]:
 class Draw:
     """How a scenario's inputs are drawn in a script: `lines(case, q length, pools)` set q, k, v, `keep` (the
     visibility, causal included; None: every key), CAUSAL, and where `padding` is true `pad` (the key padding,
-    (B, T) bool, or None), all a call taking only padding and causal is given (transformers' mask functions);
-    with `pools` the scenario can also give a paged cache (k_pool, v_pool, block_table, used, page_size)."""
+    (B, T) bool, or None) and `rows` (a pattern per row beyond padding and causal, (B, 1, TQ, T) bool, or None:
+    packed documents), all a call taking padding is given (transformers' mask functions); with `pools` the
+    scenario can also give a paged cache (k_pool, v_pool, block_table, used, page_size)."""
 
     lines: Callable[[Any, int, bool], str]
     pools: bool = False
-    padding: bool = True
+    padding: bool = True        # its mask is key padding, causal and `rows` (a pattern per row) alone
+    rows: bool = False          # its lines set `rows` (else a call taking padding is given rows = None)
 
 
 # scenario -> its Draw
@@ -219,6 +232,7 @@ INPUTS: dict[str, Draw] = {
     "padding": Draw(_padding),
     "paged": Draw(_paged(_paged_lengths), pools=True),
     "paged_edges": Draw(_paged(_edge_lengths), pools=True),
+    "packed": Draw(_packed, rows=True),
 }
 
 @dataclasses.dataclass(frozen=True)
@@ -303,7 +317,7 @@ def unsupported(case: Any, check: str, argument: str | None = None, call_name: s
     if call.needs == "paged" and not inputs.pools:
         return f"{name} takes a paged cache; scenario {case.scenario} draws none"
     if call.takes == "padding" and not inputs.padding:
-        return f"{name} takes key padding and causal only; scenario {case.scenario} masks more"
+        return f"{name} takes key padding, causal and a pattern per row only; scenario {case.scenario} masks more"
     if check == "lse_masked_rows" and not call.returns_lse:
         return f"{name} returns no lse"
     if case.device != "cpu":
@@ -329,26 +343,49 @@ def _called(call: Call, check: str, argument: str | None) -> str:
             + "    refused = f\"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}\"\n" + probe.lines + "\n")
 
 
-def minimal_script(case: Any, check: str, *, title: str, versions: str, argument: str | None = None,
-                   call_name: str | None = None) -> str:
-    """The script's text for the (shrunk) cell `case` and `check` with CALLS[call_name] (default: the
-    variant's own; unsupported() must be None)."""
+def _drawn(case: Any, call: Call) -> str:
+    """The lines drawing `case`'s inputs for `call` (a call taking padding gets rows = None where the
+    scenario has no pattern per row)."""
     from ..workload.inputs import SCENARIOS
+    draw = INPUTS[case.scenario]
+    lines = draw.lines(case, SCENARIOS[case.scenario].q_len(case.seq_len), call.needs == "paged")
+    return lines + ("\nrows = None" if call.takes == "padding" and not draw.rows else "") + "\n"
+
+
+def minimal_script(case: Any, check: str, *, title: str, versions: str, argument: str | None = None,
+                   call_name: str | None = None, before: Sequence[Any] = (), part: int | None = None) -> str:
+    """The script's text for the (shrunk) cell `case` and `check` with CALLS[call_name] (default: the
+    variant's own; unsupported() must be None). `before`: cells called first, in order, each as the call
+    does it (a failure that shows only when the function is called again at a new shape, a recompile:
+    a cell of the same call at another length, execute/shrink.py: replays); `part`: script_name's."""
     call = CALLS[call_name or case.variant]
-    tq = SCENARIOS[case.scenario].q_len(case.seq_len)
-    head = (f'"""{title}\n\nThe smallest cell attn-audit found: {case.id}\n{versions}\n'
-            f'Run: python {script_name(check, case.variant)}   (exit 1: the defect shows; 0: it is gone)\n"""\n'
+    first = "".join(f"Called first as {b.id}: the failure shows on the call after it (a recompile).\n"
+                    for b in before)
+    head = (f'"""{title}\n\nThe smallest cell attn-audit found: {case.id}\n{first}{versions}\n'
+            f'Run: python {script_name(check, case.variant, part)}   (exit 1: the defect shows; 0: it is gone)\n"""\n'
             "import os\nimport sys\n\nimport torch\n")
-    parts = [head + "".join(line + "\n" for line in call.imports), CRASH, REFERENCE,
-             "torch.manual_seed(0)\n" + INPUTS[case.scenario].lines(case, tq, call.needs == "paged") + "\n",
-             "ref = attention64(q, k, v, keep)\n" + _called(call, check, argument) + "sys.exit(1 if defect else 0)\n"]
+    compared = check != "cell_failed"       # a call that raises has no output to compare with float64
+    parts = [head + "".join(line + "\n" for line in call.imports), CRASH, *([REFERENCE] if compared else [])]
+    if before:                      # the call once, as a function of the cell's globals, made for each cell
+        returned = "out, lse" if call.returns_lse else "out"
+        parts.append("def attend():                                               # the call, on the cell drawn last\n"
+                     + textwrap.indent(call.lines, "    ") + f"\n    return {returned}\n")
+        shape = "attend()[0].shape" if call.returns_lse else "attend().shape"
+        parts += [_drawn(b, call) + f'print(f"first, at T={{T}}: the call runs, out {{list({shape})}}")\n' for b in before]
+        call = dataclasses.replace(call, lines=f"{returned} = attend()")
+    parts += [_drawn(case, call),
+              ("ref = attention64(q, k, v, keep)\n" if compared else "") + _called(call, check, argument)
+              + "sys.exit(1 if defect else 0)\n"]
+    seeded = len(parts) - 2 - len(before)                  # the first drawing: seeded once for the whole script
+    parts[seeded] = "torch.manual_seed(0)\n" + parts[seeded]
     return "\n".join(parts)
 
 
-def script_name(check: str, variant: str) -> str:
-    """The minimal script's file name in DIR/repro (beside the long script, <check>-<variant>.py)."""
+def script_name(check: str, variant: str, part: int | None = None) -> str:
+    """The minimal script's file name in DIR/repro (beside the long script, <check>-<variant>.py); `part`
+    (2, 3, ...): a finding's other failure (a cell_failed finding whose cells failed in different ways)."""
     from ..core.runfolder import MINIMAL_SUFFIX, file_safe
-    return f"{check}-{file_safe(variant)}{MINIMAL_SUFFIX}"
+    return f"{check}-{file_safe(variant)}{f'-{part}' if part and part > 1 else ''}{MINIMAL_SUFFIX}"
 
 
 def verdict(check: str, argument: str | None = None) -> Verdict:
@@ -358,10 +395,13 @@ def verdict(check: str, argument: str | None = None) -> Verdict:
     return FAILED if check == "cell_failed" else ARGUMENT_PROBES[str(argument)]
 
 
-def title(case: Any, check: str, argument: str | None = None, call_name: str | None = None) -> str:
-    """An upstream report's title: the API called, the defect, where (the scenario, shrunk cell's dtype)."""
+def title(case: Any, check: str, argument: str | None = None, call_name: str | None = None,
+          again: bool = False) -> str:
+    """An upstream report's title: the API called, the defect, where (the scenario, shrunk cell's dtype);
+    `again`: it shows when the function is called again at a new shape (minimal_script's `before`)."""
     api = CALLS[call_name or case.variant].api
-    return f"{api} {verdict(check, argument).headline} ({case.scenario} inputs, {case.dtype}, CPU)"
+    headline = "fails when called again at a new shape (a recompile)" if again else verdict(check, argument).headline
+    return f"{api} {headline} ({case.scenario} inputs, {case.dtype}, CPU)"
 
 
 def calls_to_try(variant: str) -> tuple[str, ...]:
