@@ -18,8 +18,12 @@ DESCRIPTION = ("For each error or warning finding of a run folder about code the
                "check a cell decides by itself, measure smaller cells of the same variant and scenario, one "
                "axis at a time (length, batch, heads, head size, then fp32 for a lower precision, then a compiled "
                "variant's uncompiled twin: flex -> flex_eager), and keep "
-               "the smallest that still shows the finding. Writes DIR/shrunk.jsonl and rebuilds the report; "
-               "each finding's message then names its smallest cell.")
+               "the smallest that still shows the finding. A failed cell's finding is shrunk once per way its "
+               "cells failed; one that failed only after other cells (a recompile) is not shrunk alone. Where the "
+               "code has a call in its own API, each shrunk finding gets DIR/repro/<check>-<variant>-minimal.py "
+               "(torch's or the library's API alone, exit 1 while the defect shows; a recompile's calls the "
+               "same function at another length first) and a report draft beside it. Writes DIR/shrunk.jsonl "
+               "and rebuilds the report; each finding's message then names its smallest cell and script.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
