@@ -18,7 +18,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..core.grid import Case
 from ..core.runfolder import RUN_FILE, SHRUNK_FILE
@@ -193,7 +193,10 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
         # a failure seen only after other cells ran (a recompile) is not shown by its cell alone: its script
         # calls the same function at another length first (replays)
         after_others = finding["check"] == "cell_failed" and bool(first.get("failed_after"))
-        timeout = lambda: MINIMAL_TIMEOUT_S if deadline is None else max(1.0, min(MINIMAL_TIMEOUT_S, deadline - time.time()))  # noqa: E731
+
+        def timeout() -> float:
+            """Seconds left for the minimal script's runs: its own limit, within the run's deadline."""
+            return MINIMAL_TIMEOUT_S if deadline is None else max(1.0, min(MINIMAL_TIMEOUT_S, deadline - time.time()))
         # measured again first, except in the run itself (its records are of this machine, torch and plug-in,
         # and paged_flex's cell costs 11 s of the run's shrinking time on a 2-core AVX2-only EPYC)
         if after_others:    # what a cell alone shows depends on what ran before it here: not shrunk alone
@@ -266,7 +269,7 @@ def replays(record: dict, records: Iterable[dict], most: int = 3) -> list[tuple[
 
 def write_minimal(run_dir: Path, case: Case, finding: dict, env: dict[str, Any],
                   timeout_s: float = MINIMAL_TIMEOUT_S,
-                  replayed: Iterable[tuple[tuple[Case, ...], Case]] = ()) -> dict[str, Any]:
+                  replayed: Sequence[tuple[tuple[Case, ...], Case]] = ()) -> dict[str, Any]:
     """The shrunk cell's minimal script (repro/minimal.py) in DIR/repro, run once here: written with the
     variant's simpler calls first, then its own (repro/minimal.py: calls_to_try), the first that exits 1
     (the defect shows) kept, the others removed; {"minimal": path in DIR, "minimal_report", "minimal_s",
