@@ -213,13 +213,16 @@ def test_a_cell_that_failed_only_after_others_is_replayed_after_the_same_call_at
     short, mid, other_d = _failed(64, "packed"), _failed(128, "packed"), _failed(256, "packed", d_k=64)
     normal = _failed(128, "normal")
     failing = _failed(512, "packed", [short["id"], normal["id"]])
-    got = [([b.id for b in before], then.id) for before, then in replays(failing, [short, mid, other_d, normal, failing])]
+    got = [([b.id for b in before], then.id)
+           for before, then in replays(failing, {r["id"]: r for r in (short, mid, other_d, normal, failing)})]
     assert got == [([short["id"]], failing["id"]), ([mid["id"]], failing["id"])]   # 64 then 512, 128 then 512; the
     # recorded predecessor (64, packed) is the first of them already
     middle = _failed(128, "packed", [normal["id"]])
-    longer = [([b.id for b in before], then.id) for before, then in replays(middle, [middle, failing, normal])]
+    longer = [([b.id for b in before], then.id)
+              for before, then in replays(middle, {r["id"]: r for r in (middle, failing, normal)})]
     assert longer == [([middle["id"]], failing["id"])]                              # 128 first, then 512
-    assert replays(_failed(512, "packed", ["gone"]), [_failed(512, "packed")]) == []
+    alone = _failed(512, "packed", ["gone"])
+    assert replays(alone, {alone["id"]: alone}) == []
 
 
 def test_a_failed_findings_cells_are_shrunk_by_how_they_failed_one_that_failed_alone_first():

@@ -204,7 +204,7 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
                         reason="it failed after other cells of its variant had run (a recompile): its script "
                                "calls the same function at another length first")
             line.update(write_minimal(Path(run_dir), start, dict(finding, **{"from": first["id"]}), env, timeout(),
-                                      replayed=replays(first, records)))
+                                      replayed=replays(first, by_id)))
         elif deadline is None and not shows(start):     # another machine, torch or plug-in: nothing to shrink from
             line.update(id=None, cell=None, tried=1, complete=True,
                         reason="its cell, measured again here, does not show it")
@@ -227,7 +227,7 @@ def failure_kind(reason: Any) -> str:
     compiler's last `error:` line (else the reason), digits dropped (line numbers, hashes, a generated
     variable's index: cur_qSplitSize0 and cur_qSplitSize7 are one failure)."""
     import re
-    text = str(reason or "").strip().splitlines()[0] if str(reason or "").strip() else ""
+    text = (str(reason or "").strip().splitlines() or [""])[0]
     name = text.split(":", 1)[0]
     said = text.rsplit("error:", 1)[1] if "error:" in text else text[len(name) + 1:]
     return f"{name}: {re.sub(r'[0-9]+', '', said).strip()[:120]}"
@@ -250,18 +250,17 @@ def failure_parts(finding: dict, by_id: dict[str, dict]) -> list[dict]:
     return [dict(finding, cells=cells, failure=kind, part=n) for n, (kind, cells) in enumerate(alone_first, 1)]
 
 
-def replays(record: dict, records: Iterable[dict], most: int = 3) -> list[tuple[tuple[Case, ...], Case]]:
+def replays(record: dict, by_id: dict[str, dict], most: int = 3) -> list[tuple[tuple[Case, ...], Case]]:
     """(cells called first, the cell then called) to try where a failed cell's call runs alone: a failure on
     a recompile. The same call at another length the run measured (every other axis the same), the shorter
     first (as a generation loop grows), then the cell its measuring process ran last before it of its own
     scenario (failed_after); at most `most`."""
     cell = Case.from_mapping(record)
     axes = {k: v for k, v in cell.axes().items() if k != "seq_len"}
-    twins = sorted({int(r["seq_len"]) for r in records if r.get("id") != record.get("id")
-                    and {k: r.get(k) for k in axes} == axes and r.get("seq_len") != record.get("seq_len")})
+    twins = sorted({int(r["seq_len"]) for r in by_id.values()
+                    if {k: r.get(k) for k in axes} == axes and r.get("seq_len") != record.get("seq_len")})
     out = [((dataclasses.replace(cell, seq_len=min(t, cell.seq_len)),), dataclasses.replace(cell, seq_len=max(t, cell.seq_len)))
            for t in twins]
-    by_id = {r.get("id"): r for r in records}
     earlier = [by_id[i] for i in (record.get("failed_after") or []) if i in by_id and by_id[i].get("scenario") == cell.scenario]
     out += [((Case.from_mapping(earlier[-1]),), cell)] if earlier else []
     return list(dict.fromkeys(out))[:most]

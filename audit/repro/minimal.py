@@ -359,25 +359,25 @@ def minimal_script(case: Any, check: str, *, title: str, versions: str, argument
     does it (a failure that shows only when the function is called again at a new shape, a recompile:
     a cell of the same call at another length, execute/shrink.py: replays); `part`: script_name's."""
     call = CALLS[call_name or case.variant]
-    first = "".join(f"Called first as {b.id}: the failure shows on the call after it (a recompile).\n"
-                    for b in before)
-    head = (f'"""{title}\n\nThe smallest cell attn-audit found: {case.id}\n{first}{versions}\n'
+    called_first = "".join(f"Called first as {b.id}: the failure shows on the call after it (a recompile).\n"
+                           for b in before)
+    head = (f'"""{title}\n\nThe smallest cell attn-audit found: {case.id}\n{called_first}{versions}\n'
             f'Run: python {script_name(check, case.variant, part)}   (exit 1: the defect shows; 0: it is gone)\n"""\n'
             "import os\nimport sys\n\nimport torch\n")
     compared = check != "cell_failed"       # a call that raises has no output to compare with float64
     parts = [head + "".join(line + "\n" for line in call.imports), CRASH, *([REFERENCE] if compared else [])]
+    earlier: list[str] = []
     if before:                      # the call once, as a function of the cell's globals, made for each cell
         returned = "out, lse" if call.returns_lse else "out"
         parts.append("def attend():                                               # the call, on the cell drawn last\n"
                      + textwrap.indent(call.lines, "    ") + f"\n    return {returned}\n")
         shape = "attend()[0].shape" if call.returns_lse else "attend().shape"
-        parts += [_drawn(b, call) + f'print(f"first, at T={{T}}: the call runs, out {{list({shape})}}")\n' for b in before]
+        earlier = [_drawn(b, call) + f'print(f"first, at T={{T}}: the call runs, out {{list({shape})}}")\n' for b in before]
         call = dataclasses.replace(call, lines=f"{returned} = attend()")
-    parts += [_drawn(case, call),
-              ("ref = attention64(q, k, v, keep)\n" if compared else "") + _called(call, check, argument)
+    drawings = [*earlier, _drawn(case, call)]
+    drawings[0] = "torch.manual_seed(0)\n" + drawings[0]        # seeded once, for the whole script
+    parts += [*drawings, ("ref = attention64(q, k, v, keep)\n" if compared else "") + _called(call, check, argument)
               + "sys.exit(1 if defect else 0)\n"]
-    seeded = len(parts) - 2 - len(before)                  # the first drawing: seeded once for the whole script
-    parts[seeded] = "torch.manual_seed(0)\n" + parts[seeded]
     return "\n".join(parts)
 
 
