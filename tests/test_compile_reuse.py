@@ -1,6 +1,9 @@
 """Compiled code is built once per shapes, dtype, causal flag and mask kind, and reused."""
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from audit.core.grid import Case
 from audit.execute import runner
 from audit.measure.cell import cellcache
@@ -114,9 +117,10 @@ def test_flex_fails_on_a_graph_break_instead_of_running_eagerly(monkeypatch):
         flex(q, k, v, score_mod=breaking_score_mod)
 
 
-def test_the_cache_folder_read_from_the_environment_is_the_one_torch_resolves(tmp_path, monkeypatch):
-    """compile_cache.cache_dir reads TORCHINDUCTOR_CACHE_DIR itself (no import of torch._inductor): a
-    relative path resolves, and the folder is made, as torch's own cache_dir() does."""
+def test_the_cache_folder_is_the_one_torch_resolves(tmp_path, monkeypatch):
+    """compile_cache.cache_dir resolves the folder itself (no import of torch._inductor): from
+    TORCHINDUCTOR_CACHE_DIR, a relative path made absolute, and without it torch's default in the
+    temporary folder; the folder is made, as torch's own cache_dir() does."""
     from torch._inductor.runtime.runtime_utils import cache_dir as torch_cache_dir
     from audit.measure.machine import compile_cache
     monkeypatch.chdir(tmp_path)
@@ -124,4 +128,12 @@ def test_the_cache_folder_read_from_the_environment_is_the_one_torch_resolves(tm
     ours = compile_cache.cache_dir()
     assert ours == str(tmp_path / "relative" / "inductor") and (tmp_path / "relative" / "inductor").is_dir()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "relative/inductor")    # torch's writes the absolute path back
+    assert torch_cache_dir() == ours
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)          # gettempdir() reads TMPDIR again
+    (tmp_path / "tmp").mkdir()
+    ours = compile_cache.cache_dir()
+    assert ours.startswith(str(tmp_path / "tmp")) and Path(ours).is_dir()
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     assert torch_cache_dir() == ours

@@ -30,6 +30,7 @@ Pure Python + numpy + pandas: nothing here imports torch.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Collection, Mapping, Sequence
@@ -150,6 +151,20 @@ class _Walk:
     rows: list[dict] = field(default_factory=list)
 
 
+@dataclass
+class _CellParts:
+    """A cell's prediction that the cells before it do not change (CostModel._cell_parts)."""
+
+    shape: CellShape
+    axes: dict[str, Any]
+    unsupported: str | None            # why the cell is predicted not to run, or None
+    golden_s: float                    # its input set's golden, if built
+    t_f: float = 0.0                   # one forward call
+    t_fb: float = 0.0                  # one forward and backward (0: none)
+    too_slow: bool = False             # over the per-cell limit
+    phases: dict[str, float] = field(default_factory=dict)   # warmup, numerics, timed, energy (ok cells)
+
+
 class CostModel:
     """Per-call times and per-phase constants; predict() walks a grid in run order.
 
@@ -159,6 +174,7 @@ class CostModel:
     def __init__(self, params: Params | None = None, host: float = 1.0) -> None:
         self.params = params or load_priors()
         self.host = host
+        self._parts: dict[tuple, tuple[Any, _CellParts]] = {}   # _cell_parts' memo: (key, (its ceilings, parts))
 
     def _call_factors(self, dev: str, variant: str, dtype: str, pass_: str) -> np.ndarray:
         """Fitted for this dtype, else for the variant's other dtypes, else the family default."""
@@ -216,6 +232,40 @@ class CostModel:
         _amortize(walk.rows, walk.memberships, walk.paid)
         return pd.DataFrame(walk.rows, columns=columns)
 
+    def _cell_parts(self, case: Case, settings: Settings, ceil: Mapping[str, Any] | None) -> "_CellParts":
+        """What a cell costs whatever ran before it: its shape, its calls' times, its own phases, its
+        golden if built. Kept per model (case, settings and the ceilings' object: they and the model's
+        params and host factor decide it): the budget's bisection predicts the same cells some thirty
+        times (a cpu-preset dry run spent 8.6 of its 11 s walking them again)."""
+        key = (case, settings, id(ceil))
+        hit = self._parts.get(key)
+        if hit is not None and hit[0] is ceil:
+            return hit[1]
+        shape = CellShape.of(case)
+        dev = device_type(case.device)
+        unsupported = predicted_unsupported(case, shape)
+        parts = _CellParts(shape=shape, axes=case.axes(), unsupported=unsupported,
+                           golden_s=self._golden_s(shape, settings))
+        if not unsupported:
+            t_f = self.call_s(shape, "fwd", ceil)
+            backward = not (case.variant in NO_CPU_BACKWARD and dev == "cpu") and not paged_call(case)
+            t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
+            n_timed = settings.min_samples + 1
+            limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s
+            too_slow = t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s or (t_f + t_fb) * n_timed > limit_s
+            parts = dataclasses.replace(parts, t_f=t_f, t_fb=t_fb, too_slow=too_slow)
+            if too_slow:
+                parts.phases["warmup"] = 2 * t_f + (2 * t_fb if t_f * 3.5 * n_timed <= limit_s else 0)
+            else:
+                parts.phases["warmup"] = self._warmup_s(dev, settings, t_f, t_fb)
+                parts.phases["numerics"] = self._numerics_s(shape, settings, t_f, t_fb)
+                if settings.invariance and not self.params.checks_call.get(dev):   # (fitted: in checks_calls)
+                    batch, chunk = invariance_applies(case)
+                    parts.phases["numerics"] += (t_f / case.batch if batch else 0.0) + (t_f if chunk else 0.0)
+                parts.phases["timed"], parts.phases["energy"] = self._timed_and_energy_s(case, settings, t_f, t_fb)
+        self._parts[key] = (ceil, parts)
+        return parts
+
     def _cell_row(self, case: Case, settings: Settings, ceil: Mapping[str, Any] | None, free: int | None,
                   walk: "_Walk") -> dict[str, Any]:
         """One cell's row, after the cells before it in `walk`: the shared costs it is the first to
@@ -224,7 +274,8 @@ class CostModel:
         free: its device's free bytes (None: unknown)."""
         from .memory_model import too_big
 
-        shape = CellShape.of(case)
+        parts = self._cell_parts(case, settings, ceil)
+        shape = parts.shape
         dev = device_type(case.device)
         phases = dict.fromkeys(PHASES, 0.0)
         phases["setup"] = self._const("cell_s", dev, 0.05)
@@ -237,30 +288,25 @@ class CostModel:
         oom = too_big(case, shape.q_len, free)
         if oom:
             phases["setup"] += shared
-            return self._row(case, "oom", oom, phases, shared_s=shared)
+            return self._row(parts, "oom", oom, phases, shared_s=shared)
         if (dev, case.variant) not in walk.seen_variants:
             walk.seen_variants.add((dev, case.variant))
             shared += walk.paid.setdefault(groups[1], self._const("init_s", f"{dev}|{case.variant}", 0.0))
         if case.input_key != walk.previous_key and not declared_refusal(case):   # (refused first: no inputs drawn)
             walk.previous_key = case.input_key
-            phases["golden"] += self._golden_or_read_s(shape, settings, walk)
+            phases["golden"] += self._golden_or_read_s(shape, settings, walk, parts.golden_s)
             walk.paid[groups[2]] = walk.paid.get(groups[2], 0.0) + phases["golden"]
-        unsupported = predicted_unsupported(case, shape)
-        if unsupported:
+        if parts.unsupported:
             phases["setup"] = self._const("skip_s", dev, 0.002) + shared
-            return self._row(case, "skipped", unsupported, phases, shared_s=shared + phases["golden"])
-        t_f = self.call_s(shape, "fwd", ceil)
-        backward = not (case.variant in NO_CPU_BACKWARD and dev == "cpu") and not paged_call(case)
-        t_fb = self.call_s(shape, "fwd_bwd", ceil) if backward else 0.0
+            return self._row(parts, "skipped", parts.unsupported, phases, shared_s=shared + phases["golden"])
+        t_f, t_fb = parts.t_f, parts.t_fb
         if case.variant in COMPILED_VARIANTS:
             phases["compile"] = self._compiles(shape, settings, groups, walk)
             shared += phases["compile"]
-        n_timed = settings.min_samples + 1
-        limit_s = math.inf if settings.max_cell_s is None else settings.max_cell_s
-        if t_f * (1 + BACKWARD_FLOP_FACTOR) * n_timed > limit_s or (t_f + t_fb) * n_timed > limit_s:
-            phases["warmup"] = 2 * t_f + (2 * t_fb if t_f * 3.5 * n_timed <= limit_s else 0)
+        if parts.too_slow:
+            phases["warmup"] = parts.phases["warmup"]
             phases["setup"] += shared - phases["compile"]
-            return self._row(case, "skipped", TOO_SLOW, phases, t_f, t_fb, shared_s=shared + phases["golden"])
+            return self._row(parts, "skipped", TOO_SLOW, phases, t_f, t_fb, shared_s=shared + phases["golden"])
         config = cudnn_config(shape)
         if config is not None:
             groups.append(("cudnn", config))
@@ -268,13 +314,8 @@ class CostModel:
             walk.cudnn_configs.add(config)
             shared += walk.paid.setdefault(groups[-1], self._const("cudnn_config_s", dev, 0.0))
         phases["setup"] += shared - phases["compile"]
-        phases["warmup"] = self._warmup_s(dev, settings, t_f, t_fb)
-        phases["numerics"] = self._numerics_s(shape, settings, t_f, t_fb)
-        if settings.invariance and not self.params.checks_call.get(dev):   # (fitted: in checks_calls)
-            batch, chunk = invariance_applies(case)
-            phases["numerics"] += (t_f / case.batch if batch else 0.0) + (t_f if chunk else 0.0)
-        phases["timed"], phases["energy"] = self._timed_and_energy_s(case, settings, t_f, t_fb)
-        return self._row(case, "ok", None, phases, t_f, t_fb, shared_s=shared + phases["golden"])
+        phases.update(parts.phases)
+        return self._row(parts, "ok", None, phases, t_f, t_fb, shared_s=shared + phases["golden"])
 
     def _warm_ratio(self, dev: str, variant: str) -> float:
         """A compile read from Inductor's cache over one built anew: a warm cell's argument probes (cached
@@ -388,11 +429,11 @@ class CostModel:
                         + flops / BACKWARD_FLOP_FACTOR / self._const("golden_flops_per_s", dev, 1e10))
         return seconds
 
-    def _golden_or_read_s(self, shape: CellShape, settings: Settings, walk: "_Walk") -> float:
+    def _golden_or_read_s(self, shape: CellShape, settings: Settings, walk: "_Walk", build: float) -> float:
         """An input set's reference: read back from the golden store where it holds it (an earlier run
-        stored it, or this run did when it first built it and it was worth keeping), else built."""
+        stored it, or this run did when it first built it and it was worth keeping), else built in
+        `build` seconds (_golden_s)."""
         case = shape.case
-        build = self._golden_s(shape, settings)
         if settings.golden_store:
             from ..measure.golden.golden_store import read_s, reference_bytes, worth_storing
             n, _flops, _chunks = golden_cost_inputs(shape, settings)
@@ -415,7 +456,7 @@ class CostModel:
                 + flops / self._const("golden_flops_per_s", dev, 1e10))
 
     @staticmethod
-    def _row(case: Case, status: str, reason: str | None, phases: dict[str, float],
+    def _row(parts: "_CellParts", status: str, reason: str | None, phases: dict[str, float],
              t_f: float | None = None, t_fb: float | None = None, shared_s: float = 0.0) -> dict[str, Any]:
         """shared_s: the part of total_s that the cell pays for others too (start-up, a
         backend's first use, its input set's golden, compiled code it shares); amortized_s,
@@ -423,7 +464,6 @@ class CostModel:
         in (what the budget ranks cells by: a cell alone with its compile carries it all);
         shares, set after the walk: ((group, seconds), ...) of those shared costs, whole (what
         the budget's coverage adds up, each group once)."""
-        axes = case.axes()
-        return {"id": case.id, **axes, "status": status, "reason": reason,
+        return {"id": parts.shape.case.id, **parts.axes, "status": status, "reason": reason,
                 "fwd_s": t_f, "fwd_bwd_s": t_fb, **phases, "total_s": sum(phases.values()),
                 "shared_s": shared_s}

@@ -21,21 +21,31 @@ LOCKS = "locks"        # Inductor's lock files: touched by hits too
 
 
 def cache_dir() -> str | None:
-    """Inductor's cache folder as this process resolves it (None without Inductor).
+    """Inductor's cache folder as this process resolves it (None without torch).
 
-    Where TORCHINDUCTOR_CACHE_DIR is set, torch's own cache_dir() is that path made absolute (and
-    the folder made): read here without importing torch._inductor, whose package import took 1 s of
-    every run's start in the process that writes run.json (a run that compiles nothing in it)."""
+    torch's own (torch._inductor.runtime.cache_dir_utils.cache_dir): TORCHINDUCTOR_CACHE_DIR made
+    absolute, else torchinductor_<user> in the temporary folder, the folder made. Read here without
+    importing torch._inductor, whose package import took 1-2 s of every run's start in the process
+    that writes run.json and of every dry-run's plan (neither compiles anything);
+    tests/test_compile_reuse.py holds it equal to torch's."""
+    import getpass
+    import re
+    import tempfile
+    from importlib.util import find_spec
+
     given = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if given:
-        folder = os.path.abspath(given)
-        os.makedirs(folder, exist_ok=True)
-        return folder
-    try:
-        from torch._inductor.runtime.runtime_utils import cache_dir as inductor_cache_dir
-    except ImportError:
-        return None
-    return str(inductor_cache_dir())
+    if not given:
+        if find_spec("torch") is None:
+            return None
+        try:
+            user = getpass.getuser()
+        except (KeyError, ModuleNotFoundError, OSError):
+            getuid = getattr(os, "getuid", None)
+            user = f"uid_{getuid()}" if callable(getuid) else "unknown_user"
+        given = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    folder = os.path.abspath(given)
+    os.makedirs(folder, exist_ok=True)
+    return folder
 
 
 def _roots() -> list[str]:
