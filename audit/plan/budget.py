@@ -112,7 +112,7 @@ def merge_state_sets(preset: Any) -> int:
     return (1 + len(getattr(preset, "merge_parts", ()))) if getattr(preset, "merges", ()) else 0
 
 def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: float | None,
-           repredict: Callable[[list[str]], Any] | None = None) -> Selection:
+           repredict: Callable[[list[str]], Any] | None = None, memo: dict | None = None) -> Selection:
     """The cells to skip so the predicted total fits `budget_s - reserve_s`, tier by tier.
 
     pred: costmodel prediction (rows in run order; total_s; shared_s, the part a cell pays for
@@ -122,12 +122,18 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     of the tier that costs no more fits the budget when predicted again (`repredict`: a skipped
     cell's shared costs move to the next cell, or vanish with its input set). A cell left alone
     in its input set that would not be measured anyway (a backend that cannot run it) is skipped
-    with them, since it would still pay for the set's inputs and golden.
+    with them, since it would still pay for the set's inputs and golden. memo: kept between calls on the
+    same prediction (a plan chooses up to four times): the tiers of the cells it keeps.
     """
     rows = pred.to_dict("records")          # plain dicts: a Series per row cost seconds on 2000 cells
     skip = _too_slow(rows, budget_s, max_cell_s)
     kept_pred = pred[~pred["id"].isin(list(skip))]
-    tier, coverage, level_of = prioritized_tiers(kept_pred)
+    memo = {} if memo is None else memo
+    key = ("tiers", id(pred), frozenset(skip))
+    if key not in memo:
+        memo[key] = prioritized_tiers(kept_pred)
+    tier, coverage, level_of = memo[key]
+    tier = dict(tier)
     kept_rows = [r for r in rows if r["id"] not in skip]
     kinds = {row["id"]: coverage_kind(row) or f"{row['variant']} (self-check)" for row in kept_rows}
     room = (budget_s if budget_s is not None else math.inf) - reserve_s
@@ -308,8 +314,10 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     spent_s = None if now_unix is None else max(0.0, now_unix - started_unix)
     shrink_s = shrink_seconds(getattr(preset, "shrink_s", 0.0),
                               any(has_upstream(v) for v in dict.fromkeys(c.variant for c in cases)), host)
+    memo: dict = {}                     # what choose() works out once for this forecast
     plan, per_dtype_whole = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix,
-                                  measured=measured, host=host, model_s=model_s, spent_s=spent_s, shrink_s=shrink_s)
+                                  measured=measured, host=host, model_s=model_s, spent_s=spent_s, shrink_s=shrink_s,
+                                  memo=memo)
     if budget_s is not None and model_s and not per_dtype_whole:
         # the model audit comes after a cell of every real variant per dtype (tier 0's first two priority
         # levels), before the rest: where those do not all fit with it, it is left out (a record in
@@ -317,7 +325,7 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
         reason = (f"over the budget: the {format_duration(budget_s)} budget (--budget) does not hold the model audit "
                   f"(predicted {model_s:.1f} s) after a cell of every real variant per dtype")
         plan, _ = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix, measured=measured,
-                        host=host, model_s=0.0, spent_s=spent_s, shrink_s=shrink_s)
+                        host=host, model_s=0.0, spent_s=spent_s, shrink_s=shrink_s, memo=memo)
         plan.model_audit_skip = reason
     from .costmodel import CostModel
     from .settings import Settings
@@ -329,7 +337,7 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
 
 def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float | None, started_unix: float,
           measured: bool, host: float, model_s: float, spent_s: float | None = None,
-          shrink_s: float = 0.0) -> tuple[Plan, bool]:
+          shrink_s: float = 0.0, memo: dict | None = None) -> tuple[Plan, bool]:
     """plan_run's plan with a model audit of model_s seconds (this host's) and shrink_s of shrinking after the
     cells (0: none), and whether it keeps a cell of every real variant per dtype (Selection.per_dtype)."""
     from .costmodel import CostModel
@@ -342,7 +350,7 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
     before, after = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
                                ceilings_s=preset.ceilings_s, host=host)
     by_id = {c.id: c for c in cases}
-    model = CostModel(forecast.params, host=forecast.host)
+    model = forecast.model or CostModel(forecast.params, host=forecast.host)
 
     def repredict(ids: list[str]) -> Any:
         return model.predict([by_id[i] for i in ids], Settings.of_preset(preset), forecast.ceilings,
@@ -350,8 +358,9 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
 
     # The report grows with the cells kept: plan against the report of every cell, then once more
     # against the report of the cells that first plan kept (a little more room, never less).
+    memo = {} if memo is None else memo
     chosen = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after, max_cell_s=preset.max_cell_s,
-                    repredict=repredict)
+                    repredict=repredict, memo=memo)
     kept_n = len(forecast.pred) - len(chosen.skip)
     before_kept, _ = overhead_s(forecast.pred, forecast.params, ceilings_measured=measured,
                                 ceilings_s=preset.ceilings_s, host=host, kept=kept_n)
@@ -359,7 +368,7 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
     if budget_s is not None and before_kept + after_kept < before + after:
         before = before_kept
         chosen = choose(forecast.pred, budget_s=budget_s, reserve_s=before + after_kept,
-                        max_cell_s=preset.max_cell_s, repredict=repredict)
+                        max_cell_s=preset.max_cell_s, repredict=repredict, memo=memo)
     skip = chosen.skip
 
     def reserve(kept_ids: Any) -> tuple[float, float]:

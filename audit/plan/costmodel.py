@@ -159,6 +159,7 @@ class _CellParts:
     axes: dict[str, Any]
     unsupported: str | None            # why the cell is predicted not to run, or None
     golden_s: float                    # its input set's golden, if built
+    oom: str | None                    # why it cannot fit in the device's free memory, or None
     t_f: float = 0.0                   # one forward call
     t_fb: float = 0.0                  # one forward and backward (0: none)
     too_slow: bool = False             # over the per-cell limit
@@ -232,12 +233,15 @@ class CostModel:
         _amortize(walk.rows, walk.memberships, walk.paid)
         return pd.DataFrame(walk.rows, columns=columns)
 
-    def _cell_parts(self, case: Case, settings: Settings, ceil: Mapping[str, Any] | None) -> "_CellParts":
+    def _cell_parts(self, case: Case, settings: Settings, ceil: Mapping[str, Any] | None,
+                    free: int | None) -> "_CellParts":
         """What a cell costs whatever ran before it: its shape, its calls' times, its own phases, its
-        golden if built. Kept per model (case, settings and the ceilings' object: they and the model's
-        params and host factor decide it): the budget's bisection predicts the same cells some thirty
+        golden if built, whether it fits in `free` bytes. Kept per model (case, settings, free bytes and
+        the ceilings' object: they and the model's params and host factor decide it): the budget's bisection predicts the same cells some thirty
         times (a cpu-preset dry run spent 8.6 of its 11 s walking them again)."""
-        key = (case, settings, id(ceil))
+        from .memory_model import too_big
+
+        key = (case, settings, id(ceil), free)
         hit = self._parts.get(key)
         if hit is not None and hit[0] is ceil:
             return hit[1]
@@ -245,7 +249,7 @@ class CostModel:
         dev = device_type(case.device)
         unsupported = predicted_unsupported(case, shape)
         parts = _CellParts(shape=shape, axes=case.axes(), unsupported=unsupported,
-                           golden_s=self._golden_s(shape, settings))
+                           golden_s=self._golden_s(shape, settings), oom=too_big(case, shape.q_len, free))
         if not unsupported:
             t_f = self.call_s(shape, "fwd", ceil)
             backward = not (case.variant in NO_CPU_BACKWARD and dev == "cpu") and not paged_call(case)
@@ -272,9 +276,7 @@ class CostModel:
         need (the device's start-up, the variant's initialization, its input set's golden, compiles,
         a cuDNN configuration) are its own, and paid into the walk. ceil: its device's ceilings;
         free: its device's free bytes (None: unknown)."""
-        from .memory_model import too_big
-
-        parts = self._cell_parts(case, settings, ceil)
+        parts = self._cell_parts(case, settings, ceil, free)
         shape = parts.shape
         dev = device_type(case.device)
         phases = dict.fromkeys(PHASES, 0.0)
@@ -285,7 +287,7 @@ class CostModel:
         if dev not in walk.started:
             walk.started.add(dev)
             shared += walk.paid.setdefault(groups[0], self._const("run_start_s", dev, 0.0))
-        oom = too_big(case, shape.q_len, free)
+        oom = parts.oom
         if oom:
             phases["setup"] += shared
             return self._row(parts, "oom", oom, phases, shared_s=shared)

@@ -136,6 +136,7 @@ class Forecast:
     warm_compiles: set[tuple]      # compiles predicted to hit Inductor's cache (warm_compiles)
     stored_goldens: set[tuple] = frozenset()   # input keys whose reference the golden store holds
     host: float = 1.0              # this host's factor (plan.overhead.host_factor): host-bound constants scale
+    model: Any = None              # the CostModel that predicted `pred`: predicting again reuses its cells' own costs
 
 
 def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
@@ -199,8 +200,9 @@ def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
     host = host_factor(ceilings)
     if host != 1.0:
         notes.append(f"this host does the audit's own work at {host:.2f}x the reference host's time (host probe)")
-    pred = CostModel(params, host=host).predict(cases, Settings.of_preset(preset), ceilings, free, warm, stored)
-    return Forecast(pred, notes, params, ceilings, free, not info.get("ceilings"), warm, stored, host)
+    model = CostModel(params, host=host)
+    pred = model.predict(cases, Settings.of_preset(preset), ceilings, free, warm, stored)
+    return Forecast(pred, notes, params, ceilings, free, not info.get("ceilings"), warm, stored, host, model)
 
 
 def stored_goldens(cases: Sequence[Case], devices: Sequence[str]) -> set[tuple]:

@@ -90,7 +90,7 @@ def write_merge_repro_scripts(run_dir: str | Path) -> list[dict]:
         return []
     findings = json.loads(path.read_text())
     by_id = {r.get("id"): r for r in read_merge_records(run_dir)}
-    merges = builtin_merges(torch_merge=any(f.get("variant") == TORCH_MERGE for f in findings))
+    merges = builtin_merges(torch_merge="measured" if any(f.get("variant") == TORCH_MERGE for f in findings) else False)
     splits = {s.name: s for s in SPLITS + EDGES}
     for finding in findings:
         finding.pop("repro", None)

@@ -23,12 +23,14 @@ def merge_names() -> tuple[str, ...]:
     return ("reference", TORCH_MERGE) + tuple(CONTROL_PREFIX + name for name in MERGE_MISTAKES)
 
 
-def builtin_merges(torch_merge: bool = True) -> dict[str, MergeFunction]:
+def builtin_merges(torch_merge: bool | str = True) -> dict[str, MergeFunction]:
     """Every built-in merge function by name, the reference first. torch_merge=False leaves torch's
-    out: finding out whether this torch has it imports torch.distributed (1.5-2.5 s on 2 cores)."""
+    out: finding out whether this torch has it imports torch.distributed (1.5-2.5 s on 2 cores, and torch
+    itself in a process without it); "measured": the caller knows it is there (a run measured it: its
+    finding's script names it by its API), so it is not looked up."""
     found = {"reference": MergeFunction("reference", reference_pairs, description="the audit's own float64 merge "
                                         "(merge_partials): reads -inf and +inf as an empty part")}
-    if torch_merge and torch_merger_available() is None:
+    if torch_merge == "measured" or (torch_merge and torch_merger_available() is None):
         found[TORCH_MERGE] = MergeFunction(
             TORCH_MERGE, torch_context_parallel_merger, "stateful",
             description="torch's _SDPAMerger (context_parallel's ring attention), fp32, as it ships",
