@@ -171,6 +171,10 @@ class Embedder:
         """The definitions added between two marks, dependencies first."""
         return "\n\n\n".join(chunk.rstrip("\n") for chunk in self._chunks[start:end])
 
+    def chunks(self) -> list[str]:
+        """Every definition added so far, each a whole top-level statement (or several)."""
+        return list(self._chunks)
+
     def import_lines(self) -> list[str]:
         return list(self.imports)
 
