@@ -77,6 +77,29 @@ def test_a_script_is_kept_where_it_exits_1_and_removed_with_the_reason_where_it_
     assert not (tmp_path / "repro" / "nonfinite-sdpa-minimal.py").exists()
 
 
+def test_a_gradient_budget_script_exits_1_on_the_cpu_flash_backward_and_0_on_the_same_math(tmp_path):
+    """A grad_error_budget finding of SDPA (its CPU flash backward recomputes P from the log-sum-exp: at
+    logits 64x those of N(0, 1) inputs dv carries tens of times the error of the same math written out in
+    fp32) gets a script that exits 1, the gradients' ratios printed; with the math backend, the same math,
+    the script exits 0 and is removed. The budget is the audit's for the dtype, written into the script."""
+    from audit.execute.shrink import write_minimal
+    from audit.measure.machine.environment import environment
+    env = environment()
+    large = Case("sdpa", "cpu", "fp32", 8, 16, 1, 1, True, "scaled_x64")
+    kept = write_minimal(tmp_path, large,
+                         {"check": "grad_error_budget", "variant": "sdpa", "from": "x"}, env)
+    assert kept["minimal"] == "repro/grad_error_budget-sdpa-minimal.py", kept
+    text = (tmp_path / kept["minimal"]).read_text()
+    assert "FACTOR, ATOL = 2.0, 1e-06" in text and "q = q * 64" in text
+    assert kept["minimal_says"].startswith("dv: RMSE") and "the same math's in torch.float32" in kept["minimal_says"]
+    same_math = Case("sdpa_math", "cpu", "fp32", 8, 16, 1, 1, True, "scaled_x64")
+    gone = write_minimal(tmp_path, same_math, {"check": "grad_error_budget", "variant": "sdpa_math", "from": "y"}, env)
+    assert "exits 0 here, not 1" in gone["minimal_reason"], gone
+    assert not (tmp_path / "repro" / "grad_error_budget-sdpa_math-minimal.py").exists()
+    assert "has no backward on the CPU" in unsupported(Case("paged_flex", "cpu", "fp32", 8, 32, 1, 2, False, "paged"),
+                                            "grad_error_budget")
+
+
 def test_a_report_draft_has_a_title_naming_the_api_the_script_and_expected_against_actual():
     from audit.repro.minimal import title, upstream_draft
     case = Case("flash_op", "cpu", "fp32", 8, 16, 1, 1, False, "fully_masked_bool")

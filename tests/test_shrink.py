@@ -264,3 +264,16 @@ def test_a_finding_with_two_failures_names_each_and_its_script():
     assert got["minimal"] == "repro/x-minimal.py" and got["smallest"]["part"] == 1
     [alone] = with_smallest_cells([dict(finding)], {("cell_failed", "v"): lines[:1]})
     assert "Failure 1" not in alone["message"] and "Smallest failing cell: a-small" in alone["message"]
+
+
+def test_the_search_starts_from_a_cell_a_minimal_script_can_draw():
+    """Of a finding's cells alike, one whose scenario a minimal script draws (fp16_range has no plain-torch
+    draw, scaled_x64 has); a larger drawable cell before a smaller one that is not (the search makes it
+    small); of a failure, a cell that failed alone before one that failed after others."""
+    from audit.execute.shrink import start_cell
+    cell = dict(seq_len=64, batch=1, heads=2, d_k=32)
+    assert start_cell([dict(cell, scenario="fp16_range"), dict(cell, scenario="scaled_x64")])["scenario"] == "scaled_x64"
+    assert start_cell([dict(cell, scenario="fp16_range", seq_len=16), dict(cell, scenario="normal")])["scenario"] == "normal"
+    assert start_cell([dict(cell, scenario="normal", seq_len=16), dict(cell, scenario="normal")])["seq_len"] == 16
+    assert start_cell([dict(cell, scenario="normal", failed_after=["x"]), dict(cell, scenario="fp16_range")])[
+        "scenario"] == "fp16_range"

@@ -120,6 +120,15 @@ def _hung_or_died(record: dict) -> bool:
     return record.get("status") == "timeout" or "measuring process died" in str(record.get("reason") or "")
 
 
+def start_cell(cells: Sequence[dict]) -> dict:
+    """The record a finding's search starts from: of a failure, a cell that failed alone (one that failed after
+    others may need them first); then one whose scenario a minimal script draws (repro/minimal.py: INPUTS;
+    the search makes it small: sdpa's gradient finding on equal cells of fp16_range, low_lse and scaled_x64
+    started from fp16_range, which no script draws); then the smallest."""
+    from ..repro.minimal import INPUTS
+    return min(cells, key=lambda r: (bool(r.get("failed_after")), r.get("scenario") not in INPUTS, _cell_size(r)))
+
+
 def _cell_size(record: dict) -> int:
     return int(record["seq_len"]) * int(record["batch"]) * int(record["heads"]) * int(record["d_k"])
 
@@ -167,8 +176,7 @@ def shrink_run(run_dir: Path, preset: Preset, env: dict[str, Any], seconds: floa
         cells = [by_id[i] for i in finding["cells"] if i in by_id]
         if not cells:
             continue
-        # the smallest cell; of a failure, one that failed alone first (one after others may need them)
-        first = min(cells, key=lambda r: (bool(r.get("failed_after")), _cell_size(r)))
+        first = start_cell(cells)
         left = None if deadline is None else deadline - time.time()
         unshrunk = {"check": finding["check"], "variant": finding["variant"], "from": first["id"], "id": None,
                     "cell": None, "tried": 0, "complete": False, "seconds": 0.0}

@@ -59,6 +59,7 @@ class Call:
     # calls with fewer libraries or layers tried first (keys of CALLS): the first whose script shows the
     # defect is the minimal one (transformers' flex path -> torch's compiled create_block_mask alone)
     simpler: tuple[str, ...] = ()
+    backward: bool = True       # it has a backward on the CPU (compiled FlexAttention: forward only)
 
 
 def _sdpa(backend: str | None) -> Call:
@@ -82,7 +83,7 @@ out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, a
 mask_mod = (lambda b, h, qi, ki: qi >= 0) if keep is None else (lambda b, h, qi, ki: keep[b % keep.shape[0], 0, qi, ki])
 block_mask = create_block_mask(mask_mod, q.shape[0], None, q.shape[2], k.shape[2], device="cpu")
 out = torch.compile(flex_attention, fullgraph=True)(q, k, v, block_mask=block_mask,
-                                                    enable_gqa=k.shape[1] != q.shape[1])'''),
+                                                    enable_gqa=k.shape[1] != q.shape[1])''', backward=False),
     "flex_eager": Call("flex_attention", ("from torch.nn.attention.flex_attention import create_block_mask, flex_attention",), '''\
 mask_mod = (lambda b, h, qi, ki: qi >= 0) if keep is None else (lambda b, h, qi, ki: keep[b % keep.shape[0], 0, qi, ki])
 block_mask = create_block_mask(mask_mod, q.shape[0], None, q.shape[2], k.shape[2], device="cpu")
@@ -99,7 +100,7 @@ mask_function = mask_function if rows is None else and_masks(mask_function, lamb
 block_mask = flex_attention_mask(batch_size=B, q_length=TQ, kv_length=T, q_offset=T - TQ, kv_offset=0,
                                  mask_function=mask_function, attention_mask=pad)
 out = flex_attention_forward(module, q, k, v, block_mask, scaling=D ** -0.5)[0].transpose(1, 2)''',
-        takes="padding", simpler=("flex_compiled_mask",)),
+        takes="padding", simpler=("flex_compiled_mask",), backward=False),
     # what transformers' flex_attention_mask and flex_attention_forward do, in torch alone: the block mask's
     # mask_mod compiled (create_block_mask(_compile=True)), then compiled flex_attention
     "flex_compiled_mask": Call(
@@ -111,7 +112,7 @@ def mask_mod(b, h, qi, ki):                                 # causal (bottom-rig
     return seen if rows is None else seen & rows[b, 0, qi, ki]
 block_mask = create_block_mask(mask_mod, B, None, TQ, T, device="cpu", _compile=True)
 out = torch.compile(flex_attention)(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])''',
-        takes="padding"),
+        takes="padding", backward=False),
     "paged_flex": Call("PagedAttention over torch.compile(flex_attention)", ("from torch.nn.attention.experimental._paged_attention import PagedAttention",
                         "from torch.nn.attention.flex_attention import create_block_mask, flex_attention"), '''\
 B, width = block_table.shape
@@ -121,7 +122,8 @@ paged.physical_to_logical[torch.arange(B)[:, None], block_table] = torch.arange(
 logical = create_block_mask(lambda b, h, qi, ki: ki < used[b], B, None, q.shape[2], width * page_size,
                             device="cpu", BLOCK_SIZE=(128, page_size))
 out = torch.compile(flex_attention, fullgraph=True)(
-    q, k_pool, v_pool, block_mask=paged.convert_logical_block_mask(logical, kv_len=used))''', needs="paged"),
+    q, k_pool, v_pool, block_mask=paged.convert_logical_block_mask(logical, kv_len=used))''', needs="paged",
+                       backward=False),
 }
 
 
@@ -149,6 +151,13 @@ def _causal(case: Any) -> str:
 
 def _normal(case: Any, tq: int, pools: bool) -> str:
     return _dense(case, tq) + "\npad = keep = None" + _causal(case)
+
+
+def _scaled(alpha: int) -> Callable[[Any, int, bool], str]:
+    def lines(case: Any, tq: int, pools: bool) -> str:
+        return (_dense(case, tq) + f"\nq = q * {alpha}                                  # logits about {alpha}x those of "
+                "N(0, 1) inputs\npad = keep = None" + _causal(case))
+    return lines
 
 
 def _fully_masked(case: Any, tq: int, pools: bool) -> str:
@@ -228,6 +237,7 @@ class Draw:
 # scenario -> its Draw
 INPUTS: dict[str, Draw] = {
     "normal": Draw(_normal),
+    **{f"scaled_x{a}": Draw(_scaled(a)) for a in (4, 16, 64)},
     "fully_masked_bool": Draw(_fully_masked, padding=False),
     "padding": Draw(_padding),
     "paged": Draw(_paged(_paged_lengths), pools=True),
@@ -245,6 +255,8 @@ class Verdict:
     expected: str
     headline: str
     before: str = ""
+    budget: bool = False        # its lines read FACTOR and ATOL: the budget's for the cell's dtype (core/dtypes.py)
+    grads: bool = False         # it needs the inputs' gradients: a call with a backward (dense inputs)
 
 
 # check -> its Verdict
@@ -268,6 +280,26 @@ print(f"lse on the {int(empty.sum())} rows that see no key: {sorted(set(lse[empt
                                "an lse of -inf on rows that see no key: what a merge of partial results reads as an "
                                "empty part (FlashAttention-2 returns +inf)",
                                "returns a finite lse on rows that see no key"),
+    "grad_error_budget": Verdict('''\
+def written_out(q, k, v, keep):                             # the same math, by hand, in q's dtype: the yardstick
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    return torch.softmax(s if keep is None else s.masked_fill(~keep, float("-inf")), dim=-1).nan_to_num(0.0) @ v
+def grads(f, *inputs):
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    return torch.autograd.grad(f(*inputs, keep), inputs, g.to(inputs[0].dtype))
+g = torch.randn(out.shape, dtype=torch.float64)             # the upstream gradient
+got = torch.autograd.grad(out, (q, k, v), g.to(out.dtype))
+want, yard = grads(attention64, q.double(), k.double(), v.double()), grads(written_out, q, k, v)
+rmse = [[(x.double() - w).pow(2).mean().sqrt().item() for x in (a, b)] for a, w, b in zip(got, want, yard)]
+for name, (err, base) in zip(("dq", "dk", "dv"), rmse):
+    print(f"{name}: RMSE {err:.3g} against float64, {err / base:.3g}x the same math's in {q.dtype} ({base:.3g}); budget {FACTOR:g}x + {ATOL:g}")
+defect = any(err > FACTOR * base + ATOL for err, base in rmse)''',
+                                 "gradients within 2x the error of attention written out by hand in the same dtype "
+                                 "(their RMSE against float64 autograd, plus the dtype's atol)",
+                                 "computes gradients with many times the error of attention written out in the same "
+                                 "dtype", before="q, k, v = (t.requires_grad_() for t in (q, k, v))", budget=True,
+                                 grads=True),
 }
 # cell_failed: the call raising is the verdict (_called)
 FAILED = Verdict("", "the call returns an output", "fails on inputs it accepts")
@@ -320,6 +352,8 @@ def unsupported(case: Any, check: str, argument: str | None = None, call_name: s
         return f"{name} takes key padding, causal and a pattern per row only; scenario {case.scenario} masks more"
     if check == "lse_masked_rows" and not call.returns_lse:
         return f"{name} returns no lse"
+    if check in VERDICTS and VERDICTS[check].grads and not call.backward:
+        return f"{name} has no backward on the CPU"
     if case.device != "cpu":
         return "minimal scripts are written for CPU cells only"
     return None
@@ -330,7 +364,8 @@ def _called(call: Call, check: str, argument: str | None) -> str:
     (cell_failed) the failure; for an argument's probe its change of the inputs before the call and
     whether the call refused after it."""
     if check in VERDICTS:
-        return call.lines + "\n" + VERDICTS[check].lines + "\n"
+        judged = VERDICTS[check]
+        return (judged.before + "\n" if judged.before else "") + call.lines + "\n" + judged.lines + "\n"
     attempt = "try:\n" + textwrap.indent(call.lines, "    ") + "\nexcept Exception as exc:\n"
     if check == "cell_failed":                   # the call raising is the defect: the compiler's error line
         return (attempt
@@ -341,6 +376,19 @@ def _called(call: Call, check: str, argument: str | None) -> str:
     probe = ARGUMENT_PROBES[str(argument)]
     return (probe.before + "\nrefused = None\n" + attempt
             + "    refused = f\"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}\"\n" + probe.lines + "\n")
+
+
+def _budget(case: Any, check: str) -> str:
+    """The line setting a budget verdict's FACTOR and ATOL: the audit's budget for the cell's dtype (core/dtypes.py;
+    a gradient's factor, measure/golden/numerics.py: GRAD_BUDGET_FACTOR, the same for every gradient)."""
+    from ..core.dtypes import dtype_spec
+    from ..measure.golden.numerics import GRAD_BUDGET_FACTOR
+    spec = dtype_spec(case.dtype)
+    factors = set(GRAD_BUDGET_FACTOR.values()) if VERDICTS[check].grads else {spec.budget_factor}
+    if len(factors) != 1:
+        raise ValueError(f"{check}: one budget factor for every gradient is written, not {sorted(factors)}")
+    return (f"FACTOR, ATOL = {factors.pop()!r}, {spec.atol!r}              # attn-audit's budget in {case.dtype}: "
+            "FACTOR x the yardstick's error + ATOL\n")
 
 
 def _drawn(case: Any, call: Call) -> str:
@@ -366,6 +414,8 @@ def minimal_script(case: Any, check: str, *, title: str, versions: str, argument
             "import os\nimport sys\n\nimport torch\n")
     compared = check != "cell_failed"       # a call that raises has no output to compare with float64
     parts = [head + "".join(line + "\n" for line in call.imports), CRASH, *([REFERENCE] if compared else [])]
+    if check in VERDICTS and VERDICTS[check].budget:
+        parts.append(_budget(case, check))
     earlier: list[str] = []
     if before:                      # the call once, as a function of the cell's globals, made for each cell
         returned = "out, lse" if call.returns_lse else "out"
@@ -376,7 +426,8 @@ def minimal_script(case: Any, check: str, *, title: str, versions: str, argument
         call = dataclasses.replace(call, lines=f"{returned} = attend()")
     drawings = [*earlier, _drawn(case, call)]
     drawings[0] = "torch.manual_seed(0)\n" + drawings[0]        # seeded once, for the whole script
-    parts += [*drawings, ("ref = attention64(q, k, v, keep)\n" if compared else "") + _called(call, check, argument)
+    forward = compared and not (check in VERDICTS and VERDICTS[check].grads)   # a gradients' verdict: its own float64
+    parts += [*drawings, ("ref = attention64(q, k, v, keep)\n" if forward else "") + _called(call, check, argument)
               + "sys.exit(1 if defect else 0)\n"]
     return "\n".join(parts)
 
