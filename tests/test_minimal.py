@@ -173,3 +173,23 @@ def test_the_packed_draw_gives_each_query_the_keys_of_its_own_document():
     ours = make_inputs(case)
     assert torch.equal(found["rows"], ours.mask.expand_as(found["rows"])) and torch.equal(found["keep"], found["rows"])
     assert not found["rows"][1, 0, -1].any()                # the last row ends in padding no document owns
+
+
+def test_an_lse_gradient_script_exits_1_where_the_lse_carries_none_and_0_where_it_is_right(tmp_path):
+    """torch 2.13's CPU flash op marks its lse non-differentiable: a loss on it gets no dq or dk, so its
+    lse_grad_budget script exits 1, saying so. The same script with the lse written out in fp32 (the
+    call's line replaced, gradients kept) exits 0."""
+    import subprocess
+    import sys
+    case = Case("flash_op", "cpu", "fp32", 8, 16, 1, 1, True, "normal")
+    text = _script(case, "lse_grad_budget")
+    assert len(text.splitlines()) <= MAX_LINES and "FACTOR, ATOL = 2.0, 1e-06" in text
+    call = next(line for line in text.splitlines() if "_scaled_dot_product_flash_attention_for_cpu(" in line)
+    written = ("scores = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~keep, float('-inf'))\n"
+               "out, lse = None, torch.logsumexp(scores, -1)")
+    for name, body, code, says in (("flash_op.py", text, 1, "the lse carries a gradient: False"),
+                                   ("written_out.py", text.replace(call, written), 0, "the lse carries a gradient: True")):
+        (tmp_path / name).write_text(body)
+        done = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == code, done.stdout + done.stderr
+        assert says in done.stdout

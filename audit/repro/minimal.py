@@ -257,6 +257,7 @@ class Verdict:
     before: str = ""
     budget: bool = False        # its lines read FACTOR and ATOL: the budget's for the cell's dtype (core/dtypes.py)
     grads: bool = False         # it needs the inputs' gradients: a call with a backward (dense inputs)
+    lse: bool = False           # it reads the lse the call returns
 
 
 # check -> its Verdict
@@ -279,7 +280,7 @@ defect = bool((lse[empty] != float("-inf")).any())
 print(f"lse on the {int(empty.sum())} rows that see no key: {sorted(set(lse[empty].tolist()))} (a merge needs -inf)")''',
                                "an lse of -inf on rows that see no key: what a merge of partial results reads as an "
                                "empty part (FlashAttention-2 returns +inf)",
-                               "returns a finite lse on rows that see no key"),
+                               "returns a finite lse on rows that see no key", lse=True),
     "grad_error_budget": Verdict('''\
 def written_out(q, k, v, keep):                             # the same math, by hand, in q's dtype: the yardstick
     k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
@@ -294,12 +295,37 @@ want, yard = grads(attention64, q.double(), k.double(), v.double()), grads(writt
 rmse = [[(x.double() - w).pow(2).mean().sqrt().item() for x in (a, b)] for a, w, b in zip(got, want, yard)]
 for name, (err, base) in zip(("dq", "dk", "dv"), rmse):
     print(f"{name}: RMSE {err:.3g} against float64, {err / base:.3g}x the same math's in {q.dtype} ({base:.3g}); budget {FACTOR:g}x + {ATOL:g}")
-defect = any(err > FACTOR * base + ATOL for err, base in rmse)''',
+defect = any(not err <= FACTOR * base + ATOL for err, base in rmse)        # NaN: a defect too''',
                                  "gradients within 2x the error of attention written out by hand in the same dtype "
                                  "(their RMSE against float64 autograd, plus the dtype's atol)",
                                  "computes gradients with many times the error of attention written out in the same "
                                  "dtype", before="q, k, v = (t.requires_grad_() for t in (q, k, v))", budget=True,
                                  grads=True),
+    "lse_grad_budget": Verdict('''\
+def lse_of(q, k, keep):                                     # logsumexp of the scaled scores, written out
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    return torch.logsumexp(s if keep is None else s.masked_fill(~(keep | ~keep.any(-1, keepdim=True)), float("-inf")), -1)
+def grads(*inputs):                                         # of the lse of rows that see a key, against g
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    return torch.autograd.grad(lse_of(*inputs, keep)[seen], inputs, g.to(inputs[0].dtype)[seen])
+seen = torch.ones(lse.shape, dtype=torch.bool) if keep is None else keep.expand(*lse.shape, -1).any(-1)
+g = torch.randn(lse.shape, dtype=torch.float64)             # the upstream gradient of the lse
+got = [torch.zeros_like(q), torch.zeros_like(k)]
+if lse.requires_grad:
+    got = [torch.zeros_like(t) if d is None else d for d, t in
+           zip(torch.autograd.grad(lse[seen], (q, k), g.to(lse.dtype)[seen], allow_unused=True), (q, k))]
+want, yard = grads(q.double(), k.double()), grads(q, k)
+rmse = [[(x.double() - w).pow(2).mean().sqrt().item() for x in (a, b)] for a, w, b in zip(got, want, yard)]
+for name, (err, base) in zip(("dq", "dk"), rmse):
+    print(f"{name} through the lse: RMSE {err:.3g} against float64, {err / base:.3g}x the same math's in {q.dtype}; budget {FACTOR:g}x + {ATOL:g}")
+print(f"the lse carries a gradient: {lse.requires_grad}")
+defect = any(not err <= FACTOR * base + ATOL for err, base in rmse)        # NaN: a defect too''',
+                               "a gradient through the returned lse: dq and dk of a loss on it within 2x the error "
+                               "of its logsumexp written out in the same dtype (against float64 autograd)",
+                               "returns an lse that carries no gradient, or a wrong one",
+                               before="q, k, v = (t.requires_grad_() for t in (q, k, v))", budget=True, grads=True,
+                               lse=True),
 }
 # cell_failed: the call raising is the verdict (_called)
 FAILED = Verdict("", "the call returns an output", "fails on inputs it accepts")
@@ -350,7 +376,7 @@ def unsupported(case: Any, check: str, argument: str | None = None, call_name: s
         return f"{name} takes a paged cache; scenario {case.scenario} draws none"
     if call.takes == "padding" and not inputs.padding:
         return f"{name} takes key padding, causal and a pattern per row only; scenario {case.scenario} masks more"
-    if check == "lse_masked_rows" and not call.returns_lse:
+    if check in VERDICTS and VERDICTS[check].lse and not call.returns_lse:
         return f"{name} returns no lse"
     if check in VERDICTS and VERDICTS[check].grads and not call.backward:
         return f"{name} has no backward on the CPU"
