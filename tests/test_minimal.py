@@ -193,3 +193,20 @@ def test_an_lse_gradient_script_exits_1_where_the_lse_carries_none_and_0_where_i
         done = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert done.returncode == code, done.stdout + done.stderr
         assert says in done.stdout
+
+
+def test_a_merge_script_exits_1_where_a_half_leaves_rows_without_keys_and_0_where_none_does(tmp_path):
+    """The CPU flash op's lse is 0 on rows that see no key: split in two halves of the keys, a causal cell's
+    first rows see none of the second half, so its halves merge wrong (lse_error_budget's script exits 1);
+    without the causal mask every row sees keys in both halves and the merge is right (exit 0)."""
+    import subprocess
+    import sys
+    for causal, code in ((True, 1), (False, 0)):
+        case = Case("flash_op", "cpu", "fp32", 8, 16, 1, 1, causal, "normal")
+        text = _script(case, "lse_error_budget")
+        assert len(text.splitlines()) <= MAX_LINES and "def attend():" in text
+        name = f"causal_{causal}.py"
+        (tmp_path / name).write_text(text)
+        done = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == code, done.stdout + done.stderr
+        assert "its halves merged: RMSE" in done.stdout

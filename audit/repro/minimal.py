@@ -258,6 +258,7 @@ class Verdict:
     budget: bool = False        # its lines read FACTOR and ATOL: the budget's for the cell's dtype (core/dtypes.py)
     grads: bool = False         # it needs the inputs' gradients: a call with a backward (dense inputs)
     lse: bool = False           # it reads the lse the call returns
+    again: bool = False         # it calls again, on other inputs: the call is made a function, attend()
 
 
 # check -> its Verdict
@@ -326,6 +327,24 @@ defect = any(not err <= FACTOR * base + ATOL for err, base in rmse)        # NaN
                                "returns an lse that carries no gradient, or a wrong one",
                                before="q, k, v = (t.requires_grad_() for t in (q, k, v))", budget=True, grads=True,
                                lse=True),
+    "lse_error_budget": Verdict('''\
+k_all, v_all, keep_all, parts = k, v, keep, []
+for half in (slice(0, T // 2), slice(T // 2, T)):           # the call on each half of the keys, as split-KV does
+    k, v, keep = k_all[:, :, half], v_all[:, :, half], None if keep_all is None else keep_all[..., half]
+    parts.append(attend())
+k, v, keep = k_all, v_all, keep_all
+(o1, l1), (o2, l2) = ((o.double(), l.double()[..., None]) for o, l in parts)
+both = torch.logaddexp(l1, l2)                              # the merge split-KV decoding and ring attention do
+merged = (o1 * torch.exp(l1 - both) + o2 * torch.exp(l2 - both)).nan_to_num(0.0)
+seen = torch.ones(ref.shape[:-1], dtype=torch.bool) if keep is None else keep.expand(*ref.shape[:-1], -1).any(-1)
+err, base = ((x.double() - ref)[seen].pow(2).mean().sqrt().item() for x in (merged, out))
+print(f"its halves merged: RMSE {err:.3g} against float64, {err / base:.3g}x its whole output's ({base:.3g}); budget {FACTOR:g}x + {ATOL:g}")
+defect = not err <= FACTOR * base + ATOL                    # NaN: a defect too''',
+                                "its (out, lse) over each half of the keys, merged as split-KV decoding and ring "
+                                "attention merge them, as close to float64 as its output over all keys (within 2x "
+                                "its error, plus the dtype's atol)",
+                                "returns an (out, lse) that merges wrong over keys split in two", budget=True,
+                                lse=True, again=True),
 }
 # cell_failed: the call raising is the verdict (_called)
 FAILED = Verdict("", "the call returns an output", "fails on inputs it accepts")
@@ -443,9 +462,10 @@ def minimal_script(case: Any, check: str, *, title: str, versions: str, argument
     if check in VERDICTS and VERDICTS[check].budget:
         parts.append(_budget(case, check))
     earlier: list[str] = []
-    if before:                      # the call once, as a function of the cell's globals, made for each cell
+    again = check in VERDICTS and VERDICTS[check].again
+    if before or again:             # the call once, as a function of the cell's globals, made for each cell
         returned = "out, lse" if call.returns_lse else "out"
-        parts.append("def attend():                                               # the call, on the cell drawn last\n"
+        parts.append("def attend():                                   # the call, on q, k, v and keep as they are now\n"
                      + textwrap.indent(call.lines, "    ") + f"\n    return {returned}\n")
         shape = "attend()[0].shape" if call.returns_lse else "attend().shape"
         earlier = [_drawn(b, call) + f'print(f"first, at T={{T}}: the call runs, out {{list({shape})}}")\n' for b in before]
