@@ -210,3 +210,20 @@ def test_a_merge_script_exits_1_where_a_half_leaves_rows_without_keys_and_0_wher
         done = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert done.returncode == code, done.stdout + done.stderr
         assert "its halves merged: RMSE" in done.stdout
+
+
+def test_an_output_budget_script_exits_0_on_sdpa_and_1_on_the_same_call_unscaled(tmp_path):
+    """error_budget's script: SDPA's output against float64, within 2x the error of the same math written out
+    in the same dtype (exit 0); the call given scale=1.0 instead of 1/sqrt(d) (a kernel's missing scale) is
+    far outside it (exit 1)."""
+    import subprocess
+    import sys
+    text = _script(Case("sdpa", "cpu", "bf16", 8, 16, 1, 1, True, "normal"), "error_budget")
+    assert len(text.splitlines()) <= MAX_LINES and "FACTOR, ATOL = 2.0, " in text
+    call = "attn_mask=keep, enable_gqa"
+    assert call in text
+    for name, body, code in (("sdpa.py", text, 0), ("unscaled.py", text.replace(call, "attn_mask=keep, scale=1.0, enable_gqa"), 1)):
+        (tmp_path / name).write_text(body)
+        done = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == code, done.stdout + done.stderr
+        assert "the same math's in torch.bfloat16" in done.stdout

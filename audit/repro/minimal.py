@@ -259,7 +259,15 @@ class Verdict:
     grads: bool = False         # it needs the inputs' gradients: a call with a backward (dense inputs)
     lse: bool = False           # it reads the lse the call returns
     again: bool = False         # it calls again, on other inputs: the call is made a function, attend()
+    seen: bool = False          # it reads `seen`, the rows that see a key (B|1, H|1, TQ), set with ref
 
+
+# The budgets' yardstick, written out: attention64's math in the input dtype (the audit's baseline is its
+# hand-written eager attention in that dtype).
+WRITTEN_OUT = '''def written_out(q, k, v, keep):                             # the same math, by hand, in q's dtype: the yardstick
+    s = q @ k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).transpose(-1, -2) / q.shape[-1] ** 0.5
+    return torch.softmax(s if keep is None else s.masked_fill(~keep, float("-inf")), -1).nan_to_num(0.0) @ v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+'''
 
 # check -> its Verdict
 VERDICTS: dict[str, Verdict] = {
@@ -282,12 +290,14 @@ print(f"lse on the {int(empty.sum())} rows that see no key: {sorted(set(lse[empt
                                "an lse of -inf on rows that see no key: what a merge of partial results reads as an "
                                "empty part (FlashAttention-2 returns +inf)",
                                "returns a finite lse on rows that see no key", lse=True),
-    "grad_error_budget": Verdict('''\
-def written_out(q, k, v, keep):                             # the same math, by hand, in q's dtype: the yardstick
-    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    return torch.softmax(s if keep is None else s.masked_fill(~keep, float("-inf")), dim=-1).nan_to_num(0.0) @ v
-def grads(f, *inputs):
+    "error_budget": Verdict(WRITTEN_OUT + '''err, base = ((x.double() - ref)[seen].pow(2).mean().sqrt().item() for x in (out, written_out(q, k, v, keep)))
+print(f"RMSE {err:.3g} against float64, {err / base:.3g}x the same math's in {q.dtype} ({base:.3g}); budget {FACTOR:g}x + {ATOL:g}")
+defect = not err <= FACTOR * base + ATOL                    # NaN: a defect too''',
+                            "an output within 2x the error of attention written out by hand in the same dtype (its "
+                            "RMSE against float64 on rows that see a key, plus the dtype's atol)",
+                            "returns outputs with many times the error of attention written out in the same dtype",
+                            budget=True, seen=True),
+    "grad_error_budget": Verdict(WRITTEN_OUT + '''def grads(f, *inputs):
     inputs = [t.detach().requires_grad_() for t in inputs]
     return torch.autograd.grad(f(*inputs, keep), inputs, g.to(inputs[0].dtype))
 g = torch.randn(out.shape, dtype=torch.float64)             # the upstream gradient
@@ -336,7 +346,6 @@ k, v, keep = k_all, v_all, keep_all
 (o1, l1), (o2, l2) = ((o.double(), l.double()[..., None]) for o, l in parts)
 both = torch.logaddexp(l1, l2)                              # the merge split-KV decoding and ring attention do
 merged = (o1 * torch.exp(l1 - both) + o2 * torch.exp(l2 - both)).nan_to_num(0.0)
-seen = torch.ones(ref.shape[:-1], dtype=torch.bool) if keep is None else keep.expand(*ref.shape[:-1], -1).any(-1)
 err, base = ((x.double() - ref)[seen].pow(2).mean().sqrt().item() for x in (merged, out))
 print(f"its halves merged: RMSE {err:.3g} against float64, {err / base:.3g}x its whole output's ({base:.3g}); budget {FACTOR:g}x + {ATOL:g}")
 defect = not err <= FACTOR * base + ATOL                    # NaN: a defect too''',
@@ -344,7 +353,7 @@ defect = not err <= FACTOR * base + ATOL                    # NaN: a defect too'
                                 "attention merge them, as close to float64 as its output over all keys (within 2x "
                                 "its error, plus the dtype's atol)",
                                 "returns an (out, lse) that merges wrong over keys split in two", budget=True,
-                                lse=True, again=True),
+                                lse=True, again=True, seen=True),
 }
 # cell_failed: the call raising is the verdict (_called)
 FAILED = Verdict("", "the call returns an output", "fails on inputs it accepts")
@@ -473,7 +482,11 @@ def minimal_script(case: Any, check: str, *, title: str, versions: str, argument
     drawings = [*earlier, _drawn(case, call)]
     drawings[0] = "torch.manual_seed(0)\n" + drawings[0]        # seeded once, for the whole script
     forward = compared and not (check in VERDICTS and VERDICTS[check].grads)   # a gradients' verdict: its own float64
-    parts += [*drawings, ("ref = attention64(q, k, v, keep)\n" if forward else "") + _called(call, check, argument)
+    seen = check in VERDICTS and VERDICTS[check].seen
+    reference = ("ref, seen = attention64(q, k, v, keep), (torch.ones(q.shape[:-1], dtype=torch.bool) if keep is None else "
+                 "keep.expand(*q.shape[:-1], -1).any(-1))     # seen: (B, H, TQ), the rows that see a key\n"
+                 if seen else "ref = attention64(q, k, v, keep)\n")
+    parts += [*drawings, (reference if forward else "") + _called(call, check, argument)
               + "sys.exit(1 if defect else 0)\n"]
     return "\n".join(parts)
 
