@@ -128,12 +128,7 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     rows = pred.to_dict("records")          # plain dicts: a Series per row cost seconds on 2000 cells
     skip = _too_slow(rows, budget_s, max_cell_s)
     kept_pred = pred[~pred["id"].isin(list(skip))]
-    memo = {} if memo is None else memo
-    key = ("tiers", id(pred), frozenset(skip))
-    if key not in memo:
-        memo[key] = prioritized_tiers(kept_pred)
-    tier, coverage, level_of = memo[key]
-    tier = dict(tier)
+    tier, coverage, level_of = _tiers(pred, kept_pred, skip, memo)
     kept_rows = [r for r in rows if r["id"] not in skip]
     kinds = {row["id"]: coverage_kind(row) or f"{row['variant']} (self-check)" for row in kept_rows}
     room = (budget_s if budget_s is not None else math.inf) - reserve_s
@@ -243,6 +238,17 @@ def _too_slow(rows: list[dict], budget_s: float | None, max_cell_s: float | None
             skip[row["id"]] = (f"predicted too slow for this device: its warm-up forecasts more than the per-cell "
                                f"limit {max_cell_s:g} s (--max-cell-s), so it is not started")
     return skip
+
+
+def _tiers(pred: Any, kept_pred: Any, skip: dict[str, str], memo: dict | None) -> tuple[dict, list, dict]:
+    """prioritized_tiers of the cells kept (kept_pred: pred less `skip`), worked out once per prediction
+    and skip in `memo` (choose's: a plan chooses up to four times on one forecast); the tier map a copy."""
+    memo = {} if memo is None else memo
+    key = ("tiers", id(pred), frozenset(skip))
+    if key not in memo:
+        memo[key] = prioritized_tiers(kept_pred)
+    tier, coverage, level_of = memo[key]
+    return dict(tier), coverage, level_of
 
 
 def _fill(rest: Sequence[str], kept: set[str], room: float, seconds: Callable[[set[str]], float],
