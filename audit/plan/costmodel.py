@@ -237,8 +237,9 @@ class CostModel:
                     free: int | None) -> "_CellParts":
         """What a cell costs whatever ran before it: its shape, its calls' times, its own phases, its
         golden if built, whether it fits in `free` bytes. Kept per model (case, settings, free bytes and
-        the ceilings' object: they and the model's params and host factor decide it): the budget's bisection predicts the same cells some thirty
-        times (a cpu-preset dry run spent 8.6 of its 11 s walking them again)."""
+        the ceilings' object: they and the model's params and host factor decide it): the budget's
+        bisection predicts the same cells some thirty times (a cpu-preset dry run spent 8.6 of its 11 s
+        walking them again)."""
         from .memory_model import too_big
 
         key = (case, settings, id(ceil), free)

@@ -262,6 +262,9 @@ class Verdict:
     seen: bool = False          # it reads `seen`, the rows that see a key (B|1, H|1, TQ), set with ref
 
 
+# The rows that see a key, (B, H, TQ) (keep: (B|1, 1, TQ, T) or None): the rows a budget verdict judges.
+SEEN = "(torch.ones(q.shape[:-1], dtype=torch.bool) if keep is None else keep.expand(*q.shape[:-1], -1).any(-1))"
+
 # The budgets' yardstick, written out: attention64's math in the input dtype (the audit's baseline is its
 # hand-written eager attention in that dtype).
 WRITTEN_OUT = '''def written_out(q, k, v, keep):                             # the same math, by hand, in q's dtype: the yardstick
@@ -320,7 +323,7 @@ def lse_of(q, k, keep):                                     # logsumexp of the s
 def grads(*inputs):                                         # of the lse of rows that see a key, against g
     inputs = [t.detach().requires_grad_() for t in inputs]
     return torch.autograd.grad(lse_of(*inputs, keep)[seen], inputs, g.to(inputs[0].dtype)[seen])
-seen = torch.ones(lse.shape, dtype=torch.bool) if keep is None else keep.expand(*lse.shape, -1).any(-1)
+seen = ''' + SEEN + '''
 g = torch.randn(lse.shape, dtype=torch.float64)             # the upstream gradient of the lse
 got = [torch.zeros_like(q), torch.zeros_like(k)]
 if lse.requires_grad:
@@ -404,9 +407,10 @@ def unsupported(case: Any, check: str, argument: str | None = None, call_name: s
         return f"{name} takes a paged cache; scenario {case.scenario} draws none"
     if call.takes == "padding" and not inputs.padding:
         return f"{name} takes key padding, causal and a pattern per row only; scenario {case.scenario} masks more"
-    if check in VERDICTS and VERDICTS[check].lse and not call.returns_lse:
+    judged = VERDICTS.get(check)
+    if judged and judged.lse and not call.returns_lse:
         return f"{name} returns no lse"
-    if check in VERDICTS and VERDICTS[check].grads and not call.backward:
+    if judged and judged.grads and not call.backward:
         return f"{name} has no backward on the CPU"
     if case.device != "cpu":
         return "minimal scripts are written for CPU cells only"
@@ -468,11 +472,11 @@ def minimal_script(case: Any, check: str, *, title: str, versions: str, argument
             "import os\nimport sys\n\nimport torch\n")
     compared = check != "cell_failed"       # a call that raises has no output to compare with float64
     parts = [head + "".join(line + "\n" for line in call.imports), CRASH, *([REFERENCE] if compared else [])]
-    if check in VERDICTS and VERDICTS[check].budget:
+    judged = VERDICTS.get(check)            # None: cell_failed, an argument's probe
+    if judged and judged.budget:
         parts.append(_budget(case, check))
     earlier: list[str] = []
-    again = check in VERDICTS and VERDICTS[check].again
-    if before or again:             # the call once, as a function of the cell's globals, made for each cell
+    if before or (judged and judged.again):             # the call once, as a function of the cell's globals, made for each cell
         returned = "out, lse" if call.returns_lse else "out"
         parts.append("def attend():                                   # the call, on q, k, v and keep as they are now\n"
                      + textwrap.indent(call.lines, "    ") + f"\n    return {returned}\n")
@@ -481,11 +485,9 @@ def minimal_script(case: Any, check: str, *, title: str, versions: str, argument
         call = dataclasses.replace(call, lines=f"{returned} = attend()")
     drawings = [*earlier, _drawn(case, call)]
     drawings[0] = "torch.manual_seed(0)\n" + drawings[0]        # seeded once, for the whole script
-    forward = compared and not (check in VERDICTS and VERDICTS[check].grads)   # a gradients' verdict: its own float64
-    seen = check in VERDICTS and VERDICTS[check].seen
-    reference = ("ref, seen = attention64(q, k, v, keep), (torch.ones(q.shape[:-1], dtype=torch.bool) if keep is None else "
-                 "keep.expand(*q.shape[:-1], -1).any(-1))     # seen: (B, H, TQ), the rows that see a key\n"
-                 if seen else "ref = attention64(q, k, v, keep)\n")
+    forward = compared and not (judged and judged.grads)       # a gradients' verdict: its own float64
+    reference = (f"ref, seen = attention64(q, k, v, keep), {SEEN}     # seen: the rows that see a key\n"
+                 if judged and judged.seen else "ref = attention64(q, k, v, keep)\n")
     parts += [*drawings, (reference if forward else "") + _called(call, check, argument)
               + "sys.exit(1 if defect else 0)\n"]
     return "\n".join(parts)
