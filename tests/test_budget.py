@@ -1,6 +1,8 @@
 """The time budget: durations, which cells a plan keeps, and keeping to it while running."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -490,6 +492,43 @@ def test_the_host_factor_is_the_probe_against_the_reference_host_within_its_rang
     assert host_factor(both) == pytest.approx(3.0)                                 # the median of the devices'
     assert host_factor({"cpu": {"host_probe_s": 1e3}}) == HOST_FACTOR_RANGE[1]      # a disturbed probe, kept in range
     assert host_factor({"cpu": {"host_probe_s": 1e-9}}) == HOST_FACTOR_RANGE[0]
+
+
+def test_the_host_factor_is_the_median_with_this_machines_earlier_runs():
+    """One probe is 0.3 s of one moment (on a shared 2-core EPYC, minutes apart: 1.4x, 2.0x, 2.8x): with earlier
+    runs of this machine, the plan takes the median of theirs and this one's, so one disturbed reading moves
+    it little; a machine really slower now moves it as far as the median goes."""
+    from audit.plan.overhead import REFERENCE_HOST_PROBE_S, host_factor
+    ran = [{"cpu": {"host_probe_s": f * REFERENCE_HOST_PROBE_S}} for f in (2.0, 2.1, 1.9)]
+    disturbed = {"cpu": {"host_probe_s": 2.8 * REFERENCE_HOST_PROBE_S}}
+    assert host_factor(disturbed) == pytest.approx(2.8)
+    assert host_factor(disturbed, ran) == pytest.approx(2.05)                       # median of 2.8, 2.0, 2.1, 1.9
+    assert host_factor(disturbed, ran + [None, {"cpu": {"matmul_flops_per_s": {}}}]) == pytest.approx(2.05)
+    assert host_factor(None, ran) == pytest.approx(2.0)
+
+
+def test_a_forecast_plans_with_the_median_host_factor_of_this_machines_runs(tmp_path, monkeypatch):
+    from audit.core.runfolder import RECORDS_FILE, RUN_FILE
+    from audit.plan import forecast
+    from audit.plan.overhead import REFERENCE_HOST_PROBE_S
+    from audit.workload import presets
+    monkeypatch.setattr(forecast, "this_machine", lambda device: "Test CPU")
+    for i, factor in enumerate((2.0, 2.2)):
+        folder = tmp_path / f"run{i}"
+        folder.mkdir()
+        (folder / RUN_FILE).write_text(json.dumps({"env": {"cpu_model": "Test CPU"},
+                                                   "ceilings": {"cpu": {"host_probe_s": factor * REFERENCE_HOST_PROBE_S}}}))
+        (folder / RECORDS_FILE).write_text("")
+    other = tmp_path / "elsewhere"                  # another machine's run: not this one's speed
+    other.mkdir()
+    (other / RUN_FILE).write_text(json.dumps({"env": {"cpu_model": "Other CPU"},
+                                              "ceilings": {"cpu": {"host_probe_s": 9 * REFERENCE_HOST_PROBE_S}}}))
+    (other / RECORDS_FILE).write_text("")
+    quick = presets.presets()["quick"]
+    cases = presets.preset_cases(quick)[:5]
+    planned = forecast.plan(cases, quick, measure=False, root=tmp_path)
+    assert planned.host == pytest.approx(2.1)
+    assert any("the median with 2 earlier runs'" in note for note in planned.notes)
 
 
 def test_the_time_outside_the_cells_scales_with_the_host_but_the_ceilings_and_canary_take_their_time():

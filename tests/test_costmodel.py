@@ -238,6 +238,41 @@ def test_a_compile_predicted_from_the_cache_costs_less_than_one_that_builds():
     assert by_id[cells[1].id] > 3 * by_id[cells[3].id]
 
 
+def test_the_compilers_start_is_shorter_where_the_precompiled_headers_are_built():
+    """A run's first compile builds Inductor's precompiled headers where they are not built (a new TMPDIR):
+    its start is the fitted one; with them built it is that less HEADERS_BUILD_S, at least a hit's start,
+    until a run of this machine fits the start with them built ("cpu|miss|headers")."""
+    from audit.plan.priors import HEADERS_BUILD_S
+    cells = _compiled_cells()[:1]
+    params = dataclasses.replace(load_priors(), compile_start_s={"cpu|miss": 9.0, "cpu|hit": 3.0})
+    model = CostModel(params, host=2.0)
+    cold = float(model.predict(cells, Settings())["compile"][0])
+    built = float(model.predict(cells, Settings(), headers_built=True)["compile"][0])
+    assert cold - built == pytest.approx(2.0 * HEADERS_BUILD_S)
+    fitted = dataclasses.replace(params, compile_start_s={**params.compile_start_s, "cpu|miss|headers": 4.0})
+    assert float(CostModel(fitted, host=2.0).predict(cells, Settings(), headers_built=True)["compile"][0]) \
+        == pytest.approx(cold - 2.0 * (9.0 - 4.0))
+    floor = dataclasses.replace(params, compile_start_s={"cpu|miss": 4.0, "cpu|hit": 3.0})
+    assert float(CostModel(floor, host=2.0).predict(cells, Settings(), headers_built=True)["compile"][0]) \
+        == pytest.approx(float(CostModel(floor, host=2.0).predict(cells, Settings())["compile"][0]) - 2.0)
+
+
+def test_a_fit_keys_the_compilers_start_by_whether_the_headers_were_built(tmp_path):
+    """A stored cold quick run (its first compile a miss, the headers built by it: a new TMPDIR) fits the start
+    as "cpu|miss"; the same records from a run that found the headers built fit "cpu|miss|headers" too."""
+    from audit.plan.cell_work import start_state
+    from tests.helpers import cpu_run as stored_cpu_run
+    assert start_state("miss", "built") == "miss|headers"
+    assert start_state("miss", "absent") == start_state("miss", None) == "miss"
+    assert start_state("hit", "built") == "hit" and start_state(None, "built") is None
+    run = RunData.load(stored_cpu_run("2026-12-05/quick-cold", tmp_path))
+    assert run.compile_headers is None                       # run.json made before the field
+    absent = fit([run]).compile_start_s
+    assert "cpu|miss" in absent and "cpu|miss|headers" not in absent
+    built = fit([dataclasses.replace(run, compile_headers="built")]).compile_start_s
+    assert built["cpu|miss|headers"] == pytest.approx(absent["cpu|miss"]) and "cpu|miss" not in built
+
+
 def test_warm_compiles_come_from_runs_that_compiled_into_this_cache(tmp_path, monkeypatch):
     import pandas as pd
     import torch

@@ -235,11 +235,14 @@ def write_run_file(run_dir: Path, preset: Preset, axes: dict[str, tuple], argv: 
 
 
 def _compile_cache_info(variants: Iterable[str]) -> dict[str, str | None]:
-    """run.json's compile_cache_dir and compile_cache_id, for a grid with compiled variants."""
+    """run.json's compile_cache_dir and compile_cache_id, and whether Inductor's precompiled headers were
+    built before the run compiled (compile_headers: the first compile builds them where not), for a grid
+    with compiled variants."""
     if not any(getattr(builtin_variants().get(v), "compiled", False) for v in variants):
-        return {"compile_cache_dir": None, "compile_cache_id": None}
+        return {"compile_cache_dir": None, "compile_cache_id": None, "compile_headers": None}
     folder = compile_cache.cache_dir()
-    return {"compile_cache_dir": folder, "compile_cache_id": compile_cache.identity(folder, create=True)}
+    return {"compile_cache_dir": folder, "compile_cache_id": compile_cache.identity(folder, create=True),
+            "compile_headers": "built" if compile_cache.headers_built() else "absent"}
 
 
 def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str, Any], *,

@@ -307,12 +307,12 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     from .forecast import plan as predict
     from ..workload.model import model_audit_unavailable
     from ..workload.variants import has_upstream
-    from .overhead import device_kind, host_factor, model_audit_seconds, shrink_seconds
+    from .overhead import device_kind, model_audit_seconds, shrink_seconds
 
     forecast = predict(cases, preset, run_dir, measure=measure)
     models = tuple(getattr(preset, "models", ()))
     measured = forecast.ceilings_measured if ceilings_measured is None else ceilings_measured
-    host = host_factor(forecast.ceilings)           # the run's outside-the-cells work scales with it
+    host = forecast.host                            # the run's outside-the-cells work scales with it
     kind = device_kind(c.device for c in cases)
     model_s = 0.0 if model_audit_unavailable() else model_audit_seconds(   # none without transformers
         models, list(dict.fromkeys(c.variant for c in cases)), kind, forecast.params, host=host,
@@ -360,7 +360,8 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
 
     def repredict(ids: list[str]) -> Any:
         return model.predict([by_id[i] for i in ids], Settings.of_preset(preset), forecast.ceilings,
-                             forecast.free, forecast.warm_compiles, forecast.stored_goldens)
+                             forecast.free, forecast.warm_compiles, forecast.stored_goldens,
+                             headers_built=forecast.headers_built)
 
     # The report grows with the cells kept: plan against the report of every cell, then once more
     # against the report of the cells that first plan kept (a little more room, never less).

@@ -218,6 +218,13 @@ def call_variant(shape: Any) -> str:
     return case.variant
 
 
+def start_state(cache: str | None, headers: str | None) -> str | None:
+    """The state of a run's first compile as the compiler's start (compile_start_s) is keyed by: "hit" (its
+    kernels in Inductor's cache), "miss|headers" (built, Inductor's precompiled headers built already:
+    run.json's compile_headers), "miss" (built, the headers too or not known); None where not known."""
+    return "miss|headers" if cache == "miss" and headers == "built" else cache
+
+
 def compile_key(shape: Any, variant: str | None = None) -> tuple:
     """What a compiled variant's code is built for (cellcache.BuildCache's key, without torch):
     one compile per key in a run."""

@@ -22,7 +22,7 @@ from .fitbase import case_of as _case_of, golden_read_s, labelled_rows, rows as 
 from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,
                          measured_attention)
 from .cell_work import (REFEREE_CALLS, call_variant, device_type, kernel_key, leak_probe_count, masked_rows_checked,
-                        returns_lse, shards_seconds)
+                        returns_lse, shards_seconds, start_state)
 from .costmodel import COMPILED_VARIANTS, CostModel
 from .priors import REFEREE_DEFAULT_S, Params
 from .settings import Settings
@@ -45,6 +45,7 @@ class RunData:
     time_split: dict | None = None         # where its wall time went (run.json, schema 9 on)
     ceilings_s: float | None = None        # the seconds its preset gave the ceilings
     model_records: list | None = None      # its model audit's records (model.jsonl; overhead.fit_overheads)
+    compile_headers: str | None = None     # Inductor's precompiled headers at its start: built | absent (run.json)
 
     @classmethod
     def load(cls, run_dir: Path | str) -> "RunData":
@@ -56,7 +57,7 @@ class RunData:
         return cls(run_dir.name, load(run_dir), Settings.of_run(info), info.get("ceilings") or {},
                    info.get("compile_cache_dir"), info.get("compile_cache_id"), env.get("torch"),
                    env.get("threads"), info.get("time_split"), (info.get("timing") or {}).get("ceilings_s"),
-                   read_model_records(run_dir))
+                   read_model_records(run_dir), info.get("compile_headers"))
 
     def compiled_keys(self, outcomes: Sequence[str] | None = None) -> set[tuple]:
         """kernel_key()s of the cells that compiled in this run (their kernels are in its cache
@@ -266,6 +267,7 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
             seen.add(case.variant)
             first_compiled = label == first
             cache = row.get("compile_cache") if first_compiled else None
+            start = start_state(cache, run.compile_headers) if first_compiled and isinstance(cache, str) else None
             config = cudnn_config(shape) if row["status"] == "ok" else None
             new_config = config is not None and config not in configs
             if config is not None:
@@ -292,7 +294,7 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
                           float(read)])
             by_dev.setdefault(dev, []).append((x, resid, {"first_use": first_use, "first": i == 0,
                                                            "first_compiled": first_compiled,
-                                                           "cache": cache if isinstance(cache, str) else None,
+                                                           "start": start,
                                                            "variant": case.variant}))
     for dev, items in by_dev.items():
         if dev.endswith("|skip"):
@@ -324,7 +326,7 @@ def _fit_constants(runs: list[RunData], out: Params) -> None:
             if info["first"]:
                 starts.append(extra)
             elif info["first_compiled"]:          # importing Inductor, Triton or a C++ toolchain
-                for key in (dev, f"{dev}|{info['cache'] or 'unknown'}"):
+                for key in (dev, f"{dev}|{info['start'] or 'unknown'}"):     # by cell_work.start_state
                     compile_starts.setdefault(key, []).append(extra)
             elif info["first_use"]:
                 first_use.setdefault(info["variant"], []).append(extra)
@@ -347,7 +349,7 @@ def compare(run: RunData, model: CostModel) -> Any:
     stored = {c.input_key for c, row in zip(cases, frame_rows) if row.get("golden_source") == "read"} \
         if "golden_source" in run.frame.columns else set()
     pred = model.predict(cases, run.settings, run.ceilings, warm_compiles=run.compiled_keys(["hit"]),
-                         stored_goldens=stored)
+                         stored_goldens=stored, headers_built=run.compile_headers == "built")
     out = pred[["id", "variant"]].copy()
     out["status"] = list(run.frame["status"])
     out["recorded_s"] = list(run.frame["elapsed_s"].astype(float))

@@ -48,11 +48,11 @@ from ..workload.variants import builtin_variants
 from .cell_shape import (CellShape, call_features, cudnn_config, exposes_weights, golden_cost_inputs,
                          N_CALL_FEATURES)
 from .cell_work import (REFEREE_CALLS, REFUSAL_S, argument_compile_default_s, argument_compile_keys, argument_probes,
-                        refusal_probes, call_variant, compile_key, kernel_key, shards_seconds,
+                        refusal_probes, call_variant, compile_key, kernel_key, shards_seconds, start_state,
                         checks_calls, declared_refusal, device_type, invariance_compile_keys, leak_probe_count,
                         masked_rows_checked, paged_call, predicted_unsupported, returns_lse, tensor_elems)
-from .priors import (BACKWARD_DEFAULT_FACTOR, DIAGNOSIS_DEFAULT_S, DIAGNOSIS_FLOPS_PER_S, FAMILY_DEFAULTS, HOST_BOUND,
-                     HOST_BOUND_RATES, HOST_CALL_DEFAULT_S, NOISE_SHARE_DEFAULT, REFEREE_DEFAULT_S, Params, load_priors)
+from .priors import (BACKWARD_DEFAULT_FACTOR, DIAGNOSIS_DEFAULT_S, DIAGNOSIS_FLOPS_PER_S, FAMILY_DEFAULTS, HEADERS_BUILD_S,
+                     HOST_BOUND, HOST_BOUND_RATES, HOST_CALL_DEFAULT_S, NOISE_SHARE_DEFAULT, REFEREE_DEFAULT_S, Params, load_priors)
 from .settings import Settings
 
 PHASES: tuple[str, ...] = ("setup", "golden", "compile", "warmup", "numerics", "timed", "energy")
@@ -145,6 +145,7 @@ class _Walk:
     seen_variants: set[tuple[str, str]] = field(default_factory=set)   # (device type, variant) initialized
     compiled_keys: set[tuple] = field(default_factory=set)             # compile_key()s compiled, probes' too
     compiling_started: set[str] = field(default_factory=set)           # device types whose compiler started
+    headers_built: bool = False     # Inductor's precompiled C++ headers built already (compile_cache.headers_built)
     cudnn_configs: set[tuple] = field(default_factory=set)             # cudnn_config()s met
     paid: dict[tuple, float] = field(default_factory=dict)    # shared costs by what shares them (for amortized_s)
     memberships: list[list[tuple]] = field(default_factory=list)   # per row: the groups it shares costs with
@@ -209,10 +210,22 @@ class CostModel:
         fitted = getattr(self.params, table)
         return self._scaled(table, float(fitted.get(f"{key}|{cache}", fitted.get(key, default))))
 
+    def _compile_start(self, dev: str, cache: str, headers_built: bool) -> float:
+        """The compiler's start on this host, for a first compile of this cache outcome (cell_work.start_state):
+        fitted for its state; a build with the precompiled headers built already, where no run fitted that,
+        as one with them to build less HEADERS_BUILD_S (at least a hit's start)."""
+        state = start_state(cache, "built" if headers_built and dev == "cpu" else None)
+        fitted = self.params.compile_start_s
+        if state in ("hit", "miss") or f"{dev}|{state}" in fitted:
+            return self._by_cache("compile_start_s", dev, state, 2.0)
+        building = float(fitted.get(f"{dev}|miss", fitted.get(dev, 2.0)))
+        return self._scaled("compile_start_s", max(float(fitted.get(f"{dev}|hit", 0.0)), building - HEADERS_BUILD_S))
+
     def predict(self, cases: Sequence[Case], settings: Settings,
                 ceilings: Mapping[str, Any] | None = None,
                 free_bytes: Mapping[str, int | None] | None = None,
-                warm_compiles: Collection[tuple] = (), stored_goldens: Collection[tuple] = ()) -> "Any":
+                warm_compiles: Collection[tuple] = (), stored_goldens: Collection[tuple] = (),
+                headers_built: bool = False) -> "Any":
         """One row per cell, in the given (run) order: predicted status and seconds per phase.
 
         ceilings: {device: measure_ceilings(...)} (run.json), used for per-call times;
@@ -220,11 +233,13 @@ class CostModel:
         warm_compiles: kernel_key()s whose kernels Inductor's on-disk cache holds (a compile
         there is a cache hit, much cheaper than building them: audit.measure.machine.compile_cache);
         stored_goldens: the input keys (Case.input_key) whose reference the golden store holds
-        (audit.measure.golden.golden_store: read back, not built).
+        (audit.measure.golden.golden_store: read back, not built);
+        headers_built: Inductor's precompiled C++ headers are built already (compile_cache.headers_built: the
+        run's first CPU compile does not build them).
         """
         import pandas as pd
 
-        walk = _Walk(stored=set(stored_goldens), kernels=set(warm_compiles))
+        walk = _Walk(stored=set(stored_goldens), kernels=set(warm_compiles), headers_built=headers_built)
         for case in cases:
             ceil = (ceilings or {}).get(case.device) or (ceilings or {}).get(device_type(case.device))
             walk.rows.append(self._cell_row(case, settings, ceil, (free_bytes or {}).get(case.device), walk))
@@ -342,7 +357,7 @@ class CostModel:
             seconds = walk.paid.setdefault(groups[-1], self._by_cache("compile_s", f"{dev}|{variant}", cache, 3.0))
             if dev not in walk.compiling_started:              # the run's first compile also starts the compiler
                 walk.compiling_started.add(dev)
-                seconds += walk.paid.setdefault(groups[-2], self._by_cache("compile_start_s", dev, cache, 2.0))
+                seconds += walk.paid.setdefault(groups[-2], self._compile_start(dev, cache, walk.headers_built))
         extras = [(k, "compile_s", variant, "miss", 3.0)      # once per run each: the invariance calls' shapes
                   for k in (invariance_compile_keys(key, case) if settings.invariance else ())]
         extras += [(k, "argument_compile_s", f"{case.variant}|{k[-1]}", "miss" if warm is None else "hit",

@@ -137,6 +137,7 @@ class Forecast:
     stored_goldens: set[tuple] = frozenset()   # input keys whose reference the golden store holds
     host: float = 1.0              # this host's factor (plan.overhead.host_factor): host-bound constants scale
     model: Any = None              # the CostModel that predicted `pred`: predicting again reuses its cells' own costs
+    headers_built: bool = False    # Inductor's precompiled headers built already (compile_cache.headers_built)
 
 
 def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
@@ -197,12 +198,27 @@ def plan(cases: Sequence[Case], preset: Preset, run_dir: Path | None = None, *,
     stored = stored_goldens(cases, [d for d in devices if available.get(d)])
     if stored:
         notes.append(f"{len(stored)} input sets' float64 references predicted read from the golden store")
-    host = host_factor(ceilings)
+    earlier = [r.ceilings for r in runs if any(isinstance(c, dict) and c.get("host_probe_s")
+                                               for c in (r.ceilings or {}).values())]
+    host = host_factor(ceilings, earlier)
     if host != 1.0:
-        notes.append(f"this host does the audit's own work at {host:.2f}x the reference host's time (host probe)")
+        notes.append(f"this host does the audit's own work at {host:.2f}x the reference host's time (host probe"
+                     + (f", the median with {len(earlier)} earlier runs')" if earlier else ")"))
     model = CostModel(params, host=host)
-    pred = model.predict(cases, Settings.of_preset(preset), ceilings, free, warm, stored)
-    return Forecast(pred, notes, params, ceilings, free, not info.get("ceilings"), warm, stored, host, model)
+    headers = _headers_built(cases)
+    if headers:
+        notes.append("Inductor's precompiled headers are built already: the first compile does not build them")
+    pred = model.predict(cases, Settings.of_preset(preset), ceilings, free, warm, stored, headers_built=headers)
+    return Forecast(pred, notes, params, ceilings, free, not info.get("ceilings"), warm, stored, host, model, headers)
+
+
+def _headers_built(cases: Sequence[Case]) -> bool:
+    """Whether the grid compiles on this machine's CPU and Inductor's precompiled headers are built already
+    (its first compile then does not build them: compile_cache.headers_built)."""
+    from ..measure.machine import compile_cache
+    from .costmodel import COMPILED_VARIANTS
+    return (any(c.variant in COMPILED_VARIANTS and device_type(c.device) == "cpu" for c in cases)
+            and compile_cache.headers_built())
 
 
 def stored_goldens(cases: Sequence[Case], devices: Sequence[str]) -> set[tuple]:

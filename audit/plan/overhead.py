@@ -47,12 +47,15 @@ REFERENCE_HOST_PROBE_S = 0.0052
 HOST_FACTOR_RANGE = (0.25, 8.0)
 
 
-def host_factor(ceilings: Mapping[str, Any] | None) -> float:
+def host_factor(ceilings: Mapping[str, Any] | None, earlier: Iterable[Mapping[str, Any] | None] = ()) -> float:
     """How many times slower than the reference host this one does the audit's own Python
     work: the median host_probe_s of a run's ceilings (one per device, all measured on this
-    host) over REFERENCE_HOST_PROBE_S, within HOST_FACTOR_RANGE; 1 where no ceilings carry a
-    probe (measured before it existed, or a device only predicted for)."""
-    probes = [float(c["host_probe_s"]) for c in (ceilings or {}).values()
+    host), and of `earlier` (the ceilings of this machine's earlier runs, forecast.history), over
+    REFERENCE_HOST_PROBE_S, within HOST_FACTOR_RANGE; 1 where no ceilings carry a probe (measured
+    before it existed, or a device only predicted for). The probe is 0.3 s of one moment: on a shared
+    2-core EPYC, probes minutes apart read 1.4x, 2.0x and 2.8x, and the plan kept the one it read for
+    a day (the ceilings' cache); the median with the earlier runs' holds the machine's usual speed."""
+    probes = [float(c["host_probe_s"]) for table in (ceilings, *earlier) for c in (table or {}).values()
               if isinstance(c, Mapping) and c.get("host_probe_s")]
     if not probes:
         return 1.0

@@ -96,6 +96,12 @@ FAMILY_DEFAULTS: dict[str, dict[str, tuple[float, float, float, float, float]]] 
              "compiled": (5e-5, 2.0, 0.0, 3.0, 0.0)},
 }
 BACKWARD_DEFAULT_FACTOR = 3.0
+# A run's first CPU compile builds Inductor's precompiled headers where they are not built (compile_cache.
+# headers_built): what that takes beyond the compiler's start without it, in the reference host's seconds,
+# where no run of this machine fitted the start with the headers built ("cpu|miss|headers"). Measured on a
+# 2-core AVX2-only EPYC (host factor about 2): the first compiled cell's compile 14.3 s with them to build,
+# 6.7 s with them built.
+HEADERS_BUILD_S = 3.8
 HOST_CALL_DEFAULT_S = {"cpu": 0.0, "cuda": 60e-6}
 # The share of --noise-cap-s a measurement samples beyond its minimum where no run fitted it (costfit.
 # _fit_noise); cpu: 3 idle quick runs (2-core Xeon VM, 0.2 ms blocks) used 1.9-2.4% of a 0.2 s cap;
