@@ -585,10 +585,11 @@ def test_fitted_overheads_are_kept_in_the_reference_hosts_seconds():
 
 
 def _priority_pred():
-    """Four real variants and a control in two dtypes, each variant's cells cheaper than sdpa's and
-    eager's: a greedy cheapest-first tier 0 would buy them and the control first."""
+    """Five real variants and a control in two dtypes, each variant's cells cheaper than sdpa's and
+    eager's but sdpa_flash's (a compile's worth): a greedy cheapest-first tier 0 would buy them and the
+    control first."""
     rows = []
-    costs = {"sdpa": 3.0, "eager": 3.0, "flash_op": 1.0, "sdpa_math": 1.0, "broken.unscaled": 0.5}
+    costs = {"sdpa": 3.0, "eager": 3.0, "flash_op": 1.0, "sdpa_math": 1.0, "sdpa_flash": 5.0, "broken.unscaled": 0.5}
     for variant, cost in costs.items():
         for dtype in ("fp32", "bf16"):
             for causal in (False, True):
@@ -605,15 +606,21 @@ def test_a_budget_too_small_for_coverage_buys_sdpa_and_eager_in_every_dtype_firs
     assert {(i.split("-")[0], i.split("-")[1]) for i in kept} == {(v, d) for v in ("sdpa", "eager")
                                                                   for d in ("fp32", "bf16")}
     assert chosen.smallest_s == pytest.approx(12.0) and set(chosen.smallest) == kept
-    # more room: every real variant per dtype next, the control's self-check after them
-    wider = choose(pred, budget_s=16.2, reserve_s=0.0, max_cell_s=100.0)
+    # more room: the control's self-checks next (causal and not; the causal one with sdpa on its inputs, the
+    # verdict's yardstick), before any other real variant
+    checked = choose(pred, budget_s=16.2, reserve_s=0.0, max_cell_s=100.0)
+    assert set(pred["id"]) - set(checked.skip) - kept == {"broken.unscaled-fp32-False", "broken.unscaled-fp32-True",
+                                                          "sdpa-fp32-True"}
+    # then every real variant per dtype, the cheapest first
+    wider = choose(pred, budget_s=20.2, reserve_s=0.0, max_cell_s=100.0)
     kept = set(pred["id"]) - set(wider.skip)
-    assert {i.split("-")[0] for i in kept} == {"sdpa", "eager", "flash_op", "sdpa_math"}
-    assert not any(i.startswith("broken.") for i in kept)
-    assert chosen.coverage_s == wider.coverage_s > 16.2
-    # what the prefix leaves is filled with the later cells that fit (a control's self-check here)
-    filled = choose(pred, budget_s=12.6, reserve_s=0.0, max_cell_s=100.0)
-    assert set(pred["id"]) - set(filled.skip) - set(chosen.smallest) == {"broken.unscaled-fp32-False"}
+    assert {i.split("-")[0] for i in kept} == {"sdpa", "eager", "broken.unscaled", "flash_op", "sdpa_math"}
+    assert chosen.coverage_s == wider.coverage_s > 20.2
+    # what the prefix leaves is filled with the later cells that fit: sdpa_flash's 5 s cell does not fit
+    # after the 20 s prefix, a cheaper want of the last level (a variant's causal cell) does
+    filled = choose(pred, budget_s=21.2, reserve_s=0.0, max_cell_s=100.0)
+    extra = set(pred["id"]) - set(filled.skip) - kept
+    assert len(extra) == 1 and not extra.pop().startswith("sdpa_flash")
 
 
 def test_nothing_fitting_says_what_budget_would_and_the_smallest_plan_is_printed():

@@ -102,6 +102,35 @@ def test_the_plan_keeps_the_model_audit_after_a_cell_per_variant_and_dtype_and_l
     assert unbounded.model_audit_skip is None and unbounded.model_audit_s > 0
 
 
+@pytest.mark.parametrize("kept_with, kept_without, smallest, left_out",
+                         [(5, 7, True, True), (5, 5, True, False), (7, 7, True, False), (0, 0, False, True)])
+def test_the_model_audit_is_left_out_only_where_its_time_buys_a_variant_its_cell_per_dtype(
+        monkeypatch, kept_with, kept_without, smallest, left_out):
+    """Where the cells giving every real variant a cell per dtype miss as many without the model audit as
+    with it (a cold compile that fits neither way: a cold quick run on a 2-core EPYC), leaving it out buys
+    none of them, and it stays; where its time buys more of them, or where not even the smallest useful plan
+    fits with it, it is left out with its reason."""
+    from audit.plan import budget
+    from audit.workload import hf, presets, variants
+    monkeypatch.setattr(hf, "transformers_version", lambda: "5.0.0")
+    quick = presets.presets()["quick"]
+    cases = presets.preset_cases(quick, known_variant=variants.check_name)[:40]
+    made = []
+
+    def fake_plan(*args, model_s, **kwargs):
+        made.append(model_s)
+        plan = budget.Plan(budget_s=60.0, deadline_unix=None, model_audit_s=model_s)
+        return plan, budget._Held(kept_with if model_s else kept_without, 7, smallest or not model_s)
+
+    monkeypatch.setattr(budget, "_plan", fake_plan)
+    plan, _, _ = budget.plan_run(cases, quick, None, budget_s=60.0, started_unix=time.time(), measure=False)
+    assert made[0] > 0 and len(made) == (1 if kept_with == 7 else 2)
+    assert (plan.model_audit_s == 0) == left_out
+    assert (plan.model_audit_skip is not None) == left_out
+    if left_out:
+        assert "does not hold the model audit" in plan.model_audit_skip
+
+
 def test_without_transformers_the_plan_reserves_no_model_audit_and_says_why(monkeypatch):
     """A fresh install (`audit deps`) has no transformers (an optional extra): its model audit cannot run,
     so the plan keeps no time for it. A cold cpu-preset run under ATEN_CPU_CAPABILITY=avx2 and

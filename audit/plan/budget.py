@@ -13,8 +13,8 @@ the per-cell limit (--max-cell-s) are skipped. Then the budget buys coverage fir
 If tier 0 itself does not fit, its most expensive cells go, and the plan names the variant ×
 dtype × mask kinds left without a cell (Plan.uncovered). Skipped cells are recorded as
 `skipped` with the prediction in the reason, never dropped. A preset's model audit (after the
-cells) is bought after tier 0's first two priority levels: where a cell of every real variant per
-dtype does not fit with it, it is left out, with a record saying why (Plan.model_audit_skip). While
+cells) is bought after a cell of every real variant per dtype: where leaving it out keeps more of
+those cells, it is left out, with a record saying why (Plan.model_audit_skip). While
 running, the worker compares what the cells took with what was predicted and, if the rest would
 overrun the deadline, skips the remaining cells of the highest tier, most expensive first
 (keeper.Keeper). The plan is `DIR/plan.json`.
@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 from ..core.grid import INPUT_AXES
 from ..core.runfolder import PLAN_FILE
 from ..core.units import format_duration
-from .tiers import (COVERAGE, CONTROL_EXTRA, REAL, cell_cost, coverage_kind, own_cost,
+from .tiers import (COVERAGE, CONTROL_EXTRA, ESSENTIAL, PER_DTYPE, REAL, REST, cell_cost, coverage_kind, own_cost,
                     prioritized_tiers, run_order)
 
 CORRECTION_MIN_CELLS = 5            # measured cells behind a runtime correction factor
@@ -100,7 +100,7 @@ class Selection:
     coverage_s: float | None = None        # ... and of tier 0
     smallest: tuple[str, ...] = ()         # their cells
     coverage: tuple[str, ...] = ()
-    per_dtype: tuple[str, ...] = ()        # tier 0's first two priority levels: a cell of every real variant per dtype
+    per_dtype: tuple[str, ...] = ()        # tier 0's levels ESSENTIAL and PER_DTYPE: a cell of every real variant per dtype
     standby: tuple[str, ...] = ()          # the cells cut for the budget, in the order time left over goes to them
     standby_tier: dict[str, int] = field(default_factory=dict)
 
@@ -154,8 +154,8 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     def fits(measured: set[str]) -> bool:
         return seconds(measured) <= room
 
-    essential = {i for i in coverage if level_of.get(i) == 0}
-    per_dtype = tuple(i for i in coverage if level_of.get(i, 2) <= 1)
+    essential = {i for i in coverage if level_of.get(i) == ESSENTIAL}
+    per_dtype = tuple(i for i in coverage if level_of.get(i) in (ESSENTIAL, PER_DTYPE))
     smallest_s, coverage_s = seconds(essential), seconds(set(coverage))
     if budget_s is None:
         return Selection(skip, tier, [], smallest_s, coverage_s, tuple(essential), tuple(coverage), per_dtype)
@@ -265,8 +265,8 @@ def _fill(rest: Sequence[str], kept: set[str], room: float, seconds: Callable[[s
     def added(cell_id: str) -> float:
         return own.get(cell_id, 0.0) + sum(c for g, c in shares.get(cell_id, ()) if g not in bought)
 
-    for level in sorted({level_of.get(i, 2) for i in rest}):
-        candidates = [i for i in rest if level_of.get(i, 2) == level]
+    for level in sorted({level_of.get(i, REST) for i in rest}):
+        candidates = [i for i in rest if level_of.get(i, REST) == level]
         while candidates:
             best = min(candidates, key=added)
             cost = added(best)
@@ -321,18 +321,22 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
     shrink_s = shrink_seconds(getattr(preset, "shrink_s", 0.0),
                               any(has_upstream(v) for v in dict.fromkeys(c.variant for c in cases)), host)
     memo: dict = {}                     # what choose() works out once for this forecast
-    plan, per_dtype_whole = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix,
-                                  measured=measured, host=host, model_s=model_s, spent_s=spent_s, shrink_s=shrink_s,
-                                  memo=memo)
-    if budget_s is not None and model_s and not per_dtype_whole:
-        # the model audit comes after a cell of every real variant per dtype (tier 0's first two priority
-        # levels), before the rest: where those do not all fit with it, it is left out (a record in
-        # model.jsonl says why) and the cells get its time
-        reason = (f"over the budget: the {format_duration(budget_s)} budget (--budget) does not hold the model audit "
-                  f"(predicted {model_s:.1f} s) after a cell of every real variant per dtype")
-        plan, _ = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix, measured=measured,
-                        host=host, model_s=0.0, spent_s=spent_s, shrink_s=shrink_s, memo=memo)
-        plan.model_audit_skip = reason
+    plan, held = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix,
+                       measured=measured, host=host, model_s=model_s, spent_s=spent_s, shrink_s=shrink_s, memo=memo)
+    if budget_s is not None and model_s and not held.per_dtype_whole:
+        # the model audit comes after a cell of every real variant per dtype (tier 0's levels ESSENTIAL and
+        # PER_DTYPE), before the rest: it is left out (a record in model.jsonl says why) where its time buys
+        # the cells more of those, or where not even the smallest useful plan fits with it; where they miss as
+        # many without it (a compile that fits neither way: a cold quick run on a 2-core EPYC), leaving it
+        # out would buy none of them, and it stays
+        without, held_without = _plan(cases, preset, forecast, budget_s=budget_s, started_unix=started_unix,
+                                      measured=measured, host=host, model_s=0.0, spent_s=spent_s, shrink_s=shrink_s,
+                                      memo=memo)
+        if held_without.per_dtype > held.per_dtype or not held.smallest_whole:
+            plan = without
+            plan.model_audit_skip = (f"over the budget: the {format_duration(budget_s)} budget (--budget) does not "
+                                     f"hold the model audit (predicted {model_s:.1f} s) after a cell of every real "
+                                     "variant per dtype")
     from .costmodel import CostModel
     from .settings import Settings
     kept = forecast.pred[~forecast.pred["id"].isin(plan.skip)] if len(forecast.pred) else forecast.pred
@@ -343,9 +347,9 @@ def plan_run(cases: Sequence[Any], preset: Any, run_dir: Path | None, *, budget_
 
 def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float | None, started_unix: float,
           measured: bool, host: float, model_s: float, spent_s: float | None = None,
-          shrink_s: float = 0.0, memo: dict | None = None) -> tuple[Plan, bool]:
+          shrink_s: float = 0.0, memo: dict | None = None) -> tuple[Plan, "_Held"]:
     """plan_run's plan with a model audit of model_s seconds (this host's) and shrink_s of shrinking after the
-    cells (0: none), and whether it keeps a cell of every real variant per dtype (Selection.per_dtype)."""
+    cells (0: none), and how many of the cells giving every real variant a cell per dtype it keeps (_Held)."""
     from .costmodel import CostModel
     from .settings import Settings
     from .overhead import overhead_s as overhead_of
@@ -403,7 +407,22 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
                 model_audit_s=model_s, shrink_s=shrink_s, smallest=[i for i in chosen.smallest if i not in skip],
                 standby=list(chosen.standby), standby_tier=dict(chosen.standby_tier))
     plan.work, plan.groups = _work(forecast.pred, set(kept) | set(chosen.standby)) if chosen.standby else ({}, [])
-    return plan, not any(i in skip for i in chosen.per_dtype)
+    return plan, _Held(sum(i not in skip for i in chosen.per_dtype), len(chosen.per_dtype),
+                       bool(chosen.smallest) and not any(i in skip for i in chosen.smallest))
+
+
+@dataclass(frozen=True)
+class _Held:
+    """Of the cells giving every real variant a cell per dtype (Selection.per_dtype), how many a plan keeps;
+    and whether it keeps the smallest useful plan (Selection.smallest) whole."""
+
+    per_dtype: int
+    of: int
+    smallest_whole: bool
+
+    @property
+    def per_dtype_whole(self) -> bool:
+        return self.per_dtype == self.of
 
 
 def _work(pred: Any, ids: set[str]) -> tuple[dict[str, list], list[list]]:

@@ -14,12 +14,15 @@ TIER_NAMES = {COVERAGE: "coverage and self-check", REAL: "real variants' other c
               CONTROL_EXTRA: "negative controls' other cells"}
 # Within tier 0, what a budget too small for all of it buys first: a cell of each ESSENTIAL variant in
 # every device × dtype (the verdict's yardstick, sdpa, and the hand-written reference: the smallest
-# useful plan), then a cell of every other real variant per device × dtype, then each negative
-# control's self-check (what proves the audit catches what it claims to), then the rest (a cell per
-# mask kind, the invariance cells). Cheapest first within each.
+# useful plan), then each negative control's self-check (what proves the audit catches what it claims
+# to: some 0.2 s a control), then a cell of every other real variant per device × dtype, then the rest
+# (a cell per mask kind, the invariance cells). Cheapest first within each. The self-checks come before
+# the other variants: a cold quick run on a 2-core AVX2-only EPYC bought Inductor's first compile (13-20 s)
+# and had no time left for any of its 34 controls (they ran only when cells ran faster than predicted).
 ESSENTIAL_VARIANTS: tuple[str, ...] = ("sdpa", "eager")
-PRIORITY_NAMES = ("sdpa and eager, a cell per dtype", "every real variant, a cell per dtype",
-                  "the controls' self-checks", "a cell per mask kind, the invariance cells")
+PRIORITY_NAMES = ("sdpa and eager, a cell per dtype", "the controls' self-checks",
+                  "every real variant, a cell per dtype", "a cell per mask kind, the invariance cells")
+ESSENTIAL, SELF_CHECKS, PER_DTYPE, REST = range(len(PRIORITY_NAMES))   # the levels, by PRIORITY_NAMES
 
 
 def cell_cost(row: Any) -> float:
@@ -97,11 +100,11 @@ def prioritized_tiers(pred: Any) -> tuple[dict[str, int], list[str], dict[str, i
     Each time the candidate whose own seconds plus the shared costs not yet bought (costmodel
     `shares`: its input set's golden, its compile, a backend's first use) are least, priority level
     by level (PRIORITY_NAMES): first a cell of each ESSENTIAL variant per device × dtype (normal
-    inputs where there are any), then a cell of every other real variant per device × dtype, then
-    the controls' self-checks, then the rest; a want a cell bought already meets costs nothing more.
+    inputs where there are any), then the controls' self-checks, then a cell of every other real
+    variant per device × dtype, then the rest; a want a cell bought already meets costs nothing more.
     A budget too small for tier 0 keeps its first cells (choose), so it covers the essential
-    variants before the others, and every variant and the controls' self-checks before the other
-    mask kinds (a cold quick run on a 2-core EPYC had none of its 34 controls' self-checks)."""
+    variants before the others, the controls' self-checks before a compile, and every variant before
+    the other mask kinds (a cold quick run on a 2-core EPYC had none of its 34 controls' self-checks)."""
     from ..core.grid import INPUT_AXES
     from ..workload.variants import VERDICT_BASELINE
     ok = pred[pred["status"] == "ok"]
@@ -142,12 +145,13 @@ def prioritized_tiers(pred: Any) -> tuple[dict[str, int], list[str], dict[str, i
     for control, reveals in controls.items():
         self_checks.update(_self_check_candidates(rows, control, reveals))
     wanted.update(_invariance_candidates(rows))
-    levels = [_per_dtype_candidates(rows, lambda v: v in ESSENTIAL_VARIANTS),
-              _per_dtype_candidates(rows, lambda v: v not in ESSENTIAL_VARIANTS and _reveals(v) is None),
-              self_checks, wanted]
+    levels = {ESSENTIAL: _per_dtype_candidates(rows, lambda v: v in ESSENTIAL_VARIANTS),
+              SELF_CHECKS: self_checks,
+              PER_DTYPE: _per_dtype_candidates(rows, lambda v: v not in ESSENTIAL_VARIANTS and _reveals(v) is None),
+              REST: wanted}
     chosen: list[str] = []
     level_of: dict[str, int] = {}
-    for level, wants in enumerate(levels):
+    for level, wants in sorted(levels.items()):
         while wants:
             wants = {k: ids for k, ids in wants.items() if not any(tier.get(i) == COVERAGE for i in ids)}
             if not wants:
