@@ -4,6 +4,7 @@ merges declared in FlashInfer's and vLLM's call forms are judged as written, and
 context-parallel merge is audited as it ships."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -162,9 +163,17 @@ def test_the_reference_merge_is_the_lse_checks_merge():
 
 
 def test_the_smallest_failing_case_is_one_row_of_two_features_and_none_for_a_right_merge():
-    from audit.repro.merge_cases import FEATURES
-    from audit.repro.merge_scripts import smallest_failing
+    """Kept in the record as numbers (the report writes its script from them, running nothing)."""
+    from audit.measure.merging.judge import audit_merge
+    from audit.measure.merging.smallest import FEATURES, smallest_cases, value_case
     state = build_state(EDGES[2], "fp32")                                   # both_empty
-    row = smallest_failing(builtin_merges()[CONTROL_PREFIX + "nan_on_empty"], state)
-    assert row is not None and row.parts[0][0].shape == (1, 1, 1, FEATURES) and row.golden[1].item() == -math.inf
-    assert smallest_failing(builtin_merges()["reference"], state) is None
+    case = value_case(builtin_merges()[CONTROL_PREFIX + "nan_on_empty"], state)
+    assert case is not None and [len(o) for o, _ in case["parts"]] == [FEATURES] * len(state.parts)
+    assert case["golden"][1] == [-math.inf] and case["state"] == "both_empty" and case["dtype"] == "fp32"
+    assert value_case(builtin_merges()["reference"], state) is None
+    control = builtin_merges()[CONTROL_PREFIX + "nan_on_empty"]      # the audit's own mistake: no script, no case
+    assert smallest_cases(control, state, audit_merge(control, state)) == {"smallest": None, "smallest_grad": None}
+    real = dataclasses.replace(control, control=None)
+    assert smallest_cases(real, state, audit_merge(real, state))["smallest"] == case
+    right = builtin_merges()["reference"]
+    assert smallest_cases(right, state, audit_merge(right, state)) == {"smallest": None, "smallest_grad": None}

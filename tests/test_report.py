@@ -633,6 +633,32 @@ def test_report_module_does_not_import_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_a_report_with_scripts_of_torch_and_merge_findings_imports_no_torch(tmp_path: Path) -> None:
+    """The report writes every finding's script (sdpa's factory copied, not built; a merge finding's smallest
+    case from its record, measure/merging/smallest.py) without importing torch: the report's process imported it
+    for those two alone, 2.3 s of a cold quick run's 11.6 s report, and torch.distributed 0.9 s more."""
+    import json
+    import subprocess
+    import sys
+
+    from audit.measure.merging.run_audit import write_merge_audit
+    from tests.helpers import cpu_run, skip_without_torch_merger
+    skip_without_torch_merger()
+    run = cpu_run("2026-12-05/quick-cold", tmp_path)
+    write_merge_audit(run, ("reference", "torch_context_parallel"))
+    code = ("import sys; from audit.cli import main; code = main(['report', sys.argv[1]]); "
+            "print('torch' in sys.modules); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+    findings = json.loads((run / "findings.json").read_text())
+    scripts = [f for f in findings if str(f.get("variant", "")).startswith("sdpa") and f.get("repro")]
+    assert scripts, [(f.get("variant"), f.get("repro_reason")) for f in findings][:10]
+    merged = json.loads((run / "merge_findings.json").read_text())
+    assert {f["check"] for f in merged} == {"merge_wrong", "merge_grad_wrong"} and all(f.get("repro") for f in merged)
+
+
 def test_roofline_figure_and_ceilings_table(tmp_path: Path) -> None:
     """Cells with roofline columns give roofline.png; run.json's ceilings become a table."""
     from audit.render.speed_tables import ceilings_table

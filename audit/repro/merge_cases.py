@@ -1,13 +1,10 @@
 """What a merge finding's reproduction script is made of (merge_scripts.py for a value, merge_grad_scripts.py
-for a gradient): the call snippet of each call form, tensors written as literals, a state cut to one row."""
+for a gradient): the call snippet of each call form, and numbers written as literals (the smallest failing row
+the merge audit kept: measure/merging/smallest.py)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
-
-from ..measure.merging.states import PartialState
-
-FEATURES = 2           # features kept of the failing row
+from typing import Sequence
 
 # How each call form is called in a script: `parts` is [(out, lse)] in the canonical layout (1, 1, 1, d) and
 # (1, 1, 1), natural log; the snippet leaves `out` and `lse` the same way. FN names the function or factory.
@@ -34,29 +31,9 @@ FORM_CALLS = {
 }
 
 
-def literal(t: Any) -> str:
-    values = ", ".join("float('-inf')" if v == -math.inf else "float('inf')" if v == math.inf else
-                       "float('nan')" if v != v else repr(float(v)) for v in t.flatten().tolist())
-    return f"[{values}]"
-
-
-def row_state(state: PartialState, b: int, h: int, t: int, features: int | None) -> PartialState:
-    """The state cut to one row (b, h, t) and its first `features` features (None: all)."""
-    cut = slice(None) if features is None else slice(0, features)
-    parts = [(o[b:b + 1, h:h + 1, t:t + 1, cut], l[b:b + 1, h:h + 1, t:t + 1]) for o, l in state.parts]
-    g_out, g_lse = state.golden
-    return PartialState(state.name, state.dtype, parts, (g_out[b:b + 1, h:h + 1, t:t + 1, cut],
-                                                         g_lse[b:b + 1, h:h + 1, t:t + 1]), state.what,
-                        state.parts_from, state.parts_defects)
-
-
-def candidate_rows(state: PartialState) -> Iterator[PartialState]:
-    """The rows a smallest failing case is looked for in, in order: each row of `state` (batch, head,
-    query), first cut to FEATURES features, then whole (a merge works row by row and feature by feature,
-    so a failing row cut to two features fails too, unless the failure sits in the features cut off)."""
-    b_, h_, t_ = state.golden[1].shape
-    for b in range(b_):
-        for h in range(h_):
-            for t in range(t_):
-                for features in (FEATURES, None):
-                    yield row_state(state, b, h, t, features)
+def literal(values: Sequence[float | str]) -> str:
+    """Numbers (a record's, measure/merging/smallest.py: infinities and NaN kept as records.dumps writes them,
+    "-inf", "inf", "nan") as a Python list literal, infinities and NaN spelled out."""
+    numbers = [float(v) for v in values]
+    return "[" + ", ".join("float('-inf')" if v == -math.inf else "float('inf')" if v == math.inf else
+                           "float('nan')" if v != v else repr(v) for v in numbers) + "]"

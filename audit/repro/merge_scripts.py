@@ -1,58 +1,42 @@
 """A reproduction script per merge finding (analysis/merge_rules.py's merge_wrong; merge_grad_wrong's
-by merge_grad_scripts.py), in the merge function's own API: the smallest failing case, one row of one
-partial state with two features, written out as literal tensors, the call as its library makes it, and
-the float64 golden it must give.
+by merge_grad_scripts.py), in the merge function's own API: the smallest failing case the merge audit kept in
+the record (measure/merging/smallest.py: one row of one partial state, two features where that still fails),
+written out as literal tensors, the call as its library makes it, and the float64 golden it must give.
 It imports torch and the function's library only, prints what it got beside what it should, and exits
-1 while the finding holds ("REPRODUCED"), 0 once fixed ("NOT REPRODUCED").
-
-Why one row: a merge works row by row and feature by feature, so the first failing row of a state, cut
-to its first two features, fails as the whole state did (checked before the script is written; the
-whole feature width is kept where the cut row does not fail)."""
+1 while the finding holds ("REPRODUCED"), 0 once fixed ("NOT REPRODUCED"). Writing it runs nothing: the
+report imports no torch for it."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from ..core.dtypes import dtype_spec
 from ..core.errors import UsageError
 from ..core.runfolder import MERGE_FINDINGS_FILE, REPRO_DIR, read_merge_records
-from ..measure.merging.judge import measures, outcome_of, tolerances
 from ..analysis.merge_rules import state_label
-from ..measure.merging.run_audit import kernel_parts
-from ..measure.merging.states import EDGES, SPLITS, PartialState, build_state
-from ..workload.merge_mistakes import GOLDEN_PARTS
 from ..workload.merge_functions import MergeFunction
 from ..workload.merges import TORCH_MERGE, builtin_merges, resolve_merge
-from .merge_cases import FORM_CALLS, candidate_rows, literal
-from .merge_grad_scripts import gradient_script, smallest_failing_gradient
+from .merge_cases import FORM_CALLS, literal
+from .merge_grad_scripts import gradient_script
 
 
-def smallest_failing(merge: MergeFunction, state: PartialState) -> PartialState | None:
-    """The first row of `state` the merge gets wrong (candidate_rows; with the state's tolerances);
-    None where no row fails."""
-    out_tol, lse_tol = tolerances(state)
-
-    def fails(row: PartialState) -> bool:
-        got = merge.merge([(o.clone(), l.clone()) for o, l in row.parts])
-        return outcome_of(measures(got, row), out_tol, lse_tol) != "right"
-    return next((row for row in candidate_rows(state) if fails(row)), None)
-
-
-def merge_script(finding: dict, merge: MergeFunction, row: PartialState, outcome: str) -> str:
-    """The script's text: literal parts, the call in the function's API, the golden, the verdict."""
+def merge_script(finding: dict, merge: MergeFunction, case: dict[str, Any], outcome: str) -> str:
+    """The script's text, from the merge record's `smallest` (measure/merging/smallest.py): literal parts, the
+    call in the function's API, the golden, the verdict."""
     import_line, expression = merge.api
-    out_tol, lse_tol = tolerances(row)
-    dtype = dtype_spec(row.dtype).torch_name
-    parts = ",\n".join(f"    (torch.tensor({literal(o.double())}, dtype=torch.{dtype}).view(1, 1, 1, -1), "
-                       f"torch.tensor({literal(l.double())}, dtype=torch.float32).view(1, 1, 1))"
-                       for o, l in row.parts)
+    out_tol, lse_tol = case["out_tol"], case["lse_tol"]
+    dtype = dtype_spec(case["dtype"]).torch_name
+    parts = ",\n".join(f"    (torch.tensor({literal(o)}, dtype=torch.{dtype}).view(1, 1, 1, -1), "
+                       f"torch.tensor({literal(l)}, dtype=torch.float32).view(1, 1, 1))"
+                       for o, l in case["parts"])
     call = FORM_CALLS[merge.form].replace("FN", "merge_fn")
     to_base = "1.0" if merge.lse_base == "e" else "1.0 / math.log(2.0)"
-    g_out, g_lse = row.golden
+    g_out, g_lse = case["golden"]
     return f'''"""{finding["message"]}
 
-The smallest failing case of the audit's state `{row.name}` ({row.dtype}): one query row, {len(row.parts)} parts of
-its keys in key order, each (out, lse) as a kernel hands it on, merged by {merge.name} in its own API.
+The smallest failing case of the audit's state `{case["state"]}` ({case["dtype"]}): one query row,
+{len(case["parts"])} parts of its keys in key order, each (out, lse) as a kernel hands it on, merged by {merge.name} in its own API.
 Expected: float64 attention over all the keys, out 0 and lse -inf on a row that sees none.
 Exit 1 while the merge still returns {outcome}, 0 once it is right."""
 import math
@@ -91,7 +75,6 @@ def write_merge_repro_scripts(run_dir: str | Path) -> list[dict]:
     findings = json.loads(path.read_text())
     by_id = {r.get("id"): r for r in read_merge_records(run_dir)}
     merges = builtin_merges(torch_merge="measured" if any(f.get("variant") == TORCH_MERGE for f in findings) else False)
-    splits = {s.name: s for s in SPLITS + EDGES}
     for finding in findings:
         finding.pop("repro", None)
         finding.pop("repro_reason", None)
@@ -104,23 +87,18 @@ def write_merge_repro_scripts(run_dir: str | Path) -> list[dict]:
         ranked = sorted((by_id[c] for c in finding["cells"] if c in by_id),     # fp32 first: the plainest case
                         key=lambda r: (r.get("dtype") != "fp32", str(r.get("id"))))
         record = ranked[0] if ranked else None
-        if merge is None or merge.api is None or record is None or record.get("state") not in splits:
+        if merge is None or merge.api is None or record is None:
             finding["repro_reason"] = f"{finding['variant']}: no importable name to call it by in a script"
             continue
-        made = record.get("parts_from")
-        kernel = None if made in (None, GOLDEN_PARTS) else kernel_parts(made)   # the same kernel's parts again
-        state = build_state(splits[record["state"]], record["dtype"], parts_from=kernel)
-        if finding["check"] == "merge_grad_wrong":
-            found = smallest_failing_gradient(merge, state)
-            outcome = record.get("grad_outcome")
-            text = None if found is None else gradient_script(finding, merge, *found)
-        else:
-            row = smallest_failing(merge, state)
-            outcome = record["outcome"]
-            text = None if row is None else merge_script(finding, merge, row, outcome)
-        if text is None:
-            finding["repro_reason"] = "no row of the state fails when merged again"
+        gradient = finding["check"] == "merge_grad_wrong"
+        case = record.get("smallest_grad" if gradient else "smallest")
+        outcome = record.get("grad_outcome" if gradient else "outcome")
+        if case is None:
+            finding["repro_reason"] = ("no row of the state fails when merged again"
+                                       if "smallest" in record else "recorded before the merge audit kept its "
+                                       "smallest failing case (merge_version 4): run the audit again")
             continue
+        text = gradient_script(finding, merge, case) if gradient else merge_script(finding, merge, case, outcome)
         name = f"{finding['check']}-{merge.name}-{outcome}-{state_label(record)}.py".replace("/", "_")
         (run_dir / REPRO_DIR).mkdir(exist_ok=True)
         (run_dir / REPRO_DIR / name).write_text(text)

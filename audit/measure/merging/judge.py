@@ -26,8 +26,9 @@ from ...workload.merge_mistakes import MERGE_MISTAKES
 from .gradients import merge_gradient
 from .states import PartialState
 
-# 2: the gradient columns (gradients.py); 3: parts_from, parts_defects, reference_outcome (a kernel's parts)
-MERGE_RECORD_VERSION = 3
+# 2: the gradient columns (gradients.py); 3: parts_from, parts_defects, reference_outcome (a kernel's parts);
+# 4: smallest, smallest_grad (smallest.py, by run_audit: a failing record's smallest failing row, for its script)
+MERGE_RECORD_VERSION = 4
 MERGE_ATOL_ROUNDINGS = 4.0
 OUTCOMES = ("right", "nan", "inf", "wrong", "error")
 

@@ -14,6 +14,7 @@ from ...workload.merge_functions import torch_merger_available
 from ...core.errors import UsageError
 from ...workload.merges import TORCH_MERGE, builtin_merges, resolve_merge
 from .judge import MERGE_RECORD_VERSION, audit_merge
+from .smallest import smallest_cases
 from ...workload.merge_mistakes import parts_label
 from .states import PartialState, PartsMaker, all_states
 
@@ -78,7 +79,11 @@ def merge_records(names: Sequence[str], parts_from: Sequence[str] = ()) -> list[
             records.append({"merge_version": MERGE_RECORD_VERSION, "merge": name, "status": status,
                             "outcome": status, "reason": reason, "id": name})
             continue
-        records += [{**audit_merge(merge, state), "id": state_id(name, state)} for state in states]
+        for state in states:
+            record = audit_merge(merge, state)
+            if record["status"] == "ok":
+                record.update(smallest_cases(merge, state, record))
+            records.append({**record, "id": state_id(name, state)})
     return records
 
 
