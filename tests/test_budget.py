@@ -421,6 +421,27 @@ def test_keeper_cuts_the_controls_extra_cells_then_other_cells_then_coverage_and
     assert smallest.reason("cover") is None and list(smallest.skip) == ["real"]
 
 
+def test_tier_0_runs_and_is_cut_by_priority_level():
+    """Tier 0 runs level by level (sdpa and eager, the controls' self-checks, every other real variant per dtype,
+    the rest), each in grid order, the other tiers after it in grid order; behind its deadline the keeper cuts
+    the lowest level first, the dearest first within it: a cold quick run on a 2-core EPYC ran its compiles first
+    in grid order, they took twice their predictions, and 24 of its 34 controls' self-checks were cut."""
+    from audit.plan.tiers import ESSENTIAL, PER_DTYPE, REST, SELF_CHECKS, run_order
+    tier = {"compile": 0, "control": 0, "sdpa": 0, "mask": 0, "other": 1}
+    level = {"compile": PER_DTYPE, "control": SELF_CHECKS, "sdpa": ESSENTIAL, "mask": REST}
+    grid = ["other", "compile", "mask", "control", "sdpa"]
+    assert run_order(grid, tier, level) == ["sdpa", "control", "compile", "mask", "other"]
+    assert run_order(grid, tier) == ["compile", "mask", "control", "sdpa", "other"]       # no levels: grid order
+    clock = Clock()
+    predicted = {"sdpa": 1.0, "control": 0.2, "compile": 4.0, "mask": 0.5, "other": 1.0}
+    plan = Plan(budget_s=100.0, deadline_unix=clock.now + 1.5, predicted=predicted, tier=tier, level=level,
+                smallest=["sdpa"])
+    keeper = Keeper(plan, run_order(grid, tier, level), clock=clock)
+    assert keeper.reason("sdpa") is None
+    assert keeper.cut == ["other", "mask", "compile"]           # the control's self-check (0.2 s) still fits
+    assert keeper.reason("control") is None
+
+
 def test_a_cell_cut_at_run_time_hands_its_shared_costs_to_the_next_cell_needing_them():
     """The first compiled cell carries the compiler's start (Plan.groups); cut, the next compiled cell pays
     it: its prediction says so, and so does what is left (an emulated slow CPU measured the next compiled

@@ -265,7 +265,7 @@ def run_grid(cases: Iterable[Case], run_dir: Path, preset: Preset, env: dict[str
     if plan is not None:                    # the plan's order: its coverage cells first (tiers.run_order)
         from ..plan.tiers import run_order
         by_id = {c.id: c for c in todo}
-        todo = [by_id[i] for i in run_order(list(by_id), plan.tier)]
+        todo = [by_id[i] for i in run_order(list(by_id), plan.tier, plan.level)]
     counts = {"resumed": len(cases) - len(todo)}
     cache = InputCache()
     builds = BuildCache()

@@ -70,6 +70,7 @@ class Plan:
     smallest: list[str] = field(default_factory=list)     # the smallest useful plan's cells: never cut at run time
     standby: list[str] = field(default_factory=list)
     standby_tier: dict[str, int] = field(default_factory=dict)
+    level: dict[str, int] = field(default_factory=dict)   # tier 0's kept cells: their priority level (tiers.run_order)
     work: dict[str, list] = field(default_factory=dict)
     groups: list[list] = field(default_factory=list)
 
@@ -103,6 +104,7 @@ class Selection:
     per_dtype: tuple[str, ...] = ()        # tier 0's levels ESSENTIAL and PER_DTYPE: a cell of every real variant per dtype
     standby: tuple[str, ...] = ()          # the cells cut for the budget, in the order time left over goes to them
     standby_tier: dict[str, int] = field(default_factory=dict)
+    level: dict[str, int] = field(default_factory=dict)   # tier 0's cells: their priority level (PRIORITY_NAMES)
 
 
 
@@ -145,7 +147,7 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
         return [i for i in candidates if i in measured or (i not in costs and keys[i] in sets)]
 
     def seconds(measured: set[str]) -> float:
-        ids = run_order(with_sets(measured), tier)
+        ids = run_order(with_sets(measured), tier, level_of)
         if not ids:
             return 0.0
         frame = repredict(ids) if repredict is not None else pred[pred["id"].isin(ids)]
@@ -158,7 +160,8 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     per_dtype = tuple(i for i in coverage if level_of.get(i) in (ESSENTIAL, PER_DTYPE))
     smallest_s, coverage_s = seconds(essential), seconds(set(coverage))
     if budget_s is None:
-        return Selection(skip, tier, [], smallest_s, coverage_s, tuple(essential), tuple(coverage), per_dtype)
+        return Selection(skip, tier, [], smallest_s, coverage_s, tuple(essential), tuple(coverage), per_dtype,
+                         level=dict(level_of))
 
     def largest(n_max: int, keep: Callable[[int], set[str]]) -> int:
         """The largest n in 0..n_max with fits(keep(n)); keep(0) fits, and fits is monotone in n."""
@@ -210,7 +213,7 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
         (i for i in costs if i not in kept and tier.get(i) != COVERAGE), key=lambda i: (tier.get(i, REAL), costs[i]))
     return Selection(skip, {i: t for i, t in tier.items() if i not in skip}, uncovered, smallest_s, coverage_s,
                      tuple(essential), tuple(coverage), per_dtype, tuple(standby),
-                     {i: tier.get(i, REAL) for i in standby})
+                     {i: tier.get(i, REAL) for i in standby}, {i: lv for i, lv in level_of.items() if i not in skip})
 
 
 def not_tried(predicted_reason: str | None, *, set_cut: bool) -> str:
@@ -392,7 +395,7 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
     kept_ids = set(forecast.pred["id"]) - set(skip)
     before, after = reserve(kept_ids) if budget_s is not None else (before, after)   # the report of what is kept
     predicted = dict(zip(forecast.pred["id"], forecast.pred["total_s"].astype(float)))
-    kept = run_order([i for i in predicted if i not in skip], chosen.tier)
+    kept = run_order([i for i in predicted if i not in skip], chosen.tier, chosen.level)
     if kept:                # in the order they run, without the cut ones (shared costs move)
         again = repredict(kept)
         predicted.update(zip(again["id"], again["total_s"].astype(float)))
@@ -405,7 +408,8 @@ def _plan(cases: Sequence[Any], preset: Any, forecast: Any, *, budget_s: float |
                 coverage_s=None if chosen.coverage_s is None else chosen.coverage_s + sum(reserve(chosen.coverage)),
                 measured=int(((forecast.pred["status"] == "ok") & ~forecast.pred["id"].isin(skip)).sum()),
                 model_audit_s=model_s, shrink_s=shrink_s, smallest=[i for i in chosen.smallest if i not in skip],
-                standby=list(chosen.standby), standby_tier=dict(chosen.standby_tier))
+                standby=list(chosen.standby), standby_tier=dict(chosen.standby_tier),
+                level={i: lv for i, lv in chosen.level.items() if i not in skip})
     plan.work, plan.groups = _work(forecast.pred, set(kept) | set(chosen.standby)) if chosen.standby else ({}, [])
     return plan, _Held(sum(i not in skip for i in chosen.per_dtype), len(chosen.per_dtype),
                        bool(chosen.smallest) and not any(i in skip for i in chosen.smallest))

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from ..core.units import format_duration
 from .budget import CORRECTION_MIN_CELLS, CORRECTION_RANGE, FREE_CELL_S, LATE_MARGIN, Plan
-from .tiers import COVERAGE, REAL, TIER_NAMES
+from .tiers import COVERAGE, REAL, REST, TIER_NAMES
 
 
 class Keeper:
@@ -18,8 +18,8 @@ class Keeper:
     measured, clamped to 0.5-4x: the median, so one slow first cell does not condemn the
     rest) scales the predictions of the remaining cells; when they would run past the
     deadline, remaining cells are skipped: the highest tier first (Plan.tier: the controls'
-    extra cells, then the real variants' other cells, coverage last), the most expensive
-    first within a tier. remaining_s() is what the progress bar shows as time left.
+    extra cells, then the real variants' other cells, coverage last, its lowest priority level
+    first: Plan.level), the most expensive first within a tier (and level). remaining_s() is what the progress bar shows as time left.
 
     A cell predicted under FREE_CELL_S is never cut: cutting it saves nothing, and such cells are
     mostly ones the runner refuses in milliseconds (a backend the device lacks): cut, their
@@ -48,7 +48,9 @@ class Keeper:
         for cell_id in kept:
             for group in ((plan.work.get(cell_id) or (0.0, ()))[1] if plan else ()):
                 self._carrier.setdefault(group, cell_id)
-        self._heap = [(-self.tier.get(i, REAL), -self.predicted.get(i, 0.0), i) for i in kept if self._cuttable(i)]
+        level = plan.level if plan else {}          # within tier 0 the lowest priority level goes first
+        self._heap = [(-self.tier.get(i, REAL), -level.get(i, REST + 1), -self.predicted.get(i, 0.0), i)
+                      for i in kept if self._cuttable(i)]
         heapq.heapify(self._heap)
         self._remaining = set(kept)
         self._remaining_s = sum(self.predicted.get(i, 0.0) for i in self._remaining)
@@ -100,7 +102,7 @@ class Keeper:
         left = self.plan.deadline_unix - self.clock()
         factor = self.factor()
         while self._heap and self._remaining_s * factor > left:
-            _tier, _cost, victim = heapq.heappop(self._heap)
+            *_rank, victim = heapq.heappop(self._heap)
             if victim in self._remaining:
                 self._cut(victim, factor, left)
         own = self.predicted.get(cell_id, 0.0) * factor
