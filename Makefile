@@ -58,7 +58,7 @@ test-deps:  ## install what is missing: also what the tests use (ray, transforme
 audit: deps  ## run the default preset and write the report under reports/
 	$(PYTHON) -m audit run $(AUDIT_ARGS)
 
-quick: deps  ## the quick preset (60 s budget; 49-58 s on a 2-core AMD EPYC with AVX2 only, Inductor's cache warm or cold)
+quick: deps  ## the quick preset (60 s budget; 48-62 s on a 2-core AMD EPYC with AVX2 only, Inductor's cache warm or cold)
 	$(PYTHON) -m audit run --preset quick $(AUDIT_ARGS)
 
 test: test-deps  ## unit tests and quick suites: in parallel what times nothing (beside it, at low priority, the other CPU kinds emulated), then what times things: one-thread timers side by side, then what loads every core alone
