@@ -20,12 +20,11 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 from ..core.diagnosis_names import members
-from ..workload.merge_mistakes import GOLDEN_PARTS, MERGE_MISTAKES, PART_DEFECTS, parts_label
+from ..workload.merge_mistakes import GOLDEN_PARTS, GRAD_BAD, MERGE_MISTAKES, PART_DEFECTS, parts_label
 from .finding_rows import _finding
 
 MERGE_CHECKS: tuple[str, ...] = ("merge_wrong", "merge_grad_wrong", "merge_control_uncaught", "merge_failed",
                                   "merge_parts_wrong", "merge_parts_failed")
-GRAD_BAD = ("nan", "wrong")
 OUTCOME_WORDS = {"nan": "NaN", "inf": "an infinity", "wrong": "a wrong result"}
 
 

@@ -104,7 +104,8 @@ class Selection:
     per_dtype: tuple[str, ...] = ()        # tier 0's levels ESSENTIAL and PER_DTYPE: a cell of every real variant per dtype
     standby: tuple[str, ...] = ()          # the cells cut for the budget, in the order time left over goes to them
     standby_tier: dict[str, int] = field(default_factory=dict)
-    level: dict[str, int] = field(default_factory=dict)   # tier 0's cells: their priority level (PRIORITY_NAMES)
+    level: dict[str, int] = field(default_factory=dict)   # tier 0's cells: their priority level (PRIORITY_NAMES;
+                                                          # skipped ones too: plan_run leaves them out)
 
 
 
@@ -161,7 +162,7 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     smallest_s, coverage_s = seconds(essential), seconds(set(coverage))
     if budget_s is None:
         return Selection(skip, tier, [], smallest_s, coverage_s, tuple(essential), tuple(coverage), per_dtype,
-                         level=dict(level_of))
+                         level=level_of)
 
     def largest(n_max: int, keep: Callable[[int], set[str]]) -> int:
         """The largest n in 0..n_max with fits(keep(n)); keep(0) fits, and fits is monotone in n."""
@@ -209,11 +210,17 @@ def choose(pred: Any, *, budget_s: float | None, reserve_s: float, max_cell_s: f
     covered = {kinds[i] for i in kept}
     uncovered = list(dict.fromkeys(kinds[i] for i in coverage if i not in kept
                                    and kinds[i] not in covered and not kinds[i].endswith("(self-check)")))
-    standby = [i for i in coverage if i not in kept] + sorted(
-        (i for i in costs if i not in kept and tier.get(i) != COVERAGE), key=lambda i: (tier.get(i, REAL), costs[i]))
+    standby = _standby(coverage, kept, costs, tier)
     return Selection(skip, {i: t for i, t in tier.items() if i not in skip}, uncovered, smallest_s, coverage_s,
                      tuple(essential), tuple(coverage), per_dtype, tuple(standby),
-                     {i: tier.get(i, REAL) for i in standby}, {i: lv for i, lv in level_of.items() if i not in skip})
+                     {i: tier.get(i, REAL) for i in standby}, level_of)
+
+
+def _standby(coverage: Sequence[str], kept: set[str], costs: dict[str, float], tier: dict[str, int]) -> list[str]:
+    """The cells cut for the budget in the order time left over goes to them: tier 0's in the order bought,
+    then the others by tier, the cheapest first."""
+    return [i for i in coverage if i not in kept] + sorted(
+        (i for i in costs if i not in kept and tier.get(i) != COVERAGE), key=lambda i: (tier.get(i, REAL), costs[i]))
 
 
 def not_tried(predicted_reason: str | None, *, set_cut: bool) -> str:

@@ -122,6 +122,7 @@ def weights_detached(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[An
     return out, lse
 
 
+GRAD_BAD = ("nan", "wrong")   # the outcomes of a gradient through a merge that are defects (measure/merging/gradients.py)
 GOLDEN_PARTS = "golden"     # who made a partial state's parts: the float64 golden, else the attention variant's name
 
 

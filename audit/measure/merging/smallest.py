@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ...workload.merge_functions import MergeFunction
+from ...workload.merge_mistakes import GRAD_BAD
 from .gradients import RIGHT, _grads, _upstream, merge_gradient
 from .judge import measures, outcome_of, tolerances
 from .states import PartialState
 
 FEATURES = 2           # features kept of the failing row
-BAD_GRADIENTS = ("nan", "wrong")
 
 
 def row_state(state: PartialState, b: int, h: int, t: int, features: int | None) -> PartialState:
@@ -73,7 +73,7 @@ def gradient_case(merge: MergeFunction, state: PartialState) -> dict[str, Any] |
     no row fails."""
     for row in candidate_rows(state):
         got = merge_gradient(merge, row)
-        if got["grad_outcome"] in BAD_GRADIENTS:
+        if got["grad_outcome"] in GRAD_BAD:
             g_out, g_lse = _upstream(row)
             return {**_row(row), "g_out": numbers(g_out), "g_lse": numbers(g_lse),
                     "expected": [numbers(g) for g in _grads(RIGHT, row.parts, row, widen=True)],
@@ -91,7 +91,7 @@ def smallest_cases(merge: MergeFunction, state: PartialState, record: dict[str, 
         return {"smallest": None, "smallest_grad": None}
     try:
         value = value_case(merge, state) if record.get("outcome") not in ("right", "error", None) else None
-        gradient = gradient_case(merge, state) if record.get("grad_outcome") in BAD_GRADIENTS else None
+        gradient = gradient_case(merge, state) if record.get("grad_outcome") in GRAD_BAD else None
     except Exception:        # a user's merge that raises on one row (it ran whole): no script, the record stands
         return {"smallest": None, "smallest_grad": None}
     return {"smallest": value, "smallest_grad": gradient}
