@@ -241,15 +241,20 @@ def _explained(row: Any, shape: CellShape, settings: Settings, host: float = 1.0
 
 
 
+def _compile_s_read(compile_s: dict[str, float], priors: Params | None) -> dict[str, float]:
+    """The compile seconds a prediction will read (this fit's, else the priors': Params.merged). The first
+    compiled cell's compile is taken out of its residual at them: else a run whose one miss is that cell fits
+    the compiler's start without the compile the prediction then adds (the priors' miss, 1.84 reference-host s:
+    4.5 s too much in `make test`'s serial phase)."""
+    return {**(priors.compile_s if priors else {}), **compile_s}
+
+
 def _fit_constants(runs: list[RunData], out: Params, priors: Params | None = None) -> None:
     """Per device: cell overhead, golden cost per chunk and per FLOP, weights cost per chunk,
     from the residual elapsed_s of ok cells; then first-use and run-start costs; skips."""
     by_dev: dict[str, list[tuple[np.ndarray, float, dict]]] = {}
     compile_s = _compile_medians(runs)
-    # the compile seconds a prediction will read (this fit's, else the priors': Params.merged): the first compiled
-    # cell's compile is taken out at them, or a run whose one miss is that cell fits its start without the compile
-    # the prediction then adds (the priors' miss, 1.84 reference-host s: 4.5 s too much in `make test`)
-    known = {**(priors.compile_s if priors else {}), **compile_s}
+    known = _compile_s_read(compile_s, priors)
     for run in runs:
         previous = None
         seen: set[str] = set()
